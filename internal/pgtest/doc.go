@@ -1,0 +1,26 @@
+// Package pgtest starts throwaway PostgreSQL servers for this module's tests
+// and examples.
+//
+// [Start] gives a test binary one shared server, started on first use and
+// stopped by [Run] from TestMain. The server comes from, in order:
+//
+//  1. the DSN in SQLLOCK_TEST_DSN (a server you run; it must let its role
+//     create databases);
+//  2. a throwaway cluster made with the local PostgreSQL binaries (initdb and
+//     postgres on PATH or under /usr/lib/postgresql/*/bin) in a temporary
+//     directory, on a free loopback port, with fsync off; as root the server
+//     runs as the postgres (or nobody) user, since PostgreSQL refuses root;
+//  3. a postgres container through dockertest when a Docker daemon answers.
+//
+// When none is available, the test is skipped with a message saying how to
+// get PostgreSQL, or fails when CI=true.
+//
+// Tests connect as an ordinary role (not a superuser), so everything the
+// module does is proven to work with least privilege; [Server.AdminDSN] is a
+// superuser for the harness itself. [Server.NewDatabase] gives a test its own
+// database. A local cluster can also be restarted ([Server.Restart]), fronted
+// by PgBouncer ([Server.PgBouncer]) and followed by a streaming standby
+// ([Server.Standby]).
+//
+// [Embedded] starts the same kind of server outside tests, for the examples.
+package pgtest

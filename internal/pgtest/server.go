@@ -1,0 +1,487 @@
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the harness's own connections
+)
+
+// Role is the ordinary (non-superuser) role tests connect as.
+const Role = "sqllock"
+
+// Server is a running PostgreSQL server.
+type Server struct {
+	Host string
+	Port int
+
+	password      string // of Role
+	adminPassword string // of the superuser; empty for an external server
+	adminUser     string
+	database      string // Role's default database
+
+	external string // SQLLOCK_TEST_DSN, when that is what this is
+	local    *cluster
+	closer   func() error
+
+	mu     sync.Mutex
+	dbSeq  int
+	closed bool
+}
+
+// DSN returns a URL for Role on its default database.
+func (s *Server) DSN() string { return s.DSNFor(s.database) }
+
+// DSNFor returns a URL for Role on database db.
+func (s *Server) DSNFor(db string) string {
+	if s.external != "" {
+		u, err := url.Parse(s.external)
+		if err == nil && u.Scheme != "" {
+			u.Path = "/" + db
+			return u.String()
+		}
+		return s.external + " dbname=" + db
+	}
+	return dsn(Role, s.password, s.Host, s.Port, db)
+}
+
+// AdminDSN returns a URL for a superuser on the default database (the role of
+// SQLLOCK_TEST_DSN for an external server).
+func (s *Server) AdminDSN() string {
+	if s.external != "" {
+		return s.external
+	}
+	return dsn(s.adminUser, s.adminPassword, s.Host, s.Port, "postgres")
+}
+
+// Addr returns host:port.
+func (s *Server) Addr() string { return net.JoinHostPort(s.Host, strconv.Itoa(s.Port)) }
+
+// Local reports whether the server is a throwaway cluster this package runs
+// itself (and so can restart, front with PgBouncer or follow with a standby).
+func (s *Server) Local() bool { return s.local != nil }
+
+func dsn(user, password, host string, port int, db string) string {
+	u := url.URL{
+		Scheme:   "postgres",
+		User:     url.UserPassword(user, password),
+		Host:     net.JoinHostPort(host, strconv.Itoa(port)),
+		Path:     "/" + db,
+		RawQuery: "sslmode=disable",
+	}
+	return u.String()
+}
+
+// Close stops the server and removes its files. It is safe to call twice.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	if s.closer != nil {
+		return s.closer()
+	}
+	return nil
+}
+
+// Admin opens a superuser connection pool. The caller closes it.
+func (s *Server) Admin() (*sql.DB, error) { return sql.Open("pgx", s.AdminDSN()) }
+
+// CreateDatabase creates a new database owned by Role and returns its name.
+func (s *Server) CreateDatabase(ctx context.Context, prefix string) (string, error) {
+	s.mu.Lock()
+	s.dbSeq++
+	n := s.dbSeq
+	s.mu.Unlock()
+	name := fmt.Sprintf("t%d_%s", n, sanitize(prefix))
+	if len(name) > 60 {
+		name = name[:60]
+	}
+	db, err := s.Admin()
+	if err != nil {
+		return "", err
+	}
+	defer db.Close()
+	owner := ""
+	if s.external == "" {
+		owner = " OWNER " + Role
+	}
+	if _, err := db.ExecContext(ctx, `CREATE DATABASE "`+name+`"`+owner); err != nil {
+		return "", fmt.Errorf("pgtest: create database %s: %w", name, err)
+	}
+	return name, nil
+}
+
+// DropDatabase drops a database made by CreateDatabase, ending its sessions.
+func (s *Server) DropDatabase(ctx context.Context, name string) error {
+	db, err := s.Admin()
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	_, err = db.ExecContext(ctx, `DROP DATABASE IF EXISTS "`+name+`" WITH (FORCE)`)
+	return err
+}
+
+func sanitize(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(s) {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	return b.String()
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Embedded starts a throwaway server outside tests (for the examples): the
+// server of SQLLOCK_TEST_DSN, else a local cluster, else a Docker container.
+// The caller must Close it.
+func Embedded(ctx context.Context) (*Server, error) {
+	if d := os.Getenv("SQLLOCK_TEST_DSN"); d != "" {
+		return external(ctx, d)
+	}
+	s, lerr := startLocal(ctx)
+	if lerr == nil {
+		return s, nil
+	}
+	s, derr := startDocker(ctx)
+	if derr == nil {
+		return s, nil
+	}
+	return nil, fmt.Errorf("pgtest: no PostgreSQL available.\n  local binaries: %v\n  docker: %v\n"+
+		"Install PostgreSQL (Debian: apt-get install postgresql), or set SQLLOCK_TEST_DSN to a server whose role may create databases", lerr, derr)
+}
+
+func external(ctx context.Context, d string) (*Server, error) {
+	db, err := sql.Open("pgx", d)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	var cur string
+	if err := db.QueryRowContext(ctx, "SELECT current_database()").Scan(&cur); err != nil {
+		return nil, fmt.Errorf("pgtest: SQLLOCK_TEST_DSN: %w", err)
+	}
+	return &Server{external: d, database: cur}, nil
+}
+
+// cluster is a PostgreSQL data directory this package runs.
+type cluster struct {
+	bin     string // directory with initdb, postgres, pg_basebackup
+	base    string // temporary directory holding everything
+	data    string
+	sock    string
+	logPath string
+	port    int
+	cred    *syscall.Credential // nil: run as ourselves
+	extra   []string            // extra -c settings
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd  // guarded by mu
+	exited chan error // guarded by mu; receives cmd.Wait's result once
+}
+
+// findBin returns the directory of the newest PostgreSQL server binaries.
+func findBin() (string, error) {
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			p = r
+		}
+		dir := filepath.Dir(p)
+		if _, err := os.Stat(filepath.Join(dir, "postgres")); err == nil {
+			return dir, nil
+		}
+	}
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	sort.Slice(matches, func(i, j int) bool {
+		vi, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(matches[i]))))
+		vj, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(matches[j]))))
+		return vi > vj
+	})
+	if len(matches) > 0 {
+		return filepath.Dir(matches[0]), nil
+	}
+	return "", errors.New("initdb not found on PATH or under /usr/lib/postgresql/*/bin")
+}
+
+// credential returns who the server runs as: ourselves, or, as root, the
+// postgres user (else nobody), since PostgreSQL refuses to run as root.
+func credential() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	for _, name := range []string{"postgres", "nobody"} {
+		u, err := user.Lookup(name)
+		if err != nil {
+			continue
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+	}
+	return nil, errors.New("running as root and neither a postgres nor a nobody user exists")
+}
+
+func startLocal(ctx context.Context) (*Server, error) {
+	c, adminPW, err := newCluster(ctx, "primary", nil)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{Host: "127.0.0.1", Port: c.port, adminUser: "postgres", adminPassword: adminPW, local: c, database: Role}
+	s.closer = c.destroy
+	if err := s.bootstrap(ctx); err != nil {
+		c.destroy()
+		return nil, err
+	}
+	return s, nil
+}
+
+// newCluster makes a data directory (initdb, or init(c) when given) and
+// starts postgres on a free port.
+func newCluster(ctx context.Context, name string, init func(c *cluster) error) (*cluster, string, error) {
+	bin, err := findBin()
+	if err != nil {
+		return nil, "", err
+	}
+	cred, err := credential()
+	if err != nil {
+		return nil, "", err
+	}
+	base, err := os.MkdirTemp("", "sqllock-pg-"+name+"-")
+	if err != nil {
+		return nil, "", err
+	}
+	c := &cluster{bin: bin, base: base, data: filepath.Join(base, "data"), sock: filepath.Join(base, "sock"),
+		logPath: filepath.Join(base, "postgres.log"), cred: cred}
+	if err := os.Mkdir(c.sock, 0o700); err != nil {
+		c.destroy()
+		return nil, "", err
+	}
+	if cred != nil {
+		for _, p := range []string{base, c.sock} {
+			if err := os.Chown(p, int(cred.Uid), int(cred.Gid)); err != nil {
+				c.destroy()
+				return nil, "", err
+			}
+		}
+	}
+	adminPW := randomHex(12)
+	if init != nil {
+		err = init(c)
+	} else {
+		pwfile := filepath.Join(base, "pw")
+		if err = os.WriteFile(pwfile, []byte(adminPW+"\n"), 0o600); err == nil && cred != nil {
+			err = os.Chown(pwfile, int(cred.Uid), int(cred.Gid))
+		}
+		if err == nil {
+			err = c.run(ctx, "initdb", "-D", c.data, "-U", "postgres", "-E", "UTF8", "--no-sync",
+				"--auth-local=trust", "--auth-host=scram-sha-256", "--pwfile="+pwfile)
+		}
+	}
+	if err != nil {
+		c.destroy()
+		return nil, "", err
+	}
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ {
+		c.port, err = freePort()
+		if err != nil {
+			c.destroy()
+			return nil, "", err
+		}
+		if lastErr = c.start(ctx); lastErr == nil {
+			return c, adminPW, nil
+		}
+	}
+	c.destroy()
+	return nil, "", lastErr
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// run runs one of the PostgreSQL programs as the cluster's user.
+func (c *cluster) run(ctx context.Context, prog string, args ...string) error {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.bin, prog), args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	cmd.Dir = c.base
+	cmd.Env = append(os.Environ(), "LC_ALL=C", "PGTZ=UTC")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("pgtest: %s: %w\n%s", prog, err, out)
+	}
+	return nil
+}
+
+// start launches postgres on c.port and waits until it accepts connections.
+func (c *cluster) start(ctx context.Context) error {
+	logf, err := os.OpenFile(c.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	args := []string{"-D", c.data, "-p", strconv.Itoa(c.port), "-k", c.sock,
+		"-c", "listen_addresses=127.0.0.1",
+		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+		"-c", "max_connections=200", "-c", "shared_buffers=32MB",
+		"-c", "wal_level=replica", "-c", "max_wal_senders=4", "-c", "hot_standby=on",
+		"-c", "log_min_messages=warning", "-c", "logging_collector=off",
+	}
+	for _, e := range c.extra {
+		args = append(args, "-c", e)
+	}
+	cmd := exec.Command(filepath.Join(c.bin, "postgres"), args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Pdeathsig: syscall.SIGQUIT, Setpgid: true}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Dir = c.base
+	cmd.Env = append(os.Environ(), "LC_ALL=C", "PGTZ=UTC")
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait(); logf.Close() }()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		conn, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(c.port)), time.Second)
+		if err == nil {
+			conn.Close()
+			if c.ready(ctx) {
+				break
+			}
+		}
+		select {
+		case err := <-exited:
+			return fmt.Errorf("pgtest: postgres exited: %v\n%s", err, tail(c.logPath))
+		case <-ctx.Done():
+			cmd.Process.Kill()
+			<-exited
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			<-exited
+			return fmt.Errorf("pgtest: postgres did not start in 60s\n%s", tail(c.logPath))
+		}
+	}
+	c.mu.Lock()
+	c.cmd, c.exited = cmd, exited
+	c.mu.Unlock()
+	return nil
+}
+
+// ready reports whether the server accepts queries (not only TCP).
+func (c *cluster) ready(ctx context.Context) bool {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.bin, "pg_isready"), "-q", "-h", "127.0.0.1", "-p", strconv.Itoa(c.port), "-t", "1")
+	return cmd.Run() == nil
+}
+
+// stop shuts the server down (fast mode) and waits for it to exit.
+func (c *cluster) stop() error {
+	c.mu.Lock()
+	cmd, exited := c.cmd, c.exited
+	c.cmd, c.exited = nil, nil
+	c.mu.Unlock()
+	if cmd == nil {
+		return nil
+	}
+	_ = cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-exited
+	}
+	return nil
+}
+
+func (c *cluster) destroy() error {
+	err := c.stop()
+	if c.base != "" {
+		os.RemoveAll(c.base)
+	}
+	return err
+}
+
+func tail(path string) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+// bootstrap creates Role and its database on a fresh server.
+func (s *Server) bootstrap(ctx context.Context) error {
+	s.password = randomHex(12)
+	db, err := s.Admin()
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	stmts := []string{
+		`CREATE ROLE ` + Role + ` LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD '` + s.password + `'`,
+		`CREATE DATABASE ` + Role + ` OWNER ` + Role,
+	}
+	for _, q := range stmts {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("pgtest: bootstrap: %w", err)
+		}
+	}
+	return nil
+}
+
+// Stop shuts a local server down (fast mode: sessions are ended), keeping
+// its data; Restart brings it back on the same port.
+func (s *Server) Stop() error {
+	if s.local == nil {
+		return errNotLocal
+	}
+	return s.local.stop()
+}
+
+// Restart starts a server stopped with Stop, on the same port.
+func (s *Server) Restart(ctx context.Context) error {
+	if s.local == nil {
+		return errNotLocal
+	}
+	if err := s.local.stop(); err != nil {
+		return err
+	}
+	return s.local.start(ctx)
+}
+
+var errNotLocal = errors.New("pgtest: only a local throwaway cluster can be stopped, restarted, replicated or fronted by PgBouncer")

@@ -1,0 +1,108 @@
+package sqllock
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+)
+
+// Registry is a team's list of named locks: one place that says which key
+// means what. Register refuses a second use of a name and, more
+// importantly, a second name for the same key, so two jobs can never share a
+// lock by accident. Inspect and the sqllock command use a Registry to print
+// names next to keys.
+//
+// A Registry is safe for concurrent use. The zero value is not usable; call
+// [NewRegistry].
+type Registry struct {
+	mu     sync.RWMutex
+	byName map[string]Key // guarded by mu
+	byKey  map[Key]string // guarded by mu
+}
+
+// NewRegistry returns an empty Registry.
+func NewRegistry() *Registry {
+	return &Registry{byName: map[string]Key{}, byKey: map[Key]string{}}
+}
+
+// Register records that name means key k. It returns an error wrapping
+// [ErrDuplicate] when name is already registered, or when k already belongs
+// to another name (a hash collision, or two teams picking the same number),
+// and an error wrapping [ErrInvalidKey] for the zero Key or an empty name.
+// Registering the same name with the same key again is a no-op.
+func (r *Registry) Register(name string, k Key) error {
+	if err := k.valid(); err != nil {
+		return err
+	}
+	if name == "" {
+		return fmt.Errorf("%w: empty name", ErrInvalidKey)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if old, ok := r.byName[name]; ok {
+		if old == k {
+			return nil
+		}
+		return fmt.Errorf("%w: name %q is already registered with key %s", ErrDuplicate, name, old)
+	}
+	if other, ok := r.byKey[k]; ok {
+		return fmt.Errorf("%w: key %s of %q is already registered as %q", ErrDuplicate, k, name, other)
+	}
+	r.byName[name] = k
+	r.byKey[k] = name
+	return nil
+}
+
+// MustRegister is like Register but panics on error. It suits package-level
+// registration of a program's fixed lock names, where a collision is a
+// programming error; it returns k so that it can be used in a var
+// declaration.
+func (r *Registry) MustRegister(name string, k Key) Key {
+	if err := r.Register(name, k); err != nil {
+		panic(err)
+	}
+	return k
+}
+
+// Name returns the name registered for k.
+func (r *Registry) Name(k Key) (string, bool) {
+	if r == nil {
+		return "", false
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	n, ok := r.byKey[k]
+	return n, ok
+}
+
+// Key returns the key registered under name.
+func (r *Registry) Key(name string) (Key, bool) {
+	if r == nil {
+		return Key{}, false
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	k, ok := r.byName[name]
+	return k, ok
+}
+
+// Entry is one name and its key in a Registry.
+type Entry struct {
+	Name string
+	Key  Key
+}
+
+// All returns every registered entry, sorted by name.
+func (r *Registry) All() []Entry {
+	if r == nil {
+		return nil
+	}
+	r.mu.RLock()
+	out := make([]Entry, 0, len(r.byName))
+	for n, k := range r.byName {
+		out = append(out, Entry{Name: n, Key: k})
+	}
+	r.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}

@@ -1,0 +1,98 @@
+package sqllock
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+)
+
+func TestRegistry(t *testing.T) {
+	r := NewRegistry()
+	tests := []struct {
+		name    string
+		regName string
+		key     Key
+		wantErr error
+	}{
+		{"first", "cron:reindex_posts", Int64(1001), nil},
+		{"second", "cron:cleanup_old_logs", Int64(1002), nil},
+		{"pair form is another key space", "job:daily_report", Pair(0, 1001), nil},
+		{"same name same key is a no-op", "cron:reindex_posts", Int64(1001), nil},
+		{"same name other key", "cron:reindex_posts", Int64(1003), ErrDuplicate},
+		{"other name same key", "cron:copy", Int64(1002), ErrDuplicate},
+		{"zero key", "x", Key{}, ErrInvalidKey},
+		{"empty name", "", Int64(5), ErrInvalidKey},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := r.Register(tt.regName, tt.key)
+			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil && err != nil) {
+				t.Fatalf("Register(%q, %v) = %v, want %v", tt.regName, tt.key, err, tt.wantErr)
+			}
+		})
+	}
+	if n, ok := r.Name(Int64(1002)); !ok || n != "cron:cleanup_old_logs" {
+		t.Errorf("Name(1002) = %q, %v", n, ok)
+	}
+	if _, ok := r.Name(Int64(1003)); ok {
+		t.Error("Name(1003) found a name that was refused")
+	}
+	if k, ok := r.Key("job:daily_report"); !ok || k != Pair(0, 1001) {
+		t.Errorf("Key(job:daily_report) = %v, %v", k, ok)
+	}
+	all := r.All()
+	want := []Entry{{"cron:cleanup_old_logs", Int64(1002)}, {"cron:reindex_posts", Int64(1001)}, {"job:daily_report", Pair(0, 1001)}}
+	if fmt.Sprint(all) != fmt.Sprint(want) {
+		t.Errorf("All() = %v, want %v", all, want)
+	}
+	var nilReg *Registry
+	if _, ok := nilReg.Name(Int64(1)); ok {
+		t.Error("nil Registry Name found something")
+	}
+}
+
+func TestRegistryMustRegisterPanics(t *testing.T) {
+	r := NewRegistry()
+	if k := r.MustRegister("a", Hash("a")); k != Hash("a") {
+		t.Fatalf("MustRegister returned %v", k)
+	}
+	defer func() {
+		if p := recover(); p == nil {
+			t.Fatal("MustRegister with a duplicate key did not panic")
+		}
+	}()
+	r.MustRegister("b", Hash("a"))
+}
+
+func TestRegistryConcurrent(t *testing.T) {
+	r := NewRegistry()
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 8; i++ {
+				// Every goroutine registers the same 8 names with the same keys,
+				// and one name with a key of its own that collides with nobody.
+				if err := r.Register(fmt.Sprintf("job-%d", i), Int64(int64(i))); err != nil {
+					errs <- err
+				}
+			}
+			// All goroutines race for key 100 under different names: exactly one wins.
+			if err := r.Register(fmt.Sprintf("racer-%d", g), Int64(100)); err != nil && !errors.Is(err, ErrDuplicate) {
+				errs <- err
+			}
+			_ = r.All()
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if got := len(r.All()); got != 9 {
+		t.Errorf("len(All()) = %d, want 9 (8 jobs and one racer)", got)
+	}
+}
