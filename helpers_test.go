@@ -1,0 +1,72 @@
+package sqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/pgtest"
+)
+
+// drivers are the database/sql drivers every behaviour is proven with.
+var drivers = []string{"postgres", "pgx"}
+
+// eachDriver runs f once per driver, each with a database of its own.
+func eachDriver(t *testing.T, f func(t *testing.T, db *sql.DB, dsn string)) {
+	t.Helper()
+	srv := pgtest.Start(t)
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			dsn := srv.NewDatabase(t)
+			f(t, pgtest.Open(t, drv, dsn), dsn)
+		})
+	}
+}
+
+// holders returns the pids that hold k (granted), as another session sees
+// them.
+func holders(t testing.TB, q sqllock.Querier, k sqllock.Key) []int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	locks, err := sqllock.Inspect(ctx, q, sqllock.ForKeys(k))
+	if err != nil {
+		t.Fatalf("Inspect: %v", err)
+	}
+	var pids []int
+	for _, l := range locks {
+		if l.Granted {
+			pids = append(pids, l.PID)
+		}
+	}
+	return pids
+}
+
+// advisoryCount returns how many advisory locks exist in db's database.
+func advisoryCount(t testing.TB, q sqllock.Querier) int {
+	t.Helper()
+	locks, err := sqllock.Inspect(context.Background(), q)
+	if err != nil {
+		t.Fatalf("Inspect: %v", err)
+	}
+	return len(locks)
+}
+
+// waitFree waits until nobody holds k, and fails t after d.
+func waitFree(t testing.TB, q sqllock.Querier, k sqllock.Key, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		if len(holders(t, q, k)) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lock %v still held by %v after %v", k, holders(t, q, k), d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func bg() context.Context { return context.Background() }

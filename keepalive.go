@@ -1,0 +1,199 @@
+package sqllock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// monitor is a Locker's keep-alive: while the Locker holds locks, one
+// goroutine asks pg_locks, over a pooled connection and never over a lock's
+// pinned one, whether each lock is still granted to the backend it was
+// granted to. All the Locker's locks are checked by one query per interval.
+type monitor struct {
+	l *Locker
+
+	mu       sync.Mutex
+	watched  map[watched]struct{} // guarded by mu
+	running  bool                 // guarded by mu
+	failures int                  // guarded by mu: consecutive failed checks
+	kick     chan struct{}
+}
+
+// watched is something the keep-alive checks: a Lock, or a Session with
+// many keys on one backend.
+type watched interface {
+	heldKeys(buf []heldKey) []heldKey
+	lose(cause error)
+}
+
+// heldKey is one lock as the server should show it.
+type heldKey struct {
+	pid    int64
+	key    Key
+	shared bool
+}
+
+func (lk *Lock) heldKeys(buf []heldKey) []heldKey {
+	return append(buf, heldKey{pid: lk.pid, key: lk.key, shared: lk.shared})
+}
+
+// failedChecksBeforeLost is how many keep-alive checks in a row must fail
+// (the server cannot be reached, or answers with an error) before the locks
+// are reported lost: one failure may be a blip; two intervals without any
+// confirmation mean the holder can no longer claim the lock.
+const failedChecksBeforeLost = 2
+
+func newMonitor(l *Locker) *monitor {
+	return &monitor{l: l, watched: map[watched]struct{}{}, kick: make(chan struct{}, 1)}
+}
+
+func (m *monitor) add(w watched) {
+	if m.l.cfg.keepAlive <= 0 {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.watched[w] = struct{}{}
+	if !m.running {
+		m.running = true
+		m.failures = 0
+		go m.loop()
+	}
+}
+
+func (m *monitor) remove(w watched) {
+	m.mu.Lock()
+	delete(m.watched, w)
+	empty := len(m.watched) == 0
+	m.mu.Unlock()
+	if empty {
+		select {
+		case m.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (m *monitor) loop() {
+	t := time.NewTimer(m.l.cfg.keepAlive)
+	defer t.Stop()
+	for {
+		tick := false
+		select {
+		case <-t.C:
+			tick = true
+		case <-m.kick:
+		}
+		m.mu.Lock()
+		if len(m.watched) == 0 {
+			m.running = false
+			m.mu.Unlock()
+			return
+		}
+		var ws []watched
+		if tick {
+			ws = make([]watched, 0, len(m.watched))
+			for w := range m.watched {
+				ws = append(ws, w)
+			}
+		}
+		m.mu.Unlock()
+		if tick {
+			m.check(ws)
+			t.Reset(m.l.cfg.keepAlive)
+		}
+	}
+}
+
+// keepAliveSQL returns, for lists of expected locks, the 1-based positions of
+// those that are not granted to their backend any more. The lists are passed
+// as array literals in text, which every driver can bind.
+const keepAliveSQL = `SELECT h.i FROM unnest($1::text::int4[], $2::text::int8[], $3::text::int8[], $4::text::int4[], $5::text::bool[])
+ WITH ORDINALITY AS h(pid, classid, objid, objsubid, shared, i)
+ WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.granted
+  AND l.pid = h.pid AND l.classid::int8 = h.classid AND l.objid::int8 = h.objid AND l.objsubid = h.objsubid
+  AND l.mode = CASE WHEN h.shared THEN 'ShareLock' ELSE 'ExclusiveLock' END)`
+
+// check runs one keep-alive query for ws and reports the lost ones.
+func (m *monitor) check(ws []watched) {
+	var keys []heldKey
+	owner := make([]watched, 0, len(ws))
+	for _, w := range ws {
+		n := len(keys)
+		keys = w.heldKeys(keys)
+		for range keys[n:] {
+			owner = append(owner, w)
+		}
+	}
+	if len(keys) == 0 {
+		return
+	}
+	timeout := m.l.cfg.keepAlive
+	if timeout < time.Second {
+		timeout = time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	lost, err := queryLost(ctx, m.l, keys)
+	if err != nil {
+		m.mu.Lock()
+		m.failures++
+		n := m.failures
+		m.mu.Unlock()
+		if n < failedChecksBeforeLost {
+			return
+		}
+		cause := fmt.Errorf("keep-alive could not confirm the lock %d times in a row: %w", n, err)
+		for _, w := range ws {
+			w.lose(cause)
+		}
+		return
+	}
+	m.mu.Lock()
+	m.failures = 0
+	m.mu.Unlock()
+	for _, i := range lost {
+		owner[i].lose(fmt.Errorf("keep-alive: backend %d no longer holds it (session ended, server restarted, or session swapped by a pooler)", keys[i].pid))
+	}
+}
+
+// queryLost returns the 0-based indexes of keys that the server does not
+// show as granted.
+func queryLost(ctx context.Context, l *Locker, keys []heldKey) ([]int, error) {
+	var pids, classids, objids, subids, shared strings.Builder
+	for i, h := range keys {
+		sep := ","
+		if i == 0 {
+			sep = "{"
+		}
+		c, o, s := h.key.lockTag()
+		pids.WriteString(sep + strconv.FormatInt(h.pid, 10))
+		classids.WriteString(sep + strconv.FormatUint(uint64(c), 10))
+		objids.WriteString(sep + strconv.FormatUint(uint64(o), 10))
+		subids.WriteString(sep + strconv.Itoa(s))
+		shared.WriteString(sep + strconv.FormatBool(h.shared))
+	}
+	rows, err := l.db.QueryContext(ctx, keepAliveSQL, pids.String()+"}", classids.String()+"}",
+		objids.String()+"}", subids.String()+"}", shared.String()+"}")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var lost []int
+	for rows.Next() {
+		var i int
+		if err := rows.Scan(&i); err != nil {
+			return nil, err
+		}
+		if i < 1 || i > len(keys) {
+			return nil, errors.New("keep-alive: answer out of range")
+		}
+		lost = append(lost, i-1)
+	}
+	return lost, rows.Err()
+}

@@ -1,0 +1,383 @@
+package sqllock
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Locker takes session-level advisory locks through a *sql.DB. Each lock
+// pins one connection of the pool for its whole life (see [Lock]).
+//
+// A Locker is safe for concurrent use by many goroutines. It holds no
+// resources of its own beyond its locks: a keep-alive goroutine runs only
+// while locks are held, and stops when the last one is released.
+type Locker struct {
+	db   *sql.DB
+	cfg  config
+	mode stmtMode
+	mon  *monitor
+
+	serverMu sync.Mutex
+	serverOK bool // guarded by serverMu: the server was checked and is supported
+
+	stats lockerStats
+}
+
+type config struct {
+	keepAlive     time.Duration
+	unlockTimeout time.Duration
+	logger        *slog.Logger
+	registry      *Registry
+	allowStandby  bool
+	mode          *stmtMode
+}
+
+// Option configures a Locker.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// Default settings of a Locker.
+const (
+	DefaultKeepAlive     = 5 * time.Second
+	DefaultUnlockTimeout = 5 * time.Second
+)
+
+// WithKeepAlive sets how often the Locker checks that its held locks still
+// exist (default [DefaultKeepAlive]); 0 turns the check off. The check runs
+// on a connection of the pool, never on a lock's pinned connection, and
+// covers all of the Locker's locks in one query.
+func WithKeepAlive(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.keepAlive = d })
+}
+
+// WithUnlockTimeout bounds the unlock statement (default
+// [DefaultUnlockTimeout]). Unlock does not use its caller's cancellation: a
+// cancelled context still releases the lock.
+func WithUnlockTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d > 0 {
+			c.unlockTimeout = d
+		}
+	})
+}
+
+// WithLogger sends the Locker's events to l: waiting, acquired (with the
+// wait), released (with the hold time) at Debug level; lost locks and
+// discarded connections at Warn level. The default logs nothing.
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(c *config) { c.logger = l })
+}
+
+// WithRegistry names keys in log events and errors with r.
+func WithRegistry(r *Registry) Option {
+	return optionFunc(func(c *config) { c.registry = r })
+}
+
+// WithAllowStandby lets the Locker take locks on a hot standby. This is
+// dangerous: a standby's advisory locks do not conflict with the primary's,
+// so a client of the primary and a client of the standby can both "hold" the
+// same key. Without it, locks on a standby fail with [ErrStandby].
+func WithAllowStandby() Option {
+	return optionFunc(func(c *config) { c.allowStandby = true })
+}
+
+// WithInlineKeys chooses how keys reach the server: rendered by this package
+// into the SQL text (true), or as bind parameters (false). By default the
+// Locker renders them for lib/pq, where a parameterized query costs two round
+// trips, and binds them for every other driver.
+func WithInlineKeys(inline bool) Option {
+	return optionFunc(func(c *config) {
+		m := bindKeys
+		if inline {
+			m = inlineKeys
+		}
+		c.mode = &m
+	})
+}
+
+// New returns a Locker that takes its locks through db.
+//
+// Defaults: keep-alive every 5 s, unlock bounded to 5 s, no logging, no
+// registry, standbys refused, keys bound as parameters (rendered into the
+// SQL text for lib/pq). New panics if db is nil.
+func New(db *sql.DB, opts ...Option) *Locker {
+	if db == nil {
+		panic("sqllock: New called with a nil *sql.DB")
+	}
+	cfg := config{keepAlive: DefaultKeepAlive, unlockTimeout: DefaultUnlockTimeout}
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.New(slog.DiscardHandler)
+	}
+	l := &Locker{db: db, cfg: cfg, mode: detectMode(db.Driver())}
+	if cfg.mode != nil {
+		l.mode = *cfg.mode
+	}
+	l.mon = newMonitor(l)
+	return l
+}
+
+// Lock takes the exclusive lock k, waiting (in the server) as long as
+// another session holds it. When ctx ends first, it returns an error that
+// matches both [ErrNotAcquired] and ctx.Err(), and no lock stays held. Other
+// errors: [ErrDeadlock], [ErrLockTableFull], [ErrStandby],
+// [ErrUnsupportedServer], [ErrInvalidKey], and connection errors.
+func (l *Locker) Lock(ctx context.Context, k Key) (*Lock, error) {
+	return l.acquire(ctx, k, false, false)
+}
+
+// TryLock takes the exclusive lock k if no other session holds it, and
+// otherwise returns an error matching [ErrNotAcquired] at once. Its other
+// errors are those of [Locker.Lock].
+func (l *Locker) TryLock(ctx context.Context, k Key) (*Lock, error) {
+	return l.acquire(ctx, k, true, false)
+}
+
+// RLock takes the lock k in shared mode, waiting while another session holds
+// it exclusively. Any number of sessions can share it. Errors are those of
+// [Locker.Lock].
+func (l *Locker) RLock(ctx context.Context, k Key) (*Lock, error) {
+	return l.acquire(ctx, k, false, true)
+}
+
+// TryRLock takes the lock k in shared mode if no session holds it
+// exclusively, and otherwise returns an error matching [ErrNotAcquired].
+func (l *Locker) TryRLock(ctx context.Context, k Key) (*Lock, error) {
+	return l.acquire(ctx, k, true, true)
+}
+
+// Do runs fn while holding the exclusive lock k, waiting for it first as
+// [Locker.Lock] does. The lock is released when fn returns or panics. fn's
+// context is cancelled, with cause an error wrapping [ErrLockLost], if the
+// lock is lost while fn runs. Do returns fn's error joined with any error
+// from acquiring or releasing the lock.
+func (l *Locker) Do(ctx context.Context, k Key, fn func(ctx context.Context) error) error {
+	lk, err := l.Lock(ctx, k)
+	if err != nil {
+		return err
+	}
+	return lk.run(ctx, fn)
+}
+
+// TryDo runs fn while holding the exclusive lock k if it is free, the
+// lesson's cron pattern: when another session holds k it returns
+// (false, nil) at once without running fn. Otherwise it behaves like
+// [Locker.Do] and returns ran = true.
+func (l *Locker) TryDo(ctx context.Context, k Key, fn func(ctx context.Context) error) (ran bool, err error) {
+	lk, err := l.TryLock(ctx, k)
+	if err != nil {
+		if errors.Is(err, ErrNotAcquired) && ctx.Err() == nil {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, lk.run(ctx, fn)
+}
+
+func (l *Locker) name(k Key) string {
+	if n, ok := l.cfg.registry.Name(k); ok {
+		return fmt.Sprintf("%s %q", k, n)
+	}
+	return k.String()
+}
+
+// acquire implements the four session-level lock calls.
+func (l *Locker) acquire(ctx context.Context, k Key, try, shared bool) (*Lock, error) {
+	if err := k.valid(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, notAcquired(k, err)
+	}
+	start := time.Now()
+	conn, err := l.db.Conn(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, notAcquired(k, ctx.Err())
+		}
+		return nil, fmt.Errorf("sqllock: lock %s: get connection: %w", k, err)
+	}
+	if err := l.checkServer(ctx, conn); err != nil {
+		l.discard(conn, k, "server check failed")
+		if ctx.Err() != nil {
+			return nil, notAcquired(k, ctx.Err())
+		}
+		return nil, err
+	}
+	if !try {
+		l.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "sqllock: waiting", slog.String("key", l.name(k)), slog.Bool("shared", shared))
+	}
+	q, args := l.mode.sessionLockSQL(lockFn(try, shared, false), k)
+	var ok, standby bool
+	var pid int64
+	err = conn.QueryRowContext(ctx, q, args...).Scan(&ok, &pid, &standby)
+	if ctx.Err() != nil {
+		// Whatever the driver said, the outcome is uncertain: a cancelled
+		// wait can be granted, and some drivers report a cancelled statement
+		// as a success. Ending the session settles it: PostgreSQL releases
+		// every lock of a session that ends.
+		l.discard(conn, k, "context ended during the lock statement")
+		return nil, notAcquired(k, ctx.Err())
+	}
+	if err != nil {
+		l.discard(conn, k, "lock statement failed")
+		return nil, lockError(k, err)
+	}
+	if !ok {
+		l.stats.contended.Add(1)
+		conn.Close() // confirmed: this session holds nothing
+		return nil, fmt.Errorf("%w: %s is held by another session", ErrNotAcquired, k)
+	}
+	if standby && !l.cfg.allowStandby {
+		if err := l.release(conn, k, shared, pid); err != nil {
+			return nil, errors.Join(fmt.Errorf("%w (lock %s)", ErrStandby, k), err)
+		}
+		return nil, fmt.Errorf("%w (lock %s)", ErrStandby, k)
+	}
+	lk := newLock(l, k, shared, conn, pid)
+	l.stats.acquired.Add(1)
+	l.stats.held.Add(1)
+	l.mon.add(lk)
+	l.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "sqllock: acquired", slog.String("key", l.name(k)),
+		slog.Bool("shared", shared), slog.Int64("pid", pid), slog.Duration("wait", time.Since(start)))
+	return lk, nil
+}
+
+// release runs the unlock statement on conn, on the backend pid, and gives
+// conn back to the pool only when PostgreSQL confirmed the unlock there. In
+// every other case it discards conn, so that the server ends the session and
+// releases whatever it held.
+func (l *Locker) release(conn *sql.Conn, k Key, shared bool, pid int64) error {
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.unlockTimeout)
+	q, args := l.mode.unlockSQL(shared, k, pid)
+	var released sql.NullBool
+	var gotPID int64
+	err := conn.QueryRowContext(ctx, q, args...).Scan(&released, &gotPID)
+	cancel()
+	switch {
+	case err != nil:
+		l.discard(conn, k, "unlock statement failed")
+		return fmt.Errorf("sqllock: unlock %s: %w (connection discarded; the server releases the lock as the session ends)", k, err)
+	case gotPID != pid:
+		l.discard(conn, k, "backend changed")
+		return fmt.Errorf("%w: %w: lock %s was granted to backend %d but unlock ran on backend %d", ErrLockLost, ErrSessionChanged, k, pid, gotPID)
+	case !released.Bool:
+		l.discard(conn, k, "unlock found no lock")
+		return fmt.Errorf("%w: unlock of %s on backend %d found no such lock", ErrLockLost, k, pid)
+	}
+	return conn.Close()
+}
+
+// discard closes conn's session instead of returning it to the pool.
+func (l *Locker) discard(conn *sql.Conn, k Key, why string) {
+	l.stats.discarded.Add(1)
+	l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "sqllock: connection discarded",
+		slog.String("key", l.name(k)), slog.String("reason", why))
+	discardConn(conn)
+}
+
+func discardConn(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = conn.Close()
+}
+
+// checkServer refuses servers that do not implement PostgreSQL advisory
+// locks. The answer is cached for the Locker's life; a failed check is
+// retried on the next call.
+func (l *Locker) checkServer(ctx context.Context, conn *sql.Conn) error {
+	l.serverMu.Lock()
+	defer l.serverMu.Unlock()
+	if l.serverOK {
+		return nil
+	}
+	var v string
+	if err := conn.QueryRowContext(ctx, "SELECT version()").Scan(&v); err != nil {
+		return fmt.Errorf("sqllock: check server version: %w", err)
+	}
+	if err := supported(v); err != nil {
+		return err
+	}
+	l.serverOK = true
+	return nil
+}
+
+// supported returns ErrUnsupportedServer for a version() string of a server
+// whose advisory lock functions are not PostgreSQL's.
+func supported(version string) error {
+	for _, bad := range []string{"CockroachDB", "Redshift", "Materialize", "Spanner"} {
+		if strings.Contains(version, bad) {
+			return fmt.Errorf("%w: %s", ErrUnsupportedServer, version)
+		}
+	}
+	if !strings.HasPrefix(version, "PostgreSQL") {
+		return fmt.Errorf("%w: version() is %q", ErrUnsupportedServer, version)
+	}
+	return nil
+}
+
+func notAcquired(k Key, ctxErr error) error {
+	return fmt.Errorf("%w: %s: %w", ErrNotAcquired, k, ctxErr)
+}
+
+// lockError classifies a failed lock statement.
+func lockError(k Key, err error) error {
+	switch sqlState(err) {
+	case "40P01":
+		return fmt.Errorf("%w: lock %s: %w", ErrDeadlock, k, err)
+	case "53200":
+		return fmt.Errorf("%w: lock %s: %w", ErrLockTableFull, k, err)
+	case "55P03", "57014": // lock_timeout, statement_timeout
+		return fmt.Errorf("%w: lock %s: %w", ErrNotAcquired, k, err)
+	}
+	return fmt.Errorf("sqllock: lock %s: %w", k, err)
+}
+
+// sqlState returns the SQLSTATE of a server error from any driver that
+// exposes one (lib/pq and pgx both do), and otherwise recognises the two
+// messages this package cares about.
+func sqlState(err error) string {
+	var s interface{ SQLState() string }
+	if errors.As(err, &s) {
+		return s.SQLState()
+	}
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "deadlock detected"):
+		return "40P01"
+	case strings.Contains(msg, "out of shared memory"):
+		return "53200"
+	}
+	return ""
+}
+
+// Stats are counters of a Locker since New.
+type Stats struct {
+	Held      int64 // locks held now
+	Acquired  int64 // locks granted
+	Contended int64 // non-waiting attempts that found the lock taken
+	Lost      int64 // locks lost while held
+	Discarded int64 // connections closed instead of returned to the pool
+}
+
+type lockerStats struct {
+	held, acquired, contended, lost, discarded atomic.Int64
+}
+
+// Stats returns the Locker's counters.
+func (l *Locker) Stats() Stats {
+	return Stats{Held: l.stats.held.Load(), Acquired: l.stats.acquired.Load(), Contended: l.stats.contended.Load(),
+		Lost: l.stats.lost.Load(), Discarded: l.stats.discarded.Load()}
+}

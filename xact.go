@@ -1,0 +1,117 @@
+package sqllock
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+)
+
+// Tx is a database transaction: *sql.Tx and *sqlx.Tx satisfy it. *sql.DB
+// does not, on purpose: a transaction-level lock taken outside a
+// transaction is released as soon as its statement ends.
+type Tx interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	Commit() error
+	Rollback() error
+}
+
+// LockTx takes the exclusive transaction-level lock k in tx
+// (pg_advisory_xact_lock), waiting while another session holds it.
+// PostgreSQL releases it when tx ends, by commit, rollback, or an error that
+// aborts it; there is no unlock. These are the only advisory locks that work
+// behind a transaction-mode pooler.
+//
+// When ctx ends first, LockTx returns an error matching both
+// [ErrNotAcquired] and ctx.Err(); the transaction may then be unusable and
+// must be rolled back, which releases anything it holds. Other errors:
+// [ErrDeadlock] (tx is aborted), [ErrLockTableFull], [ErrInvalidKey].
+func LockTx(ctx context.Context, tx Tx, k Key) error {
+	_, err := lockTx(ctx, tx, k, false, false)
+	return err
+}
+
+// TryLockTx takes the exclusive transaction-level lock k in tx if no other
+// session holds it, and reports whether it did. It does not wait.
+func TryLockTx(ctx context.Context, tx Tx, k Key) (bool, error) {
+	return lockTx(ctx, tx, k, true, false)
+}
+
+// RLockTx takes the transaction-level lock k in shared mode, waiting while
+// another session holds it exclusively.
+func RLockTx(ctx context.Context, tx Tx, k Key) error {
+	_, err := lockTx(ctx, tx, k, false, true)
+	return err
+}
+
+// TryRLockTx takes the transaction-level lock k in shared mode if no other
+// session holds it exclusively, and reports whether it did.
+func TryRLockTx(ctx context.Context, tx Tx, k Key) (bool, error) {
+	return lockTx(ctx, tx, k, true, true)
+}
+
+// lockTx binds the key as a parameter, which every driver accepts; InTx
+// uses its Locker's mode instead.
+func lockTx(ctx context.Context, tx Tx, k Key, try, shared bool) (bool, error) {
+	return lockTxMode(ctx, bindKeys, tx, k, try, shared)
+}
+
+func lockTxMode(ctx context.Context, mode stmtMode, tx Tx, k Key, try, shared bool) (bool, error) {
+	if err := k.valid(); err != nil {
+		return false, err
+	}
+	if tx == nil {
+		return false, errors.New("sqllock: nil transaction")
+	}
+	if err := ctx.Err(); err != nil {
+		return false, notAcquired(k, err)
+	}
+	q, args := mode.xactLockSQL(lockFn(try, shared, true), k)
+	var ok bool
+	err := tx.QueryRowContext(ctx, q, args...).Scan(&ok)
+	if ctx.Err() != nil {
+		return false, notAcquired(k, ctx.Err())
+	}
+	if err != nil {
+		return false, lockError(k, err)
+	}
+	return ok, nil
+}
+
+// InTx begins a transaction with opts, takes the exclusive transaction-level
+// lock k in it (waiting as [LockTx] does), runs fn, and commits when fn
+// returns nil. When fn returns an error or panics, or the lock cannot be
+// taken, the transaction is rolled back; either way PostgreSQL releases the
+// lock as the transaction ends. InTx returns fn's error, or the error of
+// begin, lock or commit.
+func (l *Locker) InTx(ctx context.Context, k Key, opts *sql.TxOptions, fn func(tx *sql.Tx) error) (err error) {
+	if err := k.valid(); err != nil {
+		return err
+	}
+	tx, err := l.db.BeginTx(ctx, opts)
+	if err != nil {
+		if ctx.Err() != nil {
+			return notAcquired(k, ctx.Err())
+		}
+		return fmt.Errorf("sqllock: begin: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) && err != nil {
+				err = errors.Join(err, fmt.Errorf("sqllock: rollback: %w", rerr))
+			}
+		}
+	}()
+	if _, err := lockTxMode(ctx, l.mode, tx, k, false, false); err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		return err
+	}
+	committed = true
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("sqllock: commit: %w", err)
+	}
+	return nil
+}
