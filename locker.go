@@ -205,15 +205,15 @@ func (l *Locker) acquire(ctx context.Context, k Key, try, shared bool) (*Lock, e
 	start := time.Now()
 	conn, err := l.db.Conn(ctx)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, notAcquired(k, ctx.Err())
+		if ctxEnded(ctx) {
+			return nil, notAcquired(k, ctxErr(ctx))
 		}
 		return nil, fmt.Errorf("sqllock: lock %s: get connection: %w", k, err)
 	}
 	if err := l.checkServer(ctx, conn); err != nil {
 		l.discard(conn, k, "server check failed")
-		if ctx.Err() != nil {
-			return nil, notAcquired(k, ctx.Err())
+		if ctxEnded(ctx) {
+			return nil, notAcquired(k, ctxErr(ctx))
 		}
 		return nil, err
 	}
@@ -224,13 +224,13 @@ func (l *Locker) acquire(ctx context.Context, k Key, try, shared bool) (*Lock, e
 	var ok, standby bool
 	var pid int64
 	err = conn.QueryRowContext(ctx, q, args...).Scan(&ok, &pid, &standby)
-	if ctx.Err() != nil {
+	if ctxEnded(ctx) {
 		// Whatever the driver said, the outcome is uncertain: a cancelled
 		// wait can be granted, and some drivers report a cancelled statement
 		// as a success. Ending the session settles it: PostgreSQL releases
 		// every lock of a session that ends.
 		l.discard(conn, k, "context ended during the lock statement")
-		return nil, notAcquired(k, ctx.Err())
+		return nil, notAcquired(k, ctxErr(ctx))
 	}
 	if err != nil {
 		l.discard(conn, k, "lock statement failed")
@@ -326,6 +326,26 @@ func supported(version string) error {
 		return fmt.Errorf("%w: version() is %q", ErrUnsupportedServer, version)
 	}
 	return nil
+}
+
+// ctxEnded reports whether ctx is done or past its deadline. A driver can
+// see the deadline pass (a dial or read times out) a moment before ctx.Err()
+// turns non-nil.
+func ctxEnded(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
+}
+
+// ctxErr returns ctx.Err(), or context.DeadlineExceeded when the deadline
+// has passed but ctx does not say so yet.
+func ctxErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return context.DeadlineExceeded
 }
 
 func notAcquired(k Key, ctxErr error) error {

@@ -7,4 +7,10 @@ import (
 	"github.com/sqllock/sqllock/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
+func TestMain(m *testing.M) {
+	if role := os.Getenv(helperEnv); role != "" {
+		// Re-executed by a multi-process test: act as a separate client.
+		os.Exit(helperMain(role))
+	}
+	os.Exit(pgtest.Run(m))
+}

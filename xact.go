@@ -69,8 +69,8 @@ func lockTxMode(ctx context.Context, mode stmtMode, tx Tx, k Key, try, shared bo
 	q, args := mode.xactLockSQL(lockFn(try, shared, true), k)
 	var ok bool
 	err := tx.QueryRowContext(ctx, q, args...).Scan(&ok)
-	if ctx.Err() != nil {
-		return false, notAcquired(k, ctx.Err())
+	if ctxEnded(ctx) {
+		return false, notAcquired(k, ctxErr(ctx))
 	}
 	if err != nil {
 		return false, lockError(k, err)
@@ -90,8 +90,8 @@ func (l *Locker) InTx(ctx context.Context, k Key, opts *sql.TxOptions, fn func(t
 	}
 	tx, err := l.db.BeginTx(ctx, opts)
 	if err != nil {
-		if ctx.Err() != nil {
-			return notAcquired(k, ctx.Err())
+		if ctxEnded(ctx) {
+			return notAcquired(k, ctxErr(ctx))
 		}
 		return fmt.Errorf("sqllock: begin: %w", err)
 	}

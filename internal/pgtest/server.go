@@ -70,6 +70,25 @@ func (s *Server) AdminDSN() string {
 	return dsn(s.adminUser, s.adminPassword, s.Host, s.Port, "postgres")
 }
 
+// AdminDSNFor returns a superuser URL for database db.
+func (s *Server) AdminDSNFor(db string) string {
+	u, err := url.Parse(s.AdminDSN())
+	if err != nil || u.Scheme == "" {
+		return s.AdminDSN() + " dbname=" + db
+	}
+	u.Path = "/" + db
+	return u.String()
+}
+
+// DatabaseOf returns the database name in a URL DSN.
+func DatabaseOf(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimPrefix(u.Path, "/")
+}
+
 // Addr returns host:port.
 func (s *Server) Addr() string { return net.JoinHostPort(s.Host, strconv.Itoa(s.Port)) }
 
@@ -302,7 +321,7 @@ func newCluster(ctx context.Context, name string, init func(c *cluster) error) (
 		}
 		if err == nil {
 			err = c.run(ctx, "initdb", "-D", c.data, "-U", "postgres", "-E", "UTF8", "--no-sync",
-				"--auth-local=trust", "--auth-host=scram-sha-256", "--pwfile="+pwfile)
+				"--auth-local=trust", "--auth-host=trust", "--pwfile="+pwfile)
 		}
 	}
 	if err != nil {

@@ -1,0 +1,131 @@
+package sqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/pgtest"
+)
+
+// TestCancelStress races a waiter's context deadline against the holder's
+// release, thousands of times per driver. Whatever the timing, a lock
+// reported as acquired must really be held by the waiter's backend (no
+// phantom successes), and no lock may stay held anywhere afterwards (no
+// leaks, in particular none returned to the pool).
+func TestCancelStress(t *testing.T) {
+	const workers, perWorker = 4, 500
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		holderL := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithKeepAlive(0))
+		waiterL := sqllock.New(db, sqllock.WithKeepAlive(0))
+		observer := pgtest.Open(t, "pgx", dsn)
+		var acquired, notAcquired, phantoms, slowFree atomic.Int64
+		var wg sync.WaitGroup
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				k := sqllock.Pair(100, int32(w))
+				rng := rand.New(rand.NewPCG(uint64(w), 7))
+				for i := 0; i < perWorker && !t.Failed(); i++ {
+					// The holder waits if an abandoned waiter's backend still
+					// holds the key; it must be freed quickly.
+					hctx, hcancel := context.WithTimeout(bg(), 10*time.Second)
+					start := time.Now()
+					h, err := holderL.Lock(hctx, k)
+					hcancel()
+					if err != nil {
+						t.Errorf("holder Lock: %v (a leaked lock?)", err)
+						return
+					}
+					if time.Since(start) > 100*time.Millisecond {
+						slowFree.Add(1)
+					}
+					ctx, cancel := context.WithCancel(bg())
+					res := make(chan *sqllock.Lock, 1)
+					errc := make(chan error, 1)
+					go func() {
+						lk, err := waiterL.Lock(ctx, k)
+						res <- lk
+						errc <- err
+					}()
+					// Once the waiter waits in the server, release and cancel
+					// at nearly the same moment, in either order.
+					waitWaiting(t, observer, k)
+					d1 := time.Duration(rng.IntN(400)) * time.Microsecond
+					d2 := time.Duration(rng.IntN(1500)) * time.Microsecond
+					var race sync.WaitGroup
+					race.Add(2)
+					go func() {
+						defer race.Done()
+						time.Sleep(d1)
+						if err := h.Unlock(bg()); err != nil {
+							t.Errorf("holder Unlock: %v", err)
+						}
+					}()
+					go func() {
+						defer race.Done()
+						time.Sleep(d2)
+						cancel()
+					}()
+					race.Wait()
+					lk, err := <-res, <-errc
+					if err != nil {
+						if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+							t.Errorf("waiter Lock: %v, want ErrNotAcquired and context.Canceled", err)
+						}
+						notAcquired.Add(1)
+						continue
+					}
+					acquired.Add(1)
+					if got := holders(t, observer, k); !slices.Contains(got, lk.PID()) {
+						phantoms.Add(1)
+						t.Errorf("phantom: Lock succeeded on backend %d but holders are %v", lk.PID(), got)
+					}
+					if err := lk.Unlock(bg()); err != nil {
+						t.Errorf("waiter Unlock: %v", err)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		for w := 0; w < workers; w++ {
+			waitFree(t, observer, sqllock.Pair(100, int32(w)), 10*time.Second)
+		}
+		if n := advisoryCount(t, observer); n != 0 {
+			t.Fatalf("%d advisory locks left held after the stress", n)
+		}
+		t.Logf("attempts %d: acquired %d, not acquired %d, phantoms %d, holder waited >100ms %d times, connections discarded %d",
+			workers*perWorker, acquired.Load(), notAcquired.Load(), phantoms.Load(), slowFree.Load(), waiterL.Stats().Discarded)
+		total := int64(workers * perWorker)
+		if acquired.Load() < total/100 || notAcquired.Load() < total/100 {
+			t.Fatalf("the race was not exercised: acquired %d, not acquired %d of %d", acquired.Load(), notAcquired.Load(), total)
+		}
+	})
+}
+
+// waitWaiting waits until some session waits for k.
+func waitWaiting(t testing.TB, q sqllock.Querier, k sqllock.Key) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		locks, err := sqllock.Inspect(bg(), q, sqllock.ForKeys(k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range locks {
+			if !l.Granted {
+				return
+			}
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	t.Fatalf("nobody started waiting for %v", k)
+}

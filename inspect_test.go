@@ -1,0 +1,138 @@
+package sqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"net/url"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/pgtest"
+)
+
+func withAppName(t *testing.T, dsn, name string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("application_name", name)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func TestInspect(t *testing.T) {
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		reg := sqllock.NewRegistry()
+		big, neg, pair := sqllock.Int64(1<<40+5), sqllock.Int64(-7), sqllock.Pair(-1, 5)
+		reg.MustRegister("job:big", big)
+		holderDB := pgtest.Open(t, "pgx", withAppName(t, dsn, "holder-app"))
+		waiterDB := pgtest.Open(t, "pgx", withAppName(t, dsn, "waiter-app"))
+		holder, waiter := sqllock.New(holderDB), sqllock.New(waiterDB)
+		var held []*sqllock.Lock
+		for _, k := range []sqllock.Key{big, neg} {
+			lk, err := holder.Lock(bg(), k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, lk)
+		}
+		shared, err := holder.RLock(bg(), pair)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(bg())
+		defer cancel()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if lk, err := waiter.Lock(ctx, neg); err == nil {
+				lk.Unlock(bg())
+			}
+		}()
+		waitWaiting(t, db, neg)
+
+		locks, err := sqllock.Inspect(bg(), db, sqllock.WithInspectRegistry(reg))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(locks) != 4 {
+			t.Fatalf("Inspect() = %d locks, want 4: %+v", len(locks), locks)
+		}
+		// Sorted by key (bigint keys by value, then pairs), granted first.
+		wantKeys := []sqllock.Key{neg, neg, big, pair}
+		for i, l := range locks {
+			if l.Key != wantKeys[i] {
+				t.Fatalf("locks[%d].Key = %v, want %v (order %v)", i, l.Key, wantKeys[i], wantKeys)
+			}
+		}
+		h, w := locks[0], locks[1]
+		if !h.Granted || h.PID != held[1].PID() || h.ApplicationName != "holder-app" || h.Shared || !h.WaitStart.IsZero() {
+			t.Errorf("holder row = %+v", h)
+		}
+		if w.Granted || w.ApplicationName != "waiter-app" || !slices.Equal(w.BlockedBy, []int{held[1].PID()}) {
+			t.Errorf("waiter row = %+v, want blocked by %d", w, held[1].PID())
+		}
+		if w.WaitStart.IsZero() || time.Since(w.WaitStart) > time.Minute {
+			t.Errorf("waiter WaitStart = %v", w.WaitStart)
+		}
+		if locks[2].Name != "job:big" || locks[3].Name != "" || !locks[3].Shared {
+			t.Errorf("names/modes: %+v %+v", locks[2], locks[3])
+		}
+		if w.Query == "" || w.State != "active" {
+			t.Errorf("waiter query %q state %q", w.Query, w.State)
+		}
+		// The lesson's "objid AS key" is wrong for keys of 2^32 and above and
+		// for negative keys: it reads only the low 32 bits, unsigned.
+		rows, err := db.Query(`SELECT objid::int8 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var objids []int64
+		for rows.Next() {
+			var v int64
+			rows.Scan(&v)
+			objids = append(objids, v)
+		}
+		rows.Close()
+		if !slices.Equal(objids, []int64{5, 1<<32 - 7}) {
+			t.Errorf("objid column = %v; the lesson would report keys 5 and 4294967289 for %v and %v", objids, big, neg)
+		}
+		cancel()
+		<-done
+		for _, lk := range append(held, shared) {
+			if err := lk.Unlock(bg()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := advisoryCount(t, db); n != 0 {
+			t.Fatalf("%d locks left", n)
+		}
+	})
+}
+
+// TestInspectHiddenSessions: an ordinary role sees other roles' locks but
+// not their queries, and Inspect says so.
+func TestInspectHiddenSessions(t *testing.T) {
+	srv := pgtest.Start(t)
+	dsn := srv.NewDatabase(t)
+	admin := pgtest.Open(t, "pgx", srv.AdminDSNFor(pgtest.DatabaseOf(dsn)))
+	conn, err := admin.Conn(bg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(bg(), "SELECT pg_advisory_lock(123)"); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.ExecContext(bg(), "SELECT pg_advisory_unlock_all()")
+	locks, err := sqllock.Inspect(bg(), pgtest.Open(t, "pgx", dsn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(locks) != 1 || locks[0].Key != sqllock.Int64(123) || !locks[0].Hidden {
+		t.Fatalf("Inspect() as an ordinary role = %+v, want key 123 with Hidden", locks)
+	}
+}

@@ -1,0 +1,112 @@
+package sqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/pgtest"
+)
+
+// terminate ends backend pid from a superuser session.
+func terminate(t testing.TB, srv *pgtest.Server, pid int) {
+	t.Helper()
+	admin, err := srv.Admin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	var ok bool
+	if err := admin.QueryRow("SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend(%d) = %v, %v", pid, ok, err)
+	}
+}
+
+func TestLostLockIsReported(t *testing.T) {
+	srv := pgtest.Start(t)
+	const keepAlive = 100 * time.Millisecond
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		l := sqllock.New(db, sqllock.WithKeepAlive(keepAlive))
+		lk, err := l.Lock(bg(), sqllock.Int64(5))
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		terminate(t, srv, lk.PID())
+		select {
+		case <-lk.Done():
+		case <-time.After(2*keepAlive + time.Second):
+			t.Fatal("Done() not closed after the backend was terminated")
+		}
+		t.Logf("loss reported after %v", time.Since(start))
+		if time.Since(start) > 2*keepAlive+500*time.Millisecond {
+			t.Errorf("loss reported after %v, want within 2× keep-alive (%v) plus scheduling", time.Since(start), 2*keepAlive)
+		}
+		if err := lk.Err(); !errors.Is(err, sqllock.ErrLockLost) {
+			t.Fatalf("Err() = %v, want ErrLockLost", err)
+		}
+		if err := lk.Unlock(bg()); !errors.Is(err, sqllock.ErrLockLost) {
+			t.Fatalf("Unlock() of a lost lock = %v, want ErrLockLost", err)
+		}
+		if err := lk.Unlock(bg()); !errors.Is(err, sqllock.ErrReleased) {
+			t.Fatalf("second Unlock() = %v, want ErrReleased", err)
+		}
+		if st := l.Stats(); st.Lost != 1 || st.Held != 0 {
+			t.Fatalf("Stats() = %+v", st)
+		}
+		// Do cancels fn's context when the lock is lost.
+		err = l.Do(bg(), sqllock.Int64(6), func(ctx context.Context) error {
+			locks, err := sqllock.Inspect(ctx, db, sqllock.ForKeys(sqllock.Int64(6)))
+			if err != nil || len(locks) != 1 {
+				return errors.Join(errors.New("lock not visible"), err)
+			}
+			terminate(t, srv, locks[0].PID)
+			select {
+			case <-ctx.Done():
+				if !errors.Is(context.Cause(ctx), sqllock.ErrLockLost) {
+					t.Errorf("fn's context cause = %v, want ErrLockLost", context.Cause(ctx))
+				}
+				return ctx.Err()
+			case <-time.After(5 * time.Second):
+				return errors.New("fn's context was not cancelled")
+			}
+		})
+		if !errors.Is(err, sqllock.ErrLockLost) || !errors.Is(err, context.Canceled) {
+			t.Fatalf("Do() = %v, want fn's context.Canceled joined with ErrLockLost", err)
+		}
+	})
+}
+
+// TestKeepAliveNeverTouchesThePinnedConn: a holder runs 1,000 queries on
+// Lock.Conn() while a 5 ms keep-alive checks; the lock is never reported
+// lost and its session never changes.
+func TestKeepAliveNeverTouchesThePinnedConn(t *testing.T) {
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		l := sqllock.New(db, sqllock.WithKeepAlive(5*time.Millisecond))
+		lk, err := l.Lock(bg(), sqllock.Int64(8))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 1000; i++ {
+			var pid int
+			if err := lk.Conn().QueryRowContext(bg(), "SELECT pg_backend_pid() FROM pg_sleep(0)").Scan(&pid); err != nil {
+				t.Fatalf("query %d on Conn(): %v", i, err)
+			}
+			if pid != lk.PID() {
+				t.Fatalf("query %d ran on backend %d, lock is on %d", i, pid, lk.PID())
+			}
+		}
+		if err := lk.Err(); err != nil {
+			t.Fatalf("Err() = %v after 1,000 queries", err)
+		}
+		if err := lk.Unlock(bg()); err != nil {
+			t.Fatalf("Unlock() = %v", err)
+		}
+		if st := l.Stats(); st.Lost != 0 || st.Discarded != 0 {
+			t.Fatalf("Stats() = %+v", st)
+		}
+	})
+}
