@@ -21,7 +21,6 @@ type monitor struct {
 	watched  map[watched]struct{} // guarded by mu
 	running  bool                 // guarded by mu
 	failures int                  // guarded by mu: consecutive failed checks
-	kick     chan struct{}
 }
 
 // watched is something the keep-alive checks: a Lock, or a Session with
@@ -49,7 +48,7 @@ func (lk *Lock) heldKeys(buf []heldKey) []heldKey {
 const failedChecksBeforeLost = 2
 
 func newMonitor(l *Locker) *monitor {
-	return &monitor{l: l, watched: map[watched]struct{}{}, kick: make(chan struct{}, 1)}
+	return &monitor{l: l, watched: map[watched]struct{}{}}
 }
 
 func (m *monitor) add(w watched) {
@@ -69,44 +68,29 @@ func (m *monitor) add(w watched) {
 func (m *monitor) remove(w watched) {
 	m.mu.Lock()
 	delete(m.watched, w)
-	empty := len(m.watched) == 0
 	m.mu.Unlock()
-	if empty {
-		select {
-		case m.kick <- struct{}{}:
-		default:
-		}
-	}
 }
 
+// loop checks once per interval, and ends at the first tick that finds
+// nothing to check: the goroutine outlives the last lock by at most one
+// interval, so that a program that locks and unlocks in a loop does not
+// start a goroutine per lock.
 func (m *monitor) loop() {
-	t := time.NewTimer(m.l.cfg.keepAlive)
+	t := time.NewTicker(m.l.cfg.keepAlive)
 	defer t.Stop()
-	for {
-		tick := false
-		select {
-		case <-t.C:
-			tick = true
-		case <-m.kick:
-		}
+	for range t.C {
 		m.mu.Lock()
 		if len(m.watched) == 0 {
 			m.running = false
 			m.mu.Unlock()
 			return
 		}
-		var ws []watched
-		if tick {
-			ws = make([]watched, 0, len(m.watched))
-			for w := range m.watched {
-				ws = append(ws, w)
-			}
+		ws := make([]watched, 0, len(m.watched))
+		for w := range m.watched {
+			ws = append(ws, w)
 		}
 		m.mu.Unlock()
-		if tick {
-			m.check(ws)
-			t.Reset(m.l.cfg.keepAlive)
-		}
+		m.check(ws)
 	}
 }
 

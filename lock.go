@@ -125,8 +125,10 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 	lk.err = final
 	lk.mu.Unlock()
 	lk.cancel(final)
-	lk.l.cfg.logger.LogAttrs(context.WithoutCancel(ctx), slog.LevelDebug, "sqllock: released",
-		slog.String("key", lk.l.name(lk.key)), slog.Duration("held", time.Since(lk.since)), slog.Any("error", err))
+	if lctx := context.WithoutCancel(ctx); lk.l.cfg.logger.Enabled(lctx, slog.LevelDebug) {
+		lk.l.cfg.logger.LogAttrs(lctx, slog.LevelDebug, "sqllock: released",
+			slog.String("key", lk.l.name(lk.key)), slog.Duration("held", time.Since(lk.since)), slog.Any("error", err))
+	}
 	return err
 }
 

@@ -217,13 +217,13 @@ func (l *Locker) acquire(ctx context.Context, k Key, try, shared bool) (*Lock, e
 		}
 		return nil, err
 	}
-	if !try {
+	if !try && l.cfg.logger.Enabled(ctx, slog.LevelDebug) {
 		l.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "sqllock: waiting", slog.String("key", l.name(k)), slog.Bool("shared", shared))
 	}
 	q, args := l.mode.sessionLockSQL(lockFn(try, shared, false), k)
 	var ok, standby bool
 	var pid int64
-	err = conn.QueryRowContext(ctx, q, args...).Scan(&ok, &pid, &standby)
+	err = queryRow(ctx, conn, q, args, &ok, &pid, &standby)
 	if ctxEnded(ctx) {
 		// Whatever the driver said, the outcome is uncertain: a cancelled
 		// wait can be granted, and some drivers report a cancelled statement
@@ -251,8 +251,10 @@ func (l *Locker) acquire(ctx context.Context, k Key, try, shared bool) (*Lock, e
 	l.stats.acquired.Add(1)
 	l.stats.held.Add(1)
 	l.mon.add(lk)
-	l.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "sqllock: acquired", slog.String("key", l.name(k)),
-		slog.Bool("shared", shared), slog.Int64("pid", pid), slog.Duration("wait", time.Since(start)))
+	if l.cfg.logger.Enabled(ctx, slog.LevelDebug) {
+		l.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "sqllock: acquired", slog.String("key", l.name(k)),
+			slog.Bool("shared", shared), slog.Int64("pid", pid), slog.Duration("wait", time.Since(start)))
+	}
 	return lk, nil
 }
 
@@ -265,7 +267,7 @@ func (l *Locker) release(conn *sql.Conn, k Key, shared bool, pid int64) error {
 	q, args := l.mode.unlockSQL(shared, k, pid)
 	var released sql.NullBool
 	var gotPID int64
-	err := conn.QueryRowContext(ctx, q, args...).Scan(&released, &gotPID)
+	err := queryRow(ctx, conn, q, args, &released, &gotPID)
 	cancel()
 	switch {
 	case err != nil:

@@ -1,0 +1,158 @@
+package sqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/sqllock/sqllock"
+)
+
+var db *sql.DB // opened with any PostgreSQL driver, e.g. sql.Open("pgx", dsn)
+
+func ExampleLocker_TryDo() {
+	locker := sqllock.New(db)
+	ran, err := locker.TryDo(context.Background(), sqllock.Hash("cron:reindex_posts"), func(ctx context.Context) error {
+		// Only one instance runs this at a time. ctx is cancelled if the
+		// lock is lost.
+		return nil
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if !ran {
+		log.Print("another reindex is running: skipping")
+	}
+}
+
+func ExampleLocker_Do() {
+	locker := sqllock.New(db)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// Migrations wait their turn; give up after a minute.
+	err := locker.Do(ctx, sqllock.Goose(), func(ctx context.Context) error {
+		return nil // run the migrations
+	})
+	if errors.Is(err, sqllock.ErrNotAcquired) {
+		log.Print("timed out waiting for the migration lock")
+	}
+}
+
+func ExampleLocker_Lock() {
+	locker := sqllock.New(db)
+	ctx := context.Background()
+	lk, err := locker.Lock(ctx, sqllock.Pair(1, 67890))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lk.Unlock(ctx) // safe even if Unlock was already called
+
+	select {
+	case <-lk.Done(): // lost: the session died or the server restarted
+		log.Print(lk.Err())
+	case <-time.After(time.Second): // the work
+	}
+}
+
+func ExampleLocker_TryLock() {
+	locker := sqllock.New(db)
+	lk, err := locker.TryLock(context.Background(), sqllock.Int64(1001))
+	switch {
+	case errors.Is(err, sqllock.ErrNotAcquired):
+		return // held elsewhere
+	case err != nil:
+		log.Fatal(err)
+	}
+	defer lk.Unlock(context.Background())
+	// Statements that must run in the locking session use lk.Conn().
+	_, _ = lk.Conn().ExecContext(context.Background(), "SET application_name = 'reindex'")
+}
+
+func ExampleLocker_RLock() {
+	locker := sqllock.New(db)
+	// Many readers may hold the shared lock; a writer's Lock waits for all of them.
+	lk, err := locker.RLock(context.Background(), sqllock.HashPair(3, "mv:top_posts"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lk.Unlock(context.Background())
+}
+
+func ExampleLocker_InTx() {
+	locker := sqllock.New(db)
+	err := locker.InTx(context.Background(), sqllock.Hash("report:daily"), nil, func(tx *sql.Tx) error {
+		// The lock is released when this transaction commits or rolls back.
+		_, err := tx.Exec("INSERT INTO reports (day) VALUES (current_date) ON CONFLICT DO NOTHING")
+		return err
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+func ExampleLockTx() {
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := sqllock.LockTx(ctx, tx, sqllock.Pair(2, 100)); err != nil {
+		log.Fatal(err)
+	}
+	// ... work under the lock ...
+	if err := tx.Commit(); err != nil { // releases the lock
+		log.Fatal(err)
+	}
+}
+
+func ExampleInspect() {
+	locks, err := sqllock.Inspect(context.Background(), db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, l := range locks {
+		fmt.Println(l.Key, l.Granted, l.PID, l.ApplicationName, l.BlockedBy)
+	}
+}
+
+func ExampleParseKey() {
+	for _, s := range []string{"12345", "(1,67890)", "1, 2", "x"} {
+		k, err := sqllock.ParseKey(s)
+		if err != nil {
+			fmt.Println(err)
+			continue
+		}
+		fmt.Println(k, k.IsPair())
+	}
+	// Output:
+	// 12345 false
+	// (1,67890) true
+	// (1,2) true
+	// sqllock: invalid key "x": bigint key: "x" is not a decimal integer
+}
+
+func ExampleHash() {
+	fmt.Println(sqllock.Hash("cron:reindex_posts"))
+	fmt.Println(sqllock.HashPair(1, "reindex_posts"))
+	fmt.Println(sqllock.CRC32("cron:reindex_posts")) // Python's zlib.crc32(name)
+	// Output:
+	// 4387803684103558220
+	// (1,-1722923160)
+	// 3230921880
+}
+
+func ExampleRegistry() {
+	reg := sqllock.NewRegistry()
+	reg.MustRegister("cron:reindex_posts", sqllock.Int64(1001))
+	reg.MustRegister("cron:cleanup_old_logs", sqllock.Int64(1002))
+	err := reg.Register("cron:copy_paste", sqllock.Int64(1001))
+	fmt.Println(errors.Is(err, sqllock.ErrDuplicate))
+	fmt.Println(err)
+	// Output:
+	// true
+	// sqllock: duplicate registry entry: key 1001 of "cron:copy_paste" is already registered as "cron:reindex_posts"
+}

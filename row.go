@@ -1,0 +1,90 @@
+package sqllock
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// errNoFastPath makes queryRow fall back to database/sql's QueryRowContext.
+var errNoFastPath = errors.New("sqllock: driver has no QueryerContext")
+
+// queryRow runs q, which returns one row, on conn and stores its columns in
+// dest (each a *bool, *int64 or *sql.NullBool).
+//
+// It runs the query on the driver connection itself, inside Conn.Raw, when
+// the driver offers QueryerContext: database/sql would start a goroutine per
+// query to watch a cancellable context, which costs about a fifth of a lock
+// and unlock cycle; the driver's own cancellation still applies. Errors that
+// wrap driver.ErrBadConn make database/sql close the connection.
+func queryRow(ctx context.Context, conn *sql.Conn, q string, args []any, dest ...any) error {
+	err := conn.Raw(func(dc any) error {
+		qc, ok := dc.(driver.QueryerContext)
+		if !ok {
+			return errNoFastPath
+		}
+		nv := make([]driver.NamedValue, len(args))
+		for i, a := range args {
+			nv[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
+		}
+		rows, err := qc.QueryContext(ctx, q, nv)
+		if errors.Is(err, driver.ErrSkip) {
+			return errNoFastPath
+		}
+		if err != nil {
+			return err
+		}
+		vals := make([]driver.Value, len(rows.Columns()))
+		err = rows.Next(vals)
+		cerr := rows.Close()
+		if err == io.EOF {
+			err = sql.ErrNoRows
+		}
+		if err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+		return assign(dest, vals)
+	})
+	if errors.Is(err, errNoFastPath) {
+		return conn.QueryRowContext(ctx, q, args...).Scan(dest...)
+	}
+	return err
+}
+
+func assign(dest []any, vals []driver.Value) error {
+	if len(dest) != len(vals) {
+		return fmt.Errorf("sqllock: statement returned %d columns, want %d", len(vals), len(dest))
+	}
+	for i, v := range vals {
+		switch d := dest[i].(type) {
+		case *bool:
+			b, ok := v.(bool)
+			if !ok {
+				return fmt.Errorf("sqllock: column %d is %T, want bool", i+1, v)
+			}
+			*d = b
+		case *sql.NullBool:
+			if err := d.Scan(v); err != nil {
+				return err
+			}
+		case *int64:
+			switch n := v.(type) {
+			case int64:
+				*d = n
+			case int32:
+				*d = int64(n)
+			default:
+				return fmt.Errorf("sqllock: column %d is %T, want an integer", i+1, v)
+			}
+		default:
+			return fmt.Errorf("sqllock: cannot scan into %T", d)
+		}
+	}
+	return nil
+}
