@@ -211,7 +211,7 @@ func (l *Locker) acquire(ctx context.Context, k Key, try, shared bool) (*Lock, e
 		return nil, fmt.Errorf("sqllock: lock %s: get connection: %w", k, err)
 	}
 	if err := l.checkServer(ctx, conn); err != nil {
-		l.discard(conn, k, "server check failed")
+		conn.Close() // no lock statement ran on it
 		if ctxEnded(ctx) {
 			return nil, notAcquired(k, ctxErr(ctx))
 		}

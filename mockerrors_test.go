@@ -1,0 +1,175 @@
+package sqllock_test
+
+import (
+	"database/sql"
+	"errors"
+	"regexp"
+	"testing"
+
+	"github.com/DATA-DOG/go-sqlmock"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/sqllockmock"
+)
+
+// These tests use go-sqlmock for outcomes a real server cannot easily be
+// made to produce on demand.
+
+func newMock(t *testing.T) (*sql.DB, sqlmock.Sqlmock) {
+	t.Helper()
+	db, mock, err := sqlmock.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := mock.ExpectationsWereMet(); err != nil {
+			t.Error(err)
+		}
+		db.Close()
+	})
+	return db, mock
+}
+
+func TestUnsupportedServer(t *testing.T) {
+	tests := []struct{ name, version string }{
+		{"cockroach", "CockroachDB CCL v23.1.11 (x86_64-pc-linux-gnu, built 2023/09/27)"},
+		{"not postgres", "MySQL 8.0.33"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			db, mock := newMock(t)
+			l := sqllock.New(db, sqllock.WithKeepAlive(0))
+			mock.ExpectQuery(regexp.QuoteMeta("SELECT version()")).
+				WillReturnRows(sqlmock.NewRows([]string{"version"}).AddRow(tt.version))
+			if _, err := l.TryLock(bg(), sqllock.Int64(1)); !errors.Is(err, sqllock.ErrUnsupportedServer) {
+				t.Fatalf("TryLock() = %v, want ErrUnsupportedServer", err)
+			}
+			if st := l.Stats(); st.Acquired != 0 || st.Held != 0 {
+				t.Fatalf("Stats() = %+v, want nothing acquired", st)
+			}
+		})
+	}
+}
+
+func TestServerCheckIsCached(t *testing.T) {
+	db, mock := newMock(t)
+	l := sqllock.New(db, sqllock.WithKeepAlive(0))
+	sqllockmock.ExpectServerCheck(mock)
+	for i := 0; i < 3; i++ {
+		sqllockmock.ExpectTryLock(mock, sqllock.Int64(1), true)
+		sqllockmock.ExpectUnlock(mock, sqllock.Int64(1))
+		lk, err := l.TryLock(bg(), sqllock.Int64(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lk.Unlock(bg()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// unlockSQL matches sqllock's unlock statement for a bigint key.
+var unlockSQL = regexp.QuoteMeta("THEN pg_advisory_unlock($1) END, pg_backend_pid()")
+
+func TestUnlockOutcomes(t *testing.T) {
+	k := sqllock.Int64(7)
+	tests := []struct {
+		name     string
+		reply    func(*sqlmock.ExpectedQuery)
+		want     []error
+		errIsNil bool
+	}{
+		{"confirmed", func(q *sqlmock.ExpectedQuery) {
+			q.WillReturnRows(sqlmock.NewRows([]string{"r", "pid"}).AddRow(true, sqllockmock.PID))
+		}, nil, true},
+		{"not held", func(q *sqlmock.ExpectedQuery) {
+			q.WillReturnRows(sqlmock.NewRows([]string{"r", "pid"}).AddRow(false, sqllockmock.PID))
+		}, []error{sqllock.ErrLockLost}, false},
+		{"other backend", func(q *sqlmock.ExpectedQuery) {
+			q.WillReturnRows(sqlmock.NewRows([]string{"r", "pid"}).AddRow(nil, 999))
+		}, []error{sqllock.ErrLockLost, sqllock.ErrSessionChanged}, false},
+		{"connection error", func(q *sqlmock.ExpectedQuery) {
+			q.WillReturnError(errors.New("read tcp: connection reset by peer"))
+		}, nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			db, mock := newMock(t)
+			l := sqllock.New(db, sqllock.WithKeepAlive(0))
+			sqllockmock.ExpectServerCheck(mock)
+			sqllockmock.ExpectLock(mock, k)
+			tt.reply(mock.ExpectQuery(unlockSQL))
+			lk, err := l.Lock(bg(), k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = lk.Unlock(bg())
+			if tt.errIsNil != (err == nil) {
+				t.Fatalf("Unlock() = %v", err)
+			}
+			for _, w := range tt.want {
+				if !errors.Is(err, w) {
+					t.Errorf("Unlock() = %v, want it to match %v", err, w)
+				}
+			}
+			discarded := int64(1)
+			if tt.errIsNil {
+				discarded = 0
+			}
+			if st := l.Stats(); st.Discarded != discarded {
+				t.Errorf("Stats().Discarded = %d, want %d (a doubtful connection is never pooled)", st.Discarded, discarded)
+			}
+			if errors.Is(err, sqllock.ErrLockLost) && !errors.Is(lk.Err(), sqllock.ErrLockLost) {
+				t.Errorf("Err() = %v after a lost unlock", lk.Err())
+			}
+		})
+	}
+}
+
+func TestStandbyRefused(t *testing.T) {
+	db, mock := newMock(t)
+	k := sqllock.Pair(1, 2)
+	sqllockmock.ExpectServerCheck(mock)
+	mock.ExpectQuery(regexp.QuoteMeta("SELECT pg_try_advisory_lock($1, $2), pg_backend_pid(), pg_is_in_recovery()")).
+		WithArgs(int64(1), int64(2)).
+		WillReturnRows(sqlmock.NewRows([]string{"a", "p", "r"}).AddRow(true, sqllockmock.PID, true))
+	sqllockmock.ExpectUnlock(mock, k)
+	l := sqllock.New(db, sqllock.WithKeepAlive(0))
+	if _, err := l.TryLock(bg(), k); !errors.Is(err, sqllock.ErrStandby) {
+		t.Fatalf("TryLock() on a standby = %v, want ErrStandby", err)
+	}
+	if st := l.Stats(); st.Held != 0 || st.Discarded != 0 {
+		t.Fatalf("Stats() = %+v: the standby lock must be released and the connection kept", st)
+	}
+}
+
+func TestLockErrorsClassified(t *testing.T) {
+	k := sqllock.Int64(3)
+	tests := []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"deadlock by message", errors.New("ERROR: deadlock detected (SQLSTATE 40P01)"), sqllock.ErrDeadlock},
+		{"out of shared memory", errors.New("pq: out of shared memory"), sqllock.ErrLockTableFull},
+		{"lock_timeout", sqlStateErr("55P03"), sqllock.ErrNotAcquired},
+		{"statement_timeout", sqlStateErr("57014"), sqllock.ErrNotAcquired},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			db, mock := newMock(t)
+			sqllockmock.ExpectServerCheck(mock)
+			sqllockmock.ExpectLock(mock, k).WillReturnError(tt.err)
+			l := sqllock.New(db, sqllock.WithKeepAlive(0))
+			_, err := l.Lock(bg(), k)
+			if !errors.Is(err, tt.want) || !errors.Is(err, tt.err) {
+				t.Fatalf("Lock() = %v, want %v wrapping the cause", err, tt.want)
+			}
+		})
+	}
+}
+
+type sqlStateErr string
+
+func (e sqlStateErr) Error() string    { return "server error " + string(e) }
+func (e sqlStateErr) SQLState() string { return string(e) }

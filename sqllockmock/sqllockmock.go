@@ -1,0 +1,144 @@
+// Package sqllockmock registers the go-sqlmock expectations that sqllock's
+// statements need, so unit tests of code that uses sqllock never copy SQL
+// text from its source.
+//
+// Build the Locker under test with keep-alive off, so that no background
+// query runs at an unpredictable moment:
+//
+//	db, mock, _ := sqlmock.New()
+//	locker := sqllock.New(db, sqllock.WithKeepAlive(0))
+//	sqllockmock.ExpectServerCheck(mock) // once per Locker, before its first lock
+//	sqllockmock.ExpectTryLock(mock, key, true)
+//	// ... expectations of the code that runs under the lock ...
+//	sqllockmock.ExpectUnlock(mock, key)
+//
+// [Locker.Do] and [Locker.TryDo] issue the lock statement, then fn's
+// statements, then the unlock statement: expect them in that order.
+// Transaction-scoped locks run inside the transaction: ExpectBegin, then
+// ExpectLockTx, then the transaction's statements, then ExpectCommit or
+// ExpectRollback.
+//
+// The helpers match sqllock's statements with the default regular
+// expression matcher. This repository tests the same code once against
+// go-sqlmock with these helpers and once against a real PostgreSQL, so the
+// helpers and the statements cannot drift apart.
+//
+// [Locker.Do]: https://pkg.go.dev/github.com/sqllock/sqllock#Locker.Do
+// [Locker.TryDo]: https://pkg.go.dev/github.com/sqllock/sqllock#Locker.TryDo
+package sqllockmock
+
+import (
+	"database/sql/driver"
+	"regexp"
+
+	"github.com/DATA-DOG/go-sqlmock"
+
+	"github.com/sqllock/sqllock"
+)
+
+// PID is the backend process id the helpers report for a lock; the unlock
+// expectation answers from the same pid, as a real server would.
+const PID = 4242
+
+// ServerVersion is the version() the server check is answered with.
+const ServerVersion = "PostgreSQL 16.4 on x86_64-pc-linux-gnu"
+
+// ExpectServerCheck expects the version() query a Locker sends once, before
+// its first lock, to refuse servers without real advisory locks.
+func ExpectServerCheck(mock sqlmock.Sqlmock) *sqlmock.ExpectedQuery {
+	return mock.ExpectQuery(exact("SELECT version()")).
+		WillReturnRows(sqlmock.NewRows([]string{"version"}).AddRow(ServerVersion))
+}
+
+// ExpectLock expects Locker.Lock (and Do) to take k, and grants it.
+func ExpectLock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
+	return expectSessionLock(mock, "pg_advisory_lock", false, k, true)
+}
+
+// ExpectTryLock expects Locker.TryLock (and TryDo) to try k; acquired says
+// whether the mock server grants it.
+func ExpectTryLock(mock sqlmock.Sqlmock, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
+	return expectSessionLock(mock, "pg_try_advisory_lock", true, k, acquired)
+}
+
+// ExpectRLock expects Locker.RLock to take k in shared mode, and grants it.
+func ExpectRLock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
+	return expectSessionLock(mock, "pg_advisory_lock_shared", false, k, true)
+}
+
+// ExpectTryRLock expects Locker.TryRLock to try k in shared mode.
+func ExpectTryRLock(mock sqlmock.Sqlmock, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
+	return expectSessionLock(mock, "pg_try_advisory_lock_shared", true, k, acquired)
+}
+
+// ExpectUnlock expects Lock.Unlock of the exclusive lock k, and confirms
+// it.
+func ExpectUnlock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
+	return expectUnlock(mock, "pg_advisory_unlock", k)
+}
+
+// ExpectRUnlock expects Lock.Unlock of the shared lock k, and confirms it.
+func ExpectRUnlock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
+	return expectUnlock(mock, "pg_advisory_unlock_shared", k)
+}
+
+// ExpectLockTx expects LockTx (and InTx) to take k in the current
+// transaction.
+func ExpectLockTx(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
+	a, args := keyArgs(k, 1)
+	return mock.ExpectQuery(exact("SELECT true FROM pg_advisory_xact_lock(" + a + ")")).WithArgs(args...).
+		WillReturnRows(sqlmock.NewRows([]string{"bool"}).AddRow(true))
+}
+
+// ExpectTryLockTx expects TryLockTx to try k in the current transaction.
+func ExpectTryLockTx(mock sqlmock.Sqlmock, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
+	a, args := keyArgs(k, 1)
+	return mock.ExpectQuery(exact("SELECT pg_try_advisory_xact_lock(" + a + ")")).WithArgs(args...).
+		WillReturnRows(sqlmock.NewRows([]string{"pg_try_advisory_xact_lock"}).AddRow(acquired))
+}
+
+// ExpectRLockTx expects RLockTx to take k in shared mode in the current
+// transaction.
+func ExpectRLockTx(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
+	a, args := keyArgs(k, 1)
+	return mock.ExpectQuery(exact("SELECT true FROM pg_advisory_xact_lock_shared(" + a + ")")).WithArgs(args...).
+		WillReturnRows(sqlmock.NewRows([]string{"bool"}).AddRow(true))
+}
+
+// ExpectTryRLockTx expects TryRLockTx to try k in shared mode in the
+// current transaction.
+func ExpectTryRLockTx(mock sqlmock.Sqlmock, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
+	a, args := keyArgs(k, 1)
+	return mock.ExpectQuery(exact("SELECT pg_try_advisory_xact_lock_shared(" + a + ")")).WithArgs(args...).
+		WillReturnRows(sqlmock.NewRows([]string{"pg_try_advisory_xact_lock_shared"}).AddRow(acquired))
+}
+
+func expectSessionLock(mock sqlmock.Sqlmock, fn string, try bool, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
+	a, args := keyArgs(k, 1)
+	q := "SELECT true, pg_backend_pid(), pg_is_in_recovery() FROM " + fn + "(" + a + ")"
+	if try {
+		q = "SELECT " + fn + "(" + a + "), pg_backend_pid(), pg_is_in_recovery()"
+	}
+	return mock.ExpectQuery(exact(q)).WithArgs(args...).
+		WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid", "in_recovery"}).AddRow(acquired, PID, false))
+}
+
+func expectUnlock(mock sqlmock.Sqlmock, fn string, k sqllock.Key) *sqlmock.ExpectedQuery {
+	a, args := keyArgs(k, 1)
+	n := "$" + string(rune('1'+len(args)))
+	q := "SELECT CASE WHEN pg_backend_pid() = " + n + "::int4 THEN " + fn + "(" + a + ") END, pg_backend_pid()"
+	return mock.ExpectQuery(exact(q)).WithArgs(append(args, int64(PID))...).
+		WillReturnRows(sqlmock.NewRows([]string{"released", "pid"}).AddRow(true, PID))
+}
+
+// keyArgs returns the placeholders and bound values of k.
+func keyArgs(k sqllock.Key, first int) (string, []driver.Value) {
+	p := func(i int) string { return "$" + string(rune('0'+first+i)) }
+	if c, id, ok := k.Pair(); ok {
+		return p(0) + ", " + p(1), []driver.Value{int64(c), int64(id)}
+	}
+	v, _ := k.Int64()
+	return p(0), []driver.Value{v}
+}
+
+func exact(q string) string { return "^" + regexp.QuoteMeta(q) + "$" }

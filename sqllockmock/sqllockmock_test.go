@@ -1,0 +1,177 @@
+package sqllockmock_test
+
+import (
+	"context"
+	"database/sql"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/DATA-DOG/go-sqlmock"
+	_ "github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/pgtest"
+	"github.com/sqllock/sqllock/sqllockmock"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
+
+var (
+	reindexKey = sqllock.Hash("cron:reindex_posts")
+	reportKey  = sqllock.Pair(2, 100)
+	readKey    = sqllock.Int64(-5)
+)
+
+// userCode is what an application does with sqllock; the test runs it
+// against go-sqlmock with the helpers and against a real PostgreSQL.
+func userCode(ctx context.Context, db *sql.DB) error {
+	locker := sqllock.New(db, sqllock.WithKeepAlive(0))
+	// The cron pattern, with a statement under the lock.
+	if _, err := locker.TryDo(ctx, reindexKey, func(ctx context.Context) error {
+		_, err := db.ExecContext(ctx, "UPDATE posts SET indexed = true")
+		return err
+	}); err != nil {
+		return err
+	}
+	// A blocking exclusive lock and a shared one.
+	lk, err := locker.Lock(ctx, reindexKey)
+	if err != nil {
+		return err
+	}
+	if err := lk.Unlock(ctx); err != nil {
+		return err
+	}
+	for _, try := range []bool{false, true} {
+		get := locker.RLock
+		if try {
+			get = locker.TryRLock
+		}
+		r, err := get(ctx, readKey)
+		if err != nil {
+			return err
+		}
+		if err := r.Unlock(ctx); err != nil {
+			return err
+		}
+	}
+	// A transaction-scoped lock around a write.
+	if err := locker.InTx(ctx, reportKey, nil, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, "INSERT INTO reports (day) VALUES (1)")
+		return err
+	}); err != nil {
+		return err
+	}
+	// The other transaction-scoped calls.
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := sqllock.RLockTx(ctx, tx, readKey); err != nil {
+		return err
+	}
+	if ok, err := sqllock.TryRLockTx(ctx, tx, readKey); err != nil || !ok {
+		return err
+	}
+	if ok, err := sqllock.TryLockTx(ctx, tx, reindexKey); err != nil || !ok {
+		return err
+	}
+	return tx.Commit()
+}
+
+func TestUserCodeWithMock(t *testing.T) {
+	db, mock, err := sqlmock.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	sqllockmock.ExpectServerCheck(mock)
+	sqllockmock.ExpectTryLock(mock, reindexKey, true)
+	mock.ExpectExec("UPDATE posts").WillReturnResult(sqlmock.NewResult(0, 3))
+	sqllockmock.ExpectUnlock(mock, reindexKey)
+	sqllockmock.ExpectLock(mock, reindexKey)
+	sqllockmock.ExpectUnlock(mock, reindexKey)
+	sqllockmock.ExpectRLock(mock, readKey)
+	sqllockmock.ExpectRUnlock(mock, readKey)
+	sqllockmock.ExpectTryRLock(mock, readKey, true)
+	sqllockmock.ExpectRUnlock(mock, readKey)
+	mock.ExpectBegin()
+	sqllockmock.ExpectLockTx(mock, reportKey)
+	mock.ExpectExec("INSERT INTO reports").WillReturnResult(sqlmock.NewResult(1, 1))
+	mock.ExpectCommit()
+	mock.ExpectBegin()
+	sqllockmock.ExpectRLockTx(mock, readKey)
+	sqllockmock.ExpectTryRLockTx(mock, readKey, true)
+	sqllockmock.ExpectTryLockTx(mock, reindexKey, true)
+	mock.ExpectCommit()
+	if err := userCode(context.Background(), db); err != nil {
+		t.Fatalf("userCode() against sqlmock = %v", err)
+	}
+	if err := mock.ExpectationsWereMet(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestUserCodeWithPostgres(t *testing.T) {
+	srv := pgtest.Start(t)
+	db := pgtest.Open(t, "pgx", srv.NewDatabase(t))
+	for _, q := range []string{"CREATE TABLE posts (indexed bool)", "INSERT INTO posts VALUES (false)", "CREATE TABLE reports (day int)"} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := userCode(context.Background(), db); err != nil {
+		t.Fatalf("userCode() against PostgreSQL = %v", err)
+	}
+	var indexed bool
+	var reports int
+	if err := db.QueryRow("SELECT bool_and(indexed), (SELECT count(*) FROM reports) FROM posts").Scan(&indexed, &reports); err != nil || !indexed || reports != 1 {
+		t.Fatalf("effects: indexed %v, reports %d, %v", indexed, reports, err)
+	}
+	locks, err := sqllock.Inspect(context.Background(), db)
+	if err != nil || len(locks) != 0 {
+		t.Fatalf("locks left: %v, %v", locks, err)
+	}
+}
+
+// TestHelpersFailOnOtherCalls: an expectation for one call does not accept
+// another (the helpers are exact).
+func TestHelpersFailOnOtherCalls(t *testing.T) {
+	tests := []struct {
+		name string
+		call func(*sqllock.Locker) error
+	}{
+		{"Lock against ExpectTryLock", func(l *sqllock.Locker) error {
+			_, err := l.Lock(context.Background(), sqllock.Int64(1))
+			return err
+		}},
+		{"TryLock of another key", func(l *sqllock.Locker) error {
+			_, err := l.TryLock(context.Background(), sqllock.Int64(2))
+			return err
+		}},
+		{"TryLock of the pair form", func(l *sqllock.Locker) error {
+			_, err := l.TryLock(context.Background(), sqllock.Pair(0, 1))
+			return err
+		}},
+		{"TryRLock against ExpectTryLock", func(l *sqllock.Locker) error {
+			_, err := l.TryRLock(context.Background(), sqllock.Int64(1))
+			return err
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			db, mock, err := sqlmock.New()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			sqllockmock.ExpectServerCheck(mock)
+			sqllockmock.ExpectTryLock(mock, sqllock.Int64(1), true)
+			err = tt.call(sqllock.New(db, sqllock.WithKeepAlive(0)))
+			if err == nil || !strings.Contains(err.Error(), "could not match") && !strings.Contains(err.Error(), "do not match") {
+				t.Fatalf("call = %v, want a sqlmock mismatch", err)
+			}
+		})
+	}
+}
