@@ -22,39 +22,54 @@ var errNoFastPath = errors.New("sqllock: driver has no QueryerContext")
 // wrap driver.ErrBadConn make database/sql close the connection.
 func queryRow(ctx context.Context, conn *sql.Conn, q string, args []any, dest ...any) error {
 	err := conn.Raw(func(dc any) error {
-		qc, ok := dc.(driver.QueryerContext)
-		if !ok {
-			return errNoFastPath
+		if g, ok := dc.(unguarded); ok {
+			return g.WithoutGuard(func(inner driver.Conn) error { return queryDriver(ctx, inner, q, args, dest) })
 		}
-		nv := make([]driver.NamedValue, len(args))
-		for i, a := range args {
-			nv[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
-		}
-		rows, err := qc.QueryContext(ctx, q, nv)
-		if errors.Is(err, driver.ErrSkip) {
-			return errNoFastPath
-		}
-		if err != nil {
-			return err
-		}
-		vals := make([]driver.Value, len(rows.Columns()))
-		err = rows.Next(vals)
-		cerr := rows.Close()
-		if err == io.EOF {
-			err = sql.ErrNoRows
-		}
-		if err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return err
-		}
-		return assign(dest, vals)
+		return queryDriver(ctx, dc, q, args, dest)
 	})
 	if errors.Is(err, errNoFastPath) {
 		return conn.QueryRowContext(ctx, q, args...).Scan(dest...)
 	}
 	return err
+}
+
+// unguarded is implemented by poolguard's connection wrapper: statements
+// run through WithoutGuard do not make the connection suspect. sqllock's own
+// statements need no check, because a Lock's connection returns to the pool
+// only after a confirmed unlock.
+type unguarded interface {
+	WithoutGuard(f func(driver.Conn) error) error
+}
+
+func queryDriver(ctx context.Context, dc any, q string, args []any, dest []any) error {
+	qc, ok := dc.(driver.QueryerContext)
+	if !ok {
+		return errNoFastPath
+	}
+	nv := make([]driver.NamedValue, len(args))
+	for i, a := range args {
+		nv[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
+	}
+	rows, err := qc.QueryContext(ctx, q, nv)
+	if errors.Is(err, driver.ErrSkip) {
+		return errNoFastPath
+	}
+	if err != nil {
+		return err
+	}
+	vals := make([]driver.Value, len(rows.Columns()))
+	err = rows.Next(vals)
+	cerr := rows.Close()
+	if err == io.EOF {
+		err = sql.ErrNoRows
+	}
+	if err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return assign(dest, vals)
 }
 
 func assign(dest []any, vals []driver.Value) error {

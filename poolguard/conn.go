@@ -1,0 +1,179 @@
+package poolguard
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+)
+
+// Conn is the guard's wrapper of one driver connection. database/sql uses
+// it like any driver connection; it forwards every optional interface of the
+// driver's connection and hands back the driver's own Stmt, Rows and Tx.
+//
+// database/sql serialises all use of a driver connection, so Conn needs no
+// locking of its own.
+type Conn struct {
+	inner driver.Conn
+	c     *Connector
+
+	dirty     bool   // an advisory statement ran, or a call ended with its context done, since the last check
+	prepared  bool   // an advisory statement was prepared: check at every return
+	lastQuery string // the last statement that made the connection dirty
+}
+
+var (
+	_ driver.Conn               = (*Conn)(nil)
+	_ driver.ExecerContext      = (*Conn)(nil)
+	_ driver.QueryerContext     = (*Conn)(nil)
+	_ driver.ConnPrepareContext = (*Conn)(nil)
+	_ driver.ConnBeginTx        = (*Conn)(nil)
+	_ driver.NamedValueChecker  = (*Conn)(nil)
+	_ driver.SessionResetter    = (*Conn)(nil)
+	_ driver.Validator          = (*Conn)(nil)
+	_ driver.Pinger             = (*Conn)(nil)
+)
+
+// Unwrap returns the driver's own connection.
+func (g *Conn) Unwrap() driver.Conn { return g.inner }
+
+// WithoutGuard runs f on the driver's own connection without marking the
+// connection dirty. It is meant for the sqllock package, which returns a
+// connection to the pool only after PostgreSQL confirmed its unlock and
+// otherwise discards it; its statements need no second check. Call it only
+// from a Conn.Raw callback, which gives f exclusive use of the connection.
+func (g *Conn) WithoutGuard(f func(driver.Conn) error) error { return f(g.inner) }
+
+// note marks the connection dirty when query mentions an advisory function
+// or ctx ended during the call.
+func (g *Conn) note(ctx context.Context, query string) {
+	if mentionsAdvisory(query) {
+		g.dirty = true
+		g.lastQuery = query
+	} else if ctx.Err() != nil {
+		g.dirty = true
+		g.lastQuery = query
+	}
+}
+
+// mentionsAdvisory reports whether s contains "advisory" in any case,
+// without allocating.
+func mentionsAdvisory(s string) bool {
+	const w = "advisory"
+	for i := 0; i+len(w) <= len(s); i++ {
+		if s[i]|0x20 != 'a' {
+			continue
+		}
+		j := 1
+		for ; j < len(w); j++ {
+			if s[i+j]|0x20 != w[j] {
+				break
+			}
+		}
+		if j == len(w) {
+			return true
+		}
+	}
+	return false
+}
+
+// Prepare implements driver.Conn.
+func (g *Conn) Prepare(query string) (driver.Stmt, error) {
+	return g.PrepareContext(context.Background(), query)
+}
+
+// PrepareContext implements driver.ConnPrepareContext. A statement that
+// mentions an advisory function makes the connection checked at every
+// return from then on, since database/sql re-executes prepared statements
+// without preparing them again.
+func (g *Conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	if mentionsAdvisory(query) {
+		g.prepared = true
+		g.lastQuery = query
+	}
+	if p, ok := g.inner.(driver.ConnPrepareContext); ok {
+		return p.PrepareContext(ctx, query)
+	}
+	return g.inner.Prepare(query)
+}
+
+// Close implements driver.Conn.
+func (g *Conn) Close() error { return g.inner.Close() }
+
+// Begin implements driver.Conn.
+func (g *Conn) Begin() (driver.Tx, error) {
+	return g.inner.Begin() //lint:ignore SA1019 driver.Conn requires forwarding Begin
+}
+
+// BeginTx implements driver.ConnBeginTx.
+func (g *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if b, ok := g.inner.(driver.ConnBeginTx); ok {
+		return b.BeginTx(ctx, opts)
+	}
+	if opts.Isolation != 0 || opts.ReadOnly {
+		return nil, errors.New("poolguard: the driver does not support transaction options")
+	}
+	return g.inner.Begin() //lint:ignore SA1019 the driver has no BeginTx
+}
+
+// ExecContext implements driver.ExecerContext; it returns driver.ErrSkip
+// when the driver's connection has no ExecContext, as database/sql expects.
+func (g *Conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	e, ok := g.inner.(driver.ExecerContext)
+	if !ok {
+		return nil, driver.ErrSkip
+	}
+	r, err := e.ExecContext(ctx, query, args)
+	g.note(ctx, query)
+	return r, err
+}
+
+// QueryContext implements driver.QueryerContext; it returns driver.ErrSkip
+// when the driver's connection has no QueryContext.
+func (g *Conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	q, ok := g.inner.(driver.QueryerContext)
+	if !ok {
+		return nil, driver.ErrSkip
+	}
+	r, err := q.QueryContext(ctx, query, args)
+	g.note(ctx, query)
+	return r, err
+}
+
+// CheckNamedValue implements driver.NamedValueChecker; it returns
+// driver.ErrSkip when the driver's connection has none, so database/sql
+// applies its default conversions.
+func (g *Conn) CheckNamedValue(nv *driver.NamedValue) error {
+	if c, ok := g.inner.(driver.NamedValueChecker); ok {
+		return c.CheckNamedValue(nv)
+	}
+	return driver.ErrSkip
+}
+
+// ResetSession implements driver.SessionResetter.
+func (g *Conn) ResetSession(ctx context.Context) error {
+	if r, ok := g.inner.(driver.SessionResetter); ok {
+		return r.ResetSession(ctx)
+	}
+	return nil
+}
+
+// Ping implements driver.Pinger.
+func (g *Conn) Ping(ctx context.Context) error {
+	if p, ok := g.inner.(driver.Pinger); ok {
+		return p.Ping(ctx)
+	}
+	return nil
+}
+
+// IsValid implements driver.Validator: database/sql calls it as the
+// connection returns to the pool, and false closes it. This is where the
+// guard checks a dirty connection for advisory locks.
+func (g *Conn) IsValid() bool {
+	if v, ok := g.inner.(driver.Validator); ok && !v.IsValid() {
+		return false // closed anyway: the session and its locks end
+	}
+	if !g.dirty && !g.prepared && !g.c.cfg.always {
+		return true
+	}
+	return g.check()
+}
