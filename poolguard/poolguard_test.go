@@ -34,7 +34,11 @@ type leakRecorder struct {
 	leaks []poolguard.Leak
 }
 
-func (r *leakRecorder) record(l poolguard.Leak) { r.mu.Lock(); r.leaks = append(r.leaks, l); r.mu.Unlock() }
+func (r *leakRecorder) record(l poolguard.Leak) {
+	r.mu.Lock()
+	r.leaks = append(r.leaks, l)
+	r.mu.Unlock()
+}
 func (r *leakRecorder) all() []poolguard.Leak {
 	r.mu.Lock()
 	defer r.mu.Unlock()
