@@ -6,7 +6,9 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -194,15 +196,29 @@ func (l *Locker) name(k Key) string {
 	return k.String()
 }
 
+// acquireAttempts is how many connections acquire tries when the one it got
+// turns out to be dead (after a server restart, idle pooled connections
+// are). Retrying is safe: a session whose connection broke holds nothing.
+const acquireAttempts = 3
+
 // acquire implements the four session-level lock calls.
 func (l *Locker) acquire(ctx context.Context, k Key, try, shared bool) (*Lock, error) {
 	if err := k.valid(); err != nil {
 		return nil, err
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, notAcquired(k, err)
-	}
 	start := time.Now()
+	for attempt := 1; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return nil, notAcquired(k, err)
+		}
+		lk, err := l.acquireOnce(ctx, k, try, shared, start)
+		if err == nil || attempt == acquireAttempts || !connectionBroken(err) || ctxEnded(ctx) {
+			return lk, err
+		}
+	}
+}
+
+func (l *Locker) acquireOnce(ctx context.Context, k Key, try, shared bool, start time.Time) (*Lock, error) {
 	conn, err := l.db.Conn(ctx)
 	if err != nil {
 		if ctxEnded(ctx) {
@@ -256,6 +272,32 @@ func (l *Locker) acquire(ctx context.Context, k Key, try, shared bool) (*Lock, e
 			slog.Bool("shared", shared), slog.Int64("pid", pid), slog.Duration("wait", time.Since(start)))
 	}
 	return lk, nil
+}
+
+// connectionBroken reports whether err means the connection or its session
+// is gone (a bad connection, a network error, SQLSTATE class 08, or 57P
+// operator intervention such as a terminated backend or a shutdown), as
+// opposed to an answer from a live session.
+func connectionBroken(err error) bool {
+	for _, answer := range []error{ErrNotAcquired, ErrStandby, ErrDeadlock, ErrLockTableFull, ErrUnsupportedServer, ErrInvalidKey} {
+		if errors.Is(err, answer) {
+			return false
+		}
+	}
+	var ne net.Error
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne) {
+		return true
+	}
+	if st := sqlState(err); strings.HasPrefix(st, "08") || strings.HasPrefix(st, "57P") {
+		return true
+	}
+	msg := err.Error()
+	for _, s := range []string{"conn closed", "bad connection", "broken pipe", "connection reset", "connection refused"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // release runs the unlock statement on conn, on the backend pid, and gives

@@ -455,6 +455,7 @@ func (c *cluster) destroy() error {
 	return err
 }
 
+// tail returns the end of the file at path, for error messages.
 func tail(path string) string {
 	b, _ := os.ReadFile(path)
 	if len(b) > 2000 {

@@ -1,0 +1,277 @@
+package sqllock_test
+
+import (
+	"database/sql"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/pgtest"
+)
+
+// TestServerRestart: every held lock reports lost within the keep-alive
+// bound, new locks work once the server is back, and no goroutine leaks.
+func TestServerRestart(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	// Registered first, so it runs last: after the server is stopped.
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+	srv := pgtest.Private(t)
+	const keepAlive = 100 * time.Millisecond
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			db, err := sql.Open(drv, srv.DSN())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			l := sqllock.New(db, sqllock.WithKeepAlive(keepAlive))
+			var held []*sqllock.Lock
+			for i := 0; i < 20; i++ {
+				lk, err := l.Lock(bg(), sqllock.Pair(9, int32(i)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, lk)
+			}
+			start := time.Now()
+			if err := srv.Restart(bg()); err != nil {
+				t.Fatal(err)
+			}
+			restarted := time.Since(start)
+			for i, lk := range held {
+				select {
+				case <-lk.Done():
+				case <-time.After(3*keepAlive + 5*time.Second):
+					t.Fatalf("lock %d not reported lost %v after the restart began", i, time.Since(start))
+				}
+				if !errors.Is(lk.Err(), sqllock.ErrLockLost) {
+					t.Fatalf("lock %d: Err() = %v", i, lk.Err())
+				}
+			}
+			t.Logf("restart took %v; all 20 locks reported lost after %v", restarted, time.Since(start))
+			for _, lk := range held {
+				if err := lk.Unlock(bg()); !errors.Is(err, sqllock.ErrLockLost) {
+					t.Fatalf("Unlock() of a lost lock = %v", err)
+				}
+			}
+			var again []*sqllock.Lock
+			for i := 0; i < 20; i++ {
+				lk, err := l.Lock(bg(), sqllock.Pair(9, int32(i)))
+				if err != nil {
+					t.Fatalf("lock %d after the restart: %v", i, err)
+				}
+				again = append(again, lk)
+			}
+			for _, lk := range again {
+				if err := lk.Unlock(bg()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if st := l.Stats(); st.Lost != 20 || st.Held != 0 || st.Acquired != 40 {
+				t.Fatalf("Stats() = %+v", st)
+			}
+		})
+	}
+}
+
+// TestStandby: locks on a hot standby do not conflict with the primary's,
+// so they are refused, and nothing is left held on the standby.
+func TestStandby(t *testing.T) {
+	srv := pgtest.Start(t)
+	if !srv.Local() {
+		pgtest.Unavailable(t, "a local cluster (for a standby)", errors.New("SQLLOCK_TEST_DSN or Docker server"))
+	}
+	dsn := srv.NewDatabase(t)
+	standby := pgtest.StartStandby(t, srv)
+	sdsn := standby.DSNFor(pgtest.DatabaseOf(dsn))
+	var sdb *sql.DB
+	deadline := time.Now().Add(30 * time.Second)
+	for { // wait until the new database has replicated
+		sdb = pgtest.Open(t, "pgx", sdsn)
+		if sdb.Ping() == nil {
+			break
+		}
+		sdb.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("database did not reach the standby")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			db := pgtest.Open(t, drv, sdsn)
+			l := sqllock.New(db)
+			k := sqllock.Int64(31)
+			if _, err := l.Lock(bg(), k); !errors.Is(err, sqllock.ErrStandby) {
+				t.Fatalf("Lock() on a standby = %v, want ErrStandby", err)
+			}
+			if _, err := l.TryLock(bg(), k); !errors.Is(err, sqllock.ErrStandby) {
+				t.Fatalf("TryLock() on a standby = %v, want ErrStandby", err)
+			}
+			if n := advisoryCount(t, sdb); n != 0 {
+				t.Fatalf("%d advisory locks left on the standby", n)
+			}
+			// Why: with the check off, the standby grants a lock the primary
+			// also grants.
+			risky := sqllock.New(db, sqllock.WithAllowStandby())
+			onStandby, err := risky.TryLock(bg(), k)
+			if err != nil {
+				t.Fatalf("TryLock() with WithAllowStandby = %v", err)
+			}
+			onPrimary, err := sqllock.New(pgtest.Open(t, "pgx", dsn)).TryLock(bg(), k)
+			if err != nil {
+				t.Fatalf("primary TryLock() while the standby holds the key = %v (standby locks do not conflict)", err)
+			}
+			onStandby.Unlock(bg())
+			onPrimary.Unlock(bg())
+		})
+	}
+}
+
+// TestPgBouncerTransactionMode: behind a transaction pooler a client's
+// statements land on different backends. Session locks cannot work there;
+// sqllock must notice the swap instead of reporting success, and
+// transaction-scoped locks must still exclude each other.
+func TestPgBouncerTransactionMode(t *testing.T) {
+	srv := pgtest.Start(t)
+	if !srv.Local() {
+		pgtest.Unavailable(t, "a local cluster (for PgBouncer)", errors.New("SQLLOCK_TEST_DSN or Docker server"))
+	}
+	dsn := srv.NewDatabase(t)
+	b := pgtest.StartPgBouncer(t, srv, "transaction", 2)
+	bdsn := b.DSNFor(pgtest.DatabaseOf(dsn))
+
+	t.Run("session locks: swap detected", func(t *testing.T) {
+		db := pgtest.Open(t, "postgres", bdsn)
+		l := sqllock.New(db, sqllock.WithKeepAlive(0))
+		var ok, detected, other atomic.Int64
+		var wg sync.WaitGroup
+		for g := 0; g < 8; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < 20; i++ {
+					lk, err := l.TryLock(bg(), sqllock.Pair(50, int32(g)))
+					if err != nil {
+						if errors.Is(err, sqllock.ErrNotAcquired) {
+							continue // a leaked lock from an earlier swap holds it
+						}
+						other.Add(1)
+						continue
+					}
+					lk.Conn().ExecContext(bg(), "SELECT pg_sleep(0.001)")
+					err = lk.Unlock(bg())
+					switch {
+					case err == nil:
+						ok.Add(1)
+					case errors.Is(err, sqllock.ErrSessionChanged) || errors.Is(err, sqllock.ErrLockLost):
+						detected.Add(1)
+					default:
+						other.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		t.Logf("through PgBouncer (transaction mode): %d confirmed unlocks, %d swaps detected, %d other errors", ok.Load(), detected.Load(), other.Load())
+		if detected.Load() == 0 {
+			t.Fatal("no session swap detected under concurrent load: the pooler's swaps went unnoticed")
+		}
+	})
+
+	for _, drv := range drivers {
+		t.Run("LockTx mutual exclusion/"+drv, func(t *testing.T) {
+			d := bdsn
+			if drv == "pgx" {
+				d += "&default_query_exec_mode=simple_protocol"
+			}
+			db := pgtest.Open(t, drv, d)
+			k := sqllock.Int64(51)
+			var inside, maxInside, runs atomic.Int64
+			var wg sync.WaitGroup
+			for g := 0; g < 8; g++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; i < 10; i++ {
+						tx, err := db.BeginTx(bg(), nil)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if err := sqllock.LockTx(bg(), tx, k); err != nil {
+							t.Error(err)
+							tx.Rollback()
+							return
+						}
+						n := inside.Add(1)
+						if n > maxInside.Load() {
+							maxInside.Store(n)
+						}
+						tx.ExecContext(bg(), "SELECT pg_sleep(0.001)")
+						inside.Add(-1)
+						runs.Add(1)
+						if err := tx.Commit(); err != nil {
+							t.Error(err)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if maxInside.Load() != 1 || runs.Load() != 80 {
+				t.Fatalf("max inside %d, runs %d; want 1 and 80", maxInside.Load(), runs.Load())
+			}
+		})
+	}
+}
+
+// TestPgBouncerSessionMode: session locks work, and a client that
+// disconnects releases its locks (PgBouncer's server_reset_query).
+func TestPgBouncerSessionMode(t *testing.T) {
+	srv := pgtest.Start(t)
+	if !srv.Local() {
+		pgtest.Unavailable(t, "a local cluster (for PgBouncer)", errors.New("SQLLOCK_TEST_DSN or Docker server"))
+	}
+	dsn := srv.NewDatabase(t)
+	observer := pgtest.Open(t, "pgx", dsn)
+	b := pgtest.StartPgBouncer(t, srv, "session", 4)
+	bdsn := b.DSNFor(pgtest.DatabaseOf(dsn))
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			db := pgtest.Open(t, drv, bdsn)
+			l := sqllock.New(db)
+			k := sqllock.Int64(61)
+			for i := 0; i < 20; i++ {
+				lk, err := l.Lock(bg(), k)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := l.TryLock(bg(), k); !errors.Is(err, sqllock.ErrNotAcquired) {
+					t.Fatalf("TryLock() of a held key = %v", err)
+				}
+				if err := lk.Unlock(bg()); err != nil {
+					t.Fatalf("Unlock() through PgBouncer session mode = %v", err)
+				}
+			}
+			// A client that disconnects while holding a lock frees it.
+			client, err := sql.Open(drv, bdsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := client.Exec("SELECT pg_advisory_lock(62)"); err != nil {
+				t.Fatal(err)
+			}
+			if len(holders(t, observer, sqllock.Int64(62))) != 1 {
+				t.Fatal("lock 62 not held through PgBouncer")
+			}
+			client.Close()
+			waitFree(t, observer, sqllock.Int64(62), 5*time.Second)
+		})
+	}
+}
+
