@@ -274,4 +274,3 @@ func TestPgBouncerSessionMode(t *testing.T) {
 		})
 	}
 }
-

@@ -208,4 +208,3 @@ func StartPgBouncer(tb testing.TB, s *Server, mode string, poolSize int) *Bounce
 	tb.Cleanup(func() { b.Close() })
 	return b
 }
-
