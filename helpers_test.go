@@ -70,3 +70,18 @@ func waitFree(t testing.TB, q sqllock.Querier, k sqllock.Key, d time.Duration) {
 }
 
 func bg() context.Context { return context.Background() }
+
+// waitNoLocks waits until db's database has no advisory locks, and fails t
+// after d. A waiter whose context ended is discarded by sqllock, but its
+// backend can still be granted the lock, and hold it until it notices its
+// client left; this waits for that.
+func waitNoLocks(t testing.TB, q sqllock.Querier, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for advisoryCount(t, q) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d advisory locks left after %v", advisoryCount(t, q), d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

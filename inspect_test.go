@@ -107,9 +107,7 @@ func TestInspect(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if n := advisoryCount(t, db); n != 0 {
-			t.Fatalf("%d locks left", n)
-		}
+		waitNoLocks(t, db, 5*time.Second)
 	})
 }
 

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"net"
+	"net/url"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+)
+
+// dsnFrom returns the DSN to use: the flag, else DATABASE_URL, else "" (pgx
+// then reads the libpq PG* environment variables).
+func dsnFrom(flag string) string {
+	if flag != "" {
+		return flag
+	}
+	return os.Getenv("DATABASE_URL")
+}
+
+// connect opens a pool for dsn with application_name set, and checks that
+// the server answers. Errors are exitErrors with a redacted DSN.
+func connect(ctx context.Context, dsn, appName string) (*sql.DB, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, fail(exitConfig, "bad DSN %s: %s", redact(dsn), redact(oneLine(err)))
+	}
+	cfg.RuntimeParams["application_name"] = appName
+	db := stdlib.OpenDB(*cfg)
+	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := db.PingContext(pctx); err != nil {
+		db.Close()
+		addr := net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+		return nil, fail(exitUnavailable, "cannot reach PostgreSQL at %s (database %q, user %q): %s",
+			addr, cfg.Database, cfg.User, redact(oneLine(err)))
+	}
+	return db, nil
+}
+
+// oneLine returns the innermost cause of err on one line, without the
+// library prefix.
+func oneLine(err error) string {
+	for {
+		u := errors.Unwrap(err)
+		if u == nil {
+			break
+		}
+		err = u
+	}
+	msg, _, _ := strings.Cut(err.Error(), "\n")
+	return strings.TrimPrefix(strings.Join(strings.Fields(msg), " "), "sqllock: ")
+}
+
+var (
+	urlPassword = regexp.MustCompile(`(://[^:/@\s]*:)[^@\s]*@`)
+	kvPassword  = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)`)
+)
+
+// redact hides passwords in a DSN, or in text that may quote one.
+func redact(s string) string {
+	if u, err := url.Parse(s); err == nil && u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			q := u.Query()
+			if q.Has("password") {
+				q.Set("password", "xxxxx")
+				u.RawQuery = q.Encode()
+			}
+			return u.Redacted()
+		}
+	}
+	s = urlPassword.ReplaceAllString(s, "${1}xxxxx@")
+	return kvPassword.ReplaceAllString(s, "${1}xxxxx")
+}

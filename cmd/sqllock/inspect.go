@@ -1,0 +1,231 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sqllock/sqllock"
+)
+
+func inspectCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sqllock inspect", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print JSON (one array per listing)")
+	watch := fs.Duration("watch", 0, "list again every INTERVAL (e.g. 2s) until interrupted")
+	regFile := fs.String("registry", "", "file of lock names: one `NAME [KEY]` per line (KEY defaults to the hash of NAME)")
+	dsnFlag := fs.String("dsn", "", "PostgreSQL connection string (default: DATABASE_URL, else PG* variables)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return fail(exitUsage, "")
+	}
+	if fs.NArg() > 0 {
+		return fail(exitUsage, "inspect: unexpected argument %q", fs.Arg(0))
+	}
+	var opts []sqllock.InspectOption
+	if *regFile != "" {
+		reg, err := loadRegistry(*regFile)
+		if err != nil {
+			return fail(exitUsage, "inspect: %v", err)
+		}
+		opts = append(opts, sqllock.WithInspectRegistry(reg))
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	db, err := connect(ctx, dsnFrom(*dsnFlag), "sqllock inspect")
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	for {
+		locks, err := sqllock.Inspect(ctx, db, opts...)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fail(exitUnavailable, "inspect: %v", err)
+		}
+		if *watch > 0 && !*asJSON {
+			fmt.Fprint(stdout, "\033[H\033[2J")
+			fmt.Fprintf(stdout, "%s  every %v\n\n", time.Now().Format(time.RFC3339), *watch)
+		}
+		if *asJSON {
+			err = printJSON(stdout, locks)
+		} else {
+			err = printTable(stdout, locks, *regFile != "")
+		}
+		if err != nil || *watch <= 0 {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(*watch):
+		}
+	}
+}
+
+// jsonLock is the JSON form of one lock.
+type jsonLock struct {
+	Key             string     `json:"key"`
+	Form            string     `json:"form"` // "bigint" or "pair"
+	Bigint          *int64     `json:"bigint,omitempty"`
+	Class           *int32     `json:"class,omitempty"`
+	ID              *int32     `json:"id,omitempty"`
+	Name            string     `json:"name,omitempty"`
+	Mode            string     `json:"mode"`  // "exclusive" or "shared"
+	State           string     `json:"state"` // "held" or "waiting"
+	WaitingSince    *time.Time `json:"waiting_since,omitempty"`
+	PID             int        `json:"pid"`
+	ApplicationName string     `json:"application_name"`
+	SessionState    string     `json:"session_state"`
+	Query           string     `json:"query"`
+	QueryHidden     bool       `json:"query_hidden"`
+	BlockedBy       []int      `json:"blocked_by"`
+}
+
+func toJSON(l sqllock.HeldLock) jsonLock {
+	j := jsonLock{Key: l.Key.String(), Name: l.Name, Mode: mode(l), State: state(l), PID: l.PID,
+		ApplicationName: l.ApplicationName, SessionState: l.State, Query: l.Query, QueryHidden: l.Hidden, BlockedBy: l.BlockedBy}
+	if v, ok := l.Key.Int64(); ok {
+		j.Form, j.Bigint = "bigint", &v
+	} else if c, id, ok := l.Key.Pair(); ok {
+		j.Form, j.Class, j.ID = "pair", &c, &id
+	}
+	if !l.WaitStart.IsZero() {
+		ws := l.WaitStart
+		j.WaitingSince = &ws
+	}
+	if j.BlockedBy == nil {
+		j.BlockedBy = []int{}
+	}
+	return j
+}
+
+func printJSON(w io.Writer, locks []sqllock.HeldLock) error {
+	out := make([]jsonLock, 0, len(locks))
+	for _, l := range locks {
+		out = append(out, toJSON(l))
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
+}
+
+func mode(l sqllock.HeldLock) string {
+	if l.Shared {
+		return "shared"
+	}
+	return "exclusive"
+}
+
+func state(l sqllock.HeldLock) string {
+	if l.Granted {
+		return "held"
+	}
+	return "waiting"
+}
+
+func printTable(w io.Writer, locks []sqllock.HeldLock, names bool) error {
+	if len(locks) == 0 {
+		_, err := fmt.Fprintln(w, "no advisory locks in this database")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	header := "KEY\tFORM\t"
+	if names {
+		header += "NAME\t"
+	}
+	fmt.Fprintln(tw, header+"MODE\tSTATE\tFOR\tPID\tAPPLICATION\tSESSION\tBLOCKED BY\tQUERY")
+	hidden := 0
+	for _, l := range locks {
+		form := "bigint"
+		if l.Key.IsPair() {
+			form = "pair"
+		}
+		row := l.Key.String() + "\t" + form + "\t"
+		if names {
+			row += dash(l.Name) + "\t"
+		}
+		wait := "-"
+		if !l.Granted && !l.WaitStart.IsZero() {
+			wait = time.Since(l.WaitStart).Round(time.Millisecond).String()
+		}
+		blocked := make([]string, len(l.BlockedBy))
+		for i, p := range l.BlockedBy {
+			blocked[i] = strconv.Itoa(p)
+		}
+		q := l.Query
+		if l.Hidden {
+			hidden++
+			q = "(hidden)"
+		}
+		row += fmt.Sprintf("%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s", mode(l), state(l), wait, l.PID,
+			dash(l.ApplicationName), dash(l.State), dash(strings.Join(blocked, ",")), short(q, 60))
+		fmt.Fprintln(tw, row)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if hidden > 0 {
+		fmt.Fprintf(w, "\n%d lock(s) belong to sessions of other roles: their queries are hidden (insufficient privilege; pg_read_all_stats shows them)\n", hidden)
+	}
+	return nil
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func short(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > n {
+		return s[:n-1] + "…"
+	}
+	return s
+}
+
+// loadRegistry reads a registry file: one `NAME [KEY]` per line; blank lines
+// and lines starting with # are skipped; KEY defaults to Hash(NAME).
+func loadRegistry(path string) (*sqllock.Registry, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	reg := sqllock.NewRegistry()
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, keyText, _ := strings.Cut(line, " ")
+		k := sqllock.Hash(name)
+		if keyText = strings.TrimSpace(keyText); keyText != "" {
+			if k, err = sqllock.ParseKey(keyText); err != nil {
+				return nil, fmt.Errorf("%s:%d: %v", path, n, err)
+			}
+		}
+		if err := reg.Register(name, k); err != nil {
+			return nil, fmt.Errorf("%s:%d: %v", path, n, err)
+		}
+	}
+	return reg, sc.Err()
+}

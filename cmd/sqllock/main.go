@@ -1,0 +1,103 @@
+// Command sqllock is flock(1) for PostgreSQL: it holds a PostgreSQL advisory
+// lock while a command runs, so that a cron job runs once across many
+// machines. It also lists the advisory locks of a database and prints the
+// key of a name.
+//
+//	sqllock run [flags] KEY -- COMMAND [ARGS...]
+//	sqllock inspect [--json] [--watch INTERVAL] [--registry FILE]
+//	sqllock key [--class N] NAME
+//
+// KEY is a number (123), a pair (1,2), or a name, hashed with sqllock.Hash
+// (or with CRC-32 under --crc32, to share locks with Python code that uses
+// zlib.crc32). The connection comes from --dsn, else DATABASE_URL, else the
+// libpq environment variables (PGHOST, PGPORT, PGUSER, PGPASSWORD,
+// PGDATABASE, ...).
+//
+// Exit status of run: COMMAND's own status; the conflict code (-E, default
+// 1) when the lock is held elsewhere (-n) or the wait timed out (-w); 75 when
+// the lock was lost while COMMAND ran (COMMAND was stopped); 64 for a usage
+// error (bad flag, bad key text, no command); 69 when the server cannot be
+// reached; 70 for any other lock error; 78 for a bad DSN; 126 and 127 when
+// COMMAND cannot be run or is not found; 128+N when COMMAND was killed by
+// signal N.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+)
+
+// Exit statuses (sysexits.h where one fits).
+const (
+	exitUsage       = 64 // EX_USAGE
+	exitUnavailable = 69 // EX_UNAVAILABLE: server unreachable
+	exitSoftware    = 70 // EX_SOFTWARE: other lock errors
+	exitLost        = 75 // EX_TEMPFAIL: the lock was lost while COMMAND ran
+	exitConfig      = 78 // EX_CONFIG: bad DSN
+	exitCannotRun   = 126
+	exitNotFound    = 127
+)
+
+// exitError carries an exit status and a one-line message.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+
+func fail(code int, format string, args ...any) error {
+	return &exitError{code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+const usage = `usage:
+  sqllock run [flags] KEY -- COMMAND [ARGS...]   hold the lock KEY while COMMAND runs
+  sqllock inspect [flags]                        list the advisory locks of the database
+  sqllock key [--class N] NAME                   print the keys of NAME and the SQL to use them
+
+KEY is a number (123), a pair (1,2), or a name (hashed; --crc32 for zlib.crc32).
+The connection: --dsn, else DATABASE_URL, else the PG* environment variables.
+Run "sqllock COMMAND -h" for the flags of each command.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run dispatches a command line and returns the exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	var err error
+	switch args[0] {
+	case "run":
+		err = runCmd(args[1:], stderr)
+	case "inspect":
+		err = inspectCmd(args[1:], stdout, stderr)
+	case "key":
+		err = keyCmd(args[1:], stdout, stderr)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "sqllock: unknown command %q\n%s", args[0], usage)
+		return exitUsage
+	}
+	var ee *exitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		if ee.msg != "" {
+			fmt.Fprintln(stderr, "sqllock: "+ee.msg)
+		}
+		return ee.code
+	default:
+		fmt.Fprintln(stderr, "sqllock: "+err.Error())
+		return exitSoftware
+	}
+}
