@@ -123,6 +123,7 @@ func (m *monitor) check(ws []watched) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	m.l.stats.keepAlive.Add(1)
 	lost, err := queryLost(ctx, m.l, keys)
 	if err != nil {
 		m.mu.Lock()

@@ -328,8 +328,13 @@ func (l *Locker) release(conn *sql.Conn, k Key, shared bool, pid int64) error {
 // discard closes conn's session instead of returning it to the pool.
 func (l *Locker) discard(conn *sql.Conn, k Key, why string) {
 	l.stats.discarded.Add(1)
-	l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "sqllock: connection discarded",
-		slog.String("key", l.name(k)), slog.String("reason", why))
+	if l.cfg.logger.Enabled(context.Background(), slog.LevelWarn) {
+		attrs := []slog.Attr{slog.String("reason", why)}
+		if k.valid() == nil {
+			attrs = append(attrs, slog.String("key", l.name(k)))
+		}
+		l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "sqllock: connection discarded", attrs...)
+	}
 	discardConn(conn)
 }
 
@@ -434,14 +439,17 @@ type Stats struct {
 	Contended int64 // non-waiting attempts that found the lock taken
 	Lost      int64 // locks lost while held
 	Discarded int64 // connections closed instead of returned to the pool
+	// KeepAliveChecks counts keep-alive queries: one per interval for all
+	// of the Locker's locks and Sessions, whatever their number.
+	KeepAliveChecks int64
 }
 
 type lockerStats struct {
-	held, acquired, contended, lost, discarded atomic.Int64
+	held, acquired, contended, lost, discarded, keepAlive atomic.Int64
 }
 
 // Stats returns the Locker's counters.
 func (l *Locker) Stats() Stats {
 	return Stats{Held: l.stats.held.Load(), Acquired: l.stats.acquired.Load(), Contended: l.stats.contended.Load(),
-		Lost: l.stats.lost.Load(), Discarded: l.stats.discarded.Load()}
+		Lost: l.stats.lost.Load(), Discarded: l.stats.discarded.Load(), KeepAliveChecks: l.stats.keepAlive.Load()}
 }

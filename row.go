@@ -103,3 +103,71 @@ func assign(dest []any, vals []driver.Value) error {
 	}
 	return nil
 }
+
+// queryRows runs q on conn and calls row for each row's values (each an
+// int64, bool, nil, string or []byte as the driver gives them). Like
+// queryRow, it runs on the driver connection when it can.
+func queryRows(ctx context.Context, conn *sql.Conn, q string, args []any, row func([]driver.Value) error) error {
+	run := func(dc any) error {
+		qc, ok := dc.(driver.QueryerContext)
+		if !ok {
+			return errNoFastPath
+		}
+		nv := make([]driver.NamedValue, len(args))
+		for i, a := range args {
+			nv[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
+		}
+		rows, err := qc.QueryContext(ctx, q, nv)
+		if errors.Is(err, driver.ErrSkip) {
+			return errNoFastPath
+		}
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		vals := make([]driver.Value, len(rows.Columns()))
+		for {
+			if err := rows.Next(vals); err == io.EOF {
+				return rows.Close()
+			} else if err != nil {
+				return err
+			}
+			if err := row(vals); err != nil {
+				return err
+			}
+		}
+	}
+	err := conn.Raw(func(dc any) error {
+		if g, ok := dc.(unguarded); ok {
+			return g.WithoutGuard(func(inner driver.Conn) error { return run(inner) })
+		}
+		return run(dc)
+	})
+	if !errors.Is(err, errNoFastPath) {
+		return err
+	}
+	rows, err := conn.QueryContext(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	vals := make([]any, len(cols))
+	ptrs := make([]any, len(cols))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	dv := make([]driver.Value, len(cols))
+	for rows.Next() {
+		if err := rows.Scan(ptrs...); err != nil {
+			return err
+		}
+		for i, v := range vals {
+			dv[i] = v
+		}
+		if err := row(dv); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}

@@ -1,0 +1,457 @@
+package sqllock
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// Session holds many exclusive session-level locks on one pinned
+// connection: a lock per job in a job queue, or a leader's many resources.
+// TryLockMany and UnlockMany take or release any number of keys in one round
+// trip; one keep-alive query per interval covers all of them.
+//
+// Every lock of a Session lives and dies with its one PostgreSQL session:
+// when the Session is lost (the session ended, the server restarted, a
+// blocking Lock was cancelled, an unlock found a key not held), all its locks
+// are gone at once, Done is closed and Err wraps [ErrLockLost]; its
+// connection is discarded.
+//
+// PostgreSQL keeps all locks of all sessions in one shared table of about
+// max_locks_per_transaction × (max_connections + max_prepared_transactions)
+// entries (6,400 with the defaults). A Session with thousands of keys uses
+// that much of it; when it is full, TryLockMany returns [ErrLockTableFull],
+// releases whatever the failed call took, and the Session keeps its earlier
+// locks.
+//
+// A Session is safe for concurrent use; its calls run one at a time. After
+// Close, its methods return [ErrReleased].
+type Session struct {
+	l    *Locker
+	conn *sql.Conn
+	pid  int64
+
+	ctx    context.Context // cancelled when the Session is closed or lost
+	cancel context.CancelCauseFunc
+
+	mu     sync.Mutex   // serialises calls; guards the fields below
+	held   map[Key]bool // keys held now
+	state  lockState    // stateHeld while usable
+	err    error        // nil while usable
+	sorted []Key        // cache of Held(), nil when stale
+}
+
+// Session pins a connection for a new Session. It checks that the server is
+// not a standby (unless WithAllowStandby) in the same round trip that learns
+// the backend pid. ctx bounds only this call.
+func (l *Locker) Session(ctx context.Context) (*Session, error) {
+	conn, err := l.db.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("sqllock: session: get connection: %w", err)
+	}
+	if err := l.checkServer(ctx, conn); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	var pid int64
+	var standby bool
+	if err := queryRow(ctx, conn, "SELECT pg_backend_pid(), pg_is_in_recovery()", nil, &pid, &standby); err != nil {
+		discardConn(conn)
+		return nil, fmt.Errorf("sqllock: session: %w", err)
+	}
+	if standby && !l.cfg.allowStandby {
+		conn.Close()
+		return nil, fmt.Errorf("%w (session)", ErrStandby)
+	}
+	sctx, cancel := context.WithCancelCause(context.Background())
+	s := &Session{l: l, conn: conn, pid: pid, ctx: sctx, cancel: cancel, held: map[Key]bool{}}
+	l.mon.add(s)
+	return s, nil
+}
+
+// Conn returns the pinned connection: the session that holds the locks.
+func (s *Session) Conn() *sql.Conn { return s.conn }
+
+// PID returns the backend process id of the session.
+func (s *Session) PID() int { return int(s.pid) }
+
+// Done returns a channel that is closed when the Session is closed or lost.
+func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
+
+// Err returns nil while the Session is usable, ErrReleased after Close, and
+// an error wrapping ErrLockLost once it is lost.
+func (s *Session) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Held returns the keys the Session holds, sorted.
+func (s *Session) Held() []Key {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sorted == nil {
+		s.sorted = make([]Key, 0, len(s.held))
+		for k := range s.held {
+			s.sorted = append(s.sorted, k)
+		}
+		sort.Slice(s.sorted, func(i, j int) bool { return s.sorted[i].less(s.sorted[j]) })
+	}
+	return append([]Key(nil), s.sorted...)
+}
+
+// TryLock takes k if no other session holds it, and reports whether it did.
+// A key the Session already holds is not taken twice: TryLock reports true.
+func (s *Session) TryLock(ctx context.Context, k Key) (bool, error) {
+	got, err := s.TryLockMany(ctx, k)
+	if err != nil {
+		return false, err
+	}
+	if len(got) == 1 {
+		return true, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.held[k], nil
+}
+
+// Lock takes k, waiting while another session holds it. Because a
+// cancelled wait may still be granted, a ctx that ends during the wait ends
+// the whole Session (all its locks are released by the server) and Lock
+// returns an error matching [ErrNotAcquired] and ctx.Err(). Prefer TryLock
+// in a Session whose other locks matter.
+func (s *Session) Lock(ctx context.Context, k Key) error {
+	if err := k.valid(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.usable(); err != nil {
+		return err
+	}
+	if s.held[k] {
+		return nil
+	}
+	q, args := s.l.mode.sessionLockSQL(lockFn(false, false, false), k)
+	var ok, standby bool
+	var pid int64
+	err := queryRow(ctx, s.conn, q, args, &ok, &pid, &standby)
+	switch {
+	case ctxEnded(ctx):
+		s.loseLocked(fmt.Errorf("a blocking Lock of %s was cancelled: %w", k, ctxErr(ctx)))
+		return notAcquired(k, ctxErr(ctx))
+	case err != nil:
+		if st := sqlState(err); st != "40P01" && st != "53200" {
+			// Only a deadlock victim or a full lock table is surely not
+			// granted; anything else leaves the session in doubt.
+			s.loseLocked(fmt.Errorf("lock %s failed: %w", k, err))
+		}
+		return lockError(k, err)
+	case pid != s.pid:
+		s.loseLocked(fmt.Errorf("%w: backend %d, was %d", ErrSessionChanged, pid, s.pid))
+		return s.err
+	}
+	s.add(k)
+	return nil
+}
+
+// TryLockMany tries to take every key in keys, in one round trip, and
+// returns those it took (in the order given). Keys the Session already
+// holds, and repeated keys, are taken once. When the server's lock table is
+// full it returns [ErrLockTableFull] and releases whatever this call took.
+func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
+	for _, k := range keys {
+		if err := k.valid(); err != nil {
+			return nil, err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.usable(); err != nil {
+		return nil, err
+	}
+	want := make([]Key, 0, len(keys))
+	seen := make(map[Key]bool, len(keys))
+	for _, k := range keys {
+		if !s.held[k] && !seen[k] {
+			seen[k] = true
+			want = append(want, k)
+		}
+	}
+	if len(want) == 0 {
+		return nil, nil
+	}
+	got := make([]Key, 0, len(want))
+	q, args := manySQL("pg_try_advisory_lock", "", want)
+	err := queryRows(ctx, s.conn, q, args, func(v []driver.Value) error {
+		i, ok, pid := toInt(v[0]), v[1] == true, toInt(v[2])
+		if pid != s.pid {
+			return fmt.Errorf("%w: backend %d, was %d", ErrSessionChanged, pid, s.pid)
+		}
+		if i < 1 || int(i) > len(want) {
+			return errors.New("sqllock: answer out of range")
+		}
+		if ok {
+			got = append(got, want[i-1])
+		}
+		return nil
+	})
+	if ctxEnded(ctx) {
+		s.loseLocked(fmt.Errorf("TryLockMany was cancelled: %w", ctxErr(ctx)))
+		return nil, notAcquired(want[0], ctxErr(ctx))
+	}
+	if err != nil {
+		if errors.Is(err, ErrSessionChanged) {
+			s.loseLocked(err)
+			return nil, s.err
+		}
+		if sqlState(err) == "53200" {
+			// Session locks taken by the failed statement stay held:
+			// find and release them, keeping the Session's earlier locks.
+			if rerr := s.releaseStray(ctx, want); rerr != nil {
+				s.loseLocked(fmt.Errorf("after a full lock table: %w", rerr))
+			}
+			return nil, fmt.Errorf("%w: TryLockMany of %d keys: %w", ErrLockTableFull, len(want), err)
+		}
+		s.loseLocked(fmt.Errorf("TryLockMany failed: %w", err))
+		return nil, lockError(want[0], err)
+	}
+	for _, k := range got {
+		s.add(k)
+	}
+	s.l.stats.acquired.Add(int64(len(got)))
+	s.l.stats.contended.Add(int64(len(want) - len(got)))
+	// Report in the order given.
+	order := make(map[Key]int, len(want))
+	for i, k := range want {
+		order[k] = i
+	}
+	sort.Slice(got, func(i, j int) bool { return order[got[i]] < order[got[j]] })
+	return got, nil
+}
+
+// Unlock releases k. Unlocking a key the Session does not hold is an error
+// (nothing happens on the server).
+func (s *Session) Unlock(ctx context.Context, k Key) error {
+	return s.UnlockMany(ctx, k)
+}
+
+// UnlockMany releases keys in one round trip. Each must be held by the
+// Session. When PostgreSQL does not confirm every unlock on the Session's
+// backend, the Session is lost (and its connection discarded) and the error
+// wraps [ErrLockLost]. Like Lock.Unlock, it ignores ctx's cancellation and
+// is bounded by the unlock timeout.
+func (s *Session) UnlockMany(ctx context.Context, keys ...Key) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.usable(); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if !s.held[k] {
+			return fmt.Errorf("sqllock: unlock %s: not held by this session", k)
+		}
+	}
+	return s.unlockLocked(ctx, keys)
+}
+
+func (s *Session) unlockLocked(ctx context.Context, keys []Key) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.l.cfg.unlockTimeout)
+	defer cancel()
+	q, args := manySQL("pg_advisory_unlock", strconv.FormatInt(s.pid, 10), keys)
+	confirmed := 0
+	err := queryRows(uctx, s.conn, q, args, func(v []driver.Value) error {
+		if v[1] == true && toInt(v[2]) == s.pid {
+			confirmed++
+		}
+		return nil
+	})
+	switch {
+	case err != nil:
+		s.loseLocked(fmt.Errorf("unlock failed: %w", err))
+		return fmt.Errorf("sqllock: session unlock: %w (connection discarded; the server releases its locks as the session ends)", err)
+	case confirmed != len(keys):
+		s.loseLocked(fmt.Errorf("unlock confirmed %d of %d keys", confirmed, len(keys)))
+		return s.err
+	}
+	for _, k := range keys {
+		delete(s.held, k)
+	}
+	s.sorted = nil
+	s.l.stats.held.Add(-int64(len(keys)))
+	return nil
+}
+
+// Close releases every lock the Session holds, confirming each unlock, and
+// returns the connection to the pool; when an unlock is not confirmed, the
+// connection is discarded and the error wraps ErrLockLost. Close on a
+// closed Session returns ErrReleased; on a lost one, its Err.
+func (s *Session) Close(ctx context.Context) error {
+	if s == nil {
+		return ErrReleased
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state == stateReleased {
+		return ErrReleased
+	}
+	if s.state == stateLost {
+		s.state = stateReleased
+		return s.err
+	}
+	keys := make([]Key, 0, len(s.held))
+	for k := range s.held {
+		keys = append(keys, k)
+	}
+	if err := s.unlockLocked(ctx, keys); err != nil {
+		s.state = stateReleased
+		return err
+	}
+	s.l.mon.remove(s)
+	s.state, s.err = stateReleased, ErrReleased
+	s.cancel(ErrReleased)
+	return s.conn.Close()
+}
+
+func (s *Session) usable() error {
+	if s.state != stateHeld {
+		return s.err
+	}
+	return nil
+}
+
+func (s *Session) add(k Key) {
+	s.held[k] = true
+	s.sorted = nil
+	s.l.stats.held.Add(1)
+}
+
+// lose marks the Session lost (from the keep-alive).
+func (s *Session) lose(cause error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.loseLocked(cause)
+}
+
+// loseLocked marks the Session lost, discards its connection and forgets
+// its locks: the server releases them as the session ends.
+func (s *Session) loseLocked(cause error) {
+	if s.state != stateHeld {
+		return
+	}
+	s.state = stateLost
+	s.err = fmt.Errorf("%w: session on backend %d (%d locks): %w", ErrLockLost, s.pid, len(s.held), cause)
+	s.l.stats.held.Add(-int64(len(s.held)))
+	s.l.stats.lost.Add(int64(len(s.held)))
+	s.held, s.sorted = map[Key]bool{}, nil
+	s.l.mon.remove(s)
+	s.cancel(s.err)
+	s.l.discard(s.conn, Key{}, "session lost")
+	s.l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "sqllock: session lost",
+		slog.Int64("pid", s.pid), slog.Any("error", s.err))
+}
+
+// releaseStray unlocks the keys of want that the session holds but the
+// Session did not (taken by a statement that then failed).
+func (s *Session) releaseStray(ctx context.Context, want []Key) error {
+	wanted := make(map[Key]bool, len(want))
+	for _, k := range want {
+		wanted[k] = true
+	}
+	var stray []Key
+	err := queryRows(context.WithoutCancel(ctx), s.conn, ownLocksSQL, nil, func(v []driver.Value) error {
+		k, ok := keyFromLockTag(uint32(toInt(v[0])), uint32(toInt(v[1])), int(toInt(v[2])))
+		if ok && wanted[k] && !s.held[k] {
+			stray = append(stray, k)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for len(stray) > 0 {
+		n := min(len(stray), 1000)
+		for _, k := range stray[:n] {
+			s.held[k] = true // so that unlockLocked accounts for them
+		}
+		s.l.stats.held.Add(int64(n))
+		if err := s.unlockLocked(ctx, stray[:n]); err != nil {
+			return err
+		}
+		stray = stray[n:]
+	}
+	return nil
+}
+
+// ownLocksSQL lists the granted session advisory locks of the running
+// session.
+const ownLocksSQL = `SELECT classid::int8, objid::int8, objsubid::int4 FROM pg_catalog.pg_locks
+ WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid() AND mode = 'ExclusiveLock'`
+
+func (s *Session) heldKeys(buf []heldKey) []heldKey {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k := range s.held {
+		buf = append(buf, heldKey{pid: s.pid, key: k})
+	}
+	return buf
+}
+
+// manySQL returns a statement that calls fn (an exclusive lock or unlock
+// function) on every key, as rows of (position, result, pid). With onlyPID,
+// the function runs only on that backend (NULL elsewhere). Keys are passed
+// as array literals in text, which every driver can bind.
+func manySQL(fn, onlyPID string, keys []Key) (string, []any) {
+	var pair, v, c, d strings.Builder
+	for i, k := range keys {
+		sep := ","
+		if i == 0 {
+			sep = "{"
+		}
+		if cl, id, ok := k.Pair(); ok {
+			pair.WriteString(sep + "t")
+			v.WriteString(sep + "0")
+			c.WriteString(sep + strconv.FormatInt(int64(cl), 10))
+			d.WriteString(sep + strconv.FormatInt(int64(id), 10))
+		} else {
+			n, _ := k.Int64()
+			pair.WriteString(sep + "f")
+			v.WriteString(sep + strconv.FormatInt(n, 10))
+			c.WriteString(sep + "0")
+			d.WriteString(sep + "0")
+		}
+	}
+	call := "CASE WHEN t.pair THEN " + fn + "(t.c, t.d) ELSE " + fn + "(t.v) END"
+	if onlyPID != "" {
+		call = "CASE WHEN pg_backend_pid() = " + onlyPID + " THEN " + call + " END"
+	}
+	q := "SELECT t.i, " + call + ", pg_backend_pid() FROM unnest($1::text::bool[], $2::text::int8[], $3::text::int4[], $4::text::int4[])" +
+		" WITH ORDINALITY AS t(pair, v, c, d, i)"
+	return q, []any{pair.String() + "}", v.String() + "}", c.String() + "}", d.String() + "}"}
+}
+
+func toInt(v driver.Value) int64 {
+	switch n := v.(type) {
+	case int64:
+		return n
+	case int32:
+		return int64(n)
+	case []byte:
+		i, _ := strconv.ParseInt(string(n), 10, 64)
+		return i
+	case string:
+		i, _ := strconv.ParseInt(n, 10, 64)
+		return i
+	}
+	return 0
+}

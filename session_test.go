@@ -1,0 +1,245 @@
+package sqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/pgtest"
+)
+
+// countingConnector counts the statements its connections run: one
+// statement is one round trip for these queries.
+type countingConnector struct {
+	driver.Connector
+	n atomic.Int64
+}
+
+func (c *countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	dc, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &countingConn{Conn: dc, n: &c.n}, nil
+}
+
+type countingConn struct {
+	driver.Conn
+	n *atomic.Int64
+}
+
+func (c *countingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
+	c.n.Add(1)
+	return c.Conn.(driver.QueryerContext).QueryContext(ctx, q, args)
+}
+
+func (c *countingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
+	c.n.Add(1)
+	return c.Conn.(driver.ExecerContext).ExecContext(ctx, q, args)
+}
+
+func openCounting(t *testing.T, dsn string) (*sql.DB, *countingConnector) {
+	probe := pgtest.Open(t, "pgx", dsn)
+	inner, err := probe.Driver().(driver.DriverContext).OpenConnector(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := &countingConnector{Connector: inner}
+	db := sql.OpenDB(cc)
+	t.Cleanup(func() { db.Close() })
+	return db, cc
+}
+
+func manyKeys(n int, class int32) []sqllock.Key {
+	keys := make([]sqllock.Key, n)
+	for i := range keys {
+		if i%2 == 0 {
+			keys[i] = sqllock.Pair(class, int32(i))
+		} else {
+			keys[i] = sqllock.Int64(int64(class)<<40 | int64(i))
+		}
+	}
+	return keys
+}
+
+func TestSessionManyLocks(t *testing.T) {
+	srv := pgtest.Start(t)
+	dsn := srv.NewDatabase(t)
+	db, counter := openCounting(t, dsn)
+	observer := pgtest.Open(t, "pgx", dsn)
+	l := sqllock.New(db, sqllock.WithKeepAlive(50*time.Millisecond))
+	s, err := l.Session(bg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// TryLockMany of 1,000 keys: one round trip.
+	keys := manyKeys(1000, 1)
+	before := counter.n.Load()
+	got, err := s.TryLockMany(bg(), keys...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if trips := counter.n.Load() - before; trips > 3 {
+		t.Fatalf("TryLockMany of 1,000 keys took %d round trips, want at most 3", trips)
+	}
+	if len(got) != 1000 || got[0] != keys[0] || got[999] != keys[999] {
+		t.Fatalf("TryLockMany took %d keys", len(got))
+	}
+	// 5,000 locks on one connection.
+	more, err := s.TryLockMany(bg(), manyKeys(4000, 2)...)
+	if err != nil || len(more) != 4000 {
+		t.Fatalf("TryLockMany(4000) = %d, %v", len(more), err)
+	}
+	if n := len(s.Held()); n != 5000 {
+		t.Fatalf("Held() = %d keys, want 5000", n)
+	}
+	if n := advisoryCount(t, observer); n != 5000 {
+		t.Fatalf("pg_locks shows %d locks, want 5000", n)
+	}
+	// Keys already held are not taken twice; others' keys are contended.
+	again, err := s.TryLockMany(bg(), keys[:10]...)
+	if err != nil || len(again) != 0 {
+		t.Fatalf("TryLockMany of held keys = %v, %v", again, err)
+	}
+	other, err := sqllock.New(observer).Session(bg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := other.TryLock(bg(), keys[5]); ok || err != nil {
+		t.Fatalf("another Session's TryLock of a held key = %v, %v", ok, err)
+	}
+	mixed, err := other.TryLockMany(bg(), keys[0], sqllock.Int64(424242), keys[1])
+	if err != nil || len(mixed) != 1 || mixed[0] != sqllock.Int64(424242) {
+		t.Fatalf("TryLockMany with contended keys = %v, %v", mixed, err)
+	}
+	// One keep-alive query per interval for all 5,000 locks.
+	st0 := l.Stats()
+	time.Sleep(500 * time.Millisecond)
+	checks := l.Stats().KeepAliveChecks - st0.KeepAliveChecks
+	if checks < 3 || checks > 15 {
+		t.Fatalf("%d keep-alive queries in 500ms at a 50ms interval for 5,000 locks; want one per interval", checks)
+	}
+	if err := s.Err(); err != nil {
+		t.Fatalf("Err() = %v", err)
+	}
+	t.Logf("keep-alive: %d queries in 500ms for 5,000 locks", checks)
+	// Unlock some, then Close releases the rest.
+	if err := s.UnlockMany(bg(), keys[:500]...); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Unlock(bg(), keys[500]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Unlock(bg(), keys[500]); err == nil {
+		t.Fatal("Unlock of a key not held = nil")
+	}
+	if n := len(s.Held()); n != 4499 {
+		t.Fatalf("Held() = %d after unlocking 501", n)
+	}
+	if err := s.Close(bg()); err != nil {
+		t.Fatalf("Close() = %v", err)
+	}
+	if err := s.Close(bg()); !errors.Is(err, sqllock.ErrReleased) {
+		t.Fatalf("second Close() = %v", err)
+	}
+	if _, err := s.TryLock(bg(), keys[0]); !errors.Is(err, sqllock.ErrReleased) {
+		t.Fatalf("TryLock after Close = %v", err)
+	}
+	other.Close(bg())
+	if n := advisoryCount(t, observer); n != 0 {
+		t.Fatalf("%d locks left after Close", n)
+	}
+	if st := l.Stats(); st.Held != 0 || st.Discarded != 0 || st.Lost != 0 {
+		t.Fatalf("Stats() = %+v", st)
+	}
+}
+
+func TestSessionLost(t *testing.T) {
+	srv := pgtest.Start(t)
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		l := sqllock.New(db, sqllock.WithKeepAlive(50*time.Millisecond))
+		s, err := l.Session(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Lock(bg(), sqllock.Int64(1)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.TryLockMany(bg(), manyKeys(10, 3)...); err != nil {
+			t.Fatal(err)
+		}
+		terminate(t, srv, s.PID())
+		select {
+		case <-s.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("Session not reported lost")
+		}
+		if !errors.Is(s.Err(), sqllock.ErrLockLost) {
+			t.Fatalf("Err() = %v", s.Err())
+		}
+		if _, err := s.TryLock(bg(), sqllock.Int64(2)); !errors.Is(err, sqllock.ErrLockLost) {
+			t.Fatalf("TryLock on a lost Session = %v", err)
+		}
+		if st := l.Stats(); st.Lost != 11 || st.Held != 0 {
+			t.Fatalf("Stats() = %+v", st)
+		}
+		// A cancelled blocking Lock ends the Session: its outcome is unknown.
+		s2, err := l.Session(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		holder, err := l.Lock(bg(), sqllock.Int64(9))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(bg(), 100*time.Millisecond)
+		defer cancel()
+		if err := s2.Lock(ctx, sqllock.Int64(9)); !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Session.Lock past deadline = %v", err)
+		}
+		if !errors.Is(s2.Err(), sqllock.ErrLockLost) {
+			t.Fatalf("Session after a cancelled Lock: Err() = %v", s2.Err())
+		}
+		holder.Unlock(bg())
+		waitNoLocks(t, db, 5*time.Second)
+	})
+}
+
+// TestSessionLockTableFull: filling the server's lock table returns
+// ErrLockTableFull, releases what the failed call took, and keeps the
+// Session's earlier locks.
+func TestSessionLockTableFull(t *testing.T) {
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		observer := pgtest.Open(t, "pgx", dsn)
+		l := sqllock.New(db, sqllock.WithKeepAlive(0))
+		s, err := l.Session(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(bg())
+		if _, err := s.TryLockMany(bg(), manyKeys(100, 4)...); err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.TryLockMany(bg(), manyKeys(100000, 5)...)
+		if !errors.Is(err, sqllock.ErrLockTableFull) {
+			t.Fatalf("TryLockMany past the lock table = %v, want ErrLockTableFull", err)
+		}
+		if s.Err() != nil || len(s.Held()) != 100 {
+			t.Fatalf("after ErrLockTableFull: Err() = %v, Held() = %d; want the 100 earlier locks", s.Err(), len(s.Held()))
+		}
+		if n := advisoryCount(t, observer); n != 100 {
+			t.Fatalf("pg_locks shows %d locks, want 100 (the failed call's locks released)", n)
+		}
+		if err := s.Close(bg()); err != nil {
+			t.Fatal(err)
+		}
+		if n := advisoryCount(t, observer); n != 0 {
+			t.Fatalf("%d locks left", n)
+		}
+	})
+}
