@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
-	"github.com/sqllock/sqllock/internal/pgtest"
+	"github.com/sqllock/sqllock/pgtest"
 )
 
 // BenchmarkTryLockUnlock measures one uncontended try-lock + unlock cycle.

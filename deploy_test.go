@@ -11,7 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sqllock/sqllock"
-	"github.com/sqllock/sqllock/internal/pgtest"
+	"github.com/sqllock/sqllock/pgtest"
 )
 
 // TestServerRestart: every held lock reports lost within the keep-alive

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
-	"github.com/sqllock/sqllock/internal/pgtest"
+	"github.com/sqllock/sqllock/pgtest"
 )
 
 // drivers are the database/sql drivers every behaviour is proven with.

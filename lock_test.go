@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
-	"github.com/sqllock/sqllock/internal/pgtest"
+	"github.com/sqllock/sqllock/pgtest"
 )
 
 func TestLockUnlock(t *testing.T) {

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/sqllock/sqllock/internal/pgtest"
+	"github.com/sqllock/sqllock/pgtest"
 )
 
 func TestMain(m *testing.M) {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sqllock/sqllock/internal/pgtest"
+	"github.com/sqllock/sqllock/pgtest"
 	"github.com/sqllock/sqllock/poolguard"
 )
 

@@ -18,7 +18,7 @@ import (
 	_ "github.com/lib/pq"
 
 	"github.com/sqllock/sqllock"
-	"github.com/sqllock/sqllock/internal/pgtest"
+	"github.com/sqllock/sqllock/pgtest"
 	"github.com/sqllock/sqllock/poolguard"
 )
 

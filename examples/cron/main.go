@@ -20,7 +20,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/sqllock/sqllock"
-	"github.com/sqllock/sqllock/internal/pgtest"
+	"github.com/sqllock/sqllock/pgtest"
 )
 
 // The team's lock names, in one registry: a second name for the same key
@@ -38,16 +38,11 @@ func main() {
 }
 
 func run(ctx context.Context, w io.Writer, work time.Duration) error {
-	dsn := os.Getenv("DATABASE_URL")
-	if dsn == "" {
-		fmt.Fprintln(w, "DATABASE_URL is unset: starting a throwaway PostgreSQL...")
-		srv, err := pgtest.Embedded(ctx)
-		if err != nil {
-			return err
-		}
-		defer srv.Close()
-		dsn = srv.DSN()
+	dsn, stop, err := pgtest.DatabaseURL(ctx, w)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
 		return err

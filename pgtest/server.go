@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"os"
@@ -196,6 +197,22 @@ func Embedded(ctx context.Context) (*Server, error) {
 	}
 	return nil, fmt.Errorf("pgtest: no PostgreSQL available.\n  local binaries: %v\n  docker: %v\n"+
 		"Install PostgreSQL (Debian: apt-get install postgresql), or set SQLLOCK_TEST_DSN to a server whose role may create databases", lerr, derr)
+}
+
+// DatabaseURL returns the DSN in DATABASE_URL when it is set; otherwise it
+// starts a throwaway server with Embedded, says so on w, and returns its
+// DSN. Call stop when done with the database. The examples use it, so that
+// "go run" works with no setup.
+func DatabaseURL(ctx context.Context, w io.Writer) (dsn string, stop func(), err error) {
+	if d := os.Getenv("DATABASE_URL"); d != "" {
+		return d, func() {}, nil
+	}
+	fmt.Fprintln(w, "DATABASE_URL is unset: starting a throwaway PostgreSQL...")
+	srv, err := Embedded(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	return srv.DSN(), func() { srv.Close() }, nil
 }
 
 func external(ctx context.Context, d string) (*Server, error) {

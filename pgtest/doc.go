@@ -1,5 +1,12 @@
-// Package pgtest starts throwaway PostgreSQL servers for this module's tests
-// and examples.
+// Package pgtest starts throwaway PostgreSQL servers for integration tests
+// and examples: this module's, and yours.
+//
+//	func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
+//
+//	func TestJob(t *testing.T) {
+//		db := pgtest.Open(t, "pgx", pgtest.Start(t).NewDatabase(t))
+//		...
+//	}
 //
 // [Start] gives a test binary one shared server, started on first use and
 // stopped by [Run] from TestMain. The server comes from, in order:
