@@ -6,12 +6,60 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"log/slog"
+	"os"
 	"time"
 
 	"github.com/sqllock/sqllock"
 )
 
-var db *sql.DB // opened with any PostgreSQL driver, e.g. sql.Open("pgx", dsn)
+var (
+	db  *sql.DB // opened with any PostgreSQL driver, e.g. sql.Open("pgx", dsn)
+	ctx = context.Background()
+)
+
+func reindexPosts(context.Context) error { return nil }
+
+// Example is the cron pattern from the README.
+func Example() {
+	db, _ := sql.Open("pgx", os.Getenv("DATABASE_URL"))
+	locker := sqllock.New(db)
+
+	// The cron pattern: if the previous run is still going, back out.
+	ran, err := locker.TryDo(ctx, sqllock.Hash("cron:reindex_posts"), func(ctx context.Context) error {
+		return reindexPosts(ctx) // ctx is cancelled if the lock is lost
+	})
+	switch {
+	case err != nil:
+		log.Fatal(err)
+	case !ran:
+		log.Print("another reindex is running: skipping")
+	}
+}
+
+// Example_wait waits for a lock with a deadline, as in the README.
+func Example_wait() {
+	locker := sqllock.New(db)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	lk, err := locker.Lock(ctx, sqllock.Pair(1, 67890))
+	if errors.Is(err, sqllock.ErrNotAcquired) { /* timed out; nothing is held */
+		return
+	}
+	defer lk.Unlock(ctx) // safe twice, on nil, and with a cancelled ctx
+}
+
+// Example_transaction takes a transaction-scoped lock, as in the README.
+func Example_transaction() {
+	locker := sqllock.New(db)
+	err := locker.InTx(ctx, sqllock.Hash("report:daily"), nil, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, "INSERT INTO reports ...")
+		return err
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+}
 
 func ExampleLocker_TryDo() {
 	locker := sqllock.New(db)
@@ -155,4 +203,39 @@ func ExampleRegistry() {
 	// Output:
 	// true
 	// sqllock: duplicate registry entry: key 1001 of "cron:copy_paste" is already registered as "cron:reindex_posts"
+}
+
+func ExampleLocker_Session() {
+	locker := sqllock.New(db)
+	// One connection holds a lock per job: claim up to 100 free jobs in one round trip.
+	s, err := locker.Session(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close(ctx) // releases every lock, confirmed
+	jobs := make([]sqllock.Key, 0, 100)
+	for id := int32(1); id <= 100; id++ {
+		jobs = append(jobs, sqllock.Pair(2, id))
+	}
+	claimed, err := s.TryLockMany(ctx, jobs...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, k := range claimed {
+		_, id, _ := k.Pair()
+		log.Printf("working on job %d", id)
+	}
+	if err := s.UnlockMany(ctx, claimed...); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func ExampleWithLogger() {
+	locker := sqllock.New(db,
+		sqllock.WithLogger(slog.Default()),     // waiting, acquired, released, lost, discarded
+		sqllock.WithKeepAlive(2*time.Second),   // check held locks every 2 s
+		sqllock.WithUnlockTimeout(time.Second), // bound every unlock
+	)
+	st := locker.Stats()
+	log.Printf("held %d, acquired %d, contended %d, lost %d", st.Held, st.Acquired, st.Contended, st.Lost)
 }

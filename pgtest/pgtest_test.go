@@ -1,0 +1,68 @@
+package pgtest_test
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/pgtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
+
+// TestJob is how an integration test of yours uses the harness.
+func TestJob(t *testing.T) {
+	db := pgtest.Open(t, "pgx", pgtest.Start(t).NewDatabase(t))
+	locker := sqllock.New(db)
+	ran, err := locker.TryDo(context.Background(), sqllock.Hash("job"), func(ctx context.Context) error {
+		return nil // the job under test
+	})
+	if !ran || err != nil {
+		t.Fatalf("TryDo() = %v, %v", ran, err)
+	}
+}
+
+// TestOrdinaryRole: tests connect as a role without superuser rights.
+func TestOrdinaryRole(t *testing.T) {
+	srv := pgtest.Start(t)
+	db := pgtest.Open(t, "pgx", srv.NewDatabase(t))
+	var user string
+	var super bool
+	if err := db.QueryRow("SELECT current_user, usesuper FROM pg_user WHERE usename = current_user").Scan(&user, &super); err != nil {
+		t.Fatal(err)
+	}
+	if user != pgtest.Role || super {
+		t.Fatalf("tests run as %q (superuser %v), want the ordinary role %q", user, super, pgtest.Role)
+	}
+	if !strings.Contains(srv.DSN(), "127.0.0.1") && srv.Local() {
+		t.Fatalf("DSN %q", srv.DSN())
+	}
+}
+
+// TestNewDatabaseIsolated: each test's database is its own and is dropped
+// at the end.
+func TestNewDatabaseIsolated(t *testing.T) {
+	srv := pgtest.Start(t)
+	var name string
+	t.Run("inner", func(t *testing.T) {
+		dsn := srv.NewDatabase(t)
+		name = pgtest.DatabaseOf(dsn)
+		db := pgtest.Open(t, "pgx", dsn)
+		if _, err := db.Exec("CREATE TABLE t (x int)"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	admin, err := srv.Admin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	var n int
+	if err := admin.QueryRow("SELECT count(*) FROM pg_database WHERE datname = $1", name).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("database %s still exists after its test: %d, %v", name, n, err)
+	}
+}

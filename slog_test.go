@@ -1,0 +1,93 @@
+package sqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/pgtest"
+)
+
+// capture is a slog.Handler that keeps every record.
+type capture struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (c *capture) Enabled(context.Context, slog.Level) bool { return true }
+func (c *capture) Handle(_ context.Context, r slog.Record) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.records = append(c.records, r.Clone())
+	return nil
+}
+func (c *capture) WithAttrs([]slog.Attr) slog.Handler { return c }
+func (c *capture) WithGroup(string) slog.Handler      { return c }
+
+// find returns the attributes of the first record with message msg.
+func (c *capture) find(msg string) (map[string]slog.Value, slog.Level, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range c.records {
+		if r.Message == msg {
+			attrs := map[string]slog.Value{}
+			r.Attrs(func(a slog.Attr) bool { attrs[a.Key] = a.Value; return true })
+			return attrs, r.Level, true
+		}
+	}
+	return nil, 0, false
+}
+
+func TestLogEvents(t *testing.T) {
+	srv := pgtest.Start(t)
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		logs := &capture{}
+		reg := sqllock.NewRegistry()
+		k := reg.MustRegister("cron:reindex_posts", sqllock.Int64(11))
+		l := sqllock.New(db, sqllock.WithLogger(slog.New(logs)), sqllock.WithRegistry(reg), sqllock.WithKeepAlive(50*time.Millisecond))
+		lk, err := l.Lock(bg(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		if err := lk.Unlock(bg()); err != nil {
+			t.Fatal(err)
+		}
+		if a, lvl, ok := logs.find("sqllock: waiting"); !ok || lvl != slog.LevelDebug || a["key"].String() != `11 "cron:reindex_posts"` {
+			t.Errorf("waiting event: %v %v %v", a, lvl, ok)
+		}
+		if a, _, ok := logs.find("sqllock: acquired"); !ok || a["wait"].Kind() != slog.KindDuration || a["pid"].Int64() != int64(lk.PID()) {
+			t.Errorf("acquired event: %v %v", a, ok)
+		}
+		if a, _, ok := logs.find("sqllock: released"); !ok || a["held"].Duration() < 20*time.Millisecond {
+			t.Errorf("released event: %v %v", a, ok)
+		}
+		// Lost, and the discarded connection of a cancelled wait.
+		lk, err = l.Lock(bg(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		terminate(t, srv, lk.PID())
+		<-lk.Done()
+		if a, lvl, ok := logs.find("sqllock: lock lost"); !ok || lvl != slog.LevelWarn || a["pid"].Int64() != int64(lk.PID()) {
+			t.Errorf("lost event: %v %v %v", a, lvl, ok)
+		}
+		lk.Unlock(bg())
+		held, err := l.Lock(bg(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(bg(), 50*time.Millisecond)
+		defer cancel()
+		l.Lock(ctx, k)
+		held.Unlock(bg())
+		if a, lvl, ok := logs.find("sqllock: connection discarded"); !ok || lvl != slog.LevelWarn || a["reason"].String() == "" {
+			t.Errorf("discarded event: %v %v %v", a, lvl, ok)
+		}
+		waitNoLocks(t, db, 5*time.Second)
+	})
+}
