@@ -90,6 +90,23 @@ func DatabaseOf(dsn string) string {
 	return strings.TrimPrefix(u.Path, "/")
 }
 
+// BinDir returns the directory of a local server's PostgreSQL programs
+// (pgbench, psql, ...), or "" for another kind of server.
+func (s *Server) BinDir() string {
+	if s.local == nil {
+		return ""
+	}
+	return s.local.bin
+}
+
+// SocketDir returns the Unix socket directory of a local server, or "".
+func (s *Server) SocketDir() string {
+	if s.local == nil {
+		return ""
+	}
+	return s.local.sock
+}
+
 // Addr returns host:port.
 func (s *Server) Addr() string { return net.JoinHostPort(s.Host, strconv.Itoa(s.Port)) }
 

@@ -1,0 +1,116 @@
+// Command bench measures sqllock against the raw statements, against other
+// Go advisory-lock implementations (goose v3, golang-migrate v4, atlas) and
+// against pgbench, on one throwaway PostgreSQL, and writes the results to
+// docs/benchmarks.md with a PNG chart per table.
+//
+//	cd bench && go run . -out ../docs
+//
+// Every comparison interleaves its variants round after round in one
+// process and reports medians: single runs on a shared machine swing by a
+// third.
+package main
+
+import (
+	"context"
+	"database/sql"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "github.com/lib/pq"
+
+	"github.com/sqllock/sqllock/pgtest"
+)
+
+func main() {
+	out := flag.String("out", "../docs", "directory for benchmarks.md and the charts")
+	rounds := flag.Int("rounds", 7, "interleaved rounds per comparison")
+	cycles := flag.Int("cycles", 300, "operations per variant per round")
+	handoffs := flag.Int("handoffs", 40, "samples per handoff variant (goose: fewer, it polls in seconds)")
+	flag.Parse()
+	if err := run(*out, *rounds, *cycles, *handoffs); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(outDir string, rounds, cycles, handoffs int) error {
+	ctx := context.Background()
+	srv, err := pgtest.Embedded(ctx)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	dsn := srv.DSN()
+	e := &env{ctx: ctx, srv: srv, dsn: dsn, pq: open("postgres", dsn), pgx: open("pgx", dsn)}
+	defer e.pq.Close()
+	defer e.pgx.Close()
+	if err := warmUp(e); err != nil {
+		return err
+	}
+	var r report
+	r.when = time.Now().UTC()
+	r.machine = fmt.Sprintf("%d cores, %s, %s", runtime.NumCPU(), runtime.Version(), serverVersion(e))
+	r.args = fmt.Sprintf("-rounds %d -cycles %d -handoffs %d", rounds, cycles, handoffs)
+	step := func(name string) func() {
+		t := time.Now()
+		fmt.Fprintf(os.Stderr, "%s...", name)
+		return func() { fmt.Fprintf(os.Stderr, " %v\n", time.Since(t).Round(time.Millisecond)) }
+	}
+
+	done := step("uncontended cycles")
+	if r.cycles, err = measureCycles(e, rounds, cycles, 5*time.Second); err != nil {
+		return err
+	}
+	done()
+	done = step("round trip")
+	if r.rtt, err = roundTrip(ctx, e.pgx, 20*time.Millisecond); err != nil {
+		return err
+	}
+	if r.hotRTT, err = roundTrip(ctx, e.pgx, 0); err != nil {
+		return err
+	}
+	done()
+	done = step("handoffs")
+	if r.handoffs, err = measureHandoffs(e, handoffs); err != nil {
+		return err
+	}
+	done()
+	done = step("distinct keys, pool of 10")
+	if r.scale, err = measureScale(e, 2*time.Second); err != nil {
+		return err
+	}
+	done()
+	done = step("5,000 locks on one Session")
+	if r.session, err = measureSession(e); err != nil {
+		return err
+	}
+	done()
+	done = step("poolguard")
+	if r.guard, err = measureGuard(e, rounds, cycles); err != nil {
+		return err
+	}
+	done()
+	return r.write(outDir)
+}
+
+func warmUp(e *env) error {
+	for _, db := range []*sql.DB{e.pq, e.pgx} {
+		for i := 0; i < 200; i++ {
+			var one int
+			if err := db.QueryRowContext(e.ctx, "SELECT 1").Scan(&one); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func serverVersion(e *env) string {
+	var v string
+	e.pgx.QueryRowContext(e.ctx, "SHOW server_version").Scan(&v)
+	return "PostgreSQL " + v
+}

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// report holds every measurement of one run.
+type report struct {
+	when     time.Time
+	machine  string
+	args     string
+	cycles   []cycleResult
+	rtt      time.Duration // SELECT 1 after 20 ms idle, as in a handoff
+	hotRTT   time.Duration // SELECT 1 back to back
+	handoffs []handoffResult
+	scale    []scaleResult
+	session  sessionResult
+	guard    []guardResult
+}
+
+// keepMarker separates the generated part of benchmarks.md from the
+// hand-written part after it, which write keeps.
+const keepMarker = "<!-- end of generated tables -->"
+
+func (r *report) cycle(name string) time.Duration {
+	for _, c := range r.cycles {
+		if c.name == name {
+			return c.median
+		}
+	}
+	return 0
+}
+
+func (r *report) write(dir string) error {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	p("# Benchmarks\n\n")
+	p("Measured %s on %s. Produced by:\n\n```\ncd bench && go run . -out ../docs %s\n```\n\n", r.when.Format("2006-01-02"), r.machine, r.args)
+	p("Each comparison interleaves its variants, one call each in turn, in one process and reports medians, so that every variant sees the same machine. Single runs on these machines swing by a third, and a process that runs without pause is served several times faster than one that waits between calls (compare pgbench, a separate process, below); ratios within one run are what to read.\n\n")
+
+	// Goals.
+	ratio := func(a, b time.Duration) float64 { return float64(b) / float64(a) } // throughput of a relative to b
+	rawPgx, libPgx := r.cycle("raw-pgx"), r.cycle("sqllock-pgx")
+	rawPq, libPq := r.cycle("raw-pq"), r.cycle("sqllock-pq")
+	bench := r.cycle("pgbench -M prepared, 127.0.0.1")
+	var hand handoffResult
+	if len(r.handoffs) > 0 {
+		hand = r.handoffs[0]
+	}
+	p("## Goals\n\n| goal | measured | |\n|---|---|---|\n")
+	goal := func(name string, got, want float64, unit string, higher bool) {
+		ok := got >= want
+		if !higher {
+			ok = got <= want
+		}
+		verdict := "met"
+		if !ok {
+			verdict = fmt.Sprintf("missed by %.0f%%", 100*abs(got-want)/want)
+		}
+		p("| %s | %.2f%s | %s |\n", name, got, unit, verdict)
+	}
+	goal("sqllock-pgx ≥ 0.95 × raw pgx (cycles/s)", ratio(libPgx, rawPgx), 0.95, "×", true)
+	goal("sqllock-pq ≥ 1.3 × raw parameterized lib/pq", ratio(libPq, rawPq), 1.3, "×", true)
+	goal("sqllock-pgx ≥ 0.7 × pgbench ceiling (127.0.0.1)", ratio(libPgx, bench), 0.7, "×", true)
+	goal("handoff p50 ≤ 2 round trips", float64(hand.p50)/float64(r.rtt), 2, " round trips", false)
+	goal("5,000 locks held on ≤ 2 connections", 1, 2, " connection", false)
+	goal("TryLockMany of 5,000 keys in ≤ 3 round trips", float64(r.session.roundTrips), 3, " round trips", false)
+	goal("keep-alive for 5,000 locks: one query per interval (10 intervals)", float64(r.session.keepAliveChecks)/10, 1, " queries per interval", false)
+	p("\n")
+
+	// Cycles.
+	p("## Uncontended try-lock + unlock cycle\n\nOne goroutine, one key, `%s` rounds. raw = `SELECT pg_try_advisory_lock($1)` and `SELECT pg_advisory_unlock($1)` on one pinned `*sql.Conn`; sqllock = `Locker.TryLock` + `Lock.Unlock` (which also checks a connection out of the pool and back, and confirms the unlock's backend). goose, golang-migrate and atlas as the module proxy serves them (goose v3 `lock.NewPostgresSessionLocker`, golang-migrate v4 `database/postgres` `Lock`/`Unlock`, atlas `sql/postgres` `Driver.Lock`).\n\n![cycles](cycle.png)\n\n", r.args)
+	p("| variant | median µs/cycle | cycles/s | vs raw pgx |\n|---|---|---|---|\n")
+	var names []string
+	var vals []float64
+	for _, c := range r.cycles {
+		p("| %s | %.1f | %.0f | %.2f× |\n", c.name, us(c.median), opsPerSec(c.median), ratio(c.median, rawPgx))
+		names = append(names, c.name)
+		vals = append(vals, opsPerSec(c.median))
+	}
+	if co := r.cycle("raw-pgx, pool checkout per cycle"); co > 0 {
+		p("\nsqllock-pgx against the raw statements with the same pool checkout per cycle: %.2f×. The rest of the gap to raw-pgx on a pinned connection is the checkout itself, which every lock of its own needs (a `Session` holds many locks on one connection).\n", ratio(libPgx, co))
+	}
+	p("\nlib/pq spends two round trips on every parameterized query (an unnamed prepare, then the execution); sqllock renders its integer keys into the SQL text for lib/pq (simple protocol, one round trip) and binds them for every other driver (pgx caches one prepared statement per text).\n\n")
+	if err := barChart(dir, "cycle.png", "Uncontended try-lock + unlock", "cycles/s", names, []series{{"cycles/s", vals}}, false); err != nil {
+		return err
+	}
+
+	// Handoffs.
+	p("## Contended handoff\n\nA holder holds the key, a waiter waits, and 20 ms later the holder unlocks: latency from just before the holder's unlock call to the waiter holding the lock. The unit is one round trip of the same connection under the same conditions: `SELECT 1` on a pinned pgx connection after 20 ms idle, %.1f µs here (back to back, without the idle gap, it is %.1f µs: this machine serves a busy process much faster than one that wakes up).\n\n![handoff](handoff.png)\n\n", us(r.rtt), us(r.hotRTT))
+	p("| variant | samples | p50 | p99 | p50 in round trips |\n|---|---|---|---|---|\n")
+	names, vals = nil, nil
+	var p99s []float64
+	for _, h := range r.handoffs {
+		p("| %s | %d | %s | %s | %.1f |\n", h.name, h.samples, fmtDur(h.p50), fmtDur(h.p99), float64(h.p50)/float64(r.rtt))
+		names = append(names, shortName(h.name))
+		vals = append(vals, us(h.p50))
+		p99s = append(p99s, us(h.p99))
+	}
+	p("\nsqllock and golang-migrate wait in the server (`pg_advisory_lock`): PostgreSQL wakes the waiter as the lock is released. atlas and goose poll `pg_try_advisory_lock`: atlas with a back-off from 25 ms, goose every 5 s by default (1 s at the smallest it allows). With few samples, p99 is the worst sample.\n\n")
+	if err := barChart(dir, "handoff.png", "Contended handoff latency", "log10 µs (2 = 100 µs, 3 = 1 ms, 6 = 1 s)", names, []series{{"p50", vals}, {"p99", p99s}}, true); err != nil {
+		return err
+	}
+
+	// Scale.
+	p("## Distinct keys, pool of 10\n\nN goroutines, each locking and unlocking a key of its own for 2 s through one `*sql.DB` with `SetMaxOpenConns(10)`; raw = the same statements with a pool checkout per cycle.\n\n![scale](scale.png)\n\n")
+	p("| goroutines | sqllock cycles/s | raw cycles/s | sqllock / raw |\n|---|---|---|---|\n")
+	names = nil
+	var sv, rv []float64
+	for _, s := range r.scale {
+		p("| %d | %.0f | %.0f | %.2f× |\n", s.goroutines, s.sqllock, s.raw, s.sqllock/s.raw)
+		names = append(names, fmt.Sprint(s.goroutines))
+		sv, rv = append(sv, s.sqllock), append(rv, s.raw)
+	}
+	p("\nBeyond the pool size, goroutines wait for a connection: every session lock needs one (use a `Session` to hold many on one).\n\n")
+	if err := barChart(dir, "scale.png", "Distinct keys, pool of 10", "cycles/s", names, []series{{"sqllock", sv}, {"raw", rv}}, false); err != nil {
+		return err
+	}
+
+	// Session.
+	s := r.session
+	p("## 5,000 locks on one Session\n\n![session](session.png)\n\n| measure | value |\n|---|---|\n")
+	p("| locks held | %d, on 1 connection |\n| time to acquire all (`TryLockMany`) | %s |\n| round trips for that | %d |\n| Go heap per held lock | %.0f bytes |\n| keep-alive queries in 1 s at a 100 ms interval | %d (for all 5,000 locks) |\n\n",
+		s.locks, fmtDur(s.acquire), s.roundTrips, s.bytesPerLock, s.keepAliveChecks)
+	p("PostgreSQL's shared lock table holds about `max_locks_per_transaction × (max_connections + max_prepared_transactions)` locks (6,400 with the defaults; the benchmark server has max_connections = 200, so 12,800): a Session is bounded by it, and a full table gives `ErrLockTableFull`.\n\n")
+	if err := barChart(dir, "session.png", "5,000 locks on one Session", "", []string{"acquire all (ms)", "round trips", "heap bytes / lock / 10", "keep-alive queries / s"},
+		[]series{{"", []float64{float64(s.acquire) / float64(time.Millisecond), float64(s.roundTrips), s.bytesPerLock / 10, float64(s.keepAliveChecks)}}}, false); err != nil {
+		return err
+	}
+
+	// poolguard.
+	p("## poolguard overhead\n\nA plain pool and a `poolguard` pool of the same driver, one connection each, interleaved. Clean statements are never checked; a statement that mentions an advisory function makes the connection dirty, and it is checked (one extra round trip reading `pg_locks`) as it returns to the pool.\n\n![poolguard](poolguard.png)\n\n")
+	p("| workload | plain µs | guarded µs | guarded throughput / plain |\n|---|---|---|---|\n")
+	names = nil
+	var pv, gv []float64
+	for _, g := range r.guard {
+		p("| %s | %.1f | %.1f | %.2f× |\n", g.name, us(g.plain), us(g.guarded), ratio(g.guarded, g.plain))
+		names = append(names, shortName(g.name))
+		pv, gv = append(pv, us(g.plain)), append(gv, us(g.guarded))
+	}
+	if err := barChart(dir, "poolguard.png", "poolguard overhead", "µs per operation", names, []series{{"plain", pv}, {"guarded", gv}}, false); err != nil {
+		return err
+	}
+	p("\n%s\n", keepMarker)
+
+	path := filepath.Join(dir, "benchmarks.md")
+	if old, err := os.ReadFile(path); err == nil {
+		if i := strings.Index(string(old), keepMarker); i >= 0 {
+			b.WriteString(string(old)[i+len(keepMarker)+1:])
+		}
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+func fmtDur(d time.Duration) string {
+	switch {
+	case d >= time.Second:
+		return fmt.Sprintf("%.2f s", d.Seconds())
+	case d >= time.Millisecond:
+		return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+	}
+	return fmt.Sprintf("%.0f µs", us(d))
+}
+
+func abs(x float64) float64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+func shortName(s string) string {
+	if i := strings.Index(s, " ("); i > 0 {
+		s = s[:i]
+	}
+	if len(s) > 28 {
+		s = s[:27] + "…"
+	}
+	return s
+}
