@@ -30,8 +30,8 @@ func TestEveryMeasurementRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cycles) != 10 {
-		t.Fatalf("%d cycle variants, want 10 (7 Go, checkout, 2 pgbench)", len(cycles))
+	if len(cycles) != 11 {
+		t.Fatalf("%d cycle variants, want 11 (9 Go, 2 pgbench)", len(cycles))
 	}
 	for _, c := range cycles {
 		if c.median <= 0 {
@@ -78,8 +78,11 @@ func BenchmarkCycle(b *testing.B) {
 	}
 	defer closeAll()
 	samples := map[string]sample{}
+	i := 0
 	for b.Loop() {
-		for _, op := range ops {
+		i++
+		for j := range ops { // rotated, as interleave does
+			op := ops[(i+j)%len(ops)]
 			t := time.Now()
 			if err := op.run(); err != nil {
 				b.Fatal(err)

@@ -69,6 +69,25 @@ func checkoutCycle(ctx context.Context, db *sql.DB) func() error {
 	}
 }
 
+// oursCycle runs sqllock's own two statements (with the backend pid and
+// pg_is_in_recovery() in the lock, and the pid check in the unlock) by hand
+// on one pinned connection: what the richer statements cost by themselves.
+func oursCycle(ctx context.Context, db *sql.DB) (func() error, func(), error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return func() error {
+		var ok, standby bool
+		var pid int64
+		if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1), pg_backend_pid(), pg_is_in_recovery()", int64(benchKey+4)).Scan(&ok, &pid, &standby); err != nil || !ok {
+			return fmt.Errorf("lock: %v %v", ok, err)
+		}
+		var released sql.NullBool
+		return conn.QueryRowContext(ctx, "SELECT CASE WHEN pg_backend_pid() = $2::int4 THEN pg_advisory_unlock($1) END, pg_backend_pid()", int64(benchKey+4), pid).Scan(&released, &pid)
+	}, func() { conn.Close() }, nil
+}
+
 func sqllockCycle(ctx context.Context, db *sql.DB) func() error {
 	l := sqllock.New(db)
 	k := sqllock.Int64(benchKey)
@@ -164,6 +183,13 @@ func cycleOps(e *env) ([]namedOp, func(), error) {
 		ops = append(ops, namedOp{"raw-" + d.name, raw}, namedOp{"sqllock-" + d.name, sqllockCycle(e.ctx, d.db)})
 	}
 	ops = append(ops, namedOp{"raw-pgx, pool checkout per cycle", checkoutCycle(e.ctx, e.pgx)})
+	ours, closeOurs, err := oursCycle(e.ctx, e.pgx)
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	closers = append(closers, closeOurs)
+	ops = append(ops, namedOp{"raw-pgx, sqllock's statements, pinned", ours})
 	goose, closeGoose, err := gooseCycle(e.ctx, e.pgx)
 	if err != nil {
 		closeAll()

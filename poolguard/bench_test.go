@@ -46,17 +46,23 @@ func benchPair(b *testing.B, op func(db *sql.DB, i int) error) {
 			}
 			var p, q []time.Duration
 			i := 0
+			run := func(db *sql.DB) time.Duration {
+				t := time.Now()
+				if err := op(db, i); err != nil {
+					b.Fatal(err)
+				}
+				return time.Since(t)
+			}
 			for b.Loop() {
+				// Alternate which goes first, so neither always follows the other.
 				i++
-				t0 := time.Now()
-				if err := op(plain, i); err != nil {
-					b.Fatal(err)
+				if i%2 == 0 {
+					p = append(p, run(plain))
+					q = append(q, run(guarded))
+				} else {
+					q = append(q, run(guarded))
+					p = append(p, run(plain))
 				}
-				t1 := time.Now()
-				if err := op(guarded, i); err != nil {
-					b.Fatal(err)
-				}
-				p, q = append(p, t1.Sub(t0)), append(q, time.Since(t1))
 			}
 			mp, mq := median(p), median(q)
 			b.ReportMetric(float64(mp.Nanoseconds()), "plain-ns/op")
