@@ -23,7 +23,28 @@ type lockFunc struct {
 	try  bool   // returns boolean; otherwise void and waits
 }
 
-func lockFn(try, shared, xact bool) lockFunc {
+// lockFns holds every lock function, indexed by try, shared, xact.
+var lockFns = func() (t [2][2][2]lockFunc) {
+	for i, try := range []bool{false, true} {
+		for j, shared := range []bool{false, true} {
+			for k, xact := range []bool{false, true} {
+				t[i][j][k] = buildLockFn(try, shared, xact)
+			}
+		}
+	}
+	return t
+}()
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func lockFn(try, shared, xact bool) lockFunc { return lockFns[b2i(try)][b2i(shared)][b2i(xact)] }
+
+func buildLockFn(try, shared, xact bool) lockFunc {
 	var b strings.Builder
 	b.WriteString("pg_")
 	if try {
@@ -72,9 +93,49 @@ func (m stmtMode) keyArgs(k Key, first int) (string, []any) {
 	return "$" + strconv.Itoa(first), []any{v}
 }
 
+// bound caches the bind-mode statements, which do not depend on the key's
+// value: built once, they cost no allocation per lock.
+var bound = func() (c struct {
+	session, xact map[lockFunc][2]string // by function, then [bigint, pair]
+	unlock        [2][2]string           // [exclusive, shared][bigint, pair]
+}) {
+	c.session, c.xact = map[lockFunc][2]string{}, map[lockFunc][2]string{}
+	for _, try := range []bool{false, true} {
+		for _, shared := range []bool{false, true} {
+			for f, k := range []Key{Int64(0), Pair(0, 0)} {
+				fn, xfn := lockFn(try, shared, false), lockFn(try, shared, true)
+				sv, xv := c.session[fn], c.xact[xfn]
+				sv[f], _ = bindKeys.buildSessionLockSQL(fn, k)
+				xv[f], _ = bindKeys.buildXactLockSQL(xfn, k)
+				c.session[fn], c.xact[xfn] = sv, xv
+				c.unlock[b2i(shared)][f], _ = bindKeys.buildUnlockSQL(shared, k, 0)
+			}
+		}
+	}
+	return c
+}()
+
+func formIndex(k Key) int { return b2i(k.IsPair()) }
+
+// bindArgs returns the bound values of k.
+func bindArgs(k Key, extra ...any) []any {
+	if c, i, ok := k.Pair(); ok {
+		return append([]any{int64(c), int64(i)}, extra...)
+	}
+	v, _ := k.Int64()
+	return append([]any{v}, extra...)
+}
+
 // sessionLockSQL returns the statement that takes a session-level lock. Its
 // single row is (acquired bool, pid int, in_recovery bool).
 func (m stmtMode) sessionLockSQL(fn lockFunc, k Key) (string, []any) {
+	if m == bindKeys {
+		return bound.session[fn][formIndex(k)], bindArgs(k)
+	}
+	return m.buildSessionLockSQL(fn, k)
+}
+
+func (m stmtMode) buildSessionLockSQL(fn lockFunc, k Key) (string, []any) {
 	a, args := m.keyArgs(k, 1)
 	if fn.try {
 		return "SELECT " + fn.name + "(" + a + "), pg_backend_pid(), pg_is_in_recovery()", args
@@ -86,6 +147,13 @@ func (m stmtMode) sessionLockSQL(fn lockFunc, k Key) (string, []any) {
 // only on the backend that was granted it: on any other backend it unlocks
 // nothing and returns NULL. Its single row is (released bool or NULL, pid).
 func (m stmtMode) unlockSQL(shared bool, k Key, pid int64) (string, []any) {
+	if m == bindKeys {
+		return bound.unlock[b2i(shared)][formIndex(k)], bindArgs(k, pid)
+	}
+	return m.buildUnlockSQL(shared, k, pid)
+}
+
+func (m stmtMode) buildUnlockSQL(shared bool, k Key, pid int64) (string, []any) {
 	a, args := m.keyArgs(k, 1)
 	if m == inlineKeys {
 		return "SELECT CASE WHEN pg_backend_pid() = " + strconv.FormatInt(pid, 10) + " THEN " + unlockFn(shared) + "(" + a + ") END, pg_backend_pid()", nil
@@ -97,6 +165,13 @@ func (m stmtMode) unlockSQL(shared bool, k Key, pid int64) (string, []any) {
 // xactLockSQL returns the statement that takes a transaction-level lock. Its
 // single row is (acquired bool).
 func (m stmtMode) xactLockSQL(fn lockFunc, k Key) (string, []any) {
+	if m == bindKeys {
+		return bound.xact[fn][formIndex(k)], bindArgs(k)
+	}
+	return m.buildXactLockSQL(fn, k)
+}
+
+func (m stmtMode) buildXactLockSQL(fn lockFunc, k Key) (string, []any) {
 	a, args := m.keyArgs(k, 1)
 	if fn.try {
 		return "SELECT " + fn.name + "(" + a + ")", args
