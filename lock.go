@@ -82,9 +82,9 @@ func (lk *Lock) Err() error {
 // otherwise it discards the connection, so the server releases the lock as
 // the session ends.
 //
-// Unlock ignores ctx's cancellation (it keeps its values) and is bounded by
-// the Locker's unlock timeout, so it works with an already cancelled
-// context. It returns [ErrReleased] for a nil or released lock, an error
+// Unlock does not run its statement under ctx: the statement is bounded by
+// the Locker's unlock timeout instead, so Unlock works with an already
+// cancelled context; ctx's values reach the Locker's logger. It returns [ErrReleased] for a nil or released lock, an error
 // wrapping [ErrLockLost] when the lock turned out not to be held (lost while
 // held: the critical section may not have been exclusive), and an error
 // wrapping the cause when the unlock statement failed (the connection is

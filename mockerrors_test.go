@@ -1,10 +1,12 @@
 package sqllock_test
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"regexp"
 	"testing"
+	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
 
@@ -173,3 +175,30 @@ type sqlStateErr string
 
 func (e sqlStateErr) Error() string    { return "server error " + string(e) }
 func (e sqlStateErr) SQLState() string { return string(e) }
+
+// TestUnlockIsBounded: an unlock that hangs is abandoned after the unlock
+// timeout (at most 1.25 of it), its connection discarded, even when the
+// caller's context is already cancelled.
+func TestUnlockIsBounded(t *testing.T) {
+	db, mock := newMock(t)
+	k := sqllock.Int64(12)
+	sqllockmock.ExpectServerCheck(mock)
+	sqllockmock.ExpectLock(mock, k)
+	sqllockmock.ExpectUnlock(mock, k).WillDelayFor(time.Minute)
+	l := sqllock.New(db, sqllock.WithKeepAlive(0), sqllock.WithUnlockTimeout(200*time.Millisecond))
+	lk, err := l.Lock(bg(), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(bg())
+	cancel()
+	start := time.Now()
+	err = lk.Unlock(ctx)
+	d := time.Since(start)
+	if err == nil || d < 150*time.Millisecond || d > 2*time.Second {
+		t.Fatalf("Unlock() of a hanging statement = %v after %v, want an error after 200-250ms", err, d)
+	}
+	if st := l.Stats(); st.Discarded != 1 {
+		t.Fatalf("Stats() = %+v, want the connection discarded", st)
+	}
+}

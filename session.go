@@ -266,11 +266,9 @@ func (s *Session) unlockLocked(ctx context.Context, keys []Key) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.l.cfg.unlockTimeout)
-	defer cancel()
 	q, args := manySQL("pg_advisory_unlock", strconv.FormatInt(s.pid, 10), keys)
 	confirmed := 0
-	err := queryRows(uctx, s.conn, q, args, func(v []driver.Value) error {
+	err := queryRows(s.l.unlockContext(), s.conn, q, args, func(v []driver.Value) error {
 		if v[1] == true && toInt(v[2]) == s.pid {
 			confirmed++
 		}
