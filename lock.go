@@ -146,9 +146,9 @@ func (lk *Lock) lose(cause error) {
 	lk.mu.Unlock()
 	lk.l.stats.held.Add(-1)
 	lk.l.stats.lost.Add(1)
-	lk.cancel(err)
 	lk.l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "sqllock: lock lost",
 		slog.String("key", lk.l.name(lk.key)), slog.Int64("pid", lk.pid), slog.Any("error", err))
+	lk.cancel(err) // last: whoever waits on Done sees the stats and the log entry
 }
 
 // run calls fn with a context that ends when ctx does or the lock is lost,

@@ -353,10 +353,10 @@ func (s *Session) loseLocked(cause error) {
 	s.l.stats.lost.Add(int64(len(s.held)))
 	s.held, s.sorted = map[Key]bool{}, nil
 	s.l.mon.remove(s)
-	s.cancel(s.err)
 	s.l.discard(s.conn, Key{}, "session lost")
 	s.l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "sqllock: session lost",
 		slog.Int64("pid", s.pid), slog.Any("error", s.err))
+	s.cancel(s.err) // last: whoever waits on Done sees the stats and the log entry
 }
 
 // releaseStray unlocks the keys of want that the session holds but the
