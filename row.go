@@ -9,29 +9,8 @@ import (
 	"io"
 )
 
-// errNoFastPath makes queryRow fall back to database/sql's QueryRowContext.
+// errNoFastPath makes a query fall back to database/sql's own methods.
 var errNoFastPath = errors.New("sqllock: driver has no QueryerContext")
-
-// queryRow runs q, which returns one row, on conn and stores its columns in
-// dest (each a *bool, *int64 or *sql.NullBool).
-//
-// It runs the query on the driver connection itself, inside Conn.Raw, when
-// the driver offers QueryerContext: database/sql would start a goroutine per
-// query to watch a cancellable context, which costs about a fifth of a lock
-// and unlock cycle; the driver's own cancellation still applies. Errors that
-// wrap driver.ErrBadConn make database/sql close the connection.
-func queryRow(ctx context.Context, conn *sql.Conn, q string, args []any, dest ...any) error {
-	err := conn.Raw(func(dc any) error {
-		if g, ok := dc.(unguarded); ok {
-			return g.WithoutGuard(func(inner driver.Conn) error { return queryDriver(ctx, inner, q, args, dest) })
-		}
-		return queryDriver(ctx, dc, q, args, dest)
-	})
-	if errors.Is(err, errNoFastPath) {
-		return conn.QueryRowContext(ctx, q, args...).Scan(dest...)
-	}
-	return err
-}
 
 // unguarded is implemented by poolguard's connection wrapper: statements
 // run through WithoutGuard do not make the connection suspect. sqllock's own
@@ -41,10 +20,29 @@ type unguarded interface {
 	WithoutGuard(f func(driver.Conn) error) error
 }
 
-func queryDriver(ctx context.Context, dc any, q string, args []any, dest []any) error {
+// onDriverConn runs f on conn's driver connection, inside Conn.Raw (which
+// gives f exclusive use of it), past poolguard's wrapper if there is one.
+//
+// sqllock runs its statements on the driver connection because database/sql
+// starts a goroutine per query to watch a cancellable context, which costs a
+// noticeable part of a lock and unlock cycle; the driver's own cancellation
+// still applies. Errors that wrap driver.ErrBadConn make database/sql close
+// the connection.
+func onDriverConn(conn *sql.Conn, f func(dc any) error) error {
+	return conn.Raw(func(dc any) error {
+		if g, ok := dc.(unguarded); ok {
+			return g.WithoutGuard(func(inner driver.Conn) error { return f(inner) })
+		}
+		return f(dc)
+	})
+}
+
+// driverQuery runs q on a driver connection; errNoFastPath when the driver
+// cannot.
+func driverQuery(ctx context.Context, dc any, q string, args []any) (driver.Rows, error) {
 	qc, ok := dc.(driver.QueryerContext)
 	if !ok {
-		return errNoFastPath
+		return nil, errNoFastPath
 	}
 	nv := make([]driver.NamedValue, len(args))
 	for i, a := range args {
@@ -52,24 +50,87 @@ func queryDriver(ctx context.Context, dc any, q string, args []any, dest []any) 
 	}
 	rows, err := qc.QueryContext(ctx, q, nv)
 	if errors.Is(err, driver.ErrSkip) {
-		return errNoFastPath
+		return nil, errNoFastPath
 	}
+	return rows, err
+}
+
+// queryRow runs q, which returns one row, on conn and stores its columns in
+// dest (each a *bool, *int64 or *sql.NullBool).
+func queryRow(ctx context.Context, conn *sql.Conn, q string, args []any, dest ...any) error {
+	err := onDriverConn(conn, func(dc any) error {
+		rows, err := driverQuery(ctx, dc, q, args)
+		if err != nil {
+			return err
+		}
+		vals := make([]driver.Value, len(rows.Columns()))
+		err = rows.Next(vals)
+		cerr := rows.Close()
+		if err == io.EOF {
+			err = sql.ErrNoRows
+		}
+		if err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+		return assign(dest, vals)
+	})
+	if errors.Is(err, errNoFastPath) {
+		return conn.QueryRowContext(ctx, q, args...).Scan(dest...)
+	}
+	return err
+}
+
+// queryRows runs q on conn and calls row for each row's values (each an
+// int64, bool, nil, string or []byte as the driver gives them).
+func queryRows(ctx context.Context, conn *sql.Conn, q string, args []any, row func([]driver.Value) error) error {
+	err := onDriverConn(conn, func(dc any) error {
+		rows, err := driverQuery(ctx, dc, q, args)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		vals := make([]driver.Value, len(rows.Columns()))
+		for {
+			if err := rows.Next(vals); err == io.EOF {
+				return rows.Close()
+			} else if err != nil {
+				return err
+			}
+			if err := row(vals); err != nil {
+				return err
+			}
+		}
+	})
+	if !errors.Is(err, errNoFastPath) {
+		return err
+	}
+	rows, err := conn.QueryContext(ctx, q, args...)
 	if err != nil {
 		return err
 	}
-	vals := make([]driver.Value, len(rows.Columns()))
-	err = rows.Next(vals)
-	cerr := rows.Close()
-	if err == io.EOF {
-		err = sql.ErrNoRows
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	vals := make([]any, len(cols))
+	ptrs := make([]any, len(cols))
+	for i := range vals {
+		ptrs[i] = &vals[i]
 	}
-	if err == nil {
-		err = cerr
+	dv := make([]driver.Value, len(cols))
+	for rows.Next() {
+		if err := rows.Scan(ptrs...); err != nil {
+			return err
+		}
+		for i, v := range vals {
+			dv[i] = v
+		}
+		if err := row(dv); err != nil {
+			return err
+		}
 	}
-	if err != nil {
-		return err
-	}
-	return assign(dest, vals)
+	return rows.Err()
 }
 
 func assign(dest []any, vals []driver.Value) error {
@@ -102,72 +163,4 @@ func assign(dest []any, vals []driver.Value) error {
 		}
 	}
 	return nil
-}
-
-// queryRows runs q on conn and calls row for each row's values (each an
-// int64, bool, nil, string or []byte as the driver gives them). Like
-// queryRow, it runs on the driver connection when it can.
-func queryRows(ctx context.Context, conn *sql.Conn, q string, args []any, row func([]driver.Value) error) error {
-	run := func(dc any) error {
-		qc, ok := dc.(driver.QueryerContext)
-		if !ok {
-			return errNoFastPath
-		}
-		nv := make([]driver.NamedValue, len(args))
-		for i, a := range args {
-			nv[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
-		}
-		rows, err := qc.QueryContext(ctx, q, nv)
-		if errors.Is(err, driver.ErrSkip) {
-			return errNoFastPath
-		}
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		vals := make([]driver.Value, len(rows.Columns()))
-		for {
-			if err := rows.Next(vals); err == io.EOF {
-				return rows.Close()
-			} else if err != nil {
-				return err
-			}
-			if err := row(vals); err != nil {
-				return err
-			}
-		}
-	}
-	err := conn.Raw(func(dc any) error {
-		if g, ok := dc.(unguarded); ok {
-			return g.WithoutGuard(func(inner driver.Conn) error { return run(inner) })
-		}
-		return run(dc)
-	})
-	if !errors.Is(err, errNoFastPath) {
-		return err
-	}
-	rows, err := conn.QueryContext(ctx, q, args...)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	cols, _ := rows.Columns()
-	vals := make([]any, len(cols))
-	ptrs := make([]any, len(cols))
-	for i := range vals {
-		ptrs[i] = &vals[i]
-	}
-	dv := make([]driver.Value, len(cols))
-	for rows.Next() {
-		if err := rows.Scan(ptrs...); err != nil {
-			return err
-		}
-		for i, v := range vals {
-			dv[i] = v
-		}
-		if err := row(dv); err != nil {
-			return err
-		}
-	}
-	return rows.Err()
 }
