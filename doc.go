@@ -25,6 +25,10 @@
 // try/finally and cron patterns, and cancel the function's context when the
 // lock is lost.
 //
+// A [Session] holds many locks on one pinned connection, taking or releasing
+// any number of keys in one round trip ([Session.TryLockMany],
+// [Session.UnlockMany]): a lock per job in a job queue.
+//
 // Transaction-level locks ([LockTx], [TryLockTx], [Locker.InTx]) are
 // released by PostgreSQL when the transaction ends; they are the only
 // advisory locks that work behind a transaction-mode pooler. [Inspect] lists

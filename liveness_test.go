@@ -110,3 +110,30 @@ func TestKeepAliveNeverTouchesThePinnedConn(t *testing.T) {
 		}
 	})
 }
+
+// TestKeepAliveIsOneQueryPerInterval: a Locker holding many locks checks
+// them all with one query per interval, not one per lock.
+func TestKeepAliveIsOneQueryPerInterval(t *testing.T) {
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		l := sqllock.New(db, sqllock.WithKeepAlive(50*time.Millisecond))
+		var held []*sqllock.Lock
+		for i := 0; i < 20; i++ {
+			lk, err := l.Lock(bg(), sqllock.Pair(30, int32(i)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, lk)
+		}
+		before := l.Stats().KeepAliveChecks
+		time.Sleep(500 * time.Millisecond)
+		checks := l.Stats().KeepAliveChecks - before
+		if checks < 3 || checks > 12 {
+			t.Fatalf("%d keep-alive queries in 500ms at a 50ms interval for 20 locks; want about 10, one per interval", checks)
+		}
+		for _, lk := range held {
+			if err := lk.Unlock(bg()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}

@@ -303,7 +303,7 @@ func TestSmallPool(t *testing.T) {
 		for _, size := range []int{1, 2} {
 			db.SetMaxOpenConns(size)
 			l := sqllock.New(db)
-			for i := 0; i < 500; i++ {
+			for i := 0; i < 1000; i++ {
 				k := sqllock.Int64(int64(i % 7))
 				lk, err := l.TryLock(bg(), k)
 				if err != nil {
@@ -317,7 +317,7 @@ func TestSmallPool(t *testing.T) {
 			if n := advisoryCount(t, db); n != 0 {
 				t.Fatalf("pool %d: %d advisory locks left", size, n)
 			}
-			if st := l.Stats(); st.Acquired != 500 || st.Discarded != 0 {
+			if st := l.Stats(); st.Acquired != 1000 || st.Discarded != 0 {
 				t.Fatalf("pool %d: Stats() = %+v", size, st)
 			}
 		}

@@ -61,8 +61,14 @@ const (
 
 // WithKeepAlive sets how often the Locker checks that its held locks still
 // exist (default [DefaultKeepAlive]); 0 turns the check off. The check runs
-// on a connection of the pool, never on a lock's pinned connection, and
-// covers all of the Locker's locks in one query.
+// on a connection of the pool, never on a lock's pinned connection (so it
+// needs one free connection per interval: leave room in SetMaxOpenConns),
+// and covers all of the Locker's locks and Sessions in one query. A lock
+// whose backend no longer holds it is reported lost at once; when the check
+// itself fails (the server cannot be reached, or no connection comes within
+// the interval) twice in a row, every lock is reported lost, since none can
+// be confirmed. One goroutine runs the checks while locks are held and ends
+// within one interval of the last release.
 func WithKeepAlive(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.keepAlive = d })
 }

@@ -53,9 +53,10 @@ func barChart(dir, file, title, ylabel string, names []string, ss []series, logY
 		}
 	}
 	p.Legend.Top = true
+	p.Legend.Left = true
 	p.NominalX(names...)
 	p.X.Tick.Label.Rotation = 0.5
 	p.X.Tick.Label.XAlign = -1
-	p.X.Tick.Label.YAlign = 0
+	p.X.Tick.Label.YAlign = -1
 	return p.Save(vg.Length(max(6, len(names)))*vg.Inch, 5*vg.Inch, filepath.Join(dir, file))
 }

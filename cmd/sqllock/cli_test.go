@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -401,5 +402,58 @@ func waitFile(t *testing.T, path string) {
 			t.Fatalf("%s never appeared", path)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestRunShared: shared holders run together; an exclusive run conflicts.
+func TestRunShared(t *testing.T) {
+	dsn, db := database(t)
+	dir := t.TempDir()
+	ready := filepath.Join(dir, "ready")
+	holder := sqllockCmd(dsn, "run", "-s", "report:read", "--", "sh", "-c", fmt.Sprintf("touch %s; sleep 1", ready))
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Wait()
+	waitFile(t, ready)
+	if r := runCLI(t, dsn, "run", "-s", "-n", "report:read", "--", "true"); r.code != 0 {
+		t.Fatalf("second shared run: exit %d, %s", r.code, r.stderr)
+	}
+	if r := runCLI(t, dsn, "run", "-n", "-E", "4", "report:read", "--", "true"); r.code != 4 {
+		t.Fatalf("exclusive run against a shared holder: exit %d, want 4: %s", r.code, r.stderr)
+	}
+	if err := holder.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	waitNoLocks(t, db)
+}
+
+// TestLibpqEnvironment: without --dsn and DATABASE_URL, the PG* variables
+// are used, and application_name names the key.
+func TestLibpqEnvironment(t *testing.T) {
+	srv := pgtest.Start(t)
+	dsn, db := database(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw, _ := u.User.Password()
+	dir := t.TempDir()
+	ready := filepath.Join(dir, "ready")
+	cmd := exec.Command(bin, "run", "env-job", "--", "sh", "-c", fmt.Sprintf("touch %s; sleep 0.5", ready))
+	cmd.Env = append(os.Environ(), "DATABASE_URL=", "PGHOST="+srv.Host, "PGPORT="+strconv.Itoa(srv.Port),
+		"PGUSER="+u.User.Username(), "PGPASSWORD="+pw, "PGDATABASE="+pgtest.DatabaseOf(dsn), "PGSSLMODE=disable")
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, ready)
+	locks := holders(t, db, sqllock.Hash("env-job"))
+	if len(locks) != 1 || locks[0].ApplicationName != "sqllock run: env-job" {
+		t.Fatalf("holders = %+v", locks)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("run with PG* variables: %v %s", err, errb.String())
 	}
 }

@@ -1,0 +1,60 @@
+package sqllock
+
+import (
+	"database/sql/driver"
+	"testing"
+
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/lib/pq"
+)
+
+type otherDriver struct{ driver.Driver }
+
+func TestDetectMode(t *testing.T) {
+	tests := []struct {
+		name string
+		d    driver.Driver
+		want stmtMode
+	}{
+		{"lib/pq renders keys (one round trip instead of two)", &pq.Driver{}, inlineKeys},
+		{"pgx binds keys (its statement cache)", stdlib.GetDefaultDriver(), bindKeys},
+		{"any other driver binds keys", otherDriver{}, bindKeys},
+	}
+	for _, tt := range tests {
+		if got := detectMode(tt.d); got != tt.want {
+			t.Errorf("%s: detectMode = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestStatements(t *testing.T) {
+	tests := []struct {
+		mode stmtMode
+		fn   lockFunc
+		k    Key
+		want string
+		args int
+	}{
+		{bindKeys, lockFn(true, false, false), Int64(5), "SELECT pg_try_advisory_lock($1), pg_backend_pid(), pg_is_in_recovery()", 1},
+		{bindKeys, lockFn(false, true, false), Pair(1, 2), "SELECT true, pg_backend_pid(), pg_is_in_recovery() FROM pg_advisory_lock_shared($1, $2)", 2},
+		{inlineKeys, lockFn(true, false, false), Int64(-5), "SELECT pg_try_advisory_lock((-5)::bigint), pg_backend_pid(), pg_is_in_recovery()", 0},
+		{inlineKeys, lockFn(false, false, false), Pair(-1, 2), "SELECT true, pg_backend_pid(), pg_is_in_recovery() FROM pg_advisory_lock(-1, 2)", 0},
+	}
+	for _, tt := range tests {
+		q, args := tt.mode.sessionLockSQL(tt.fn, tt.k)
+		if q != tt.want || len(args) != tt.args {
+			t.Errorf("sessionLockSQL(%v, %v) = %q, %v; want %q with %d args", tt.fn, tt.k, q, args, tt.want, tt.args)
+		}
+	}
+	q, args := inlineKeys.unlockSQL(false, Int64(7), 42)
+	if q != "SELECT CASE WHEN pg_backend_pid() = 42 THEN pg_advisory_unlock((7)::bigint) END, pg_backend_pid()" || len(args) != 0 {
+		t.Errorf("inline unlockSQL = %q, %v", q, args)
+	}
+	q, args = bindKeys.unlockSQL(true, Pair(3, 4), 42)
+	if q != "SELECT CASE WHEN pg_backend_pid() = $3::int4 THEN pg_advisory_unlock_shared($1, $2) END, pg_backend_pid()" || len(args) != 3 || args[2] != int64(42) {
+		t.Errorf("bind unlockSQL = %q, %v", q, args)
+	}
+	if q, _ := bindKeys.xactLockSQL(lockFn(true, true, true), Int64(1)); q != "SELECT pg_try_advisory_xact_lock_shared($1)" {
+		t.Errorf("xactLockSQL = %q", q)
+	}
+}
