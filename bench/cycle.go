@@ -33,109 +33,134 @@ type env struct {
 
 const benchKey = 4242
 
-// rawCycle is the baseline: pg_try_advisory_lock and pg_advisory_unlock,
-// with $1, on one pinned connection.
-func rawCycle(ctx context.Context, db *sql.DB) (func() error, func(), error) {
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	return func() error {
-		var ok bool
-		if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", int64(benchKey)).Scan(&ok); err != nil || !ok {
-			return fmt.Errorf("raw lock: %v %v", ok, err)
-		}
-		if err := conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", int64(benchKey)).Scan(&ok); err != nil || !ok {
-			return fmt.Errorf("raw unlock: %v %v", ok, err)
-		}
-		return nil
-	}, func() { conn.Close() }, nil
+// A batch runs n cycles of one variant and returns each cycle's duration.
+// Whatever a variant pins (a connection) it takes before the batch and
+// gives back after it, untimed, so that every variant of a driver runs on
+// the one connection of a single-connection pool: the same backend, the same
+// caches. (On these machines two connections of one server can differ by a
+// fifth in speed; comparing variants on different backends measures that.)
+type batch func(n int) (sample, error)
+
+type namedBatch struct {
+	name string
+	run  batch
 }
 
-// checkoutCycle is the raw statements with a connection checked out of the
-// pool and returned each cycle, as a lock of one's own needs.
-func checkoutCycle(ctx context.Context, db *sql.DB) func() error {
-	return func() error {
+// timeEach runs cycle n times and returns the durations.
+func timeEach(n int, cycle func() error) (sample, error) {
+	s := make(sample, 0, n)
+	for i := 0; i < n; i++ {
+		t := time.Now()
+		if err := cycle(); err != nil {
+			return nil, err
+		}
+		s = append(s, time.Since(t))
+	}
+	return s, nil
+}
+
+// pinned runs cycle(conn) on one connection pinned for the batch.
+func pinned(ctx context.Context, db *sql.DB, cycle func(conn *sql.Conn) error) batch {
+	return func(n int) (sample, error) {
 		conn, err := db.Conn(ctx)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		defer conn.Close()
-		var ok bool
-		if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", int64(benchKey+3)).Scan(&ok); err != nil || !ok {
-			return fmt.Errorf("raw lock: %v %v", ok, err)
-		}
-		return conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", int64(benchKey+3)).Scan(&ok)
+		return timeEach(n, func() error { return cycle(conn) })
 	}
 }
 
-// oursCycle runs sqllock's own two statements (with the backend pid and
-// pg_is_in_recovery() in the lock, and the pid check in the unlock) by hand
-// on one pinned connection: what the richer statements cost by themselves.
-func oursCycle(ctx context.Context, db *sql.DB) (func() error, func(), error) {
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		return nil, nil, err
+// rawStatements are the baseline: pg_try_advisory_lock and
+// pg_advisory_unlock with $1.
+func rawStatements(ctx context.Context, conn *sql.Conn, key int64) error {
+	var ok bool
+	if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&ok); err != nil || !ok {
+		return fmt.Errorf("raw lock: %v %v", ok, err)
 	}
-	return func() error {
-		var ok, standby bool
-		var pid int64
-		if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1), pg_backend_pid(), pg_is_in_recovery()", int64(benchKey+4)).Scan(&ok, &pid, &standby); err != nil || !ok {
-			return fmt.Errorf("lock: %v %v", ok, err)
-		}
-		var released sql.NullBool
-		return conn.QueryRowContext(ctx, "SELECT CASE WHEN pg_backend_pid() = $2::int4 THEN pg_advisory_unlock($1) END, pg_backend_pid()", int64(benchKey+4), pid).Scan(&released, &pid)
-	}, func() { conn.Close() }, nil
+	if err := conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", key).Scan(&ok); err != nil || !ok {
+		return fmt.Errorf("raw unlock: %v %v", ok, err)
+	}
+	return nil
 }
 
-func sqllockCycle(ctx context.Context, db *sql.DB) func() error {
+// ourStatements are sqllock's own two statements (with the backend pid and
+// pg_is_in_recovery() in the lock, and the pid check in the unlock), by hand:
+// what the richer statements cost by themselves.
+func ourStatements(ctx context.Context, conn *sql.Conn, key int64) error {
+	var ok, standby bool
+	var pid int64
+	if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1), pg_backend_pid(), pg_is_in_recovery()", key).Scan(&ok, &pid, &standby); err != nil || !ok {
+		return fmt.Errorf("lock: %v %v", ok, err)
+	}
+	var released sql.NullBool
+	return conn.QueryRowContext(ctx, "SELECT CASE WHEN pg_backend_pid() = $2::int4 THEN pg_advisory_unlock($1) END, pg_backend_pid()", key, pid).Scan(&released, &pid)
+}
+
+// checkout runs the raw statements with a connection checked out of the
+// pool and returned every cycle, as a lock of one's own needs.
+func checkout(ctx context.Context, db *sql.DB) batch {
+	return func(n int) (sample, error) {
+		return timeEach(n, func() error {
+			conn, err := db.Conn(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			return rawStatements(ctx, conn, benchKey+3)
+		})
+	}
+}
+
+func sqllockBatch(ctx context.Context, db *sql.DB) batch {
 	l := sqllock.New(db)
 	k := sqllock.Int64(benchKey)
-	return func() error {
-		lk, err := l.TryLock(ctx, k)
-		if err != nil {
-			return err
-		}
-		return lk.Unlock(ctx)
+	return func(n int) (sample, error) {
+		return timeEach(n, func() error {
+			lk, err := l.TryLock(ctx, k)
+			if err != nil {
+				return err
+			}
+			return lk.Unlock(ctx)
+		})
 	}
 }
 
-// gooseCycle uses goose v3's session locker (its default lock id) on one
-// pinned connection.
-func gooseCycle(ctx context.Context, db *sql.DB) (func() error, func(), error) {
+// gooseBatch uses goose v3's session locker (its default lock id) on a
+// connection pinned for the batch.
+func gooseBatch(ctx context.Context, db *sql.DB) (batch, error) {
 	locker, err := gooselock.NewPostgresSessionLocker()
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	return func() error {
+	return pinned(ctx, db, func(conn *sql.Conn) error {
 		if err := locker.SessionLock(ctx, conn); err != nil {
 			return err
 		}
 		return locker.SessionUnlock(ctx, conn)
-	}, func() { conn.Close() }, nil
+	}), nil
 }
 
-// migrateCycle uses golang-migrate v4's postgres driver Lock and Unlock,
-// on a pool of its own (the driver's Close closes the pool).
-func migrateCycle(dsn string) (func() error, func(), error) {
+// migrateBatch uses golang-migrate v4's postgres driver Lock and Unlock. The
+// driver keeps a connection of its own for its life (and its Close closes
+// the pool), so it runs on a pool of its own: another backend.
+func migrateBatch(dsn string) (batch, func(), error) {
 	drv, err := migratepg.WithInstance(open("postgres", dsn), &migratepg.Config{})
 	if err != nil {
 		return nil, nil, err
 	}
-	return func() error {
-		if err := drv.Lock(); err != nil {
-			return err
-		}
-		return drv.Unlock()
+	return func(n int) (sample, error) {
+		return timeEach(n, func() error {
+			if err := drv.Lock(); err != nil {
+				return err
+			}
+			return drv.Unlock()
+		})
 	}, func() { drv.Close() }, nil
 }
 
-// atlasCycle uses atlas's postgres driver Lock (try, then back off).
-func atlasCycle(ctx context.Context, db *sql.DB) (func() error, error) {
+// atlasBatch uses atlas's postgres driver Lock (try, then back off).
+func atlasBatch(ctx context.Context, db *sql.DB) (batch, error) {
 	drv, err := postgres.Open(db)
 	if err != nil {
 		return nil, err
@@ -144,12 +169,14 @@ func atlasCycle(ctx context.Context, db *sql.DB) (func() error, error) {
 	if !ok {
 		return nil, errors.New("atlas driver is not a schema.Locker")
 	}
-	return func() error {
-		unlock, err := locker.Lock(ctx, "bench", 0)
-		if err != nil {
-			return err
-		}
-		return unlock()
+	return func(n int) (sample, error) {
+		return timeEach(n, func() error {
+			unlock, err := locker.Lock(ctx, "bench", 0)
+			if err != nil {
+				return err
+			}
+			return unlock()
+		})
 	}, nil
 }
 
@@ -157,73 +184,77 @@ func atlasCycle(ctx context.Context, db *sql.DB) (func() error, error) {
 type cycleResult struct {
 	name   string
 	median time.Duration
+	rounds sample // each round's median
 	note   string
 }
 
-// cycleOps returns one uncontended cycle of every Go variant, and a
-// function that closes what they opened.
-func cycleOps(e *env) ([]namedOp, func(), error) {
-	var ops []namedOp
-	var closers []func()
+// cycleBatches returns every variant of the uncontended cycle, each driver's
+// on a single-connection pool of its own, and a function that closes them.
+func cycleBatches(e *env) ([]namedBatch, func(), error) {
+	pq1, pgx1 := open("postgres", e.dsn), open("pgx", e.dsn)
+	closers := []func(){func() { pq1.Close() }, func() { pgx1.Close() }}
 	closeAll := func() {
 		for _, c := range closers {
 			c()
 		}
 	}
+	var bs []namedBatch
 	for _, d := range []struct {
 		name string
 		db   *sql.DB
-	}{{"pq", e.pq}, {"pgx", e.pgx}} {
-		raw, closeRaw, err := rawCycle(e.ctx, d.db)
-		if err != nil {
-			closeAll()
-			return nil, nil, err
-		}
-		closers = append(closers, closeRaw)
-		ops = append(ops, namedOp{"raw-" + d.name, raw}, namedOp{"sqllock-" + d.name, sqllockCycle(e.ctx, d.db)})
+	}{{"pq", pq1}, {"pgx", pgx1}} {
+		d.db.SetMaxOpenConns(1)
+		bs = append(bs,
+			namedBatch{"raw-" + d.name, pinned(e.ctx, d.db, func(c *sql.Conn) error { return rawStatements(e.ctx, c, benchKey+1) })},
+			namedBatch{"sqllock-" + d.name, sqllockBatch(e.ctx, d.db)})
 	}
-	ops = append(ops, namedOp{"raw-pgx, pool checkout per cycle", checkoutCycle(e.ctx, e.pgx)})
-	ours, closeOurs, err := oursCycle(e.ctx, e.pgx)
+	bs = append(bs,
+		namedBatch{"raw-pgx, pool checkout per cycle", checkout(e.ctx, pgx1)},
+		namedBatch{"raw-pgx, sqllock's statements, pinned", pinned(e.ctx, pgx1, func(c *sql.Conn) error { return ourStatements(e.ctx, c, benchKey+4) })})
+	goose, err := gooseBatch(e.ctx, pgx1)
 	if err != nil {
 		closeAll()
 		return nil, nil, err
 	}
-	closers = append(closers, closeOurs)
-	ops = append(ops, namedOp{"raw-pgx, sqllock's statements, pinned", ours})
-	goose, closeGoose, err := gooseCycle(e.ctx, e.pgx)
-	if err != nil {
-		closeAll()
-		return nil, nil, err
-	}
-	closers = append(closers, closeGoose)
-	mig, closeMig, err := migrateCycle(e.dsn)
+	mig, closeMig, err := migrateBatch(e.dsn)
 	if err != nil {
 		closeAll()
 		return nil, nil, err
 	}
 	closers = append(closers, closeMig)
-	atlas, err := atlasCycle(e.ctx, e.pgx)
+	atlas, err := atlasBatch(e.ctx, pgx1)
 	if err != nil {
 		closeAll()
 		return nil, nil, err
 	}
-	ops = append(ops, namedOp{"goose-pgx", goose}, namedOp{"golang-migrate-pq", mig}, namedOp{"atlas-pgx", atlas})
-	return ops, closeAll, nil
+	bs = append(bs, namedBatch{"goose-pgx", goose}, namedBatch{"golang-migrate-pq (own connection)", mig}, namedBatch{"atlas-pgx", atlas})
+	return bs, closeAll, nil
 }
 
 func measureCycles(e *env, rounds, n int, pgbenchFor time.Duration) ([]cycleResult, error) {
-	ops, closeAll, err := cycleOps(e)
+	bs, closeAll, err := cycleBatches(e)
 	if err != nil {
 		return nil, err
 	}
 	defer closeAll()
-	samples, err := interleave(rounds, n, ops)
-	if err != nil {
-		return nil, err
+	// Each round runs a batch of every variant, in an order that rotates
+	// from round to round; the result is the median over rounds of each
+	// batch's median, so that a slow stretch of the machine weighs one
+	// round, not one variant.
+	perRound := map[string]sample{}
+	for r := 0; r < rounds; r++ {
+		for j := range bs {
+			b := bs[(r+j)%len(bs)]
+			s, err := b.run(n)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", b.name, err)
+			}
+			perRound[b.name] = append(perRound[b.name], s.median())
+		}
 	}
 	var out []cycleResult
-	for _, op := range ops {
-		out = append(out, cycleResult{name: op.name, median: samples[op.name].median()})
+	for _, b := range bs {
+		out = append(out, cycleResult{name: b.name, median: perRound[b.name].median(), rounds: perRound[b.name]})
 	}
 	for _, host := range []struct{ name, host string }{{"pgbench -M prepared, 127.0.0.1", "127.0.0.1"}, {"pgbench -M prepared, unix socket", e.srv.SocketDir()}} {
 		if host.host == "" {

@@ -5,9 +5,9 @@
 //
 //	cd bench && go run . -out ../docs
 //
-// Every comparison interleaves its variants round after round in one
-// process and reports medians: single runs on a shared machine swing by a
-// third.
+// Every comparison runs its variants in one process, in batches whose
+// order rotates round after round, and reports medians: single runs on a
+// shared machine swing by a third.
 package main
 
 import (
@@ -22,22 +22,38 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "github.com/lib/pq"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sqllock/sqllock/pgtest"
 )
 
 func main() {
 	out := flag.String("out", "../docs", "directory for benchmarks.md and the charts")
-	rounds := flag.Int("rounds", 7, "interleaved rounds per comparison")
-	cycles := flag.Int("cycles", 300, "operations per variant per round")
+	rounds := flag.Int("rounds", 21, "rounds per comparison (each runs a batch of every variant)")
+	cycles := flag.Int("cycles", 100, "operations per variant per round")
 	handoffs := flag.Int("handoffs", 40, "samples per handoff variant (goose: fewer, it polls in seconds)")
+	cpu := flag.Int("cpu", 0, "pin this process and the PostgreSQL server it starts to this CPU (-1: do not pin)")
 	flag.Parse()
-	if err := run(*out, *rounds, *cycles, *handoffs); err != nil {
+	if *cpu >= 0 {
+		// On a small virtual machine, a client and a server that ping-pong
+		// between two CPUs are served several times slower than on one, and
+		// the scheduler moves them between the two regimes unpredictably:
+		// pinning both to one CPU gives every variant the same regime.
+		var set unix.CPUSet
+		set.Set(*cpu)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: pin to CPU:", err)
+			os.Exit(1)
+		}
+		runtime.GOMAXPROCS(1)
+	}
+	if err := run(*out, *rounds, *cycles, *handoffs, *cpu); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(outDir string, rounds, cycles, handoffs int) error {
+func run(outDir string, rounds, cycles, handoffs, cpu int) error {
 	ctx := context.Background()
 	srv, err := pgtest.Embedded(ctx)
 	if err != nil {
@@ -54,7 +70,8 @@ func run(outDir string, rounds, cycles, handoffs int) error {
 	var r report
 	r.when = time.Now().UTC()
 	r.machine = fmt.Sprintf("%d cores, %s, %s", runtime.NumCPU(), runtime.Version(), serverVersion(e))
-	r.args = fmt.Sprintf("-rounds %d -cycles %d -handoffs %d", rounds, cycles, handoffs)
+	r.args = fmt.Sprintf("-rounds %d -cycles %d -handoffs %d -cpu %d", rounds, cycles, handoffs, cpu)
+	r.pinned = cpu >= 0
 	step := func(name string) func() {
 		t := time.Now()
 		fmt.Fprintf(os.Stderr, "%s...", name)

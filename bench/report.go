@@ -13,6 +13,7 @@ type report struct {
 	when     time.Time
 	machine  string
 	args     string
+	pinned   bool // client and server pinned to one CPU
 	cycles   []cycleResult
 	rtt      time.Duration // SELECT 1 after 20 ms idle, as in a handoff
 	hotRTT   time.Duration // SELECT 1 back to back
@@ -35,12 +36,38 @@ func (r *report) cycle(name string) time.Duration {
 	return 0
 }
 
+// roundRatios returns the lowest and highest per-round throughput ratio of
+// variant a to variant b.
+func (r *report) roundRatios(a, b string) (lo, hi float64, ok bool) {
+	var ra, rb sample
+	for _, c := range r.cycles {
+		switch c.name {
+		case a:
+			ra = c.rounds
+		case b:
+			rb = c.rounds
+		}
+	}
+	if len(ra) == 0 || len(ra) != len(rb) {
+		return 0, 0, false
+	}
+	lo, hi = 1e9, 0
+	for i := range ra {
+		x := float64(rb[i]) / float64(ra[i])
+		lo, hi = min(lo, x), max(hi, x)
+	}
+	return lo, hi, true
+}
+
 func (r *report) write(dir string) error {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	p("# Benchmarks\n\n")
 	p("Measured %s on %s. Produced by:\n\n```\ncd bench && go run . -out ../docs %s\n```\n\n", r.when.Format("2006-01-02"), r.machine, r.args)
-	p("Each comparison interleaves its variants, one call each in turn, in one process and reports medians, so that every variant sees the same machine. Single runs on these machines swing by a third, and a process that runs without pause is served several times faster than one that waits between calls (compare pgbench, a separate process, below); ratios within one run are what to read.\n\n")
+	if r.pinned {
+		p("The benchmark process and the PostgreSQL server it starts (with pgbench) run pinned to one CPU: on this 2-core virtual machine a client and a server that ping-pong across two CPUs are served several times slower than on one, and the scheduler switches between the two regimes unpredictably, which made unpinned comparisons swing from 0.6× to 7× round by round. Pinned, every variant gets the same regime. `-cpu -1` runs unpinned.\n\n")
+	}
+	p("Each comparison runs its variants in one process, in batches whose order rotates from round to round, and reports the median over rounds of each batch's median, so that every variant sees the same machine. Single runs on these machines swing by a third, two connections to one server can differ by a fifth, and a process that runs without pause is served several times faster than one that waits between calls (compare pgbench, a separate process, below): ratios within one run are what to read.\n\n")
 
 	// Goals.
 	ratio := func(a, b time.Duration) float64 { return float64(b) / float64(a) } // throughput of a relative to b
@@ -70,10 +97,15 @@ func (r *report) write(dir string) error {
 	goal("5,000 locks held on ≤ 2 connections", 1, 2, " connection", false)
 	goal("TryLockMany of 5,000 keys in ≤ 3 round trips", float64(r.session.roundTrips), 3, " round trips", false)
 	goal("keep-alive for 5,000 locks: one query per interval (10 intervals)", float64(r.session.keepAliveChecks)/10, 1, " queries per interval", false)
+	for _, g := range r.guard {
+		if strings.Contains(g.name, "(clean)") {
+			goal("poolguard, "+strings.TrimSuffix(g.name, " (clean)")+": guarded ≥ 0.97 × plain", ratio(g.guarded, g.plain), 0.97, "×", true)
+		}
+	}
 	p("\n")
 
 	// Cycles.
-	p("## Uncontended try-lock + unlock cycle\n\nOne goroutine, one key, `%s` rounds. raw = `SELECT pg_try_advisory_lock($1)` and `SELECT pg_advisory_unlock($1)` on one pinned `*sql.Conn`; sqllock = `Locker.TryLock` + `Lock.Unlock` (which also checks a connection out of the pool and back, and confirms the unlock's backend). goose, golang-migrate and atlas as the module proxy serves them (goose v3 `lock.NewPostgresSessionLocker`, golang-migrate v4 `database/postgres` `Lock`/`Unlock`, atlas `sql/postgres` `Driver.Lock`).\n\n![cycles](cycle.png)\n\n", r.args)
+	p("## Uncontended try-lock + unlock cycle\n\nOne goroutine, one key, `%s`. raw = `SELECT pg_try_advisory_lock($1)` and `SELECT pg_advisory_unlock($1)` on one pinned `*sql.Conn`; sqllock = `Locker.TryLock` + `Lock.Unlock` (which also checks a connection out of the pool and back, and confirms the unlock's backend). goose, golang-migrate and atlas as the module proxy serves them (goose v3 `lock.NewPostgresSessionLocker`, golang-migrate v4 `database/postgres` `Lock`/`Unlock`, atlas `sql/postgres` `Driver.Lock`). All variants of a driver run on the one connection of a single-connection pool (golang-migrate keeps a connection of its own); each round runs a batch of every variant, in a rotating order, and the table gives the median over rounds of each batch's median.\n\n![cycles](cycle.png)\n\n", r.args)
 	p("| variant | median µs/cycle | cycles/s | vs raw pgx |\n|---|---|---|---|\n")
 	var names []string
 	var vals []float64
@@ -81,6 +113,9 @@ func (r *report) write(dir string) error {
 		p("| %s | %.1f | %.0f | %.2f× |\n", c.name, us(c.median), opsPerSec(c.median), ratio(c.median, rawPgx))
 		names = append(names, c.name)
 		vals = append(vals, opsPerSec(c.median))
+	}
+	if lo, hi, ok := r.roundRatios("sqllock-pgx", "raw-pgx"); ok {
+		p("\nsqllock-pgx ÷ raw-pgx throughput, round by round, ranged from %.2f× to %.2f× in this run.\n", lo, hi)
 	}
 	if co, ours := r.cycle("raw-pgx, pool checkout per cycle"), r.cycle("raw-pgx, sqllock's statements, pinned"); co > 0 && ours > 0 {
 		p("\nWhere the gap to raw pgx comes from: sqllock's own statements, run by hand on a pinned connection, reach %.2f× raw (the lock statement also returns `pg_backend_pid()` and `pg_is_in_recovery()`, and the unlock checks the pid: the standby and pooler guards); a pool checkout per cycle, which every lock of its own needs, gives %.2f× (a `Session` holds many locks on one connection). sqllock-pgx against that checkout baseline: %.2f×.\n", ratio(ours, rawPgx), ratio(co, rawPgx), ratio(libPgx, co))
@@ -133,7 +168,7 @@ func (r *report) write(dir string) error {
 	}
 
 	// poolguard.
-	p("## poolguard overhead\n\nA plain pool and a `poolguard` pool of the same driver, one connection each, interleaved. Clean statements are never checked; a statement that mentions an advisory function makes the connection dirty, and it is checked (one extra round trip reading `pg_locks`) as it returns to the pool.\n\n![poolguard](poolguard.png)\n\n")
+	p("## poolguard overhead\n\nA plain pool and a `poolguard` pool of the same driver, one connection each, renewed every round. Clean statements are never checked; a statement that mentions an advisory function makes the connection dirty, and it is checked (one extra round trip reading `pg_locks`) as it returns to the pool.\n\n![poolguard](poolguard.png)\n\n")
 	p("| workload | plain µs | guarded µs | guarded throughput / plain |\n|---|---|---|---|\n")
 	names = nil
 	var pv, gv []float64
@@ -142,6 +177,7 @@ func (r *report) write(dir string) error {
 		names = append(names, shortName(g.name))
 		pv, gv = append(pv, us(g.plain)), append(gv, us(g.guarded))
 	}
+	p("\nThe clean-traffic ratio swung between 0.96× and 1.07× over repeated runs of this comparison: the guard's work on a clean statement (a scan of its text for \"advisory\") is below what this machine can resolve. A dirty return costs one extra round trip whose server side reads `pg_locks` (about three times a trivial statement here).\n")
 	if err := barChart(dir, "poolguard.png", "poolguard overhead", "µs per operation", names, []series{{"plain", pv}, {"guarded", gv}}, false); err != nil {
 		return err
 	}

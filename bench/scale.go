@@ -169,7 +169,11 @@ type guardResult struct {
 	plain, guarded time.Duration
 }
 
-// measureGuard compares a plain and a guarded pool of each driver.
+// measureGuard compares a plain and a guarded pool of each driver, one
+// connection each. A plain and a guarded pool cannot share a backend, so
+// both pools open a new connection every round (and the rounds' order of
+// the variants rotates): the median over rounds evens out the differences
+// between backends.
 func measureGuard(e *env, rounds, n int) ([]guardResult, error) {
 	var out []guardResult
 	for _, drv := range []string{"postgres", "pgx"} {
@@ -178,31 +182,47 @@ func measureGuard(e *env, rounds, n int) ([]guardResult, error) {
 		if err != nil {
 			return nil, err
 		}
-		for _, db := range []*sql.DB{plain, guarded} {
+		pools := []*sql.DB{plain, guarded}
+		for _, db := range pools {
 			db.SetMaxOpenConns(1)
 		}
-		clean := func(db *sql.DB) func() error {
-			return func() error { var x int; return db.QueryRowContext(e.ctx, "SELECT $1::int", 7).Scan(&x) }
-		}
-		dirty := func(db *sql.DB) func() error {
-			return func() error {
-				var a, b bool
-				return db.QueryRowContext(e.ctx, "SELECT pg_try_advisory_lock(8), pg_advisory_unlock(8)").Scan(&a, &b)
+		clean := func(db *sql.DB) batch {
+			return func(n int) (sample, error) {
+				return timeEach(n, func() error { var x int; return db.QueryRowContext(e.ctx, "SELECT $1::int", 7).Scan(&x) })
 			}
 		}
-		s, err := interleave(rounds, n, []namedOp{
-			{"plain", clean(plain)}, {"guarded", clean(guarded)},
-			{"plain-dirty", dirty(plain)}, {"guarded-dirty", dirty(guarded)},
-		})
+		dirty := func(db *sql.DB) batch {
+			return func(n int) (sample, error) {
+				return timeEach(n, func() error {
+					var a, b bool
+					return db.QueryRowContext(e.ctx, "SELECT pg_try_advisory_lock(8), pg_advisory_unlock(8)").Scan(&a, &b)
+				})
+			}
+		}
+		bs := []namedBatch{{"plain", clean(plain)}, {"guarded", clean(guarded)}, {"plain-dirty", dirty(plain)}, {"guarded-dirty", dirty(guarded)}}
+		perRound := map[string]sample{}
+		for r := 0; r < rounds; r++ {
+			for _, db := range pools { // a new backend for every round
+				db.SetMaxIdleConns(0)
+				db.SetMaxIdleConns(1)
+			}
+			for j := range bs {
+				b := bs[(r+j)%len(bs)]
+				s, err := b.run(n)
+				if err != nil {
+					plain.Close()
+					guarded.Close()
+					return nil, err
+				}
+				perRound[b.name] = append(perRound[b.name], s.median())
+			}
+		}
 		plain.Close()
 		guarded.Close()
-		if err != nil {
-			return nil, err
-		}
 		name := map[string]string{"postgres": "lib/pq", "pgx": "pgx"}[drv]
 		out = append(out,
-			guardResult{name + ": SELECT $1::int (clean)", s["plain"].median(), s["guarded"].median()},
-			guardResult{name + ": lock+unlock in one statement (dirty return)", s["plain-dirty"].median(), s["guarded-dirty"].median()})
+			guardResult{name + ": SELECT $1::int (clean)", perRound["plain"].median(), perRound["guarded"].median()},
+			guardResult{name + ": lock+unlock in one statement (dirty return)", perRound["plain-dirty"].median(), perRound["guarded-dirty"].median()})
 	}
 	return out, nil
 }
