@@ -122,7 +122,8 @@ func (s *Session) TryLock(ctx context.Context, k Key) (bool, error) {
 	return s.held[k], nil
 }
 
-// Lock takes k, waiting while another session holds it. Because a
+// Lock takes k, waiting while another session holds it; a key the Session
+// already holds is not taken twice (Lock returns nil). Because a
 // cancelled wait may still be granted, a ctx that ends during the wait ends
 // the whole Session (all its locks are released by the server) and Lock
 // returns an error matching [ErrNotAcquired] and ctx.Err(). Prefer TryLock

@@ -254,7 +254,6 @@ type cluster struct {
 	logPath string
 	port    int
 	cred    *syscall.Credential // nil: run as ourselves
-	extra   []string            // extra -c settings
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd  // guarded by mu
@@ -411,9 +410,6 @@ func (c *cluster) start(ctx context.Context) error {
 		"-c", "max_connections=200", "-c", "shared_buffers=32MB",
 		"-c", "wal_level=replica", "-c", "max_wal_senders=4", "-c", "hot_standby=on",
 		"-c", "log_min_messages=warning", "-c", "logging_collector=off",
-	}
-	for _, e := range c.extra {
-		args = append(args, "-c", e)
 	}
 	cmd := exec.Command(filepath.Join(c.bin, "postgres"), args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Pdeathsig: syscall.SIGQUIT, Setpgid: true}
