@@ -69,6 +69,12 @@ func run(ctx context.Context, w io.Writer, d time.Duration) error {
 
 	var st stats
 	var out sync.Mutex
+	var schedulers []gocron.Scheduler
+	defer func() {
+		for _, s := range schedulers {
+			s.Shutdown()
+		}
+	}()
 	for _, instance := range []string{"A", "B"} {
 		s, err := gocron.NewScheduler(gocron.WithDistributedLocker(Locker{sqllock.New(db)}))
 		if err != nil {
@@ -89,10 +95,18 @@ func run(ctx context.Context, w io.Writer, d time.Duration) error {
 		if err != nil {
 			return err
 		}
+		schedulers = append(schedulers, s)
 		s.Start()
-		defer s.Shutdown()
 	}
 	time.Sleep(d)
+	for _, s := range schedulers { // waits for running jobs
+		if err := s.Shutdown(); err != nil {
+			return err
+		}
+	}
+	schedulers = nil
+	out.Lock()
+	defer out.Unlock()
 	fmt.Fprintf(w, "runs: %d, most at once: %d\n", st.runs.Load(), st.maxInside.Load())
 	return nil
 }
