@@ -56,7 +56,10 @@ func (lk *Lock) Shared() bool { return lk.shared }
 
 // Conn returns the pinned connection: the session that holds the lock. Run
 // statements on it when they must happen in the locking session. Do not
-// close it; Unlock does. After Unlock, its methods return sql.ErrConnDone.
+// close it; Unlock does. (Closing it puts the locked session back in the
+// pool; Unlock then releases that session's advisory locks, or ends the
+// session if someone else has it, and returns an error saying so.) After
+// Unlock, its methods return sql.ErrConnDone.
 func (lk *Lock) Conn() *sql.Conn { return lk.conn }
 
 // PID returns the PostgreSQL backend process id that holds the lock.

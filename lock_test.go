@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -342,6 +343,53 @@ func TestDoReturnsErrorsAndUnlocksOnPanic(t *testing.T) {
 		ran, err := l.TryDo(bg(), k, func(context.Context) error { return nil })
 		if !ran || err != nil {
 			t.Fatalf("TryDo() = %v, %v", ran, err)
+		}
+	})
+}
+
+// TestConnClosedByCaller: closing Lock.Conn() puts the locked session back
+// in the pool; Unlock then ends that session so that the lock is released,
+// and says why.
+func TestConnClosedByCaller(t *testing.T) {
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		db.SetMaxOpenConns(2)
+		observer := pgtest.Open(t, "pgx", dsn)
+		l := sqllock.New(db)
+		k := sqllock.Int64(404)
+		lk, err := l.Lock(bg(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lk.Conn().Close() // misuse
+		err = lk.Unlock(bg())
+		if err == nil || !strings.Contains(err.Error(), "its locks were released") {
+			t.Fatalf("Unlock() after Conn().Close() = %v", err)
+		}
+		waitFree(t, observer, k, 5*time.Second)
+		// The same, while someone else has the locked session checked out:
+		// that session is ended.
+		lk, err = l.Lock(bg(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lk.Conn().Close()
+		other, err := db.Conn(bg()) // gets the locked session back from the pool
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Close()
+		if err := lk.Unlock(bg()); err == nil || !strings.Contains(err.Error(), "its locks were released") {
+			t.Fatalf("Unlock() with the session checked out elsewhere = %v", err)
+		}
+		waitFree(t, observer, k, 5*time.Second)
+		var one int
+		for i := 0; i < 3; i++ { // the pool recovers from the ended session
+			if err = db.QueryRow("SELECT 1").Scan(&one); err == nil {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatalf("pool after the terminated session: %v", err)
 		}
 	})
 }

@@ -321,6 +321,10 @@ func (l *Locker) release(conn *sql.Conn, k Key, shared bool, pid int64) error {
 	var gotPID int64
 	err := queryRow(l.unlockContext(), conn, q, args, &released, &gotPID)
 	switch {
+	case errors.Is(err, sql.ErrConnDone):
+		// Lock.Conn() was closed by the caller: the session went back to the
+		// pool holding the lock.
+		return l.reclaim(k, pid)
 	case err != nil:
 		l.discard(conn, k, "unlock statement failed")
 		return fmt.Errorf("sqllock: unlock %s: %w (connection discarded; the server releases the lock as the session ends)", k, err)
@@ -332,6 +336,25 @@ func (l *Locker) release(conn *sql.Conn, k Key, shared bool, pid int64) error {
 		return fmt.Errorf("%w: unlock of %s on backend %d found no such lock", ErrLockLost, k, pid)
 	}
 	return conn.Close()
+}
+
+// reclaim releases k after the caller closed Lock.Conn(), which put the
+// locked session (backend pid) back in the pool. Only that session can
+// unlock; reclaim's statement runs on some pooled connection: if it is that
+// session, it releases its advisory locks there (no one else's), otherwise
+// it ends that session (a role may end its own sessions), as discarding it
+// would have.
+func (l *Locker) reclaim(k Key, pid int64) error {
+	var ok bool
+	err := l.db.QueryRowContext(l.unlockContext(), `SELECT CASE WHEN pg_backend_pid() = $1::int4
+ THEN (SELECT true FROM pg_advisory_unlock_all()) ELSE pg_terminate_backend($1::int4) END`, pid).Scan(&ok)
+	if err == nil && !ok {
+		err = errors.New("backend not found")
+	}
+	if err != nil {
+		return fmt.Errorf("sqllock: unlock %s: Lock.Conn() was closed, returning the locked session (backend %d) to the pool, and releasing it failed: %w", k, pid, err)
+	}
+	return fmt.Errorf("sqllock: unlock %s: Lock.Conn() was closed, returning the locked session (backend %d) to the pool; its locks were released (do not close Lock.Conn(): Unlock does)", k, pid)
 }
 
 // unlockContext returns the context that bounds an unlock statement
