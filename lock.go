@@ -65,8 +65,16 @@ func (lk *Lock) Conn() *sql.Conn { return lk.conn }
 // PID returns the PostgreSQL backend process id that holds the lock.
 func (lk *Lock) PID() int { return int(lk.pid) }
 
-// Done returns a channel that is closed when the lock is released or lost.
-func (lk *Lock) Done() <-chan struct{} { return lk.ctx.Done() }
+// Done returns a channel that is closed when the lock is released or lost
+// (already closed for a nil Lock).
+func (lk *Lock) Done() <-chan struct{} {
+	if lk == nil {
+		return closedChan
+	}
+	return lk.ctx.Done()
+}
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // Err returns nil while the lock is held. After Unlock it returns
 // [ErrReleased]; after a loss, an error wrapping [ErrLockLost] and its cause

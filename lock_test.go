@@ -59,6 +59,14 @@ func TestLockUnlock(t *testing.T) {
 		if err := nilLock.Unlock(bg()); !errors.Is(err, sqllock.ErrReleased) {
 			t.Fatalf("nil Unlock() = %v, want ErrReleased", err)
 		}
+		select {
+		case <-nilLock.Done():
+		default:
+			t.Fatal("nil Lock's Done() is not closed")
+		}
+		if err := nilLock.Err(); !errors.Is(err, sqllock.ErrReleased) {
+			t.Fatalf("nil Err() = %v", err)
+		}
 		if _, err := lk.Conn().ExecContext(bg(), "SELECT 1"); !errors.Is(err, sql.ErrConnDone) {
 			t.Fatalf("Conn() after Unlock: %v, want sql.ErrConnDone", err)
 		}
