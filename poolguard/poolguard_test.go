@@ -420,3 +420,39 @@ func TestVerifyNone(t *testing.T) {
 		t.Fatalf("VerifyNone with a held lock reported %q", dirty.errors)
 	}
 }
+
+// TestCheckAlways: a lock taken inside a stored function, whose call text
+// does not mention an advisory function, is invisible to the default guard
+// and caught with WithCheckAlways.
+func TestCheckAlways(t *testing.T) {
+	for _, drv := range drivers {
+		for _, always := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/always=%v", drv, always), func(t *testing.T) {
+				var opts []poolguard.Option
+				if always {
+					opts = append(opts, poolguard.WithCheckAlways())
+				}
+				db, observer, rec, g := guarded(t, drv, opts...)
+				if _, err := observer.Exec(`CREATE FUNCTION grab() RETURNS void LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_` + `advisory_lock(55); END $$`); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := db.Exec("SELECT grab()"); err != nil {
+					t.Fatal(err)
+				}
+				held := len(holders(t, observer, sqllock.Int64(55)))
+				st := g.Stats()
+				if always {
+					waitFree(t, observer, sqllock.Int64(55))
+					if st.Checks != 1 || st.Leaks != 1 || len(rec.all()) != 1 {
+						t.Fatalf("WithCheckAlways: Stats() = %+v", st)
+					}
+				} else {
+					if held != 1 || st.Checks != 0 {
+						t.Fatalf("default guard: held %d, Stats() = %+v; want the lock unseen (documented limit)", held, st)
+					}
+					db.Exec("SELECT pg_advisory_unlock_all()")
+				}
+			})
+		}
+	}
+}
