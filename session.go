@@ -140,6 +140,9 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 	if s.held[k] {
 		return nil
 	}
+	if err := ctx.Err(); err != nil { // nothing sent: the Session is intact
+		return notAcquired(k, err)
+	}
 	q, args := s.l.mode.sessionLockSQL(lockFn(false, false, false), k)
 	var ok, standby bool
 	var pid int64
@@ -167,6 +170,9 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 // returns those it took (in the order given). Keys the Session already
 // holds, and repeated keys, are taken once. When the server's lock table is
 // full it returns [ErrLockTableFull] and releases whatever this call took.
+// A ctx already done returns an error matching [ErrNotAcquired] and leaves
+// the Session as it was; a ctx that ends during the statement ends the
+// Session, since what it took is then unknown.
 func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
 	for _, k := range keys {
 		if err := k.valid(); err != nil {
@@ -177,6 +183,9 @@ func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
 	defer s.mu.Unlock()
 	if err := s.usable(); err != nil {
 		return nil, err
+	}
+	if err := ctx.Err(); err != nil && len(keys) > 0 { // nothing sent: the Session is intact
+		return nil, notAcquired(keys[0], err)
 	}
 	want := make([]Key, 0, len(keys))
 	seen := make(map[Key]bool, len(keys))

@@ -188,6 +188,22 @@ func TestSessionLost(t *testing.T) {
 		if st := l.Stats(); st.Lost != 11 || st.Held != 0 {
 			t.Fatalf("Stats() = %+v", st)
 		}
+		// A context already done sends nothing and leaves a Session intact.
+		s3, err := l.Session(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		done, cancelDone := context.WithCancel(bg())
+		cancelDone()
+		if _, err := s3.TryLockMany(done, sqllock.Int64(3)); !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+			t.Fatalf("TryLockMany(done ctx) = %v", err)
+		}
+		if err := s3.Lock(done, sqllock.Int64(3)); !errors.Is(err, sqllock.ErrNotAcquired) || s3.Err() != nil {
+			t.Fatalf("Lock(done ctx) = %v, Err() = %v", err, s3.Err())
+		}
+		if err := s3.Close(bg()); err != nil {
+			t.Fatal(err)
+		}
 		// A cancelled blocking Lock ends the Session: its outcome is unknown.
 		s2, err := l.Session(bg())
 		if err != nil {
