@@ -185,7 +185,6 @@ type cycleResult struct {
 	name   string
 	median time.Duration
 	rounds sample // each round's median
-	note   string
 }
 
 // cycleBatches returns every variant of the uncontended cycle, each driver's
@@ -264,7 +263,7 @@ func measureCycles(e *env, rounds, n int, pgbenchFor time.Duration) ([]cycleResu
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, cycleResult{name: host.name, median: time.Duration(float64(time.Second) / tps), note: "ceiling (C client, one connection)"})
+		out = append(out, cycleResult{name: host.name, median: time.Duration(float64(time.Second) / tps)})
 	}
 	return out, nil
 }
