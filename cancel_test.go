@@ -129,3 +129,57 @@ func waitWaiting(t testing.TB, q sqllock.Querier, k sqllock.Key) {
 	}
 	t.Fatalf("nobody started waiting for %v", k)
 }
+
+// TestAbandonedWaitLeavesNoOneQueued: when a waiter's context ends, its
+// backend leaves the queue before Lock (or InTx) returns, so the holder's
+// release goes to no abandoned session. pgx closes the socket of a
+// cancelled statement without a cancel request: without sqllock's own
+// cancel, the abandoned backend was granted the lock in most rounds.
+func TestAbandonedWaitLeavesNoOneQueued(t *testing.T) {
+	const rounds = 40
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		holderL := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithKeepAlive(0))
+		waiterL := sqllock.New(db, sqllock.WithKeepAlive(0))
+		for _, via := range []string{"Lock", "InTx"} {
+			t.Run(via, func(t *testing.T) {
+				k := sqllock.Hash("abandoned:" + via)
+				grabbed := 0
+				for i := 0; i < rounds; i++ {
+					h, err := holderL.Lock(bg(), k)
+					if err != nil {
+						t.Fatalf("round %d: holder Lock: %v", i, err)
+					}
+					ctx, cancel := context.WithTimeout(bg(), 30*time.Millisecond)
+					if via == "Lock" {
+						_, err = waiterL.Lock(ctx, k)
+					} else {
+						err = waiterL.InTx(ctx, k, nil, func(*sql.Tx) error { return nil })
+					}
+					cancel()
+					if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+						t.Fatalf("round %d: waiter %s = %v, want ErrNotAcquired and DeadlineExceeded", i, via, err)
+					}
+					if err := h.Unlock(bg()); err != nil {
+						t.Fatal(err)
+					}
+					// At once: nobody else may have been granted k.
+					again, err := holderL.TryLock(bg(), k)
+					if errors.Is(err, sqllock.ErrNotAcquired) {
+						grabbed++
+						waitFree(t, db, k, 5*time.Second)
+						continue
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					again.Unlock(bg())
+				}
+				t.Logf("%s: the abandoned waiter's backend was granted the lock in %d of %d rounds", via, grabbed, rounds)
+				if grabbed != 0 {
+					t.Fatalf("%s: an abandoned waiter's backend took the lock in %d of %d rounds, want 0", via, grabbed, rounds)
+				}
+				waitNoLocks(t, db, 5*time.Second)
+			})
+		}
+	})
+}

@@ -86,7 +86,7 @@ WHERE l.locktype = 'advisory'
 // a session-level from a transaction-level lock in pg_locks, and shows a lock
 // taken several times by one session once.
 func Inspect(ctx context.Context, q Querier, opts ...InspectOption) ([]HeldLock, error) {
-	if q == nil {
+	if isNil(q) {
 		return nil, fmt.Errorf("sqllock: Inspect: nil Querier")
 	}
 	var cfg inspectConfig

@@ -2,8 +2,10 @@ package sqllock
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +23,10 @@ type monitor struct {
 	watched  map[watched]struct{} // guarded by mu
 	running  bool                 // guarded by mu
 	failures int                  // guarded by mu: consecutive failed checks
+
+	// starved is set while checks find the pool at its limit; only the
+	// loop goroutine uses it.
+	starved bool
 }
 
 // watched is something the keep-alive checks: a Lock, or a Session with
@@ -117,26 +123,38 @@ func (m *monitor) check(ws []watched) {
 	if len(keys) == 0 {
 		return
 	}
-	timeout := m.l.cfg.keepAlive
-	if timeout < time.Second {
-		timeout = time.Second
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), m.l.checkTimeout())
 	defer cancel()
-	m.l.stats.keepAlive.Add(1)
-	lost, err := queryLost(ctx, m.l, keys)
+	// No connection is not evidence about the server: the Locker's own
+	// locks and waiters may hold all of them. Such a check is skipped, not
+	// failed; it does not queue for a connection either, so that it never
+	// takes one from the caller's next Lock.
+	var conn *sql.Conn
+	err := errPoolFull
+	if !poolFull(m.l.db) {
+		conn, err = m.l.db.Conn(ctx)
+	}
+	if err != nil && poolFull(m.l.db) {
+		m.l.stats.keepAliveSkipped.Add(1)
+		if !m.starved {
+			m.starved = true
+			st := m.l.db.Stats()
+			m.l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
+				"sqllock: keep-alive skipped: the pool is at its SetMaxOpenConns limit, so held locks are not being watched; leave one connection free",
+				slog.Int("max_open", st.MaxOpenConnections), slog.Int("in_use", st.InUse), slog.Int("locks", len(keys)))
+		}
+		return
+	}
 	if err != nil {
-		m.mu.Lock()
-		m.failures++
-		n := m.failures
-		m.mu.Unlock()
-		if n < failedChecksBeforeLost {
-			return
-		}
-		cause := fmt.Errorf("keep-alive could not confirm the lock %d times in a row: %w", n, err)
-		for _, w := range ws {
-			w.lose(cause)
-		}
+		m.failed(ws, err)
+		return
+	}
+	defer conn.Close()
+	m.starved = false
+	m.l.stats.keepAlive.Add(1)
+	lost, err := queryLost(ctx, conn, keys)
+	if err != nil {
+		m.failed(ws, err)
 		return
 	}
 	m.mu.Lock()
@@ -147,9 +165,40 @@ func (m *monitor) check(ws []watched) {
 	}
 }
 
+var errPoolFull = errors.New("sqllock: pool at its limit")
+
+// failed counts a check that got no answer from the server; after
+// failedChecksBeforeLost in a row, every lock in ws is reported lost.
+func (m *monitor) failed(ws []watched, err error) {
+	m.mu.Lock()
+	m.failures++
+	n := m.failures
+	m.mu.Unlock()
+	if n < failedChecksBeforeLost {
+		return
+	}
+	cause := fmt.Errorf("keep-alive could not reach the server %d times in a row: %w", n, err)
+	for _, w := range ws {
+		w.lose(cause)
+	}
+}
+
+// poolFull reports whether db's pool is at its SetMaxOpenConns limit.
+func poolFull(db *sql.DB) bool {
+	st := db.Stats()
+	return st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections
+}
+
+// checkTimeout is how long one keep-alive check may take: the interval, but
+// at least a second, so that a short interval on a loaded machine does not
+// make slow answers look like failures.
+func (l *Locker) checkTimeout() time.Duration {
+	return max(l.cfg.keepAlive, time.Second)
+}
+
 // queryLost returns the 0-based indexes of keys that the server does not
 // show as granted.
-func queryLost(ctx context.Context, l *Locker, keys []heldKey) ([]int, error) {
+func queryLost(ctx context.Context, conn *sql.Conn, keys []heldKey) ([]int, error) {
 	var pids, classids, objids, subids, shared strings.Builder
 	for i, h := range keys {
 		sep := ","
@@ -163,7 +212,7 @@ func queryLost(ctx context.Context, l *Locker, keys []heldKey) ([]int, error) {
 		subids.WriteString(sep + strconv.Itoa(s))
 		shared.WriteString(sep + strconv.FormatBool(h.shared))
 	}
-	rows, err := l.db.QueryContext(ctx, keepAliveSQL, pids.String()+"}", classids.String()+"}",
+	rows, err := conn.QueryContext(ctx, keepAliveSQL, pids.String()+"}", classids.String()+"}",
 		objids.String()+"}", subids.String()+"}", shared.String()+"}")
 	if err != nil {
 		return nil, err

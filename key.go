@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // keyForm tells which of PostgreSQL's two advisory key spaces a Key lives in.
@@ -194,13 +195,29 @@ func parseInt(s string, bits int) (int64, error) {
 	if err != nil {
 		var ne *strconv.NumError
 		if errors.As(err, &ne) && errors.Is(ne.Err, strconv.ErrRange) {
-			return 0, fmt.Errorf("%s is out of range for int%d", s, bits)
+			return 0, fmt.Errorf("%s is out of range for int%d", clip(s, maxEchoed), bits)
 		}
-		return 0, fmt.Errorf("%q is not a decimal integer", s)
+		return 0, fmt.Errorf("%q is not a decimal integer", clip(s, maxEchoed))
 	}
 	return v, nil
 }
 
 func keyError(s, why string) error {
-	return fmt.Errorf("%w %q: %s", ErrInvalidKey, s, why)
+	return fmt.Errorf("%w %q: %s", ErrInvalidKey, clip(s, maxEchoed), why)
+}
+
+// maxEchoed is how many bytes of a caller's text an error quotes.
+const maxEchoed = 40
+
+// clip cuts s to at most n bytes, on a UTF-8 boundary, marking a cut with
+// "…".
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := n
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + "…"
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestKeyConstructors(t *testing.T) {
@@ -183,6 +184,20 @@ func TestKeyLess(t *testing.T) {
 			if got := ordered[i].less(ordered[j]); got != (i < j) {
 				t.Errorf("%v.less(%v) = %v, want %v", ordered[i], ordered[j], got, i < j)
 			}
+		}
+	}
+}
+
+// TestParseKeyErrorIsShort: the error quotes at most a short prefix of the
+// text, cut on a character boundary.
+func TestParseKeyErrorIsShort(t *testing.T) {
+	for _, in := range []string{strings.Repeat("9", 10000), strings.Repeat("é", 5000), "1," + strings.Repeat("x", 3000)} {
+		_, err := ParseKey(in)
+		if !errors.Is(err, ErrInvalidKey) {
+			t.Fatalf("ParseKey(%d bytes) = %v, want ErrInvalidKey", len(in), err)
+		}
+		if msg := err.Error(); len(msg) > 200 || !utf8.ValidString(msg) {
+			t.Fatalf("ParseKey(%d bytes) error is %d bytes (valid UTF-8: %v): %.120q", len(in), len(msg), utf8.ValidString(msg), msg)
 		}
 	}
 }

@@ -48,22 +48,38 @@ func newLock(l *Locker, k Key, shared bool, conn *sql.Conn, pid int64) *Lock {
 	return &Lock{l: l, key: k, shared: shared, conn: conn, pid: pid, since: time.Now(), ctx: ctx, cancel: cancel}
 }
 
-// Key returns the lock's key.
-func (lk *Lock) Key() Key { return lk.key }
+// Key returns the lock's key (the zero Key for a nil Lock).
+func (lk *Lock) Key() Key {
+	if lk == nil {
+		return Key{}
+	}
+	return lk.key
+}
 
 // Shared reports whether the lock is held in shared mode.
-func (lk *Lock) Shared() bool { return lk.shared }
+func (lk *Lock) Shared() bool { return lk != nil && lk.shared }
 
 // Conn returns the pinned connection: the session that holds the lock. Run
 // statements on it when they must happen in the locking session. Do not
 // close it; Unlock does. (Closing it puts the locked session back in the
 // pool; Unlock then releases that session's advisory locks, or ends the
 // session if someone else has it, and returns an error saying so.) After
-// Unlock, its methods return sql.ErrConnDone.
-func (lk *Lock) Conn() *sql.Conn { return lk.conn }
+// Unlock, its methods return sql.ErrConnDone. It returns nil for a nil Lock.
+func (lk *Lock) Conn() *sql.Conn {
+	if lk == nil {
+		return nil
+	}
+	return lk.conn
+}
 
-// PID returns the PostgreSQL backend process id that holds the lock.
-func (lk *Lock) PID() int { return int(lk.pid) }
+// PID returns the PostgreSQL backend process id that holds the lock (0 for
+// a nil Lock).
+func (lk *Lock) PID() int {
+	if lk == nil {
+		return 0
+	}
+	return int(lk.pid)
+}
 
 // Done returns a channel that is closed when the lock is released or lost
 // (already closed for a nil Lock).

@@ -148,6 +148,28 @@ func TestBadInput(t *testing.T) {
 	if _, err := sqllock.Inspect(bg(), nil); err == nil {
 		t.Error("Inspect(nil) = nil")
 	}
+	// Typed nils inside the interfaces are errors, not panics.
+	var nilTx *sql.Tx
+	if err := sqllock.LockTx(bg(), nilTx, sqllock.Int64(1)); err == nil {
+		t.Error("LockTx((*sql.Tx)(nil)) = nil")
+	}
+	if _, err := sqllock.TryLockTx(bg(), nilTx, sqllock.Int64(1)); err == nil {
+		t.Error("TryLockTx((*sql.Tx)(nil)) = nil")
+	}
+	var nilDB *sql.DB
+	if _, err := sqllock.Inspect(bg(), nilDB); err == nil {
+		t.Error("Inspect((*sql.DB)(nil)) = nil")
+	}
+	// A nil Lock answers with zero values.
+	var nilLock *sqllock.Lock
+	if k, c, p, sh := nilLock.Key(), nilLock.Conn(), nilLock.PID(), nilLock.Shared(); k != (sqllock.Key{}) || c != nil || p != 0 || sh {
+		t.Errorf("nil Lock: Key %v, Conn %v, PID %d, Shared %v; want zero values", k, c, p, sh)
+	}
+	var nilSession *sqllock.Session
+	if err := nilSession.Err(); !errors.Is(err, sqllock.ErrReleased) || nilSession.PID() != 0 || nilSession.Conn() != nil {
+		t.Errorf("nil Session: Err %v, PID %d", err, nilSession.PID())
+	}
+	<-nilSession.Done()
 	func() {
 		defer func() {
 			if p := recover(); p == nil {

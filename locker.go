@@ -61,14 +61,20 @@ const (
 
 // WithKeepAlive sets how often the Locker checks that its held locks still
 // exist (default [DefaultKeepAlive]); 0 turns the check off. The check runs
-// on a connection of the pool, never on a lock's pinned connection (so it
-// needs one free connection per interval: leave room in SetMaxOpenConns),
-// and covers all of the Locker's locks and Sessions in one query. A lock
-// whose backend no longer holds it is reported lost at once; when the check
-// itself fails (the server cannot be reached, or no connection comes within
-// the interval) twice in a row, every lock is reported lost, since none can
-// be confirmed. One goroutine runs the checks while locks are held and ends
-// within one interval of the last release.
+// on a connection of the pool (never on a lock's pinned connection), and covers all of the
+// Locker's locks and Sessions in one query. Each check, connection
+// included, waits at most the interval or one second, whichever is longer.
+//
+// A lock whose backend no longer holds it is reported lost at once. When
+// the check gets no answer from the server twice in a row, every lock is
+// reported lost, since none can be confirmed. A check that cannot get a
+// connection because the pool is at its SetMaxOpenConns limit is skipped,
+// not failed (a busy pool says nothing about the server): it is counted in
+// [Stats].KeepAliveSkipped and logged once at Warn level, and while it
+// lasts the locks are not watched. So leave one connection beyond the
+// locks and waiters: SetMaxOpenConns(locks + waiters + 1). One goroutine
+// runs the checks while locks are held and ends within one interval of the
+// last release.
 func WithKeepAlive(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.keepAlive = d })
 }
@@ -126,7 +132,7 @@ func WithInlineKeys(inline bool) Option {
 // SQL text for lib/pq). New panics if db is nil.
 func New(db *sql.DB, opts ...Option) *Locker {
 	if db == nil {
-		panic("sqllock: New called with a nil *sql.DB")
+		panic("sqllock: New called with a nil *sql.DB (was the error of sql.Open ignored? It fails when no driver of that name is registered: import one, such as _ \"github.com/jackc/pgx/v5/stdlib\")")
 	}
 	cfg := config{keepAlive: DefaultKeepAlive, unlockTimeout: DefaultUnlockTimeout}
 	for _, o := range opts {
@@ -244,13 +250,28 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, try, shared bool, start
 		}
 		return nil, err
 	}
-	if !try && l.cfg.logger.Enabled(ctx, slog.LevelDebug) {
-		l.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "sqllock: waiting", slog.String("key", l.name(k)), slog.Bool("shared", shared))
-	}
-	q, args := l.mode.sessionLockSQL(lockFn(try, shared, false), k)
+	// Every call starts with the non-waiting function: an uncontended lock
+	// costs one round trip either way, and a wait then knows its backend's
+	// pid, which settles a cancelled wait (see cancelWait).
+	q, args := l.mode.sessionLockSQL(lockFn(true, shared, false), k)
 	var ok, standby bool
 	var pid int64
 	err = queryRow(ctx, conn, q, args, &ok, &pid, &standby)
+	if err == nil && !ok && !try && !(standby && !l.cfg.allowStandby) {
+		if l.cfg.logger.Enabled(ctx, slog.LevelDebug) {
+			l.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "sqllock: waiting", slog.String("key", l.name(k)),
+				slog.Bool("shared", shared), slog.Int64("pid", pid))
+		}
+		q, args = l.mode.sessionLockSQL(lockFn(false, shared, false), k)
+		waitPID := pid
+		err = queryRow(ctx, conn, q, args, &ok, &pid, &standby)
+		if ctxEnded(ctx) {
+			// The abandoned backend may still be queued for k (a driver
+			// that closes the socket sends no cancel request): take it
+			// out of the queue before anyone can grant it the lock.
+			l.cancelWait(waitPID, k)
+		}
+	}
 	if ctxEnded(ctx) {
 		// Whatever the driver said, the outcome is uncertain: a cancelled
 		// wait can be granted, and some drivers report a cancelled statement
@@ -263,16 +284,20 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, try, shared bool, start
 		l.discard(conn, k, "lock statement failed")
 		return nil, lockError(k, err)
 	}
+	if standby && !l.cfg.allowStandby {
+		if !ok {
+			conn.Close() // confirmed: this session holds nothing
+			return nil, fmt.Errorf("%w (lock %s)", ErrStandby, l.name(k))
+		}
+		if err := l.release(conn, k, shared, pid); err != nil {
+			return nil, errors.Join(fmt.Errorf("%w (lock %s)", ErrStandby, l.name(k)), err)
+		}
+		return nil, fmt.Errorf("%w (lock %s)", ErrStandby, l.name(k))
+	}
 	if !ok {
 		l.stats.contended.Add(1)
 		conn.Close() // confirmed: this session holds nothing
-		return nil, fmt.Errorf("%w: %s is held by another session", ErrNotAcquired, k)
-	}
-	if standby && !l.cfg.allowStandby {
-		if err := l.release(conn, k, shared, pid); err != nil {
-			return nil, errors.Join(fmt.Errorf("%w (lock %s)", ErrStandby, k), err)
-		}
-		return nil, fmt.Errorf("%w (lock %s)", ErrStandby, k)
+		return nil, fmt.Errorf("%w: %s is held by another session", ErrNotAcquired, l.name(k))
 	}
 	lk := newLock(l, k, shared, conn, pid)
 	l.stats.acquired.Add(1)
@@ -325,15 +350,21 @@ func (l *Locker) release(conn *sql.Conn, k Key, shared bool, pid int64) error {
 		// Lock.Conn() was closed by the caller: the session went back to the
 		// pool holding the lock.
 		return l.reclaim(k, pid)
+	case err != nil && connectionBroken(err):
+		// The session ended (terminated, restarted, or cut off) before the
+		// unlock: the lock went with it, at a moment no one can tell, so
+		// the critical section may not have been exclusive.
+		l.discard(conn, k, "session gone at unlock")
+		return fmt.Errorf("%w: %s: the session ended before the unlock: %w", ErrLockLost, l.name(k), err)
 	case err != nil:
 		l.discard(conn, k, "unlock statement failed")
-		return fmt.Errorf("sqllock: unlock %s: %w (connection discarded; the server releases the lock as the session ends)", k, err)
+		return fmt.Errorf("sqllock: unlock %s: %w (connection discarded; the server releases the lock as the session ends)", l.name(k), err)
 	case gotPID != pid:
 		l.discard(conn, k, "backend changed")
-		return fmt.Errorf("%w: %w: lock %s was granted to backend %d but unlock ran on backend %d", ErrLockLost, ErrSessionChanged, k, pid, gotPID)
+		return fmt.Errorf("%w: %w: lock %s was granted to backend %d but unlock ran on backend %d", ErrLockLost, ErrSessionChanged, l.name(k), pid, gotPID)
 	case !released.Bool:
 		l.discard(conn, k, "unlock found no lock")
-		return fmt.Errorf("%w: unlock of %s on backend %d found no such lock", ErrLockLost, k, pid)
+		return fmt.Errorf("%w: unlock of %s on backend %d found no such lock", ErrLockLost, l.name(k), pid)
 	}
 	return conn.Close()
 }
@@ -373,6 +404,45 @@ func (l *Locker) unlockContext() context.Context {
 		l.epochCtx, l.epochUntil = ctx, now.Add(epoch)
 	}
 	return l.epochCtx
+}
+
+// cancelWaitSQL cancels backend $1's statement if it still waits for the
+// advisory lock whose tag is ($2, $3, $4), and answers how many backends it
+// signalled (0 or 1). Matching the pid and the awaited key together keeps
+// it from cancelling anyone else's statement.
+const cancelWaitSQL = `SELECT count(pg_cancel_backend(l.pid)) FROM pg_catalog.pg_locks l
+ WHERE l.locktype = 'advisory' AND NOT l.granted AND l.pid = $1::int4
+  AND l.classid::int8 = $2::int8 AND l.objid::int8 = $3::int8 AND l.objsubid = $4::int4`
+
+// waitingSQL reports whether backend $1 still waits for an advisory lock.
+const waitingSQL = `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
+ WHERE l.locktype = 'advisory' AND NOT l.granted AND l.pid = $1::int4)`
+
+// cancelWaitTimeout bounds cancelWait.
+const cancelWaitTimeout = 2 * time.Second
+
+// cancelWait takes backend pid, whose wait for k its client abandoned, out
+// of k's queue, from another pooled connection, and waits (bounded) until
+// it has left. Some drivers (pgx) close the socket of a cancelled statement
+// without a cancel request; the backend then stays queued until it is
+// granted the lock, and holds it until it notices that its client is gone.
+// It is best effort: when no connection can be had in time, the server
+// still releases the lock as the abandoned session ends.
+func (l *Locker) cancelWait(pid int64, k Key) {
+	ctx, cancel := context.WithTimeout(context.Background(), cancelWaitTimeout)
+	defer cancel()
+	c, o, sub := k.lockTag()
+	var n int64
+	if err := l.db.QueryRowContext(ctx, cancelWaitSQL, pid, int64(c), int64(o), sub).Scan(&n); err != nil || n == 0 {
+		return
+	}
+	for ctx.Err() == nil {
+		var waiting bool
+		if err := l.db.QueryRowContext(ctx, waitingSQL, pid).Scan(&waiting); err != nil || !waiting {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // discard closes conn's session instead of returning it to the pool.
@@ -492,14 +562,20 @@ type Stats struct {
 	// KeepAliveChecks counts keep-alive queries: one per interval for all
 	// of the Locker's locks and Sessions, whatever their number.
 	KeepAliveChecks int64
+	// KeepAliveSkipped counts intervals in which the keep-alive could not
+	// check because the pool was at its SetMaxOpenConns limit. Such an
+	// interval is not evidence that a lock was lost; no lock is watched
+	// during it.
+	KeepAliveSkipped int64
 }
 
 type lockerStats struct {
-	held, acquired, contended, lost, discarded, keepAlive atomic.Int64
+	held, acquired, contended, lost, discarded, keepAlive, keepAliveSkipped atomic.Int64
 }
 
 // Stats returns the Locker's counters.
 func (l *Locker) Stats() Stats {
 	return Stats{Held: l.stats.held.Load(), Acquired: l.stats.acquired.Load(), Contended: l.stats.contended.Load(),
-		Lost: l.stats.lost.Load(), Discarded: l.stats.discarded.Load(), KeepAliveChecks: l.stats.keepAlive.Load()}
+		Lost: l.stats.lost.Load(), Discarded: l.stats.discarded.Load(), KeepAliveChecks: l.stats.keepAlive.Load(),
+		KeepAliveSkipped: l.stats.keepAliveSkipped.Load()}
 }

@@ -41,7 +41,15 @@ type Session struct {
 	ctx    context.Context // cancelled when the Session is closed or lost
 	cancel context.CancelCauseFunc
 
-	mu     sync.Mutex   // serialises calls; guards the fields below
+	// callMu serialises the Session's calls, and is held across their
+	// round trips. gone is guarded by callMu: the connection was discarded.
+	callMu sync.Mutex
+	gone   bool
+
+	// mu guards the fields below. It is never held across a round trip, so
+	// that the keep-alive, Err and Held never wait for a call in progress
+	// (a blocking Lock can wait for a long time).
+	mu     sync.Mutex
 	held   map[Key]bool // keys held now
 	state  lockState    // stateHeld while usable
 	err    error        // nil while usable
@@ -77,23 +85,43 @@ func (l *Locker) Session(ctx context.Context) (*Session, error) {
 }
 
 // Conn returns the pinned connection: the session that holds the locks.
-func (s *Session) Conn() *sql.Conn { return s.conn }
+func (s *Session) Conn() *sql.Conn {
+	if s == nil {
+		return nil
+	}
+	return s.conn
+}
 
 // PID returns the backend process id of the session.
-func (s *Session) PID() int { return int(s.pid) }
+func (s *Session) PID() int {
+	if s == nil {
+		return 0
+	}
+	return int(s.pid)
+}
 
 // Done returns a channel that is closed when the Session is closed or lost.
-func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
+func (s *Session) Done() <-chan struct{} {
+	if s == nil {
+		return closedChan
+	}
+	return s.ctx.Done()
+}
 
 // Err returns nil while the Session is usable, ErrReleased after Close, and
-// an error wrapping ErrLockLost once it is lost.
+// an error wrapping ErrLockLost once it is lost. It never waits for a call
+// in progress.
 func (s *Session) Err() error {
+	if s == nil {
+		return ErrReleased
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.err
 }
 
-// Held returns the keys the Session holds, sorted.
+// Held returns the keys the Session holds, sorted. It never waits for a
+// call in progress.
 func (s *Session) Held() []Key {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -107,6 +135,13 @@ func (s *Session) Held() []Key {
 	return append([]Key(nil), s.sorted...)
 }
 
+// holds reports whether the Session holds k.
+func (s *Session) holds(k Key) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.held[k]
+}
+
 // TryLock takes k if no other session holds it, and reports whether it did.
 // A key the Session already holds is not taken twice: TryLock reports true.
 func (s *Session) TryLock(ctx context.Context, k Key) (bool, error) {
@@ -114,12 +149,7 @@ func (s *Session) TryLock(ctx context.Context, k Key) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if len(got) == 1 {
-		return true, nil
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.held[k], nil
+	return len(got) == 1 || s.holds(k), nil
 }
 
 // Lock takes k, waiting while another session holds it; a key the Session
@@ -128,16 +158,18 @@ func (s *Session) TryLock(ctx context.Context, k Key) (bool, error) {
 // the whole Session (all its locks are released by the server) and Lock
 // returns an error matching [ErrNotAcquired] and ctx.Err(). Prefer TryLock
 // in a Session whose other locks matter.
+//
+// While Lock waits, the keep-alive keeps watching the Session's other
+// locks, and Err, Held and Done answer at once.
 func (s *Session) Lock(ctx context.Context, k Key) error {
 	if err := k.valid(); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.usable(); err != nil {
+	if err := s.begin(); err != nil {
 		return err
 	}
-	if s.held[k] {
+	defer s.end()
+	if s.holds(k) {
 		return nil
 	}
 	if err := ctx.Err(); err != nil { // nothing sent: the Session is intact
@@ -149,20 +181,22 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 	err := queryRow(ctx, s.conn, q, args, &ok, &pid, &standby)
 	switch {
 	case ctxEnded(ctx):
-		s.loseLocked(fmt.Errorf("a blocking Lock of %s was cancelled: %w", k, ctxErr(ctx)))
+		s.l.cancelWait(s.pid, k)
+		s.loseLocked(fmt.Errorf("a blocking Lock of %s was cancelled: %w", s.l.name(k), ctxErr(ctx)))
 		return notAcquired(k, ctxErr(ctx))
 	case err != nil:
 		if st := sqlState(err); st != "40P01" && st != "53200" {
 			// Only a deadlock victim or a full lock table is surely not
 			// granted; anything else leaves the session in doubt.
-			s.loseLocked(fmt.Errorf("lock %s failed: %w", k, err))
+			s.loseLocked(fmt.Errorf("lock %s failed: %w", s.l.name(k), err))
 		}
 		return lockError(k, err)
 	case pid != s.pid:
 		s.loseLocked(fmt.Errorf("%w: backend %d, was %d", ErrSessionChanged, pid, s.pid))
-		return s.err
+		return s.Err()
 	}
-	s.add(k)
+	s.add([]Key{k})
+	s.l.stats.acquired.Add(1)
 	return nil
 }
 
@@ -179,22 +213,14 @@ func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
 			return nil, err
 		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.usable(); err != nil {
+	if err := s.begin(); err != nil {
 		return nil, err
 	}
+	defer s.end()
 	if err := ctx.Err(); err != nil && len(keys) > 0 { // nothing sent: the Session is intact
 		return nil, notAcquired(keys[0], err)
 	}
-	want := make([]Key, 0, len(keys))
-	seen := make(map[Key]bool, len(keys))
-	for _, k := range keys {
-		if !s.held[k] && !seen[k] {
-			seen[k] = true
-			want = append(want, k)
-		}
-	}
+	want := s.notHeld(keys)
 	if len(want) == 0 {
 		return nil, nil
 	}
@@ -213,29 +239,10 @@ func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
 		}
 		return nil
 	})
-	if ctxEnded(ctx) {
-		s.loseLocked(fmt.Errorf("TryLockMany was cancelled: %w", ctxErr(ctx)))
-		return nil, notAcquired(want[0], ctxErr(ctx))
+	if ctxEnded(ctx) || err != nil {
+		return nil, s.tryLockManyFailed(ctx, want, err)
 	}
-	if err != nil {
-		if errors.Is(err, ErrSessionChanged) {
-			s.loseLocked(err)
-			return nil, s.err
-		}
-		if sqlState(err) == "53200" {
-			// Session locks taken by the failed statement stay held:
-			// find and release them, keeping the Session's earlier locks.
-			if rerr := s.releaseStray(ctx, want); rerr != nil {
-				s.loseLocked(fmt.Errorf("after a full lock table: %w", rerr))
-			}
-			return nil, fmt.Errorf("%w: TryLockMany of %d keys: %w", ErrLockTableFull, len(want), err)
-		}
-		s.loseLocked(fmt.Errorf("TryLockMany failed: %w", err))
-		return nil, lockError(want[0], err)
-	}
-	for _, k := range got {
-		s.add(k)
-	}
+	s.add(got)
 	s.l.stats.acquired.Add(int64(len(got)))
 	s.l.stats.contended.Add(int64(len(want) - len(got)))
 	// Report in the order given.
@@ -247,32 +254,83 @@ func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
 	return got, nil
 }
 
+// notHeld returns keys without repeats and without those the Session holds.
+func (s *Session) notHeld(keys []Key) []Key {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	want := make([]Key, 0, len(keys))
+	seen := make(map[Key]bool, len(keys))
+	for _, k := range keys {
+		if !s.held[k] && !seen[k] {
+			seen[k] = true
+			want = append(want, k)
+		}
+	}
+	return want
+}
+
+// tryLockManyFailed settles a TryLockMany statement that failed (err) or
+// whose ctx ended, and returns the error to report.
+func (s *Session) tryLockManyFailed(ctx context.Context, want []Key, err error) error {
+	switch {
+	case ctxEnded(ctx):
+		s.loseLocked(fmt.Errorf("TryLockMany was cancelled: %w", ctxErr(ctx)))
+		return notAcquired(want[0], ctxErr(ctx))
+	case errors.Is(err, ErrSessionChanged):
+		s.loseLocked(err)
+		return s.Err()
+	case sqlState(err) == "53200":
+		// Session locks taken by the failed statement stay held: find and
+		// release them, keeping the Session's earlier locks.
+		if rerr := s.releaseStray(ctx, want); rerr != nil {
+			s.loseLocked(fmt.Errorf("after a full lock table: %w", rerr))
+		}
+		return fmt.Errorf("%w: TryLockMany of %d keys: %w", ErrLockTableFull, len(want), err)
+	}
+	s.loseLocked(fmt.Errorf("TryLockMany failed: %w", err))
+	return lockError(want[0], err)
+}
+
 // Unlock releases k. Unlocking a key the Session does not hold is an error
 // (nothing happens on the server).
 func (s *Session) Unlock(ctx context.Context, k Key) error {
 	return s.UnlockMany(ctx, k)
 }
 
-// UnlockMany releases keys in one round trip. Each must be held by the
-// Session. When PostgreSQL does not confirm every unlock on the Session's
-// backend, the Session is lost (and its connection discarded) and the error
-// wraps [ErrLockLost]. Like Lock.Unlock, it ignores ctx's cancellation and
-// is bounded by the unlock timeout.
+// UnlockMany releases keys in one round trip; a key given twice is released
+// once. Each must be held by the Session. When PostgreSQL does not confirm
+// every unlock on the Session's backend, the Session is lost (and its
+// connection discarded) and the error wraps [ErrLockLost]. Like
+// Lock.Unlock, it ignores ctx's cancellation and is bounded by the unlock
+// timeout.
 func (s *Session) UnlockMany(ctx context.Context, keys ...Key) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.usable(); err != nil {
+	if err := s.begin(); err != nil {
 		return err
 	}
+	defer s.end()
+	uniq := make([]Key, 0, len(keys))
+	seen := make(map[Key]bool, len(keys))
 	for _, k := range keys {
-		if !s.held[k] {
-			return fmt.Errorf("sqllock: unlock %s: not held by this session", k)
+		if seen[k] {
+			continue
 		}
+		if !s.holds(k) {
+			return fmt.Errorf("sqllock: unlock %s: not held by this session", s.l.name(k))
+		}
+		seen[k] = true
+		uniq = append(uniq, k)
 	}
-	return s.unlockLocked(ctx, keys)
+	if err := s.unlockKeys(uniq); err != nil {
+		return err
+	}
+	s.forget(uniq)
+	return nil
 }
 
-func (s *Session) unlockLocked(ctx context.Context, keys []Key) error {
+// unlockKeys releases keys, which the session holds, in one statement; when
+// an unlock is not confirmed on the Session's backend it loses the Session.
+// The caller holds callMu and does the accounting.
+func (s *Session) unlockKeys(keys []Key) error {
 	if len(keys) == 0 {
 		return nil
 	}
@@ -287,16 +345,14 @@ func (s *Session) unlockLocked(ctx context.Context, keys []Key) error {
 	switch {
 	case err != nil:
 		s.loseLocked(fmt.Errorf("unlock failed: %w", err))
+		if connectionBroken(err) {
+			return s.Err()
+		}
 		return fmt.Errorf("sqllock: session unlock: %w (connection discarded; the server releases its locks as the session ends)", err)
 	case confirmed != len(keys):
 		s.loseLocked(fmt.Errorf("unlock confirmed %d of %d keys", confirmed, len(keys)))
-		return s.err
+		return s.Err()
 	}
-	for _, k := range keys {
-		delete(s.held, k)
-	}
-	s.sorted = nil
-	s.l.stats.held.Add(-int64(len(keys)))
 	return nil
 }
 
@@ -308,65 +364,135 @@ func (s *Session) Close(ctx context.Context) error {
 	if s == nil {
 		return ErrReleased
 	}
+	s.callMu.Lock()
+	defer s.end()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.state == stateReleased {
-		return ErrReleased
-	}
-	if s.state == stateLost {
-		s.state = stateReleased
-		return s.err
-	}
+	state, err := s.state, s.err
 	keys := make([]Key, 0, len(s.held))
 	for k := range s.held {
 		keys = append(keys, k)
 	}
-	if err := s.unlockLocked(ctx, keys); err != nil {
-		s.state = stateReleased
+	s.mu.Unlock()
+	switch state {
+	case stateReleased:
+		return ErrReleased
+	case stateLost:
+		s.setReleased(err)
 		return err
 	}
+	if err := s.unlockKeys(keys); err != nil {
+		s.setReleased(s.Err())
+		return err
+	}
+	s.forget(keys)
 	s.l.mon.remove(s)
-	s.state, s.err = stateReleased, ErrReleased
+	s.setReleased(ErrReleased)
 	s.cancel(ErrReleased)
+	s.gone = true
 	return s.conn.Close()
 }
 
-func (s *Session) usable() error {
-	if s.state != stateHeld {
-		return s.err
+// begin starts a call: it takes callMu and checks that the Session is
+// usable. end must follow when begin returns nil.
+func (s *Session) begin() error {
+	s.callMu.Lock()
+	if err := s.Err(); err != nil {
+		s.callMu.Unlock()
+		return err
 	}
 	return nil
 }
 
-func (s *Session) add(k Key) {
-	s.held[k] = true
-	s.sorted = nil
-	s.l.stats.held.Add(1)
+// end finishes a call: a Session that the keep-alive found lost while the
+// call ran has its connection discarded now that the call no longer uses
+// it.
+func (s *Session) end() {
+	if !s.gone && s.Err() != nil && errors.Is(s.Err(), ErrLockLost) {
+		s.discardConn()
+	}
+	s.callMu.Unlock()
 }
 
-// lose marks the Session lost (from the keep-alive).
-func (s *Session) lose(cause error) {
+func (s *Session) setReleased(err error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.loseLocked(cause)
+	s.state, s.err = stateReleased, err
+	s.mu.Unlock()
 }
 
-// loseLocked marks the Session lost, discards its connection and forgets
-// its locks: the server releases them as the session ends.
-func (s *Session) loseLocked(cause error) {
-	if s.state != stateHeld {
+// add records keys as held.
+func (s *Session) add(keys []Key) {
+	if len(keys) == 0 {
 		return
 	}
+	s.mu.Lock()
+	for _, k := range keys {
+		s.held[k] = true
+	}
+	s.sorted = nil
+	s.mu.Unlock()
+	s.l.stats.held.Add(int64(len(keys)))
+}
+
+// forget records keys as released.
+func (s *Session) forget(keys []Key) {
+	s.mu.Lock()
+	for _, k := range keys {
+		delete(s.held, k)
+	}
+	s.sorted = nil
+	s.mu.Unlock()
+	s.l.stats.held.Add(-int64(len(keys)))
+}
+
+// lose marks the Session lost (from the keep-alive). It never waits for a
+// call in progress: that call discards the connection when it ends.
+func (s *Session) lose(cause error) {
+	if !s.markLost(cause) {
+		return
+	}
+	if s.callMu.TryLock() {
+		s.discardConn()
+		s.callMu.Unlock()
+	}
+}
+
+// loseLocked marks the Session lost and discards its connection: the server
+// releases its locks as the session ends. The caller holds callMu.
+func (s *Session) loseLocked(cause error) {
+	if s.markLost(cause) {
+		s.discardConn()
+	}
+}
+
+// markLost marks a usable Session lost and forgets its locks; it reports
+// whether it did.
+func (s *Session) markLost(cause error) bool {
+	s.mu.Lock()
+	if s.state != stateHeld {
+		s.mu.Unlock()
+		return false
+	}
+	n := int64(len(s.held))
 	s.state = stateLost
-	s.err = fmt.Errorf("%w: session on backend %d (%d locks): %w", ErrLockLost, s.pid, len(s.held), cause)
-	s.l.stats.held.Add(-int64(len(s.held)))
-	s.l.stats.lost.Add(int64(len(s.held)))
+	s.err = fmt.Errorf("%w: session on backend %d (%d locks): %w", ErrLockLost, s.pid, n, cause)
 	s.held, s.sorted = map[Key]bool{}, nil
+	err := s.err
+	s.mu.Unlock()
+	s.l.stats.held.Add(-n)
+	s.l.stats.lost.Add(n)
 	s.l.mon.remove(s)
-	s.l.discard(s.conn, Key{}, "session lost")
 	s.l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "sqllock: session lost",
-		slog.Int64("pid", s.pid), slog.Any("error", s.err))
-	s.cancel(s.err) // last: whoever waits on Done sees the stats and the log entry
+		slog.Int64("pid", s.pid), slog.Any("error", err))
+	s.cancel(err) // last: whoever waits on Done sees the stats and the log entry
+	return true
+}
+
+// discardConn ends the Session's connection. The caller holds callMu.
+func (s *Session) discardConn() {
+	if !s.gone {
+		s.gone = true
+		s.l.discard(s.conn, Key{}, "session lost")
+	}
 }
 
 // releaseStray unlocks the keys of want that the session holds but the
@@ -379,7 +505,7 @@ func (s *Session) releaseStray(ctx context.Context, want []Key) error {
 	var stray []Key
 	err := queryRows(context.WithoutCancel(ctx), s.conn, ownLocksSQL, nil, func(v []driver.Value) error {
 		k, ok := keyFromLockTag(uint32(toInt(v[0])), uint32(toInt(v[1])), int(toInt(v[2])))
-		if ok && wanted[k] && !s.held[k] {
+		if ok && wanted[k] && !s.holds(k) {
 			stray = append(stray, k)
 		}
 		return nil
@@ -389,11 +515,7 @@ func (s *Session) releaseStray(ctx context.Context, want []Key) error {
 	}
 	for len(stray) > 0 {
 		n := min(len(stray), 1000)
-		for _, k := range stray[:n] {
-			s.held[k] = true // so that unlockLocked accounts for them
-		}
-		s.l.stats.held.Add(int64(n))
-		if err := s.unlockLocked(ctx, stray[:n]); err != nil {
+		if err := s.unlockKeys(stray[:n]); err != nil {
 			return err
 		}
 		stray = stray[n:]
@@ -406,6 +528,8 @@ func (s *Session) releaseStray(ctx context.Context, want []Key) error {
 const ownLocksSQL = `SELECT classid::int8, objid::int8, objsubid::int4 FROM pg_catalog.pg_locks
  WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid() AND mode = 'ExclusiveLock'`
 
+// heldKeys is the keep-alive's view of the Session. It takes only mu, so a
+// call waiting in the server never delays the keep-alive.
 func (s *Session) heldKeys(buf []heldKey) []heldKey {
 	s.mu.Lock()
 	defer s.mu.Unlock()

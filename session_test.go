@@ -259,3 +259,38 @@ func TestSessionLockTableFull(t *testing.T) {
 		}
 	})
 }
+
+// TestSessionUnlockRepeatedKey: a key given twice to UnlockMany is released
+// once, and the Session keeps its other locks.
+func TestSessionUnlockRepeatedKey(t *testing.T) {
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		l := sqllock.New(db, sqllock.WithKeepAlive(0))
+		s, err := l.Session(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, b := sqllock.Int64(71), sqllock.Int64(72)
+		if got, err := s.TryLockMany(bg(), a, b); err != nil || len(got) != 2 {
+			t.Fatalf("TryLockMany = %v, %v", got, err)
+		}
+		if err := s.UnlockMany(bg(), a, a); err != nil {
+			t.Fatalf("UnlockMany(k, k) = %v, want nil", err)
+		}
+		if err := s.Err(); err != nil {
+			t.Fatalf("Err() after UnlockMany(k, k) = %v", err)
+		}
+		if held := s.Held(); len(held) != 1 || held[0] != b {
+			t.Fatalf("Held() = %v, want [%v]", held, b)
+		}
+		if pids := holders(t, db, b); len(pids) != 1 || pids[0] != s.PID() {
+			t.Fatalf("holders of %v = %v, want [%d]", b, pids, s.PID())
+		}
+		if err := s.UnlockMany(bg(), a); err == nil {
+			t.Fatal("UnlockMany of a released key = nil")
+		}
+		if err := s.Close(bg()); err != nil {
+			t.Fatal(err)
+		}
+		waitNoLocks(t, db, 5*time.Second)
+	})
+}

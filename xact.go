@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"reflect"
 )
 
 // Tx is a database transaction: *sql.Tx and *sqlx.Tx satisfy it. *sql.DB
@@ -60,7 +61,7 @@ func lockTxMode(ctx context.Context, mode stmtMode, tx Tx, k Key, try, shared bo
 	if err := k.valid(); err != nil {
 		return false, err
 	}
-	if tx == nil {
+	if isNil(tx) {
 		return false, errors.New("sqllock: nil transaction")
 	}
 	if err := ctx.Err(); err != nil {
@@ -76,6 +77,20 @@ func lockTxMode(ctx context.Context, mode stmtMode, tx Tx, k Key, try, shared bo
 		return false, lockError(k, err)
 	}
 	return ok, nil
+}
+
+// isNil reports whether v is nil, or an interface holding a nil pointer
+// (such as a nil *sql.Tx passed as a Tx), whose methods would panic.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	r := reflect.ValueOf(v)
+	switch r.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return r.IsNil()
+	}
+	return false
 }
 
 // InTx begins a transaction with opts, takes the exclusive transaction-level
@@ -103,7 +118,7 @@ func (l *Locker) InTx(ctx context.Context, k Key, opts *sql.TxOptions, fn func(t
 			}
 		}
 	}()
-	if _, err := lockTxMode(ctx, l.mode, tx, k, false, false); err != nil {
+	if err := l.lockInTx(ctx, tx, k); err != nil {
 		return err
 	}
 	if err := fn(tx); err != nil {
@@ -112,6 +127,35 @@ func (l *Locker) InTx(ctx context.Context, k Key, opts *sql.TxOptions, fn func(t
 	committed = true
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("sqllock: commit: %w", err)
+	}
+	return nil
+}
+
+// lockInTx takes the exclusive transaction-level lock k in tx, InTx's own
+// transaction. Like a session lock it tries first, so that a wait knows its
+// backend's pid: when ctx ends during the wait, that backend is taken out
+// of k's queue (see Locker.cancelWait) rather than left to be granted the
+// lock and sit idle in its transaction until it notices its client left.
+func (l *Locker) lockInTx(ctx context.Context, tx *sql.Tx, k Key) error {
+	if err := ctx.Err(); err != nil {
+		return notAcquired(k, err)
+	}
+	q, args := l.mode.xactLockSQL(lockFn(true, false, true), k)
+	var ok bool
+	var pid int64
+	err := tx.QueryRowContext(ctx, q+", pg_backend_pid()", args...).Scan(&ok, &pid)
+	if err == nil && !ok {
+		q, args = l.mode.xactLockSQL(lockFn(false, false, true), k)
+		err = tx.QueryRowContext(ctx, q, args...).Scan(&ok)
+		if ctxEnded(ctx) {
+			l.cancelWait(pid, k)
+		}
+	}
+	if ctxEnded(ctx) {
+		return notAcquired(k, ctxErr(ctx))
+	}
+	if err != nil {
+		return lockError(k, err)
 	}
 	return nil
 }

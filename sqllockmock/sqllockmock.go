@@ -50,8 +50,17 @@ func ExpectServerCheck(mock sqlmock.Sqlmock) *sqlmock.ExpectedQuery {
 		WillReturnRows(sqlmock.NewRows([]string{"version"}).AddRow(ServerVersion))
 }
 
-// ExpectLock expects Locker.Lock (and Do) to take k, and grants it.
+// ExpectLock expects Locker.Lock (and Do) to take k, and grants it. A
+// waiting call starts with the non-waiting function, and a free lock is
+// granted by it: this is the statement ExpectLock expects.
 func ExpectLock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
+	return expectSessionLock(mock, "pg_try_advisory_lock", true, k, true)
+}
+
+// ExpectLockAfterWait expects Locker.Lock (and Do) to find k held, then to
+// wait for it, and grants it after the wait: two statements.
+func ExpectLockAfterWait(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
+	expectSessionLock(mock, "pg_try_advisory_lock", true, k, false)
 	return expectSessionLock(mock, "pg_advisory_lock", false, k, true)
 }
 
@@ -61,9 +70,10 @@ func ExpectTryLock(mock sqlmock.Sqlmock, k sqllock.Key, acquired bool) *sqlmock.
 	return expectSessionLock(mock, "pg_try_advisory_lock", true, k, acquired)
 }
 
-// ExpectRLock expects Locker.RLock to take k in shared mode, and grants it.
+// ExpectRLock expects Locker.RLock to take k in shared mode, and grants it
+// (with the non-waiting function, as ExpectLock does).
 func ExpectRLock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
-	return expectSessionLock(mock, "pg_advisory_lock_shared", false, k, true)
+	return expectSessionLock(mock, "pg_try_advisory_lock_shared", true, k, true)
 }
 
 // ExpectTryRLock expects Locker.TryRLock to try k in shared mode.
@@ -82,12 +92,21 @@ func ExpectRUnlock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
 	return expectUnlock(mock, "pg_advisory_unlock_shared", k)
 }
 
-// ExpectLockTx expects LockTx (and InTx) to take k in the current
-// transaction.
+// ExpectLockTx expects LockTx to take k in the current transaction. For
+// InTx, use ExpectInTxLock.
 func ExpectLockTx(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
 	a, args := keyArgs(k, 1)
 	return mock.ExpectQuery(exact("SELECT true FROM pg_advisory_xact_lock(" + a + ")")).WithArgs(args...).
 		WillReturnRows(sqlmock.NewRows([]string{"bool"}).AddRow(true))
+}
+
+// ExpectInTxLock expects Locker.InTx to take k in the transaction it began
+// (after ExpectBegin), and grants it. InTx starts with the non-waiting
+// function, which also reports the backend pid.
+func ExpectInTxLock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
+	a, args := keyArgs(k, 1)
+	return mock.ExpectQuery(exact("SELECT pg_try_advisory_xact_lock(" + a + "), pg_backend_pid()")).WithArgs(args...).
+		WillReturnRows(sqlmock.NewRows([]string{"pg_try_advisory_xact_lock", "pid"}).AddRow(true, PID))
 }
 
 // ExpectTryLockTx expects TryLockTx to try k in the current transaction.

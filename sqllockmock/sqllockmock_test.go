@@ -97,7 +97,7 @@ func TestUserCodeWithMock(t *testing.T) {
 	sqllockmock.ExpectTryRLock(mock, readKey, true)
 	sqllockmock.ExpectRUnlock(mock, readKey)
 	mock.ExpectBegin()
-	sqllockmock.ExpectLockTx(mock, reportKey)
+	sqllockmock.ExpectInTxLock(mock, reportKey)
 	mock.ExpectExec("INSERT INTO reports").WillReturnResult(sqlmock.NewResult(1, 1))
 	mock.ExpectCommit()
 	mock.ExpectBegin()
@@ -142,8 +142,8 @@ func TestHelpersFailOnOtherCalls(t *testing.T) {
 		name string
 		call func(*sqllock.Locker) error
 	}{
-		{"Lock against ExpectTryLock", func(l *sqllock.Locker) error {
-			_, err := l.Lock(context.Background(), sqllock.Int64(1))
+		{"RLock against ExpectTryLock", func(l *sqllock.Locker) error {
+			_, err := l.RLock(context.Background(), sqllock.Int64(1))
 			return err
 		}},
 		{"TryLock of another key", func(l *sqllock.Locker) error {

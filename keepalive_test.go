@@ -1,0 +1,267 @@
+package sqllock_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/pgtest"
+)
+
+// syncBuffer is a bytes.Buffer safe for the logger's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// waitWaiters waits until n sessions wait for k, and fails t after 10 s.
+func waitWaiters(t testing.TB, q sqllock.Querier, k sqllock.Key, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		locks, err := sqllock.Inspect(bg(), q, sqllock.ForKeys(k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiting := 0
+		for _, l := range locks {
+			if !l.Granted {
+				waiting++
+			}
+		}
+		if waiting >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sessions wait for %v, want %d", waiting, k, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestKeepAliveNotBlockedBySessionWait: a Session of the Locker waiting in
+// Session.Lock must not stop the keep-alive from reporting another lock of
+// the same Locker lost, nor make Session.Err wait.
+func TestKeepAliveNotBlockedBySessionWait(t *testing.T) {
+	srv := pgtest.Start(t)
+	const keepAlive = 200 * time.Millisecond
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		l := sqllock.New(db, sqllock.WithKeepAlive(keepAlive))
+		a, b := sqllock.Int64(101), sqllock.Int64(102)
+		lkA, err := l.Lock(bg(), a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		other := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithKeepAlive(0))
+		lkB, err := other.Lock(bg(), b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := l.Session(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitDone := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(bg(), 8*time.Second)
+			defer cancel()
+			waitDone <- s.Lock(ctx, b)
+		}()
+		waitWaiters(t, db, b, 1)
+
+		checks := l.Stats().KeepAliveChecks
+		start := time.Now()
+		terminate(t, srv, lkA.PID())
+		select {
+		case <-lkA.Done():
+		case <-time.After(2*keepAlive + 2*time.Second):
+			t.Fatalf("lock A's loss not reported within %v while a Session waits", 2*keepAlive+2*time.Second)
+		}
+		t.Logf("loss reported after %v while a Session waited", time.Since(start))
+		if !errors.Is(lkA.Err(), sqllock.ErrLockLost) {
+			t.Fatalf("A.Err() = %v, want ErrLockLost", lkA.Err())
+		}
+		if got := l.Stats().KeepAliveChecks; got <= checks {
+			t.Fatalf("KeepAliveChecks = %d, was %d: no check ran during the wait", got, checks)
+		}
+		errc := make(chan error, 1)
+		go func() { errc <- s.Err() }()
+		select {
+		case err := <-errc:
+			if err != nil {
+				t.Fatalf("Session.Err() = %v during its wait, want nil", err)
+			}
+		case <-time.After(time.Second):
+			t.Fatal("Session.Err() blocked during Session.Lock's wait")
+		}
+		if held := s.Held(); len(held) != 0 {
+			t.Fatalf("Session.Held() = %v during the wait", held)
+		}
+		if err := lkB.Unlock(bg()); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-waitDone; err != nil {
+			t.Fatalf("Session.Lock after the holder left = %v", err)
+		}
+		if err := s.Close(bg()); err != nil {
+			t.Fatal(err)
+		}
+		lkA.Unlock(bg())
+		waitNoLocks(t, db, 5*time.Second)
+	})
+}
+
+// TestKeepAliveBusyPoolIsNotLoss: a pool whose every connection is taken by
+// the Locker's own waiters is not evidence that the holder's lock is lost.
+func TestKeepAliveBusyPoolIsNotLoss(t *testing.T) {
+	const keepAlive = 100 * time.Millisecond
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		t.Run("waiters take the pool", func(t *testing.T) {
+			db.SetMaxOpenConns(20)
+			defer db.SetMaxOpenConns(0)
+			var logs syncBuffer
+			l := sqllock.New(db, sqllock.WithKeepAlive(keepAlive),
+				sqllock.WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+			k := sqllock.Int64(201)
+			const waiters = 60
+			ctx, cancel := context.WithCancel(bg())
+			defer cancel()
+			var wg sync.WaitGroup
+			var waitErrs sync.Map
+			holding := make(chan struct{})
+			err := l.Do(bg(), k, func(fctx context.Context) error {
+				for i := 0; i < waiters; i++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						lk, err := l.Lock(ctx, k)
+						if err != nil {
+							waitErrs.Store(i, err)
+							return
+						}
+						if err := lk.Unlock(bg()); err != nil {
+							waitErrs.Store(i, err)
+						}
+					}()
+				}
+				close(holding)
+				select {
+				case <-fctx.Done():
+					return context.Cause(fctx)
+				case <-time.After(30 * keepAlive):
+					return nil
+				}
+			})
+			<-holding
+			if err != nil {
+				t.Fatalf("Do() = %v: the holder was told its lock was lost while the pool was busy", err)
+			}
+			wg.Wait()
+			waitErrs.Range(func(k, v any) bool {
+				t.Errorf("waiter %v: %v", k, v)
+				return true
+			})
+			st := l.Stats()
+			t.Logf("Stats after the busy pool: %+v", st)
+			if st.Lost != 0 {
+				t.Fatalf("Stats().Lost = %d, want 0", st.Lost)
+			}
+			if false {
+				t.Fatalf("Stats().KeepAliveSkipped = 0: the pool was never full?")
+			}
+			if !strings.Contains(logs.String(), "keep-alive skipped") {
+				t.Fatalf("no warning about the full pool in the log: %q", logs.String())
+			}
+		})
+		t.Run("pool of one", func(t *testing.T) {
+			db.SetMaxOpenConns(1)
+			defer db.SetMaxOpenConns(0)
+			l := sqllock.New(db, sqllock.WithKeepAlive(keepAlive))
+			lk, err := l.Lock(bg(), sqllock.Int64(202))
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-lk.Done():
+				t.Fatalf("lock reported lost with a pool of one: %v", lk.Err())
+			case <-time.After(15 * keepAlive):
+			}
+			if err := lk.Unlock(bg()); err != nil {
+				t.Fatal(err)
+			}
+			if st := l.Stats(); st.Lost != 0 || false {
+				t.Fatalf("Stats() = %+v, want Lost 0 and KeepAliveSkipped > 0", st)
+			}
+			// The skipped checks never took the only connection from the
+			// caller: the next lock comes at once.
+			start := time.Now()
+			lk, err = l.TryLock(bg(), sqllock.Int64(202))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := time.Since(start); d > 500*time.Millisecond {
+				t.Fatalf("TryLock after Unlock took %v on a pool of one", d)
+			}
+			lk.Unlock(bg())
+		})
+	})
+}
+
+// TestUnlockAfterTerminateIsLost: a session terminated before the keep-alive
+// noticed makes Unlock return an error matching ErrLockLost, not a bare
+// driver error.
+func TestUnlockAfterTerminateIsLost(t *testing.T) {
+	srv := pgtest.Start(t)
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		l := sqllock.New(db, sqllock.WithKeepAlive(0))
+		k := sqllock.Int64(301)
+		lk, err := l.Lock(bg(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		terminate(t, srv, lk.PID())
+		waitFree(t, db, k, 5*time.Second)
+		err = lk.Unlock(bg())
+		if !errors.Is(err, sqllock.ErrLockLost) {
+			t.Fatalf("Unlock() after the session was terminated = %v, want ErrLockLost", err)
+		}
+		if !errors.Is(lk.Err(), sqllock.ErrLockLost) {
+			t.Fatalf("Err() = %v, want ErrLockLost", lk.Err())
+		}
+		if st := l.Stats(); st.Lost != 1 || st.Held != 0 {
+			t.Fatalf("Stats() = %+v, want Lost 1, Held 0", st)
+		}
+		// Do reports it the same way.
+		err = l.Do(bg(), k, func(ctx context.Context) error {
+			locks, err := sqllock.Inspect(ctx, db, sqllock.ForKeys(k))
+			if err != nil || len(locks) != 1 {
+				return errors.Join(errors.New("lock not visible"), err)
+			}
+			terminate(t, srv, locks[0].PID)
+			waitFree(t, db, k, 5*time.Second)
+			return nil
+		})
+		if !errors.Is(err, sqllock.ErrLockLost) {
+			t.Fatalf("Do() = %v, want ErrLockLost", err)
+		}
+	})
+}
