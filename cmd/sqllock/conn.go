@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
@@ -25,20 +26,35 @@ func dsnFrom(flag string) string {
 	return os.Getenv("DATABASE_URL")
 }
 
-// connect opens a pool for dsn with application_name set, and checks that
-// the server answers. Errors are exitErrors with a redacted DSN.
-func connect(ctx context.Context, dsn, appName string) (*sql.DB, error) {
+// maxAppName is the longest application_name PostgreSQL keeps
+// (NAMEDATALEN - 1 bytes); a longer one can overflow the startup packet.
+const maxAppName = 63
+
+// connect opens a pool for dsn with application_name set, and checks within
+// timeout (or ctx) that the server answers. Errors are exitErrors with a
+// redacted DSN: an authentication failure is exitNoPerm, any other failure
+// to reach the server exitUnavailable.
+func connect(ctx context.Context, dsn, appName string, timeout time.Duration) (*sql.DB, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, fail(exitConfig, "bad DSN %s: %s", redact(dsn), redact(oneLine(err)))
 	}
-	cfg.RuntimeParams["application_name"] = appName
+	cfg.RuntimeParams["application_name"] = clip(printable(appName), maxAppName)
 	db := stdlib.OpenDB(*cfg)
-	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if err := db.PingContext(pctx); err != nil {
 		db.Close()
 		addr := net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "28P01" || pgErr.Code == "28000") {
+			return nil, fail(exitNoPerm, "authentication failed at %s for user %q (database %q): %s",
+				addr, cfg.User, cfg.Database, redact(oneLine(err)))
+		}
+		if pctx.Err() != nil && ctx.Err() == nil {
+			return nil, fail(exitUnavailable, "cannot reach PostgreSQL at %s (database %q, user %q): no answer within --connect-timeout %v",
+				addr, cfg.Database, cfg.User, timeout)
+		}
 		return nil, fail(exitUnavailable, "cannot reach PostgreSQL at %s (database %q, user %q): %s",
 			addr, cfg.Database, cfg.User, redact(oneLine(err)))
 	}

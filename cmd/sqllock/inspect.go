@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/sqllock/sqllock"
 )
@@ -45,7 +47,7 @@ func inspectCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	db, err := connect(ctx, dsnFrom(*dsnFlag), "sqllock inspect")
+	db, err := connect(ctx, dsnFrom(*dsnFlag), "sqllock inspect", defaultConnectTimeout)
 	if err != nil {
 		return err
 	}
@@ -59,7 +61,9 @@ func inspectCmd(args []string, stdout, stderr io.Writer) error {
 			return fail(exitUnavailable, "inspect: %v", err)
 		}
 		if *watch > 0 && !*asJSON {
-			fmt.Fprint(stdout, "\033[H\033[2J")
+			if isTerminalWriter(stdout) {
+				fmt.Fprint(stdout, "\033[H\033[2J") // clear the screen: only a terminal has one
+			}
 			fmt.Fprintf(stdout, "%s  every %v\n\n", time.Now().Format(time.RFC3339), *watch)
 		}
 		if *asJSON {
@@ -158,7 +162,7 @@ func printTable(w io.Writer, locks []sqllock.HeldLock, names bool) error {
 		}
 		row := l.Key.String() + "\t" + form + "\t"
 		if names {
-			row += dash(l.Name) + "\t"
+			row += dash(printable(l.Name)) + "\t"
 		}
 		wait := "-"
 		if !l.Granted && !l.WaitStart.IsZero() {
@@ -174,7 +178,7 @@ func printTable(w io.Writer, locks []sqllock.HeldLock, names bool) error {
 			q = "(hidden)"
 		}
 		row += fmt.Sprintf("%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s", mode(l), state(l), wait, l.PID,
-			dash(l.ApplicationName), dash(l.State), dash(strings.Join(blocked, ",")), short(q, 60))
+			dash(printable(l.ApplicationName)), dash(printable(l.State)), dash(strings.Join(blocked, ",")), short(q, 60))
 		fmt.Fprintln(tw, row)
 	}
 	if err := tw.Flush(); err != nil {
@@ -193,12 +197,21 @@ func dash(s string) string {
 	return s
 }
 
+// short returns s on one line, control characters escaped, cut to at most
+// n characters.
 func short(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > n {
-		return s[:n-1] + "…"
+	s = printable(strings.Join(strings.Fields(s), " "))
+	if utf8.RuneCountInString(s) <= n {
+		return s
 	}
-	return s
+	r := []rune(s)
+	return string(r[:n-1]) + "…"
+}
+
+// isTerminalWriter reports whether w is a terminal.
+func isTerminalWriter(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && isTerminal(f)
 }
 
 // loadRegistry reads a registry file: one `NAME [KEY]` per line; blank lines
@@ -216,7 +229,10 @@ func loadRegistry(path string) (*sqllock.Registry, error) {
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		name, keyText, _ := strings.Cut(line, " ")
+		name, keyText := line, ""
+		if i := strings.IndexFunc(line, unicode.IsSpace); i >= 0 {
+			name, keyText = line[:i], line[i:]
+		}
 		k := sqllock.Hash(name)
 		if keyText = strings.TrimSpace(keyText); keyText != "" {
 			if k, err = sqllock.ParseKey(keyText); err != nil {

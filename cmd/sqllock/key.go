@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 
 	"github.com/sqllock/sqllock"
 )
@@ -27,6 +28,9 @@ func keyCmd(args []string, stdout, stderr io.Writer) error {
 		return fail(exitUsage, "key: --class %d is out of range for int4", *class)
 	}
 	name := fs.Arg(0)
+	if strings.TrimSpace(name) == "" {
+		return fail(exitUsage, "key: empty NAME (as run refuses an empty KEY)")
+	}
 	h, hp, c := sqllock.Hash(name), sqllock.HashPair(int32(*class), name), sqllock.CRC32(name)
 	fmt.Fprintf(stdout, "name      %s\n", strconv.Quote(name))
 	rows := []struct {

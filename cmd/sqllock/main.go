@@ -35,6 +35,7 @@ const (
 	exitUnavailable = 69 // EX_UNAVAILABLE: server unreachable
 	exitSoftware    = 70 // EX_SOFTWARE: other lock errors
 	exitLost        = 75 // EX_TEMPFAIL: the lock was lost while COMMAND ran
+	exitNoPerm      = 77 // EX_NOPERM: authentication failed
 	exitConfig      = 78 // EX_CONFIG: bad DSN
 	exitCannotRun   = 126
 	exitNotFound    = 127

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -20,30 +21,43 @@ import (
 
 // runFlags are the flags of "sqllock run", after flock(1) where they fit.
 type runFlags struct {
-	nonblock     bool
-	timeout      time.Duration
-	shared       bool
-	conflictCode int
-	crc32        bool
-	dsn          string
-	onLost       time.Duration
-	keepAlive    time.Duration
-	quiet        bool
+	nonblock       bool
+	timeout        time.Duration
+	shared         bool
+	conflictCode   int
+	crc32          bool
+	dsn            string
+	onLost         time.Duration
+	keepAlive      time.Duration
+	connectTimeout time.Duration
+	quiet          bool
 }
 
-func runCmd(args []string, stderr io.Writer) error {
-	var f runFlags
+// runSpec is a parsed "sqllock run" command line.
+type runSpec struct {
+	f       runFlags
+	keyText string
+	key     sqllock.Key
+	argv    []string // COMMAND and its arguments
+}
+
+// defaultConnectTimeout bounds connecting to the server.
+const defaultConnectTimeout = 15 * time.Second
+
+const runUsage = "usage: sqllock run [flags] KEY -- COMMAND [ARGS...]"
+
+func runFlagSet(f *runFlags, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("sqllock run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: sqllock run [flags] KEY -- COMMAND [ARGS...]")
+		fmt.Fprintln(stderr, runUsage)
 		fs.PrintDefaults()
 	}
 	for _, n := range []string{"n", "nonblock"} {
 		fs.BoolVar(&f.nonblock, n, false, "do not wait: if the lock is held elsewhere, exit with the conflict code")
 	}
 	for _, n := range []string{"w", "timeout"} {
-		fs.DurationVar(&f.timeout, n, 0, "wait at most this long (e.g. 30s), then exit with the conflict code")
+		fs.DurationVar(&f.timeout, n, 0, "wait at most this long (e.g. 30s), connecting included, then exit with the conflict code")
 	}
 	for _, n := range []string{"s", "shared"} {
 		fs.BoolVar(&f.shared, n, false, "take the lock in shared mode")
@@ -57,81 +71,167 @@ func runCmd(args []string, stderr io.Writer) error {
 	fs.BoolVar(&f.crc32, "crc32", false, "hash a KEY name with CRC-32 (Python's zlib.crc32) instead of FNV-1a")
 	fs.StringVar(&f.dsn, "dsn", "", "PostgreSQL connection string (default: DATABASE_URL, else PG* variables)")
 	fs.DurationVar(&f.onLost, "on-lost", 10*time.Second, "if the lock is lost, SIGTERM COMMAND, then SIGKILL it after this grace period")
-	fs.DurationVar(&f.keepAlive, "keep-alive", sqllock.DefaultKeepAlive, "how often to check that the lock is still held")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return fail(exitUsage, "")
-	}
-	rest := fs.Args()
-	if len(rest) == 0 {
-		return fail(exitUsage, "run: missing KEY (usage: sqllock run [flags] KEY -- COMMAND [ARGS...])")
-	}
-	keyText, rest := rest[0], rest[1:]
-	if len(rest) > 0 && rest[0] == "--" {
-		rest = rest[1:]
-	}
-	if len(rest) == 0 {
-		return fail(exitUsage, "run: missing COMMAND after -- (usage: sqllock run [flags] KEY -- COMMAND [ARGS...])")
-	}
-	if f.conflictCode < 0 || f.conflictCode > 255 {
-		return fail(exitUsage, "run: --conflict-exit-code must be 0 to 255")
-	}
-	k, err := keyOf(keyText, f.crc32)
-	if err != nil {
-		return fail(exitUsage, "run: %v", err)
-	}
+	fs.DurationVar(&f.keepAlive, "keep-alive", sqllock.DefaultKeepAlive, "how often to check that the lock is still held (0: never)")
+	fs.DurationVar(&f.connectTimeout, "connect-timeout", defaultConnectTimeout, "give up connecting to the server after this long")
+	return fs
+}
 
-	// Signals: while waiting they abort the wait; while COMMAND runs they
-	// are forwarded to it.
+// parseRun reads a "sqllock run" command line. Flags come before KEY; a
+// KEY may be negative (-5, -1,2), which the flag package alone would take
+// for a flag.
+func parseRun(args []string, stderr io.Writer) (runSpec, error) {
+	var sp runSpec
+	fs := runFlagSet(&sp.f, stderr)
+	n := flagsEnd(fs, args)
+	if err := fs.Parse(args[:n]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return sp, errHelp
+		}
+		return sp, fail(exitUsage, "")
+	}
+	rest := append(fs.Args(), args[n:]...)
+	if len(rest) == 0 || rest[0] == "--" {
+		return sp, fail(exitUsage, "run: missing KEY (%s)", runUsage)
+	}
+	sp.keyText, rest = rest[0], rest[1:]
+	switch {
+	case len(rest) > 0 && rest[0] == "--":
+		rest = rest[1:]
+	case len(rest) > 0 && strings.HasPrefix(rest[0], "-"):
+		return sp, fail(exitUsage, "run: %q after KEY: flags go before KEY (%s)", clip(rest[0], 40), runUsage)
+	}
+	if len(rest) == 0 {
+		return sp, fail(exitUsage, "run: missing COMMAND after -- (%s)", runUsage)
+	}
+	sp.argv = rest
+	f := sp.f
+	switch {
+	case f.conflictCode < 0 || f.conflictCode > 255:
+		return sp, fail(exitUsage, "run: --conflict-exit-code must be 0 to 255")
+	case f.timeout < 0:
+		return sp, fail(exitUsage, "run: -w/--timeout must not be negative (got %v)", f.timeout)
+	case f.keepAlive < 0:
+		return sp, fail(exitUsage, "run: --keep-alive must not be negative (got %v; 0 turns it off)", f.keepAlive)
+	case f.onLost < 0:
+		return sp, fail(exitUsage, "run: --on-lost must not be negative (got %v)", f.onLost)
+	case f.connectTimeout <= 0:
+		return sp, fail(exitUsage, "run: --connect-timeout must be positive (got %v)", f.connectTimeout)
+	}
+	k, err := keyOf(sp.keyText, f.crc32)
+	if err != nil {
+		return sp, fail(exitUsage, "run: %v", err)
+	}
+	sp.key = k
+	return sp, nil
+}
+
+// errHelp reports that -h was asked for (usage already printed).
+var errHelp = errors.New("help")
+
+// flagsEnd returns how many leading arguments are flags (with their
+// values): it stops at "--", at the first argument that is not a flag, and
+// at a negative key such as -5 or -1,2.
+func flagsEnd(fs *flag.FlagSet, args []string) int {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" || !strings.HasPrefix(a, "-") || a == "-" {
+			return i
+		}
+		if _, err := sqllock.ParseKey(a); err == nil {
+			return i // a negative key
+		}
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		fl := fs.Lookup(name)
+		if fl == nil {
+			continue // fs.Parse reports it
+		}
+		if b, ok := fl.Value.(interface{ IsBoolFlag() bool }); !ok || !b.IsBoolFlag() {
+			i++ // the flag's value
+		}
+	}
+	return len(args)
+}
+
+func runCmd(args []string, stderr io.Writer) error {
+	sp, err := parseRun(args, stderr)
+	if errors.Is(err, errHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	f, keyText, cmdName := sp.f, sp.keyText, sp.argv[0]
+
+	// Signals: while connecting or waiting they abort with 128+N; while
+	// COMMAND runs they are forwarded to it.
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
-
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	db, err := connect(ctx, dsnFrom(f.dsn), "sqllock run: "+keyText)
+	if f.timeout > 0 && !f.nonblock {
+		// -w bounds connecting and waiting together.
+		var tcancel context.CancelFunc
+		ctx, tcancel = context.WithTimeout(ctx, f.timeout)
+		defer tcancel()
+	}
+	ictx, in := interruptible(ctx, sigs)
+	defer func() {
+		if in != nil {
+			in.release()
+		}
+	}()
+
+	db, err := connect(ictx, dsnFrom(f.dsn), "sqllock run: "+keyText, f.connectTimeout)
+	if s := in.signal(); s != nil {
+		if db != nil {
+			db.Close()
+		}
+		return fail(128+int(s.(syscall.Signal)), "interrupted by %v while connecting", s)
+	}
 	if err != nil {
+		if ctx.Err() != nil && !f.nonblock && f.timeout > 0 {
+			return fail(f.conflictCode, "%s", quietMsg(f.quiet, "could not connect within -w %v; not running %s", f.timeout, cmdName))
+		}
 		return err
 	}
 	defer db.Close()
 	locker := sqllock.New(db, sqllock.WithKeepAlive(f.keepAlive))
 
-	lk, err := acquire(ctx, locker, k, f, sigs)
+	lk, err := acquire(ictx, locker, sp.key, f)
+	if s := in.signal(); s != nil && err != nil {
+		return fail(128+int(s.(syscall.Signal)), "interrupted by %v while waiting for the lock", s)
+	}
 	if err != nil {
 		if errors.Is(err, sqllock.ErrNotAcquired) {
-			msg := ""
-			if !f.quiet {
-				msg = fmt.Sprintf("lock %s is held elsewhere; not running %s", keyText, rest[0])
-				if f.timeout > 0 && !f.nonblock {
-					msg = fmt.Sprintf("lock %s still held elsewhere after %v; not running %s", keyText, f.timeout, rest[0])
-				}
+			if f.timeout > 0 && !f.nonblock {
+				return fail(f.conflictCode, "%s", quietMsg(f.quiet, "lock %s still held elsewhere after %v; not running %s", keyText, f.timeout, cmdName))
 			}
-			return fail(f.conflictCode, "%s", msg)
-		}
-		var ee *exitError
-		if errors.As(err, &ee) {
-			return err
+			return fail(f.conflictCode, "%s", quietMsg(f.quiet, "lock %s is held elsewhere; not running %s", keyText, cmdName))
 		}
 		return fail(exitSoftware, "lock %s: %s", keyText, strings.TrimPrefix(err.Error(), "sqllock: "))
 	}
 
-	status, lost := supervise(lk, rest, f, sigs, stderr)
+	in.release() // from here on, signals are COMMAND's
+	in = nil
+	status, lost := supervise(lk, sp.argv, f, sigs, stderr)
 	uerr := lk.Unlock(context.Background())
 	switch {
 	case lost:
 		if !f.quiet {
-			fmt.Fprintf(stderr, "sqllock: lock %s was lost while %s ran (%v); it was stopped\n", keyText, rest[0], lk.Err())
+			fmt.Fprintf(stderr, "sqllock: lock %s was lost while %s ran (%s); it was stopped\n", keyText, cmdName, oneLine(lk.Err()))
 		}
 		return fail(exitLost, "")
 	case errors.Is(uerr, sqllock.ErrLockLost):
 		if !f.quiet {
-			fmt.Fprintf(stderr, "sqllock: lock %s was not held when %s ended: %v\n", keyText, rest[0], uerr)
+			fmt.Fprintf(stderr, "sqllock: lock %s was lost before %s ended (%s)\n", keyText, cmdName, oneLine(uerr))
 		}
 		return fail(exitLost, "")
 	case uerr != nil:
-		fmt.Fprintf(stderr, "sqllock: warning: unlock %s: %v\n", keyText, uerr)
+		fmt.Fprintf(stderr, "sqllock: warning: unlock %s: %s\n", keyText, oneLine(uerr))
 	}
 	if status != 0 {
 		return fail(status, "")
@@ -139,45 +239,66 @@ func runCmd(args []string, stderr io.Writer) error {
 	return nil
 }
 
-// acquire takes the lock as the flags say. A signal while waiting aborts
-// the wait.
-func acquire(ctx context.Context, l *sqllock.Locker, k sqllock.Key, f runFlags, sigs <-chan os.Signal) (*sqllock.Lock, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var interrupted os.Signal
-	stop := make(chan struct{})
-	defer close(stop)
+// quietMsg formats a message, or returns "" under -q.
+func quietMsg(quiet bool, format string, args ...any) string {
+	if quiet {
+		return ""
+	}
+	return fmt.Sprintf(format, args...)
+}
+
+// interrupter ends a context at the first signal, until released.
+type interrupter struct {
+	mu   sync.Mutex
+	sig  os.Signal // guarded by mu
+	stop chan struct{}
+	done chan struct{}
+}
+
+// interruptible returns a context that ends when parent does or at the
+// first signal from sigs, and the interrupter that saw it.
+func interruptible(parent context.Context, sigs <-chan os.Signal) (context.Context, *interrupter) {
+	ctx, cancel := context.WithCancel(parent)
+	in := &interrupter{stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
+		defer close(in.done)
 		select {
 		case s := <-sigs:
-			interrupted = s
+			in.mu.Lock()
+			in.sig = s
+			in.mu.Unlock()
 			cancel()
-		case <-stop:
+		case <-in.stop:
 		}
 	}()
-	if f.timeout > 0 && !f.nonblock {
-		var tcancel context.CancelFunc
-		ctx, tcancel = context.WithTimeout(ctx, f.timeout)
-		defer tcancel()
-	}
-	var lk *sqllock.Lock
-	var err error
+	return ctx, in
+}
+
+// signal returns the signal that ended the context, or nil.
+func (in *interrupter) signal() os.Signal {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.sig
+}
+
+// release stops watching: later signals are for whoever reads sigs next.
+func (in *interrupter) release() {
+	close(in.stop)
+	<-in.done
+}
+
+// acquire takes the lock as the flags say; ctx ends the wait.
+func acquire(ctx context.Context, l *sqllock.Locker, k sqllock.Key, f runFlags) (*sqllock.Lock, error) {
 	switch {
 	case f.nonblock && f.shared:
-		lk, err = l.TryRLock(ctx, k)
+		return l.TryRLock(ctx, k)
 	case f.nonblock:
-		lk, err = l.TryLock(ctx, k)
+		return l.TryLock(ctx, k)
 	case f.shared:
-		lk, err = l.RLock(ctx, k)
+		return l.RLock(ctx, k)
 	default:
-		lk, err = l.Lock(ctx, k)
+		return l.Lock(ctx, k)
 	}
-	if err != nil && errors.Is(err, context.Canceled) {
-		if s, ok := interrupted.(syscall.Signal); ok {
-			return nil, fail(128+int(s), "interrupted by %v while waiting for the lock", s)
-		}
-	}
-	return lk, err
 }
 
 // supervise runs COMMAND while the lock is held. It returns COMMAND's exit
@@ -192,6 +313,10 @@ func supervise(lk *sqllock.Lock, argv []string, f runFlags, sigs <-chan os.Signa
 	// foreground group so that it can read the terminal.
 	group := !isTerminal(os.Stdin)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: group}
+	// COMMAND must not outlive the lock's holder: if run dies (even by
+	// SIGKILL), its session ends and the lock is free, so the kernel stops
+	// COMMAND too where it can (Linux).
+	dieWithParent(cmd.SysProcAttr)
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintf(stderr, "sqllock: cannot run %s: %v\n", argv[0], err)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {

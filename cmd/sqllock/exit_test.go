@@ -1,0 +1,426 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/pgtest"
+)
+
+// exitRows are the statuses of docs/cli.md's exit-status table, each with
+// the test cases below that prove it. TestExitTableIsProven keeps the two
+// in step.
+var exitRows = map[string][]string{
+	"COMMAND's":         {"command status"},
+	"conflict code (1)": {"held elsewhere -n", "held elsewhere -w", "conflict code -E"},
+	"64":                {"bad flag", "flag after KEY", "negative timeout", "negative keep-alive", "empty key name"},
+	"69":                {"unreachable"},
+	"70":                {"standby"},
+	"75":                {"lost while running", "lost before the command ended"},
+	"77":                {"authentication failed"},
+	"78":                {"bad DSN"},
+	"126, 127":          {"not executable", "not found"},
+	"128+N":             {"command killed by a signal", "interrupted while waiting", "interrupted while connecting"},
+}
+
+// TestExitTableIsProven: every row of docs/cli.md's exit-status table has
+// cases in TestExitStatuses, and every case exists.
+func TestExitTableIsProven(t *testing.T) {
+	b, err := os.ReadFile("../../docs/cli.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(b), "### Exit status")
+	if !ok {
+		t.Fatal("docs/cli.md has no exit-status table")
+	}
+	row := regexp.MustCompile("(?m)^\\| ([^|]+?) \\| ")
+	var rows []string
+	for _, m := range row.FindAllStringSubmatch(strings.SplitN(table, "\n\n", 3)[1], -1) {
+		if r := strings.Trim(m[1], "` "); r != "status" && !strings.HasPrefix(r, "---") {
+			rows = append(rows, r)
+		}
+	}
+	if len(rows) != len(exitRows) {
+		t.Errorf("docs/cli.md lists %d statuses %q; the tests cover %d", len(rows), rows, len(exitRows))
+	}
+	cases := map[string]bool{"interrupted while waiting": true, "interrupted while connecting": true} // TestExitStatuses's own subtests
+	for _, c := range exitCases(t, pgtest.Start(t).DSN()) {
+		cases[c.name] = true
+	}
+	for _, r := range rows {
+		names, ok := exitRows[r]
+		if !ok {
+			t.Errorf("status %q of docs/cli.md has no test", r)
+		}
+		for _, n := range names {
+			if !cases[n] {
+				t.Errorf("status %q: no case %q in TestExitStatuses", r, n)
+			}
+		}
+	}
+}
+
+// exitCase is one run of the CLI and the status it must end with.
+type exitCase struct {
+	name  string
+	dsn   string
+	args  []string
+	code  int
+	want  string                      // in stderr
+	setup func(t *testing.T) []string // optional: returns args, overriding args
+}
+
+// silentServer accepts TCP connections and never answers: a server that
+// hangs.
+func silentServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// exitCases are the cases of TestExitStatuses, run against dsn's database
+// (where the test holds the lock "held").
+func exitCases(t *testing.T, dsn string) []exitCase {
+	srv := pgtest.Start(t)
+	u, _ := url.Parse(dsn)
+	u.User = url.User("nosuchrole")
+	noRole := u.String()
+	return []exitCase{
+		{name: "command status", dsn: dsn, args: []string{"run", "k1", "--", "sh", "-c", "exit 7"}, code: 7},
+		{name: "held elsewhere -n", dsn: dsn, args: []string{"run", "-n", "held", "--", "true"}, code: 1, want: "held elsewhere"},
+		{name: "held elsewhere -w", dsn: dsn, args: []string{"run", "-w", "100ms", "held", "--", "true"}, code: 1, want: "still held elsewhere after 100ms"},
+		{name: "conflict code -E", dsn: dsn, args: []string{"run", "-n", "-E", "9", "held", "--", "true"}, code: 9},
+		{name: "bad flag", dsn: dsn, args: []string{"run", "--bogus", "k", "--", "true"}, code: exitUsage, want: "flag provided but not defined"},
+		{name: "flag after KEY", dsn: dsn, args: []string{"run", "k", "-n", "--", "true"}, code: exitUsage, want: "flags go before KEY"},
+		{name: "negative timeout", dsn: dsn, args: []string{"run", "-w", "-5s", "k", "--", "true"}, code: exitUsage, want: "must not be negative"},
+		{name: "negative keep-alive", dsn: dsn, args: []string{"run", "--keep-alive", "-1s", "k", "--", "true"}, code: exitUsage, want: "must not be negative"},
+		{name: "empty key name", dsn: dsn, args: []string{"key", ""}, code: exitUsage, want: "empty NAME"},
+		{name: "unreachable", dsn: "postgres://u:s3cret@127.0.0.1:1/db", args: []string{"run", "k", "--", "true"}, code: exitUnavailable, want: "cannot reach PostgreSQL at 127.0.0.1:1"},
+		{name: "standby", args: []string{"run", "-n", "k", "--", "true"}, code: exitSoftware, want: "standby", setup: func(t *testing.T) []string {
+			if !srv.Local() {
+				pgtest.Unavailable(t, "a local cluster (for a standby)", errors.New("SQLLOCK_TEST_DSN or Docker server"))
+			}
+			standby := pgtest.StartStandby(t, srv)
+			return []string{"run", "--dsn", standby.DSN(), "-n", "k", "--", "true"}
+		}},
+		{name: "lost while running", dsn: dsn, code: exitLost, want: "was lost while", setup: func(t *testing.T) []string {
+			return []string{"run", "--keep-alive", "100ms", "--on-lost", "2s", "lost1", "--", "sh", "-c",
+				terminateOwnSession(srv, "lost1") + "; sleep 30"}
+		}},
+		{name: "lost before the command ended", dsn: dsn, code: exitLost, want: "was lost before", setup: func(t *testing.T) []string {
+			// The keep-alive is too slow to notice: the unlock does.
+			return []string{"run", "--keep-alive", "1h", "lost2", "--", "sh", "-c", terminateOwnSession(srv, "lost2") + "; exit 0"}
+		}},
+		{name: "authentication failed", dsn: noRole, args: []string{"run", "k", "--", "true"}, code: exitNoPerm, want: "authentication failed"},
+		{name: "bad DSN", dsn: "postgres://u:s3cret@127.0.0.1:notaport/db", args: []string{"run", "k", "--", "true"}, code: exitConfig, want: "bad DSN postgres://u:xxxxx@"},
+		{name: "not executable", dsn: dsn, code: exitCannotRun, want: "cannot run", setup: func(t *testing.T) []string {
+			f := filepath.Join(t.TempDir(), "script")
+			if err := os.WriteFile(f, []byte("#!/bin/sh\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return []string{"run", "k2", "--", f}
+		}},
+		{name: "not found", dsn: dsn, args: []string{"run", "k", "--", "/nonexistent/cmd"}, code: exitNotFound, want: "cannot run /nonexistent/cmd"},
+		{name: "command killed by a signal", dsn: dsn, args: []string{"run", "k3", "--", "sh", "-c", "kill -KILL $$"}, code: 128 + 9},
+	}
+}
+
+// terminateOwnSession is a shell command that ends the session holding the
+// lock named name, from psql as the superuser, and waits until it is gone.
+func terminateOwnSession(srv *pgtest.Server, name string) string {
+	q := fmt.Sprintf("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'sqllock run: %s'", name)
+	return fmt.Sprintf("%s -X -q -d %q -c %q >/dev/null", filepath.Join(srv.BinDir(), "psql"), srv.AdminDSN(), q)
+}
+
+func TestExitStatuses(t *testing.T) {
+	dsn, db := database(t)
+	l := sqllock.New(db)
+	held, err := l.Lock(context.Background(), sqllock.Hash("held"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Unlock(context.Background())
+	for _, tc := range exitCases(t, dsn) {
+		t.Run(tc.name, func(t *testing.T) {
+			args := tc.args
+			if tc.setup != nil {
+				args = tc.setup(t)
+			}
+			r := runCLI(t, tc.dsn, args...)
+			if r.code != tc.code || !strings.Contains(r.stderr, tc.want) {
+				t.Fatalf("%v: exit %d, stderr %q; want %d and %q", args, r.code, r.stderr, tc.code, tc.want)
+			}
+			if strings.Contains(r.stderr, "s3cret") {
+				t.Fatalf("the password leaked into stderr: %q", r.stderr)
+			}
+		})
+	}
+	// The interrupted rows need a signal at the right moment.
+	t.Run("interrupted while waiting", func(t *testing.T) {
+		assertInterrupted(t, dsn, []string{"run", "held", "--", "true"}, func() {
+			waitWaiting(t, db, sqllock.Hash("held"))
+		})
+	})
+	t.Run("interrupted while connecting", func(t *testing.T) {
+		addr := silentServer(t)
+		assertInterrupted(t, "postgres://u@"+addr+"/db", []string{"run", "k", "--", "true"}, func() {
+			time.Sleep(300 * time.Millisecond)
+		})
+	})
+}
+
+// assertInterrupted starts sqllock with args, calls ready, sends SIGTERM,
+// and wants exit 128+15 within a second.
+func assertInterrupted(t *testing.T, dsn string, args []string, ready func()) {
+	t.Helper()
+	cmd := sqllockCmd(dsn, args...)
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready()
+	start := time.Now()
+	cmd.Process.Signal(syscall.SIGTERM)
+	err := cmd.Wait()
+	code := cmd.ProcessState.ExitCode()
+	t.Logf("exit %d %v after SIGTERM: %s", code, time.Since(start), strings.TrimSpace(errb.String()))
+	if code != 128+int(syscall.SIGTERM) || time.Since(start) > time.Second {
+		t.Fatalf("exit %d (%v) after %v, want %d at once; stderr %q", code, err, time.Since(start), 128+int(syscall.SIGTERM), errb.String())
+	}
+}
+
+// waitWaiting waits until some session waits for k.
+func waitWaiting(t *testing.T, db sqllock.Querier, k sqllock.Key) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		locks, err := sqllock.Inspect(context.Background(), db, sqllock.ForKeys(k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range locks {
+			if !l.Granted {
+				return
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("nobody waits for %v", k)
+}
+
+// TestConnectTimeout: a server that never answers is given up on after
+// --connect-timeout (exit 69), or after -w (the conflict code).
+func TestConnectTimeout(t *testing.T) {
+	dsn := "postgres://u@" + silentServer(t) + "/db"
+	r := runCLI(t, dsn, "run", "--connect-timeout", "300ms", "k", "--", "true")
+	if r.code != exitUnavailable || !strings.Contains(r.stderr, "no answer within --connect-timeout 300ms") || r.elapsed > 3*time.Second {
+		t.Fatalf("--connect-timeout: exit %d after %v, stderr %q", r.code, r.elapsed, r.stderr)
+	}
+	r = runCLI(t, dsn, "run", "-w", "300ms", "k", "--", "true")
+	if r.code != 1 || r.elapsed > 3*time.Second {
+		t.Fatalf("-w: exit %d after %v, stderr %q; want 1 within -w", r.code, r.elapsed, r.stderr)
+	}
+}
+
+// TestRunChildDiesWithRun: kill -9 of sqllock run stops COMMAND too, so it
+// never runs without the lock, and the next run gets the lock.
+func TestRunChildDiesWithRun(t *testing.T) {
+	dsn, db := database(t)
+	dir := t.TempDir()
+	pidFile := filepath.Join(dir, "pid")
+	cmd := sqllockCmd(dsn, "run", "-n", "orphan", "--", "sh", "-c", fmt.Sprintf("echo $$ > %s.tmp; mv %s.tmp %s; exec sleep 30", pidFile, pidFile, pidFile))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, pidFile)
+	b, _ := os.ReadFile(pidFile)
+	child, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	cmd.Process.Kill()
+	cmd.Wait()
+	for alive(child) {
+		if time.Since(start) > 5*time.Second {
+			syscall.Kill(child, syscall.SIGKILL)
+			t.Fatalf("COMMAND (pid %d) still runs %v after sqllock run was killed", child, time.Since(start))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("COMMAND ended %v after sqllock run was killed", time.Since(start))
+	waitNoLocks(t, db)
+	if r := runCLI(t, dsn, "run", "-n", "orphan", "--", "true"); r.code != 0 {
+		t.Fatalf("next run: exit %d, %s", r.code, r.stderr)
+	}
+}
+
+// TestRunKeyForms: negative keys after the flags, a key name longer than
+// application_name allows.
+func TestRunKeyForms(t *testing.T) {
+	dsn, db := database(t)
+	for _, tc := range []struct {
+		arg string
+		k   sqllock.Key
+	}{
+		{"-5", sqllock.Int64(-5)},
+		{"-1,2", sqllock.Pair(-1, 2)},
+		{strings.Repeat("n", 10000), sqllock.Hash(strings.Repeat("n", 10000))},
+	} {
+		ready := filepath.Join(t.TempDir(), "ready")
+		cmd := sqllockCmd(dsn, "run", "-n", "-E", "3", tc.arg, "--", "sh", "-c", "touch "+ready+"; sleep 0.5")
+		var errb bytes.Buffer
+		cmd.Stderr = &errb
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		waitFileOr(t, ready, cmd, &errb)
+		if got := holders(t, db, tc.k); len(got) != 1 {
+			t.Errorf("key %.20q: holders of %v = %v", tc.arg, tc.k, got)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("key %.20q: %v %s", tc.arg, err, errb.String())
+		}
+	}
+	waitNoLocks(t, db)
+}
+
+// waitFileOr waits for path, failing early if cmd exits first.
+func waitFileOr(t *testing.T, path string, cmd interface{ Wait() error }, stderr *bytes.Buffer) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never appeared; stderr %q", path, stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestInspectIsTerminalSafe: control characters from the server (query
+// text, application names) are escaped in the table, and --watch clears
+// the screen only on a terminal.
+func TestInspectIsTerminalSafe(t *testing.T) {
+	dsn, db := database(t)
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	const evil = "\033]0;PWNED\007\033[2J\u009b31m"
+	if _, err := conn.ExecContext(context.Background(), "SET application_name = 'app\033[2J'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(context.Background(), "SELECT pg_advisory_lock(77) /* "+evil+" é */"); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.ExecContext(context.Background(), "SELECT pg_advisory_unlock_all()")
+	r := runCLI(t, dsn, "inspect")
+	if r.code != 0 {
+		t.Fatalf("inspect: exit %d, %s", r.code, r.stderr)
+	}
+	for _, bad := range []string{"\033", "\007", "\u009b"} {
+		if strings.Contains(r.stdout, bad) {
+			t.Fatalf("inspect printed the raw control character %q: %q", bad, r.stdout)
+		}
+	}
+	if !strings.Contains(r.stdout, `\x1b]0;PWNED\x07`) {
+		t.Fatalf("inspect did not show the escaped text: %q", r.stdout)
+	}
+	// --watch into a pipe: no screen-clearing codes.
+	cmd := sqllockCmd(dsn, "inspect", "--watch", "100ms")
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	cmd.Process.Signal(syscall.SIGTERM)
+	cmd.Wait()
+	if n := strings.Count(out.String(), "every 100ms"); n < 2 || strings.Contains(out.String(), "\033[") {
+		t.Fatalf("--watch into a pipe: %d listings, screen codes %v: %q", n, strings.Contains(out.String(), "\033["), out.String())
+	}
+}
+
+func TestShortAndPrintable(t *testing.T) {
+	s := short(strings.Repeat("é", 100), 60)
+	if !utf8Valid(s) || len([]rune(s)) != 60 {
+		t.Fatalf("short cut %q (%d runes)", s, len([]rune(s)))
+	}
+	if got := printable("a\tb\x1bc\x7f\u0085\xff"); got != `a\x09b\x1bc\x7f\u0085\xff` {
+		t.Fatalf("printable = %q", got)
+	}
+	if got := clip(strings.Repeat("ü", 40), maxAppName); len(got) > maxAppName || !utf8Valid(got) {
+		t.Fatalf("clip = %q (%d bytes)", got, len(got))
+	}
+}
+
+func utf8Valid(s string) bool { return strings.ToValidUTF8(s, "\ufffd") == s }
+
+// TestRegistryFileWhitespace: a tab separates NAME from KEY like a space.
+func TestRegistryFileWhitespace(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "reg")
+	if err := os.WriteFile(f, []byte("cron:a\t42\ncron:b  (1, 2)\ncron:c\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := loadRegistry(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]sqllock.Key{"cron:a": sqllock.Int64(42), "cron:b": sqllock.Pair(1, 2), "cron:c": sqllock.Hash("cron:c")}
+	for name, k := range want {
+		if got, ok := reg.Key(name); !ok || got != k {
+			t.Errorf("Key(%q) = %v, %v; want %v", name, got, ok, k)
+		}
+	}
+}
+
+// alive reports whether process pid exists and is not a zombie.
+func alive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true // no /proc: trust kill(0)
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return !strings.HasPrefix(rest, "Z")
+}
