@@ -18,7 +18,7 @@ import (
 type Leak struct {
 	PID       int                // the backend process id of the session
 	Locks     []sqllock.HeldLock // the advisory locks the session holds or awaits
-	LastQuery string             // the last statement that made the connection suspect
+	LastQuery string             // the last statement of this checkout that made the connection suspect, else its last statement ("" when unknown)
 	Err       error              // non-nil when the check itself failed (then Locks is empty)
 	Policy    Policy             // what the guard did about it
 }
@@ -39,7 +39,11 @@ func (g *Conn) check() bool {
 		g.dirty = false
 		return true
 	}
-	leak := Leak{PID: pid, Locks: locks, LastQuery: g.lastQuery, Err: err, Policy: c.cfg.policy}
+	last := g.lastQuery
+	if last == "" {
+		last = g.lastAny
+	}
+	leak := Leak{PID: pid, Locks: locks, LastQuery: last, Err: err, Policy: c.cfg.policy}
 	c.leaks.Add(1)
 	keep := false
 	switch {

@@ -18,7 +18,8 @@ type Conn struct {
 
 	dirty     bool   // an advisory statement ran, or a call ended with its context done, since the last check
 	prepared  bool   // an advisory statement was prepared: check at every return
-	lastQuery string // the last statement that made the connection dirty
+	lastQuery string // the last statement that made the connection dirty, this checkout
+	lastAny   string // the last statement run on the connection, this checkout
 }
 
 var (
@@ -46,26 +47,35 @@ func (g *Conn) WithoutGuard(f func(driver.Conn) error) error { return f(g.inner)
 // note marks the connection dirty when query mentions an advisory function
 // or ctx ended during the call.
 func (g *Conn) note(ctx context.Context, query string) {
-	if mentionsAdvisory(query) {
+	g.lastAny = query
+	if suspect(query) {
 		g.dirty = true
 		g.lastQuery = query
+		if containsFold(query, "prepare") {
+			// A server-side PREPARE: its later EXECUTE names no advisory
+			// function, so check at every return from now on.
+			g.prepared = true
+		}
 	} else if ctx.Err() != nil {
 		g.dirty = true
 		g.lastQuery = query
 	}
 }
 
-// mentionsAdvisory reports whether s contains "advisory" in any case,
-// without allocating.
-func mentionsAdvisory(s string) bool {
-	const w = "advisory"
+// suspect reports whether a statement may take an advisory lock: it names
+// an advisory function, or it spells an identifier with Unicode escapes
+// (U&"..."), which can hide one.
+func suspect(s string) bool {
+	return mentionsAdvisory(s) || containsFold(s, `u&"`)
+}
+
+// containsFold reports whether s contains the lower-case ASCII word w in
+// any case, without allocating.
+func containsFold(s, w string) bool {
 	for i := 0; i+len(w) <= len(s); i++ {
-		if s[i]|0x20 != 'a' {
-			continue
-		}
-		j := 1
+		j := 0
 		for ; j < len(w); j++ {
-			if s[i+j]|0x20 != w[j] {
+			if s[i+j]|0x20 != w[j] && s[i+j] != w[j] {
 				break
 			}
 		}
@@ -75,6 +85,10 @@ func mentionsAdvisory(s string) bool {
 	}
 	return false
 }
+
+// mentionsAdvisory reports whether s contains "advisory" in any case,
+// without allocating.
+func mentionsAdvisory(s string) bool { return containsFold(s, "advisory") }
 
 // Prepare implements driver.Conn.
 func (g *Conn) Prepare(query string) (driver.Stmt, error) {
@@ -86,7 +100,7 @@ func (g *Conn) Prepare(query string) (driver.Stmt, error) {
 // return from then on, since database/sql re-executes prepared statements
 // without preparing them again.
 func (g *Conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
-	if mentionsAdvisory(query) {
+	if suspect(query) {
 		g.prepared = true
 		g.lastQuery = query
 	}
@@ -169,6 +183,7 @@ func (g *Conn) Ping(ctx context.Context) error {
 // connection returns to the pool, and false closes it. This is where the
 // guard checks a dirty connection for advisory locks.
 func (g *Conn) IsValid() bool {
+	defer func() { g.lastQuery, g.lastAny = "", "" }() // per checkout
 	if v, ok := g.inner.(driver.Validator); ok && !v.IsValid() {
 		return false // closed anyway: the session and its locks end
 	}

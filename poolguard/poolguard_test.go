@@ -456,3 +456,37 @@ func TestCheckAlways(t *testing.T) {
 		}
 	}
 }
+
+// TestEvasions: a lock taken through a server-side prepared statement, or
+// through a Unicode-escaped function name, is caught; the leak names the
+// statement of its own checkout, never a stale one.
+func TestEvasions(t *testing.T) {
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			db, observer, rec, _ := guarded(t, drv)
+			// A clean advisory statement first, so that a stale LastQuery
+			// would show it.
+			if _, err := db.Exec("SELECT pg_try_advisory_lock(60), pg_advisory_unlock(60)"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.Exec("PREPARE grab(bigint) AS SELECT pg_advisory_lock($1)"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.Exec("EXECUTE grab(61)"); err != nil {
+				t.Fatal(err)
+			}
+			waitFree(t, observer, sqllock.Int64(61))
+			leaks := rec.all()
+			if len(leaks) != 1 || leaks[0].LastQuery != "EXECUTE grab(61)" {
+				t.Fatalf("after EXECUTE of a prepared lock: leaks %+v, want one naming EXECUTE grab(61)", leaks)
+			}
+			if _, err := db.Exec(`SELECT U&"pg_adv\0069sory_lock"(62)`); err != nil {
+				t.Fatal(err)
+			}
+			waitFree(t, observer, sqllock.Int64(62))
+			if leaks := rec.all(); len(leaks) != 2 || !strings.Contains(leaks[1].LastQuery, `U&"pg_adv`) {
+				t.Fatalf("after a U& identifier: leaks %+v", leaks)
+			}
+		})
+	}
+}
