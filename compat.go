@@ -1,7 +1,11 @@
 package sqllock
 
 import (
+	"fmt"
 	"hash/crc32"
+	"net/url"
+	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -27,6 +31,13 @@ func RubyAdvisoryLock(name string, prefix int64) Key {
 	return Pair(int32(crc32.ChecksumIEEE([]byte(name))&0x7fffffff), int32(prefix&0x7fffffff))
 }
 
+// RubyAdvisoryLockID returns the pair key with_advisory_lock uses for an
+// Integer lock name: the gem takes an Integer as is, without CRC-32:
+// (id & 0x7fffffff, prefix & 0x7fffffff).
+func RubyAdvisoryLockID(id, prefix int64) Key {
+	return Pair(int32(id&0x7fffffff), int32(prefix&0x7fffffff))
+}
+
 // railsMigratorSalt is ActiveRecord::Migrator::MIGRATOR_SALT.
 const railsMigratorSalt = 2053462845
 
@@ -46,12 +57,62 @@ func Goose() Key { return CRC32("goose") }
 // package.
 const golangMigrateSalt = 1486364155
 
-// GolangMigrate returns the bigint key golang-migrate v4's postgres driver
-// takes for a migrations table: the CRC-32 of schema, table and database
-// joined by NUL bytes, multiplied by 1486364155 in 32-bit unsigned
-// arithmetic. With the driver's defaults, schema is "public" (the current
-// schema) and table is "schema_migrations".
+// GolangMigrate returns the bigint key golang-migrate v4's postgres, pgx
+// and pgx/v5 drivers take for a migrations table: the CRC-32 of schema,
+// table and database joined by NUL bytes, multiplied by 1486364155 in
+// 32-bit unsigned arithmetic. With the drivers' defaults, schema is
+// "public" (the current schema) and table is "schema_migrations".
+//
+// database is what the driver was given, which depends on how it was
+// opened: a driver made with WithInstance (from a *sql.DB) uses
+// current_database(), such as "mydb"; one opened from a URL, as migrate.New
+// and the migrate command do, uses the URL's path with its leading slash,
+// "/mydb". For the second, use [GolangMigrateURL] with the same URL.
 func GolangMigrate(database, schema, table string) Key {
 	s := strings.Join([]string{schema, table, database}, "\x00")
 	return Int64(int64(crc32.ChecksumIEEE([]byte(s)) * golangMigrateSalt))
 }
+
+// GolangMigrateURL returns the key that golang-migrate v4 takes when it is
+// opened from rawURL (migrate.New, the migrate command; postgres://,
+// postgresql://, pgx:// and pgx5:// URLs): the database is the URL's path,
+// leading slash included; the table is x-migrations-table
+// (schema_migrations by default); the schema is the one named in a quoted
+// x-migrations-table ("schema"."table", with x-migrations-table-quoted=true),
+// else the first schema of a search_path parameter in the URL, else
+// "public". golang-migrate itself reads current_schema() from the server:
+// if your role's search_path makes that something else, use
+// [GolangMigrate] with the exact values.
+func GolangMigrateURL(rawURL string) (Key, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return Key{}, fmt.Errorf("sqllock: golang-migrate URL: %w", err)
+	}
+	q := u.Query()
+	table := q.Get("x-migrations-table")
+	if table == "" {
+		table = "schema_migrations"
+	}
+	schema := "public"
+	if sp := q.Get("search_path"); sp != "" {
+		first, _, _ := strings.Cut(sp, ",")
+		if first = strings.Trim(strings.TrimSpace(first), `"`); first != "" && first != "$user" {
+			schema = first
+		}
+	}
+	if quoted, _ := strconv.ParseBool(q.Get("x-migrations-table-quoted")); quoted {
+		parts := quotedNames.FindAllStringSubmatch(table, -1)
+		switch len(parts) {
+		case 1:
+			table = parts[0][1]
+		case 2:
+			schema, table = parts[0][1], parts[1][1]
+		default:
+			return Key{}, fmt.Errorf("sqllock: golang-migrate URL: x-migrations-table %q is not \"table\" or \"schema\".\"table\"", table)
+		}
+	}
+	return GolangMigrate(u.Path, schema, table), nil
+}
+
+// quotedNames finds the double-quoted names of a quoted x-migrations-table.
+var quotedNames = regexp.MustCompile(`"(.*?)"`)
