@@ -116,7 +116,7 @@ func waitWaiting(t testing.TB, q sqllock.Querier, k sqllock.Key) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		locks, err := sqllock.Inspect(bg(), q, sqllock.ForKeys(k))
+		locks, err := sqllock.Inspect(bg(), q, sqllock.WithKeys(k))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,8 +14,7 @@ import (
 // for) exactly the lock that a Ruby, Python or migration tool takes.
 
 // CRC32 returns the bigint key zlib.crc32(name) & 0x7FFFFFFFFFFFFFFF, the
-// string-hash convention used by many Python code bases (and by the
-// advisory-locks lesson this module grew from). Because CRC-32 has only 32
+// string-hash convention used by many Python code bases. Because CRC-32 has only 32
 // bits, names collide far more often than with [Hash]; prefer Hash for new
 // code and use CRC32 to interoperate.
 func CRC32(name string) Key {

@@ -1,6 +1,15 @@
 package sqllock
 
-import "errors"
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+)
 
 // Sentinel errors. Match them with [errors.Is]: the errors this package
 // returns wrap them together with the underlying cause.
@@ -26,14 +35,14 @@ var (
 	// standby (pg_is_in_recovery() is true): locks taken there do not
 	// conflict with the primary's. The lock is released before returning.
 	// WithAllowStandby turns the check off.
-	ErrStandby = errors.New("sqllock: server is a standby; its advisory locks do not conflict with the primary's")
+	ErrStandby = errors.New("sqllock: server is a standby")
 
 	// ErrSessionChanged is returned, or wrapped by ErrLockLost, when a
 	// statement on the pinned connection ran on a different backend than the
 	// one that was granted the lock: a transaction-mode pooler (such as
 	// PgBouncer with pool_mode=transaction) sits between the client and the
 	// server. Use the transaction-scoped locks (LockTx, InTx) there.
-	ErrSessionChanged = errors.New("sqllock: backend session changed under the connection (transaction-mode pooler?); session locks are unsafe here, use LockTx or InTx")
+	ErrSessionChanged = errors.New("sqllock: backend session changed")
 
 	// ErrDeadlock is returned when PostgreSQL aborts a lock wait because it
 	// would deadlock (SQLSTATE 40P01).
@@ -57,3 +66,94 @@ var (
 	// key, is already registered.
 	ErrDuplicate = errors.New("sqllock: duplicate registry entry")
 )
+
+// connectionBroken reports whether err means the connection or its session
+// is gone (a bad connection, a network error, SQLSTATE class 08, or 57P
+// operator intervention such as a terminated backend or a shutdown), as
+// opposed to an answer from a live session.
+func connectionBroken(err error) bool {
+	for _, answer := range []error{ErrNotAcquired, ErrStandby, ErrDeadlock, ErrLockTableFull, ErrUnsupportedServer, ErrInvalidKey} {
+		if errors.Is(err, answer) {
+			return false
+		}
+	}
+	var ne net.Error
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne) {
+		return true
+	}
+	if st := sqlState(err); strings.HasPrefix(st, "08") || strings.HasPrefix(st, "57P") {
+		return true
+	}
+	msg := err.Error()
+	for _, s := range []string{"conn closed", "bad connection", "broken pipe", "connection reset", "connection refused"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// ctxEnded reports whether ctx is done or past its deadline. A driver can
+// see the deadline pass (a dial or read times out) a moment before ctx.Err()
+// turns non-nil.
+func ctxEnded(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
+}
+
+// ctxErr returns ctx.Err(), or context.DeadlineExceeded when the deadline
+// has passed but ctx does not say so yet.
+func ctxErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return context.DeadlineExceeded
+}
+
+func notAcquired(k Key, ctxErr error) error {
+	return fmt.Errorf("%w: %s: %w", ErrNotAcquired, k, ctxErr)
+}
+
+// lockError classifies a failed lock statement.
+func lockError(k Key, err error) error {
+	switch sqlState(err) {
+	case "40P01":
+		return fmt.Errorf("%w: lock %s: %w", ErrDeadlock, k, err)
+	case "53200":
+		return fmt.Errorf("%w: lock %s: %w", ErrLockTableFull, k, err)
+	case "55P03", "57014": // lock_timeout, statement_timeout
+		return fmt.Errorf("%w: lock %s: %w", ErrNotAcquired, k, err)
+	}
+	return fmt.Errorf("sqllock: lock %s: %w", k, err)
+}
+
+// sqlState returns the SQLSTATE of a server error from any driver that
+// exposes one (lib/pq and pgx both do), and otherwise recognises the two
+// messages this package cares about.
+func sqlState(err error) string {
+	var s interface{ SQLState() string }
+	if errors.As(err, &s) {
+		return s.SQLState()
+	}
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "deadlock detected"):
+		return "40P01"
+	case strings.Contains(msg, "out of shared memory"):
+		return "53200"
+	}
+	return ""
+}
+
+// standbyError says why a lock on a standby is refused.
+func standbyError(what string) error {
+	return fmt.Errorf("%w (%s): its advisory locks do not conflict with the primary's; connect to the primary (or use WithAllowStandby)", ErrStandby, what)
+}
+
+// sessionChanged says what a changed backend means.
+func sessionChanged(was, now int64) error {
+	return fmt.Errorf("%w from backend %d to %d: a transaction-mode pooler (such as PgBouncer with pool_mode=transaction) is in the way; session locks are unsafe there, use LockTx or InTx", ErrSessionChanged, was, now)
+}

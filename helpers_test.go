@@ -31,7 +31,7 @@ func holders(t testing.TB, q sqllock.Querier, k sqllock.Key) []int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	locks, err := sqllock.Inspect(ctx, q, sqllock.ForKeys(k))
+	locks, err := sqllock.Inspect(ctx, q, sqllock.WithKeys(k))
 	if err != nil {
 		t.Fatalf("Inspect: %v", err)
 	}

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/pglocks"
 )
 
 // Querier runs a query: *sql.DB, *sql.Conn, *sql.Tx and *sqlx.DB satisfy it.
@@ -18,7 +20,7 @@ type Querier interface {
 // HeldLock is one advisory lock, held or awaited, as [Inspect] reports it.
 type HeldLock struct {
 	Key             Key
-	Name            string // from the registry given with WithInspectRegistry, else ""
+	Name            string // from the registry given with WithRegistry, else ""
 	Shared          bool
 	Granted         bool // false: still waiting
 	PID             int  // 0 for a lock of a prepared transaction
@@ -33,53 +35,11 @@ type HeldLock struct {
 	BlockedBy []int     // pg_blocking_pids: the sessions this one waits for
 }
 
-// InspectOption configures Inspect.
-type InspectOption interface{ applyInspect(*inspectConfig) }
-
-type inspectConfig struct {
-	registry *Registry
-	keys     map[Key]bool
-}
-
-type inspectOptionFunc func(*inspectConfig)
-
-func (f inspectOptionFunc) applyInspect(c *inspectConfig) { f(c) }
-
-// WithInspectRegistry fills HeldLock.Name from r.
-func WithInspectRegistry(r *Registry) InspectOption {
-	return inspectOptionFunc(func(c *inspectConfig) { c.registry = r })
-}
-
-// ForKeys limits Inspect to the given keys.
-func ForKeys(keys ...Key) InspectOption {
-	return inspectOptionFunc(func(c *inspectConfig) {
-		if c.keys == nil {
-			c.keys = map[Key]bool{}
-		}
-		for _, k := range keys {
-			c.keys[k] = true
-		}
-	})
-}
-
-// inspectSQL reads the advisory locks of the current database with their
-// sessions. Keys are decoded in Go from classid, objid and objsubid; the
-// wait start is read through to_jsonb so that servers older than 14, which
-// lack pg_locks.waitstart, answer too.
-const inspectSQL = `SELECT l.classid::int8, l.objid::int8, l.objsubid::int4, l.mode, l.granted,
- coalesce(l.pid, 0), coalesce(a.application_name, ''), coalesce(a.state, ''), coalesce(a.query, ''),
- coalesce(to_jsonb(l) ->> 'waitstart', ''),
- CASE WHEN l.granted OR l.pid IS NULL THEN '{}' ELSE pg_blocking_pids(l.pid)::text END
-FROM pg_catalog.pg_locks l
-LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'advisory'
- AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())`
-
 // Inspect returns the advisory locks, held and awaited, in the current
-// database: the lesson's pg_locks query, with keys decoded correctly (a
-// bigint key is classid<<32 | objid; reading objid alone is wrong for keys
-// of 2^32 and above and for negative keys), joined with pg_stat_activity,
-// and sorted by key, granted before waiting, then by pid.
+// database: pg_locks joined with pg_stat_activity, with keys decoded
+// correctly (a bigint key is classid<<32 | objid; reading objid alone is
+// wrong for keys of 2^32 and above and for negative keys), sorted by key,
+// granted before waiting, then by pid.
 //
 // It needs no privileges; a role that may not see other roles' sessions
 // gets their locks with Hidden set and no query text. PostgreSQL cannot tell
@@ -108,7 +68,7 @@ func Inspect(ctx context.Context, q Querier, opts ...InspectOption) ([]HeldLock,
 			&h.State, &h.Query, &wait, &blocked); err != nil {
 			return nil, fmt.Errorf("sqllock: inspect: %w", err)
 		}
-		k, ok := keyFromLockTag(uint32(classid), uint32(objid), subid)
+		k, ok := keyFromLockTag(pglocks.Tag{Classid: uint32(classid), Objid: uint32(objid), Objsubid: subid})
 		if !ok || (cfg.keys != nil && !cfg.keys[k]) {
 			continue
 		}

@@ -54,7 +54,7 @@ func TestInspect(t *testing.T) {
 		}()
 		waitWaiting(t, db, neg)
 
-		locks, err := sqllock.Inspect(bg(), db, sqllock.WithInspectRegistry(reg))
+		locks, err := sqllock.Inspect(bg(), db, sqllock.WithRegistry(reg))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -100,15 +100,6 @@ func (m *monitor) loop() {
 	}
 }
 
-// keepAliveSQL returns, for lists of expected locks, the 1-based positions of
-// those that are not granted to their backend any more. The lists are passed
-// as array literals in text, which every driver can bind.
-const keepAliveSQL = `SELECT h.i FROM unnest($1::text::int4[], $2::text::int8[], $3::text::int8[], $4::text::int4[], $5::text::bool[])
- WITH ORDINALITY AS h(pid, classid, objid, objsubid, shared, i)
- WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.granted
-  AND l.pid = h.pid AND l.classid::int8 = h.classid AND l.objid::int8 = h.objid AND l.objsubid = h.objsubid
-  AND l.mode = CASE WHEN h.shared THEN 'ShareLock' ELSE 'ExclusiveLock' END)`
-
 // check runs one keep-alive query for ws and reports the lost ones.
 func (m *monitor) check(ws []watched) {
 	var keys []heldKey

@@ -38,7 +38,7 @@ func waitWaiters(t testing.TB, q sqllock.Querier, k sqllock.Key, n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		locks, err := sqllock.Inspect(bg(), q, sqllock.ForKeys(k))
+		locks, err := sqllock.Inspect(bg(), q, sqllock.WithKeys(k))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -252,7 +252,7 @@ func TestUnlockAfterTerminateIsLost(t *testing.T) {
 		}
 		// Do reports it the same way.
 		err = l.Do(bg(), k, func(ctx context.Context) error {
-			locks, err := sqllock.Inspect(ctx, db, sqllock.ForKeys(k))
+			locks, err := sqllock.Inspect(ctx, db, sqllock.WithKeys(k))
 			if err != nil || len(locks) != 1 {
 				return errors.Join(errors.New("lock not visible"), err)
 			}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/sqllock/sqllock/internal/pglocks"
 )
 
 // keyForm tells which of PostgreSQL's two advisory key spaces a Key lives in.
@@ -117,12 +119,12 @@ func (k Key) lockTag() (classid, objid uint32, objsubid int) {
 
 // keyFromLockTag is the inverse of lockTag. It returns false for an objsubid
 // that is not an advisory form.
-func keyFromLockTag(classid, objid uint32, objsubid int) (Key, bool) {
-	switch keyForm(objsubid) {
-	case formInt64:
-		return Int64(int64(uint64(classid)<<32 | uint64(objid))), true
-	case formPair:
-		return Pair(int32(classid), int32(objid)), true
+func keyFromLockTag(t pglocks.Tag) (Key, bool) {
+	switch t.Objsubid {
+	case pglocks.Bigint:
+		return Int64(t.BigintKey()), true
+	case pglocks.Pair:
+		return Pair(t.PairKey()), true
 	}
 	return Key{}, false
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/sqllock/sqllock/internal/pglocks"
 )
 
 func TestKeyConstructors(t *testing.T) {
@@ -52,7 +54,7 @@ func TestKeyConstructors(t *testing.T) {
 			if cid != tt.classid || oid != tt.objid || sub != tt.objsubid {
 				t.Errorf("lockTag() = %d, %d, %d; want %d, %d, %d", cid, oid, sub, tt.classid, tt.objid, tt.objsubid)
 			}
-			back, ok := keyFromLockTag(cid, oid, sub)
+			back, ok := keyFromLockTag(pglocks.Tag{Classid: cid, Objid: oid, Objsubid: sub})
 			if !ok || back != tt.key {
 				t.Errorf("keyFromLockTag(lockTag()) = %v, %v; want %v", back, ok, tt.key)
 			}
@@ -77,7 +79,7 @@ func TestKeySpacesAreDisjoint(t *testing.T) {
 	if got := (Key{}).String(); got != "<invalid key>" {
 		t.Fatalf("Key{}.String() = %q", got)
 	}
-	if _, ok := keyFromLockTag(1, 2, 3); ok {
+	if _, ok := keyFromLockTag(pglocks.Tag{Classid: 1, Objid: 2, Objsubid: 3}); ok {
 		t.Fatal("keyFromLockTag accepted objsubid 3")
 	}
 }

@@ -3,6 +3,7 @@ package sqllock
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -132,19 +133,30 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 		return ErrReleased
 	}
 	lk.l.mon.remove(lk)
+	lctx := context.WithoutCancel(ctx) // for the logger only
 	var err error
-	if state == stateLost {
-		lk.l.discard(lk.conn, lk.key, "lock was lost")
-		err = lostErr
-	} else {
-		err = lk.l.release(lk.conn, lk.key, lk.shared, lk.pid)
-		lk.l.stats.held.Add(-1)
-	}
 	final := ErrReleased
-	if errors.Is(err, ErrLockLost) {
-		final = err
-		if state != stateLost {
-			lk.l.stats.lost.Add(1)
+	switch {
+	case state == stateLost:
+		// Reported (and logged, and counted) when it was found lost.
+		lk.l.discard(lk.conn, lk.key, "lock was lost")
+		err, final = lostErr, lostErr
+	default:
+		err = lk.l.release(lk.conn, lk.key, lk.shared, lk.pid)
+		switch {
+		case err == nil:
+			lk.l.stats.released(1)
+			lk.l.log(lctx, slog.LevelDebug, "sqllock: released", lk.key,
+				slog.Int64("pid", lk.pid), slog.Duration("held", time.Since(lk.since)))
+		case errors.Is(err, ErrLockLost):
+			final = err
+			lk.l.stats.lostHeld(1)
+			lk.l.log(lctx, slog.LevelWarn, "sqllock: lock lost", lk.key,
+				slog.Int64("pid", lk.pid), slog.String("found", "at unlock"), slog.Any("error", err))
+		default:
+			lk.l.stats.released(1) // the server releases it as the session ends
+			lk.l.log(lctx, slog.LevelWarn, "sqllock: unlock failed", lk.key,
+				slog.Int64("pid", lk.pid), slog.Any("error", err))
 		}
 	}
 	lk.mu.Lock()
@@ -152,10 +164,6 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 	lk.err = final
 	lk.mu.Unlock()
 	lk.cancel(final)
-	if lctx := context.WithoutCancel(ctx); lk.l.cfg.logger.Enabled(lctx, slog.LevelDebug) {
-		lk.l.cfg.logger.LogAttrs(lctx, slog.LevelDebug, "sqllock: released",
-			slog.String("key", lk.l.name(lk.key)), slog.Duration("held", time.Since(lk.since)), slog.Any("error", err))
-	}
 	return err
 }
 
@@ -168,13 +176,12 @@ func (lk *Lock) lose(cause error) {
 		return
 	}
 	lk.state = stateLost
-	lk.err = fmt.Errorf("%w: %s: %w", ErrLockLost, lk.key, cause)
+	lk.err = fmt.Errorf("%w: %s: %w", ErrLockLost, lk.l.name(lk.key), cause)
 	err := lk.err
 	lk.mu.Unlock()
-	lk.l.stats.held.Add(-1)
-	lk.l.stats.lost.Add(1)
-	lk.l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "sqllock: lock lost",
-		slog.String("key", lk.l.name(lk.key)), slog.Int64("pid", lk.pid), slog.Any("error", err))
+	lk.l.stats.lostHeld(1)
+	lk.l.log(context.Background(), slog.LevelWarn, "sqllock: lock lost", lk.key,
+		slog.Int64("pid", lk.pid), slog.String("found", "by the keep-alive"), slog.Any("error", err))
 	lk.cancel(err) // last: whoever waits on Done sees the stats and the log entry
 }
 
@@ -191,4 +198,112 @@ func (lk *Lock) run(ctx context.Context, fn func(context.Context) error) (err er
 		}
 	}()
 	return fn(fctx)
+}
+
+// release runs the unlock statement on conn, on the backend pid, and gives
+// conn back to the pool only when PostgreSQL confirmed the unlock there. In
+// every other case it discards conn, so that the server ends the session and
+// releases whatever it held.
+func (l *Locker) release(conn *sql.Conn, k Key, shared bool, pid int64) error {
+	q, args := l.mode.unlockSQL(shared, k, pid)
+	var released sql.NullBool
+	var gotPID int64
+	err := queryRow(l.unlockContext(), conn, q, args, &released, &gotPID)
+	switch {
+	case errors.Is(err, sql.ErrConnDone):
+		// Lock.Conn() was closed by the caller: the session went back to the
+		// pool holding the lock.
+		return l.reclaim(k, pid)
+	case err != nil && connectionBroken(err):
+		// The session ended (terminated, restarted, or cut off) before the
+		// unlock: the lock went with it, at a moment no one can tell, so
+		// the critical section may not have been exclusive.
+		l.discard(conn, k, "session gone at unlock")
+		return fmt.Errorf("%w: %s: the session ended before the unlock: %w", ErrLockLost, l.name(k), err)
+	case err != nil:
+		l.discard(conn, k, "unlock statement failed")
+		return fmt.Errorf("sqllock: unlock %s: %w (connection discarded; the server releases the lock as the session ends)", l.name(k), err)
+	case gotPID != pid:
+		l.discard(conn, k, "backend changed")
+		return fmt.Errorf("%w: lock %s: %w", ErrLockLost, l.name(k), sessionChanged(pid, gotPID))
+	case !released.Bool:
+		l.discard(conn, k, "unlock found no lock")
+		return fmt.Errorf("%w: unlock of %s on backend %d found no such lock", ErrLockLost, l.name(k), pid)
+	}
+	return conn.Close()
+}
+
+// reclaim releases k after the caller closed Lock.Conn(), which put the
+// locked session (backend pid) back in the pool. Only that session can
+// unlock; reclaim's statement runs on some pooled connection: if it is that
+// session, it releases its advisory locks there (no one else's), otherwise
+// it ends that session (a role may end its own sessions), as discarding it
+// would have.
+func (l *Locker) reclaim(k Key, pid int64) error {
+	var ok bool
+	err := l.db.QueryRowContext(l.unlockContext(), reclaimSQL, pid).Scan(&ok)
+	if err == nil && !ok {
+		err = errors.New("backend not found")
+	}
+	if err != nil {
+		return fmt.Errorf("sqllock: unlock %s: Lock.Conn() was closed, returning the locked session (backend %d) to the pool, and releasing it failed: %w", k, pid, err)
+	}
+	return fmt.Errorf("sqllock: unlock %s: Lock.Conn() was closed, returning the locked session (backend %d) to the pool; its locks were released (do not close Lock.Conn(): Unlock does)", k, pid)
+}
+
+// unlockContext returns the context that bounds an unlock statement
+// starting now: detached from every caller, and cancelled between one and
+// 1.25 unlock timeouts from now. Unlocks that start within the same quarter
+// of a timeout share one context and one timer: a timer per unlock would
+// cost about 4% of a lock and unlock cycle.
+func (l *Locker) unlockContext() context.Context {
+	now := time.Now()
+	l.epochMu.Lock()
+	defer l.epochMu.Unlock()
+	if l.epochCtx == nil || !now.Before(l.epochUntil) {
+		epoch := l.cfg.unlockTimeout / 4
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(l.cfg.unlockTimeout+epoch, cancel)
+		l.epochCtx, l.epochUntil = ctx, now.Add(epoch)
+	}
+	return l.epochCtx
+}
+
+// cancelWaitTimeout bounds cancelWait.
+const cancelWaitTimeout = 2 * time.Second
+
+// cancelWait takes backend pid, whose wait for k its client abandoned, out
+// of k's queue, from another pooled connection, and waits (bounded) until
+// it has left. Some drivers (pgx) close the socket of a cancelled statement
+// without a cancel request; the backend then stays queued until it is
+// granted the lock, and holds it until it notices that its client is gone.
+// It is best effort: when no connection can be had in time, the server
+// still releases the lock as the abandoned session ends.
+func (l *Locker) cancelWait(pid int64, k Key) {
+	ctx, cancel := context.WithTimeout(context.Background(), cancelWaitTimeout)
+	defer cancel()
+	c, o, sub := k.lockTag()
+	var n int64
+	if err := l.db.QueryRowContext(ctx, cancelWaitSQL, pid, int64(c), int64(o), sub).Scan(&n); err != nil || n == 0 {
+		return
+	}
+	for ctx.Err() == nil {
+		var waiting bool
+		if err := l.db.QueryRowContext(ctx, waitingSQL, pid).Scan(&waiting); err != nil || !waiting {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// discard closes conn's session instead of returning it to the pool.
+func (l *Locker) discard(conn *sql.Conn, k Key, why string) {
+	l.stats.discarded.Add(1)
+	l.log(context.Background(), slog.LevelWarn, "sqllock: connection discarded", k, slog.String("reason", why))
+	discardConn(conn)
+}
+
+func discardConn(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = conn.Close()
 }

@@ -6,11 +6,11 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
+
+	"github.com/sqllock/sqllock/internal/pglocks"
 )
 
 // Session holds many exclusive session-level locks on one pinned
@@ -70,76 +70,18 @@ func (l *Locker) Session(ctx context.Context) (*Session, error) {
 	}
 	var pid int64
 	var standby bool
-	if err := queryRow(ctx, conn, "SELECT pg_backend_pid(), pg_is_in_recovery()", nil, &pid, &standby); err != nil {
+	if err := queryRow(ctx, conn, sessionSQL, nil, &pid, &standby); err != nil {
 		discardConn(conn)
 		return nil, fmt.Errorf("sqllock: session: %w", err)
 	}
 	if standby && !l.cfg.allowStandby {
 		conn.Close()
-		return nil, fmt.Errorf("%w (session)", ErrStandby)
+		return nil, standbyError("session")
 	}
 	sctx, cancel := context.WithCancelCause(context.Background())
 	s := &Session{l: l, conn: conn, pid: pid, ctx: sctx, cancel: cancel, held: map[Key]bool{}}
 	l.mon.add(s)
 	return s, nil
-}
-
-// Conn returns the pinned connection: the session that holds the locks.
-func (s *Session) Conn() *sql.Conn {
-	if s == nil {
-		return nil
-	}
-	return s.conn
-}
-
-// PID returns the backend process id of the session.
-func (s *Session) PID() int {
-	if s == nil {
-		return 0
-	}
-	return int(s.pid)
-}
-
-// Done returns a channel that is closed when the Session is closed or lost.
-func (s *Session) Done() <-chan struct{} {
-	if s == nil {
-		return closedChan
-	}
-	return s.ctx.Done()
-}
-
-// Err returns nil while the Session is usable, ErrReleased after Close, and
-// an error wrapping ErrLockLost once it is lost. It never waits for a call
-// in progress.
-func (s *Session) Err() error {
-	if s == nil {
-		return ErrReleased
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.err
-}
-
-// Held returns the keys the Session holds, sorted. It never waits for a
-// call in progress.
-func (s *Session) Held() []Key {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.sorted == nil {
-		s.sorted = make([]Key, 0, len(s.held))
-		for k := range s.held {
-			s.sorted = append(s.sorted, k)
-		}
-		sort.Slice(s.sorted, func(i, j int) bool { return s.sorted[i].less(s.sorted[j]) })
-	}
-	return append([]Key(nil), s.sorted...)
-}
-
-// holds reports whether the Session holds k.
-func (s *Session) holds(k Key) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.held[k]
 }
 
 // TryLock takes k if no other session holds it, and reports whether it did.
@@ -175,7 +117,7 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 	if err := ctx.Err(); err != nil { // nothing sent: the Session is intact
 		return notAcquired(k, err)
 	}
-	q, args := s.l.mode.sessionLockSQL(lockFn(false, false, false), k)
+	q, args := s.l.mode.sessionLockSQL(0, k)
 	var ok, standby bool
 	var pid int64
 	err := queryRow(ctx, s.conn, q, args, &ok, &pid, &standby)
@@ -192,11 +134,10 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 		}
 		return lockError(k, err)
 	case pid != s.pid:
-		s.loseLocked(fmt.Errorf("%w: backend %d, was %d", ErrSessionChanged, pid, s.pid))
+		s.loseLocked(sessionChanged(s.pid, pid))
 		return s.Err()
 	}
 	s.add([]Key{k})
-	s.l.stats.acquired.Add(1)
 	return nil
 }
 
@@ -227,9 +168,9 @@ func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
 	got := make([]Key, 0, len(want))
 	q, args := manySQL("pg_try_advisory_lock", "", want)
 	err := queryRows(ctx, s.conn, q, args, func(v []driver.Value) error {
-		i, ok, pid := toInt(v[0]), v[1] == true, toInt(v[2])
+		i, ok, pid := pglocks.Int(v[0]), v[1] == true, pglocks.Int(v[2])
 		if pid != s.pid {
-			return fmt.Errorf("%w: backend %d, was %d", ErrSessionChanged, pid, s.pid)
+			return sessionChanged(s.pid, pid)
 		}
 		if i < 1 || int(i) > len(want) {
 			return errors.New("sqllock: answer out of range")
@@ -243,7 +184,6 @@ func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
 		return nil, s.tryLockManyFailed(ctx, want, err)
 	}
 	s.add(got)
-	s.l.stats.acquired.Add(int64(len(got)))
 	s.l.stats.contended.Add(int64(len(want) - len(got)))
 	// Report in the order given.
 	order := make(map[Key]int, len(want))
@@ -252,21 +192,6 @@ func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
 	}
 	sort.Slice(got, func(i, j int) bool { return order[got[i]] < order[got[j]] })
 	return got, nil
-}
-
-// notHeld returns keys without repeats and without those the Session holds.
-func (s *Session) notHeld(keys []Key) []Key {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	want := make([]Key, 0, len(keys))
-	seen := make(map[Key]bool, len(keys))
-	for _, k := range keys {
-		if !s.held[k] && !seen[k] {
-			seen[k] = true
-			want = append(want, k)
-		}
-	}
-	return want
 }
 
 // tryLockManyFailed settles a TryLockMany statement that failed (err) or
@@ -337,7 +262,7 @@ func (s *Session) unlockKeys(keys []Key) error {
 	q, args := manySQL("pg_advisory_unlock", strconv.FormatInt(s.pid, 10), keys)
 	confirmed := 0
 	err := queryRows(s.l.unlockContext(), s.conn, q, args, func(v []driver.Value) error {
-		if v[1] == true && toInt(v[2]) == s.pid {
+		if v[1] == true && pglocks.Int(v[2]) == s.pid {
 			confirmed++
 		}
 		return nil
@@ -390,200 +315,4 @@ func (s *Session) Close(ctx context.Context) error {
 	s.cancel(ErrReleased)
 	s.gone = true
 	return s.conn.Close()
-}
-
-// begin starts a call: it takes callMu and checks that the Session is
-// usable. end must follow when begin returns nil.
-func (s *Session) begin() error {
-	s.callMu.Lock()
-	if err := s.Err(); err != nil {
-		s.callMu.Unlock()
-		return err
-	}
-	return nil
-}
-
-// end finishes a call: a Session that the keep-alive found lost while the
-// call ran has its connection discarded now that the call no longer uses
-// it.
-func (s *Session) end() {
-	if !s.gone && s.Err() != nil && errors.Is(s.Err(), ErrLockLost) {
-		s.discardConn()
-	}
-	s.callMu.Unlock()
-}
-
-func (s *Session) setReleased(err error) {
-	s.mu.Lock()
-	s.state, s.err = stateReleased, err
-	s.mu.Unlock()
-}
-
-// add records keys as held.
-func (s *Session) add(keys []Key) {
-	if len(keys) == 0 {
-		return
-	}
-	s.mu.Lock()
-	for _, k := range keys {
-		s.held[k] = true
-	}
-	s.sorted = nil
-	s.mu.Unlock()
-	s.l.stats.held.Add(int64(len(keys)))
-}
-
-// forget records keys as released.
-func (s *Session) forget(keys []Key) {
-	s.mu.Lock()
-	for _, k := range keys {
-		delete(s.held, k)
-	}
-	s.sorted = nil
-	s.mu.Unlock()
-	s.l.stats.held.Add(-int64(len(keys)))
-}
-
-// lose marks the Session lost (from the keep-alive). It never waits for a
-// call in progress: that call discards the connection when it ends.
-func (s *Session) lose(cause error) {
-	if !s.markLost(cause) {
-		return
-	}
-	if s.callMu.TryLock() {
-		s.discardConn()
-		s.callMu.Unlock()
-	}
-}
-
-// loseLocked marks the Session lost and discards its connection: the server
-// releases its locks as the session ends. The caller holds callMu.
-func (s *Session) loseLocked(cause error) {
-	if s.markLost(cause) {
-		s.discardConn()
-	}
-}
-
-// markLost marks a usable Session lost and forgets its locks; it reports
-// whether it did.
-func (s *Session) markLost(cause error) bool {
-	s.mu.Lock()
-	if s.state != stateHeld {
-		s.mu.Unlock()
-		return false
-	}
-	n := int64(len(s.held))
-	s.state = stateLost
-	s.err = fmt.Errorf("%w: session on backend %d (%d locks): %w", ErrLockLost, s.pid, n, cause)
-	s.held, s.sorted = map[Key]bool{}, nil
-	err := s.err
-	s.mu.Unlock()
-	s.l.stats.held.Add(-n)
-	s.l.stats.lost.Add(n)
-	s.l.mon.remove(s)
-	s.l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "sqllock: session lost",
-		slog.Int64("pid", s.pid), slog.Any("error", err))
-	s.cancel(err) // last: whoever waits on Done sees the stats and the log entry
-	return true
-}
-
-// discardConn ends the Session's connection. The caller holds callMu.
-func (s *Session) discardConn() {
-	if !s.gone {
-		s.gone = true
-		s.l.discard(s.conn, Key{}, "session lost")
-	}
-}
-
-// releaseStray unlocks the keys of want that the session holds but the
-// Session did not (taken by a statement that then failed).
-func (s *Session) releaseStray(ctx context.Context, want []Key) error {
-	wanted := make(map[Key]bool, len(want))
-	for _, k := range want {
-		wanted[k] = true
-	}
-	var stray []Key
-	err := queryRows(context.WithoutCancel(ctx), s.conn, ownLocksSQL, nil, func(v []driver.Value) error {
-		k, ok := keyFromLockTag(uint32(toInt(v[0])), uint32(toInt(v[1])), int(toInt(v[2])))
-		if ok && wanted[k] && !s.holds(k) {
-			stray = append(stray, k)
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	for len(stray) > 0 {
-		n := min(len(stray), 1000)
-		if err := s.unlockKeys(stray[:n]); err != nil {
-			return err
-		}
-		stray = stray[n:]
-	}
-	return nil
-}
-
-// ownLocksSQL lists the granted session advisory locks of the running
-// session.
-const ownLocksSQL = `SELECT classid::int8, objid::int8, objsubid::int4 FROM pg_catalog.pg_locks
- WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid() AND mode = 'ExclusiveLock'`
-
-// heldKeys is the keep-alive's view of the Session. It takes only mu, so a
-// call waiting in the server never delays the keep-alive.
-func (s *Session) heldKeys(buf []heldKey) []heldKey {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for k := range s.held {
-		buf = append(buf, heldKey{pid: s.pid, key: k})
-	}
-	return buf
-}
-
-// manySQL returns a statement that calls fn (an exclusive lock or unlock
-// function) on every key, as rows of (position, result, pid). With onlyPID,
-// the function runs only on that backend (NULL elsewhere). Keys are passed
-// as array literals in text, which every driver can bind.
-func manySQL(fn, onlyPID string, keys []Key) (string, []any) {
-	var pair, v, c, d strings.Builder
-	for i, k := range keys {
-		sep := ","
-		if i == 0 {
-			sep = "{"
-		}
-		if cl, id, ok := k.Pair(); ok {
-			pair.WriteString(sep + "t")
-			v.WriteString(sep + "0")
-			c.WriteString(sep + strconv.FormatInt(int64(cl), 10))
-			d.WriteString(sep + strconv.FormatInt(int64(id), 10))
-		} else {
-			n, _ := k.Int64()
-			pair.WriteString(sep + "f")
-			v.WriteString(sep + strconv.FormatInt(n, 10))
-			c.WriteString(sep + "0")
-			d.WriteString(sep + "0")
-		}
-	}
-	call := "CASE WHEN t.pair THEN " + fn + "(t.c, t.d) ELSE " + fn + "(t.v) END"
-	if onlyPID != "" {
-		call = "CASE WHEN pg_backend_pid() = " + onlyPID + " THEN " + call + " END"
-	}
-	q := "SELECT t.i, " + call + ", pg_backend_pid() FROM unnest($1::text::bool[], $2::text::int8[], $3::text::int4[], $4::text::int4[])" +
-		" WITH ORDINALITY AS t(pair, v, c, d, i)"
-	return q, []any{pair.String() + "}", v.String() + "}", c.String() + "}", d.String() + "}"}
-}
-
-func toInt(v driver.Value) int64 {
-	switch n := v.(type) {
-	case int64:
-		return n
-	case int32:
-		return int64(n)
-	case []byte:
-		i, _ := strconv.ParseInt(string(n), 10, 64)
-		return i
-	case string:
-		i, _ := strconv.ParseInt(n, 10, 64)
-		return i
-	}
-	return 0
 }

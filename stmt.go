@@ -17,49 +17,51 @@ import (
 // the SQL text by this package. Keys are integers this package formats
 // itself, so no caller text ever becomes SQL.
 
-// lockFunc names one of PostgreSQL's advisory lock functions.
-type lockFunc struct {
-	name string // pg_advisory_lock, pg_try_advisory_xact_lock_shared, ...
-	try  bool   // returns boolean; otherwise void and waits
-}
+// lockKind is what a lock call asks for; each combination of its bits is
+// one of PostgreSQL's eight advisory lock functions.
+type lockKind uint8
 
-// lockFns holds every lock function, indexed by try, shared, xact.
-var lockFns = func() (t [2][2][2]lockFunc) {
-	for i, try := range []bool{false, true} {
-		for j, shared := range []bool{false, true} {
-			for k, xact := range []bool{false, true} {
-				t[i][j][k] = buildLockFn(try, shared, xact)
-			}
-		}
-	}
-	return t
-}()
+const (
+	kindTry    lockKind = 1 << iota // do not wait: return whether the lock was taken
+	kindShared                      // shared mode; otherwise exclusive
+	kindXact                        // transaction-level; otherwise session-level
 
-func b2i(b bool) int {
-	if b {
-		return 1
+	kindCount = 8
+)
+
+func (k lockKind) try() bool    { return k&kindTry != 0 }
+func (k lockKind) shared() bool { return k&kindShared != 0 }
+
+// sharedKind returns kindShared when shared is true.
+func sharedKind(shared bool) lockKind {
+	if shared {
+		return kindShared
 	}
 	return 0
 }
 
-func lockFn(try, shared, xact bool) lockFunc { return lockFns[b2i(try)][b2i(shared)][b2i(xact)] }
+// lockFuncs names the function of every lockKind.
+var lockFuncs = func() (t [kindCount]string) {
+	for k := range lockKind(kindCount) {
+		var b strings.Builder
+		b.WriteString("pg_")
+		if k.try() {
+			b.WriteString("try_")
+		}
+		b.WriteString("advisory_")
+		if k&kindXact != 0 {
+			b.WriteString("xact_")
+		}
+		b.WriteString("lock")
+		if k.shared() {
+			b.WriteString("_shared")
+		}
+		t[k] = b.String()
+	}
+	return t
+}()
 
-func buildLockFn(try, shared, xact bool) lockFunc {
-	var b strings.Builder
-	b.WriteString("pg_")
-	if try {
-		b.WriteString("try_")
-	}
-	b.WriteString("advisory_")
-	if xact {
-		b.WriteString("xact_")
-	}
-	b.WriteString("lock")
-	if shared {
-		b.WriteString("_shared")
-	}
-	return lockFunc{name: b.String(), try: try}
-}
+func (k lockKind) fn() string { return lockFuncs[k] }
 
 func unlockFn(shared bool) string {
 	if shared {
@@ -96,26 +98,34 @@ func (m stmtMode) keyArgs(k Key, first int) (string, []any) {
 // bound caches the bind-mode statements, which do not depend on the key's
 // value: built once, they cost no allocation per lock.
 var bound = func() (c struct {
-	session, xact map[lockFunc][2]string // by function, then [bigint, pair]
-	unlock        [2][2]string           // [exclusive, shared][bigint, pair]
+	lock   [kindCount][2]string // by kind, then [bigint, pair]
+	unlock [2][2]string         // [exclusive, shared][bigint, pair]
 }) {
-	c.session, c.xact = map[lockFunc][2]string{}, map[lockFunc][2]string{}
-	for _, try := range []bool{false, true} {
-		for _, shared := range []bool{false, true} {
-			for f, k := range []Key{Int64(0), Pair(0, 0)} {
-				fn, xfn := lockFn(try, shared, false), lockFn(try, shared, true)
-				sv, xv := c.session[fn], c.xact[xfn]
-				sv[f], _ = bindKeys.buildSessionLockSQL(fn, k)
-				xv[f], _ = bindKeys.buildXactLockSQL(xfn, k)
-				c.session[fn], c.xact[xfn] = sv, xv
-				c.unlock[b2i(shared)][f], _ = bindKeys.buildUnlockSQL(shared, k, 0)
+	for kind := range lockKind(kindCount) {
+		for f, k := range []Key{Int64(0), Pair(0, 0)} {
+			if kind&kindXact != 0 {
+				c.lock[kind][f], _ = bindKeys.buildXactLockSQL(kind, k)
+			} else {
+				c.lock[kind][f], _ = bindKeys.buildSessionLockSQL(kind, k)
+			}
+			if kind == 0 || kind == kindShared {
+				c.unlock[sharedIndex(kind.shared())][f], _ = bindKeys.buildUnlockSQL(kind.shared(), k, 0)
 			}
 		}
 	}
 	return c
 }()
 
-func formIndex(k Key) int { return b2i(k.IsPair()) }
+// formIndex is 0 for the bigint form of k and 1 for the pair form.
+func formIndex(k Key) int {
+	if k.IsPair() {
+		return 1
+	}
+	return 0
+}
+
+// sharedIndex is 0 for exclusive and 1 for shared.
+func sharedIndex(shared bool) int { return int(sharedKind(shared) >> 1) }
 
 // bindArgs returns the bound values of k.
 func bindArgs(k Key, extra ...any) []any {
@@ -128,19 +138,19 @@ func bindArgs(k Key, extra ...any) []any {
 
 // sessionLockSQL returns the statement that takes a session-level lock. Its
 // single row is (acquired bool, pid int, in_recovery bool).
-func (m stmtMode) sessionLockSQL(fn lockFunc, k Key) (string, []any) {
+func (m stmtMode) sessionLockSQL(kind lockKind, k Key) (string, []any) {
 	if m == bindKeys {
-		return bound.session[fn][formIndex(k)], bindArgs(k)
+		return bound.lock[kind][formIndex(k)], bindArgs(k)
 	}
-	return m.buildSessionLockSQL(fn, k)
+	return m.buildSessionLockSQL(kind, k)
 }
 
-func (m stmtMode) buildSessionLockSQL(fn lockFunc, k Key) (string, []any) {
+func (m stmtMode) buildSessionLockSQL(kind lockKind, k Key) (string, []any) {
 	a, args := m.keyArgs(k, 1)
-	if fn.try {
-		return "SELECT " + fn.name + "(" + a + "), pg_backend_pid(), pg_is_in_recovery()", args
+	if kind.try() {
+		return "SELECT " + kind.fn() + "(" + a + "), pg_backend_pid(), pg_is_in_recovery()", args
 	}
-	return "SELECT true, pg_backend_pid(), pg_is_in_recovery() FROM " + fn.name + "(" + a + ")", args
+	return "SELECT true, pg_backend_pid(), pg_is_in_recovery() FROM " + kind.fn() + "(" + a + ")", args
 }
 
 // unlockSQL returns the statement that releases a session-level lock, but
@@ -148,7 +158,7 @@ func (m stmtMode) buildSessionLockSQL(fn lockFunc, k Key) (string, []any) {
 // nothing and returns NULL. Its single row is (released bool or NULL, pid).
 func (m stmtMode) unlockSQL(shared bool, k Key, pid int64) (string, []any) {
 	if m == bindKeys {
-		return bound.unlock[b2i(shared)][formIndex(k)], bindArgs(k, pid)
+		return bound.unlock[sharedIndex(shared)][formIndex(k)], bindArgs(k, pid)
 	}
 	return m.buildUnlockSQL(shared, k, pid)
 }
@@ -164,19 +174,20 @@ func (m stmtMode) buildUnlockSQL(shared bool, k Key, pid int64) (string, []any) 
 
 // xactLockSQL returns the statement that takes a transaction-level lock. Its
 // single row is (acquired bool).
-func (m stmtMode) xactLockSQL(fn lockFunc, k Key) (string, []any) {
+func (m stmtMode) xactLockSQL(kind lockKind, k Key) (string, []any) {
+	kind |= kindXact
 	if m == bindKeys {
-		return bound.xact[fn][formIndex(k)], bindArgs(k)
+		return bound.lock[kind][formIndex(k)], bindArgs(k)
 	}
-	return m.buildXactLockSQL(fn, k)
+	return m.buildXactLockSQL(kind, k)
 }
 
-func (m stmtMode) buildXactLockSQL(fn lockFunc, k Key) (string, []any) {
+func (m stmtMode) buildXactLockSQL(kind lockKind, k Key) (string, []any) {
 	a, args := m.keyArgs(k, 1)
-	if fn.try {
-		return "SELECT " + fn.name + "(" + a + ")", args
+	if kind.try() {
+		return "SELECT " + kind.fn() + "(" + a + ")", args
 	}
-	return "SELECT true FROM " + fn.name + "(" + a + ")", args
+	return "SELECT true FROM " + kind.fn() + "(" + a + ")", args
 }
 
 // detectMode picks inlineKeys for lib/pq, whose parameterized queries cost
@@ -189,3 +200,82 @@ func detectMode(d driver.Driver) stmtMode {
 	}
 	return bindKeys
 }
+
+// keepAliveSQL returns, for lists of expected locks, the 1-based positions of
+// those that are not granted to their backend any more. The lists are passed
+// as array literals in text, which every driver can bind.
+const keepAliveSQL = `SELECT h.i FROM unnest($1::text::int4[], $2::text::int8[], $3::text::int8[], $4::text::int4[], $5::text::bool[])
+ WITH ORDINALITY AS h(pid, classid, objid, objsubid, shared, i)
+ WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.granted
+  AND l.pid = h.pid AND l.classid::int8 = h.classid AND l.objid::int8 = h.objid AND l.objsubid = h.objsubid
+  AND l.mode = CASE WHEN h.shared THEN 'ShareLock' ELSE 'ExclusiveLock' END)`
+
+// manySQL returns a statement that calls fn (an exclusive lock or unlock
+// function) on every key, as rows of (position, result, pid). With onlyPID,
+// the function runs only on that backend (NULL elsewhere). Keys are passed
+// as array literals in text, which every driver can bind.
+func manySQL(fn, onlyPID string, keys []Key) (string, []any) {
+	var pair, v, c, d strings.Builder
+	for i, k := range keys {
+		sep := ","
+		if i == 0 {
+			sep = "{"
+		}
+		if cl, id, ok := k.Pair(); ok {
+			pair.WriteString(sep + "t")
+			v.WriteString(sep + "0")
+			c.WriteString(sep + strconv.FormatInt(int64(cl), 10))
+			d.WriteString(sep + strconv.FormatInt(int64(id), 10))
+		} else {
+			n, _ := k.Int64()
+			pair.WriteString(sep + "f")
+			v.WriteString(sep + strconv.FormatInt(n, 10))
+			c.WriteString(sep + "0")
+			d.WriteString(sep + "0")
+		}
+	}
+	call := "CASE WHEN t.pair THEN " + fn + "(t.c, t.d) ELSE " + fn + "(t.v) END"
+	if onlyPID != "" {
+		call = "CASE WHEN pg_backend_pid() = " + onlyPID + " THEN " + call + " END"
+	}
+	q := "SELECT t.i, " + call + ", pg_backend_pid() FROM unnest($1::text::bool[], $2::text::int8[], $3::text::int4[], $4::text::int4[])" +
+		" WITH ORDINALITY AS t(pair, v, c, d, i)"
+	return q, []any{pair.String() + "}", v.String() + "}", c.String() + "}", d.String() + "}"}
+}
+
+// inspectSQL reads the advisory locks of the current database with their
+// sessions. Keys are decoded in Go from classid, objid and objsubid; the
+// wait start is read through to_jsonb so that servers older than 14, which
+// lack pg_locks.waitstart, answer too.
+const inspectSQL = `SELECT l.classid::int8, l.objid::int8, l.objsubid::int4, l.mode, l.granted,
+ coalesce(l.pid, 0), coalesce(a.application_name, ''), coalesce(a.state, ''), coalesce(a.query, ''),
+ coalesce(to_jsonb(l) ->> 'waitstart', ''),
+ CASE WHEN l.granted OR l.pid IS NULL THEN '{}' ELSE pg_blocking_pids(l.pid)::text END
+FROM pg_catalog.pg_locks l
+LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory'
+ AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())`
+
+// cancelWaitSQL cancels backend $1's statement if it still waits for the
+// advisory lock whose tag is ($2, $3, $4), and answers how many backends it
+// signalled (0 or 1). Matching the pid and the awaited key together keeps
+// it from cancelling anyone else's statement.
+const cancelWaitSQL = `SELECT count(pg_cancel_backend(l.pid)) FROM pg_catalog.pg_locks l
+ WHERE l.locktype = 'advisory' AND NOT l.granted AND l.pid = $1::int4
+  AND l.classid::int8 = $2::int8 AND l.objid::int8 = $3::int8 AND l.objsubid = $4::int4`
+
+// waitingSQL reports whether backend $1 still waits for an advisory lock.
+const waitingSQL = `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
+ WHERE l.locktype = 'advisory' AND NOT l.granted AND l.pid = $1::int4)`
+
+// versionSQL asks which server this is (see supported).
+const versionSQL = "SELECT version()"
+
+// sessionSQL starts a Session: its backend, and whether it is a standby.
+const sessionSQL = "SELECT pg_backend_pid(), pg_is_in_recovery()"
+
+// reclaimSQL releases the advisory locks of backend $1 when it runs there,
+// and otherwise ends that backend (a role may end its own sessions). See
+// Locker.reclaim.
+const reclaimSQL = `SELECT CASE WHEN pg_backend_pid() = $1::int4
+ THEN (SELECT true FROM pg_advisory_unlock_all()) ELSE pg_terminate_backend($1::int4) END`

@@ -2,6 +2,7 @@ package sqllock
 
 import (
 	"database/sql/driver"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/stdlib"
@@ -30,20 +31,20 @@ func TestDetectMode(t *testing.T) {
 func TestStatements(t *testing.T) {
 	tests := []struct {
 		mode stmtMode
-		fn   lockFunc
+		kind lockKind
 		k    Key
 		want string
 		args int
 	}{
-		{bindKeys, lockFn(true, false, false), Int64(5), "SELECT pg_try_advisory_lock($1), pg_backend_pid(), pg_is_in_recovery()", 1},
-		{bindKeys, lockFn(false, true, false), Pair(1, 2), "SELECT true, pg_backend_pid(), pg_is_in_recovery() FROM pg_advisory_lock_shared($1, $2)", 2},
-		{inlineKeys, lockFn(true, false, false), Int64(-5), "SELECT pg_try_advisory_lock((-5)::bigint), pg_backend_pid(), pg_is_in_recovery()", 0},
-		{inlineKeys, lockFn(false, false, false), Pair(-1, 2), "SELECT true, pg_backend_pid(), pg_is_in_recovery() FROM pg_advisory_lock(-1, 2)", 0},
+		{bindKeys, kindTry, Int64(5), "SELECT pg_try_advisory_lock($1), pg_backend_pid(), pg_is_in_recovery()", 1},
+		{bindKeys, kindShared, Pair(1, 2), "SELECT true, pg_backend_pid(), pg_is_in_recovery() FROM pg_advisory_lock_shared($1, $2)", 2},
+		{inlineKeys, kindTry, Int64(-5), "SELECT pg_try_advisory_lock((-5)::bigint), pg_backend_pid(), pg_is_in_recovery()", 0},
+		{inlineKeys, 0, Pair(-1, 2), "SELECT true, pg_backend_pid(), pg_is_in_recovery() FROM pg_advisory_lock(-1, 2)", 0},
 	}
 	for _, tt := range tests {
-		q, args := tt.mode.sessionLockSQL(tt.fn, tt.k)
+		q, args := tt.mode.sessionLockSQL(tt.kind, tt.k)
 		if q != tt.want || len(args) != tt.args {
-			t.Errorf("sessionLockSQL(%v, %v) = %q, %v; want %q with %d args", tt.fn, tt.k, q, args, tt.want, tt.args)
+			t.Errorf("sessionLockSQL(%v, %v) = %q, %v; want %q with %d args", tt.kind, tt.k, q, args, tt.want, tt.args)
 		}
 	}
 	q, args := inlineKeys.unlockSQL(false, Int64(7), 42)
@@ -54,7 +55,45 @@ func TestStatements(t *testing.T) {
 	if q != "SELECT CASE WHEN pg_backend_pid() = $3::int4 THEN pg_advisory_unlock_shared($1, $2) END, pg_backend_pid()" || len(args) != 3 || args[2] != int64(42) {
 		t.Errorf("bind unlockSQL = %q, %v", q, args)
 	}
-	if q, _ := bindKeys.xactLockSQL(lockFn(true, true, true), Int64(1)); q != "SELECT pg_try_advisory_xact_lock_shared($1)" {
+	if q, _ := bindKeys.xactLockSQL(kindTry|kindShared, Int64(1)); q != "SELECT pg_try_advisory_xact_lock_shared($1)" {
 		t.Errorf("xactLockSQL = %q", q)
+	}
+}
+
+// TestLockFuncs: every kind names its PostgreSQL function, and the cached
+// bind-mode statements match the ones built on demand.
+func TestLockFuncs(t *testing.T) {
+	want := map[lockKind]string{
+		0: "pg_advisory_lock", kindTry: "pg_try_advisory_lock", kindShared: "pg_advisory_lock_shared",
+		kindTry | kindShared: "pg_try_advisory_lock_shared", kindXact: "pg_advisory_xact_lock",
+		kindXact | kindTry: "pg_try_advisory_xact_lock", kindXact | kindShared: "pg_advisory_xact_lock_shared",
+		kindXact | kindTry | kindShared: "pg_try_advisory_xact_lock_shared",
+	}
+	for kind, fn := range want {
+		if kind.fn() != fn {
+			t.Errorf("lockKind(%d).fn() = %q, want %q", kind, kind.fn(), fn)
+		}
+		for _, k := range []Key{Int64(9), Pair(1, 2)} {
+			var cached, built string
+			if kind&kindXact != 0 {
+				cached, _ = bindKeys.xactLockSQL(kind, k)
+				built, _ = bindKeys.buildXactLockSQL(kind, k)
+			} else {
+				cached, _ = bindKeys.sessionLockSQL(kind, k)
+				built, _ = bindKeys.buildSessionLockSQL(kind, k)
+			}
+			if cached != built || !strings.Contains(cached, fn+"(") {
+				t.Errorf("kind %d, key %v: cached %q, built %q", kind, k, cached, built)
+			}
+		}
+	}
+	for _, shared := range []bool{false, true} {
+		for _, k := range []Key{Int64(9), Pair(1, 2)} {
+			cached, _ := bindKeys.unlockSQL(shared, k, 1)
+			built, _ := bindKeys.buildUnlockSQL(shared, k, 1)
+			if cached != built || !strings.Contains(cached, unlockFn(shared)+"(") {
+				t.Errorf("unlock shared=%v key %v: cached %q, built %q", shared, k, cached, built)
+			}
+		}
 	}
 }

@@ -28,36 +28,32 @@ type Tx interface {
 // must be rolled back, which releases anything it holds. Other errors:
 // [ErrDeadlock] (tx is aborted), [ErrLockTableFull], [ErrInvalidKey].
 func LockTx(ctx context.Context, tx Tx, k Key) error {
-	_, err := lockTx(ctx, tx, k, false, false)
+	_, err := lockTx(ctx, tx, k, 0)
 	return err
 }
 
 // TryLockTx takes the exclusive transaction-level lock k in tx if no other
 // session holds it, and reports whether it did. It does not wait.
 func TryLockTx(ctx context.Context, tx Tx, k Key) (bool, error) {
-	return lockTx(ctx, tx, k, true, false)
+	return lockTx(ctx, tx, k, kindTry)
 }
 
 // RLockTx takes the transaction-level lock k in shared mode, waiting while
 // another session holds it exclusively.
 func RLockTx(ctx context.Context, tx Tx, k Key) error {
-	_, err := lockTx(ctx, tx, k, false, true)
+	_, err := lockTx(ctx, tx, k, kindShared)
 	return err
 }
 
 // TryRLockTx takes the transaction-level lock k in shared mode if no other
 // session holds it exclusively, and reports whether it did.
 func TryRLockTx(ctx context.Context, tx Tx, k Key) (bool, error) {
-	return lockTx(ctx, tx, k, true, true)
+	return lockTx(ctx, tx, k, kindTry|kindShared)
 }
 
-// lockTx binds the key as a parameter, which every driver accepts; InTx
-// uses its Locker's mode instead.
-func lockTx(ctx context.Context, tx Tx, k Key, try, shared bool) (bool, error) {
-	return lockTxMode(ctx, bindKeys, tx, k, try, shared)
-}
-
-func lockTxMode(ctx context.Context, mode stmtMode, tx Tx, k Key, try, shared bool) (bool, error) {
+// lockTx takes a transaction-level lock of kind in tx. It binds the key as
+// a parameter, which every driver accepts.
+func lockTx(ctx context.Context, tx Tx, k Key, kind lockKind) (bool, error) {
 	if err := k.valid(); err != nil {
 		return false, err
 	}
@@ -67,7 +63,7 @@ func lockTxMode(ctx context.Context, mode stmtMode, tx Tx, k Key, try, shared bo
 	if err := ctx.Err(); err != nil {
 		return false, notAcquired(k, err)
 	}
-	q, args := mode.xactLockSQL(lockFn(try, shared, true), k)
+	q, args := bindKeys.xactLockSQL(kind, k)
 	var ok bool
 	err := tx.QueryRowContext(ctx, q, args...).Scan(&ok)
 	if ctxEnded(ctx) {
@@ -140,12 +136,12 @@ func (l *Locker) lockInTx(ctx context.Context, tx *sql.Tx, k Key) error {
 	if err := ctx.Err(); err != nil {
 		return notAcquired(k, err)
 	}
-	q, args := l.mode.xactLockSQL(lockFn(true, false, true), k)
+	q, args := l.mode.xactLockSQL(kindTry, k)
 	var ok bool
 	var pid int64
 	err := tx.QueryRowContext(ctx, q+", pg_backend_pid()", args...).Scan(&ok, &pid)
 	if err == nil && !ok {
-		q, args = l.mode.xactLockSQL(lockFn(false, false, true), k)
+		q, args = l.mode.xactLockSQL(0, k)
 		err = tx.QueryRowContext(ctx, q, args...).Scan(&ok)
 		if ctxEnded(ctx) {
 			l.cancelWait(pid, k)

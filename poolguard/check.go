@@ -2,15 +2,12 @@ package poolguard
 
 import (
 	"context"
-	"database/sql"
 	"database/sql/driver"
-	"fmt"
 	"io"
 	"log/slog"
-	"testing"
-	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/pglocks"
 )
 
 // Leak describes a connection that came back to the pool holding advisory
@@ -23,13 +20,9 @@ type Leak struct {
 	Policy    Policy             // what the guard did about it
 }
 
-// ownLocksSQL lists the advisory locks of the session that runs it.
-const ownLocksSQL = `SELECT pg_backend_pid(), l.classid::int8, l.objid::int8, l.objsubid::int4, l.mode, l.granted
-FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid()`
-
 // check runs on a dirty connection as it returns to the pool; the result is
 // IsValid's.
-func (g *Conn) check() bool {
+func (g *conn) check() bool {
 	c := g.c
 	c.checks.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.checkTimeout)
@@ -82,44 +75,29 @@ func ownLocks(ctx context.Context, dc driver.Conn) (int, []sqllock.HeldLock, err
 	if !ok {
 		return 0, nil, errNotQueryer
 	}
-	rows, err := q.QueryContext(ctx, ownLocksSQL, nil)
+	rows, err := q.QueryContext(ctx, pglocks.OwnSQL, nil)
 	if err != nil {
 		return 0, nil, err
 	}
 	defer rows.Close()
 	var pid int
 	var locks []sqllock.HeldLock
-	vals := make([]driver.Value, 6)
+	vals := make([]driver.Value, len(rows.Columns()))
 	for {
 		if err := rows.Next(vals); err == io.EOF {
 			break
 		} else if err != nil {
 			return pid, nil, err
 		}
-		p, classid, objid, subid := asInt(vals[0]), asInt(vals[1]), asInt(vals[2]), asInt(vals[3])
-		mode, _ := vals[4].(string)
-		if b, ok := vals[4].([]byte); ok {
-			mode = string(b)
+		r := pglocks.Scan(vals)
+		pid = int(r.PID)
+		k := sqllock.Int64(r.Tag.BigintKey())
+		if r.Tag.Objsubid == pglocks.Pair {
+			k = sqllock.Pair(r.Tag.PairKey())
 		}
-		granted, _ := vals[5].(bool)
-		pid = int(p)
-		k := sqllock.Int64(classid<<32 | objid)
-		if subid == 2 {
-			k = sqllock.Pair(int32(uint32(classid)), int32(uint32(objid)))
-		}
-		locks = append(locks, sqllock.HeldLock{Key: k, Shared: mode == "ShareLock", Granted: granted, PID: pid})
+		locks = append(locks, sqllock.HeldLock{Key: k, Shared: r.Shared, Granted: r.Granted, PID: pid})
 	}
 	return pid, locks, nil
-}
-
-func asInt(v driver.Value) int64 {
-	switch n := v.(type) {
-	case int64:
-		return n
-	case int32:
-		return int64(n)
-	}
-	return 0
 }
 
 func exec(ctx context.Context, dc driver.Conn, query string) error {
@@ -128,46 +106,4 @@ func exec(ctx context.Context, dc driver.Conn, query string) error {
 		return err
 	}
 	return errNotQueryer
-}
-
-// Check returns the advisory locks, held or awaited, that any session holds
-// in db's current database (it calls sqllock.Inspect). It is the core of
-// [VerifyNone].
-func Check(ctx context.Context, db *sql.DB) ([]sqllock.HeldLock, error) {
-	return sqllock.Inspect(ctx, db)
-}
-
-// VerifyNone fails t when any session of db's database holds or awaits an
-// advisory lock. It looks at pg_locks for the current database (every
-// session, not only db's pool; session- and transaction-level alike),
-// retrying for up to one second so that sessions that are ending can
-// release theirs. Call it at the end of a test, or with defer:
-//
-//	defer poolguard.VerifyNone(t, db)
-func VerifyNone(t testing.TB, db *sql.DB) {
-	t.Helper()
-	deadline := time.Now().Add(time.Second)
-	for {
-		locks, err := Check(context.Background(), db)
-		if err != nil {
-			t.Errorf("poolguard: VerifyNone: %v", err)
-			return
-		}
-		if len(locks) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			msg := fmt.Sprintf("poolguard: %d advisory lock(s) still held:", len(locks))
-			for _, l := range locks {
-				state := "held"
-				if !l.Granted {
-					state = "waiting"
-				}
-				msg += fmt.Sprintf("\n  key %s %s by pid %d (%s): %q", l.Key, state, l.PID, l.ApplicationName, l.Query)
-			}
-			t.Error(msg)
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

@@ -6,13 +6,16 @@ import (
 	"errors"
 )
 
-// Conn is the guard's wrapper of one driver connection. database/sql uses
+// conn is the guard's wrapper of one driver connection. database/sql uses
 // it like any driver connection; it forwards every optional interface of the
 // driver's connection and hands back the driver's own Stmt, Rows and Tx.
+// It is unexported, as otelsql keeps its wrappers: users reach the
+// driver's connection through [UnwrapAs], and sqllock reaches WithoutGuard
+// through an interface.
 //
-// database/sql serialises all use of a driver connection, so Conn needs no
+// database/sql serialises all use of a driver connection, so conn needs no
 // locking of its own.
-type Conn struct {
+type conn struct {
 	inner driver.Conn
 	c     *Connector
 
@@ -23,30 +26,30 @@ type Conn struct {
 }
 
 var (
-	_ driver.Conn               = (*Conn)(nil)
-	_ driver.ExecerContext      = (*Conn)(nil)
-	_ driver.QueryerContext     = (*Conn)(nil)
-	_ driver.ConnPrepareContext = (*Conn)(nil)
-	_ driver.ConnBeginTx        = (*Conn)(nil)
-	_ driver.NamedValueChecker  = (*Conn)(nil)
-	_ driver.SessionResetter    = (*Conn)(nil)
-	_ driver.Validator          = (*Conn)(nil)
-	_ driver.Pinger             = (*Conn)(nil)
+	_ driver.Conn               = (*conn)(nil)
+	_ driver.ExecerContext      = (*conn)(nil)
+	_ driver.QueryerContext     = (*conn)(nil)
+	_ driver.ConnPrepareContext = (*conn)(nil)
+	_ driver.ConnBeginTx        = (*conn)(nil)
+	_ driver.NamedValueChecker  = (*conn)(nil)
+	_ driver.SessionResetter    = (*conn)(nil)
+	_ driver.Validator          = (*conn)(nil)
+	_ driver.Pinger             = (*conn)(nil)
 )
 
 // Unwrap returns the driver's own connection.
-func (g *Conn) Unwrap() driver.Conn { return g.inner }
+func (g *conn) Unwrap() driver.Conn { return g.inner }
 
 // WithoutGuard runs f on the driver's own connection without marking the
 // connection dirty. It is meant for the sqllock package, which returns a
 // connection to the pool only after PostgreSQL confirmed its unlock and
 // otherwise discards it; its statements need no second check. Call it only
 // from a Conn.Raw callback, which gives f exclusive use of the connection.
-func (g *Conn) WithoutGuard(f func(driver.Conn) error) error { return f(g.inner) }
+func (g *conn) WithoutGuard(f func(driver.Conn) error) error { return f(g.inner) }
 
 // note marks the connection dirty when query mentions an advisory function
 // or ctx ended during the call.
-func (g *Conn) note(ctx context.Context, query string) {
+func (g *conn) note(ctx context.Context, query string) {
 	g.lastAny = query
 	if suspect(query) {
 		g.dirty = true
@@ -91,7 +94,7 @@ func containsFold(s, w string) bool {
 func mentionsAdvisory(s string) bool { return containsFold(s, "advisory") }
 
 // Prepare implements driver.Conn.
-func (g *Conn) Prepare(query string) (driver.Stmt, error) {
+func (g *conn) Prepare(query string) (driver.Stmt, error) {
 	return g.PrepareContext(context.Background(), query)
 }
 
@@ -99,7 +102,7 @@ func (g *Conn) Prepare(query string) (driver.Stmt, error) {
 // mentions an advisory function makes the connection checked at every
 // return from then on, since database/sql re-executes prepared statements
 // without preparing them again.
-func (g *Conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+func (g *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
 	if suspect(query) {
 		g.prepared = true
 		g.lastQuery = query
@@ -111,15 +114,15 @@ func (g *Conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, e
 }
 
 // Close implements driver.Conn.
-func (g *Conn) Close() error { return g.inner.Close() }
+func (g *conn) Close() error { return g.inner.Close() }
 
 // Begin implements driver.Conn.
-func (g *Conn) Begin() (driver.Tx, error) {
+func (g *conn) Begin() (driver.Tx, error) {
 	return g.inner.Begin() //lint:ignore SA1019 driver.Conn requires forwarding Begin
 }
 
 // BeginTx implements driver.ConnBeginTx.
-func (g *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+func (g *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	if b, ok := g.inner.(driver.ConnBeginTx); ok {
 		return b.BeginTx(ctx, opts)
 	}
@@ -131,7 +134,7 @@ func (g *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 
 // ExecContext implements driver.ExecerContext; it returns driver.ErrSkip
 // when the driver's connection has no ExecContext, as database/sql expects.
-func (g *Conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+func (g *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	e, ok := g.inner.(driver.ExecerContext)
 	if !ok {
 		return nil, driver.ErrSkip
@@ -143,7 +146,7 @@ func (g *Conn) ExecContext(ctx context.Context, query string, args []driver.Name
 
 // QueryContext implements driver.QueryerContext; it returns driver.ErrSkip
 // when the driver's connection has no QueryContext.
-func (g *Conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+func (g *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	q, ok := g.inner.(driver.QueryerContext)
 	if !ok {
 		return nil, driver.ErrSkip
@@ -156,7 +159,7 @@ func (g *Conn) QueryContext(ctx context.Context, query string, args []driver.Nam
 // CheckNamedValue implements driver.NamedValueChecker; it returns
 // driver.ErrSkip when the driver's connection has none, so database/sql
 // applies its default conversions.
-func (g *Conn) CheckNamedValue(nv *driver.NamedValue) error {
+func (g *conn) CheckNamedValue(nv *driver.NamedValue) error {
 	if c, ok := g.inner.(driver.NamedValueChecker); ok {
 		return c.CheckNamedValue(nv)
 	}
@@ -164,7 +167,7 @@ func (g *Conn) CheckNamedValue(nv *driver.NamedValue) error {
 }
 
 // ResetSession implements driver.SessionResetter.
-func (g *Conn) ResetSession(ctx context.Context) error {
+func (g *conn) ResetSession(ctx context.Context) error {
 	if r, ok := g.inner.(driver.SessionResetter); ok {
 		return r.ResetSession(ctx)
 	}
@@ -172,7 +175,7 @@ func (g *Conn) ResetSession(ctx context.Context) error {
 }
 
 // Ping implements driver.Pinger.
-func (g *Conn) Ping(ctx context.Context) error {
+func (g *conn) Ping(ctx context.Context) error {
 	if p, ok := g.inner.(driver.Pinger); ok {
 		return p.Ping(ctx)
 	}
@@ -182,7 +185,7 @@ func (g *Conn) Ping(ctx context.Context) error {
 // IsValid implements driver.Validator: database/sql calls it as the
 // connection returns to the pool, and false closes it. This is where the
 // guard checks a dirty connection for advisory locks.
-func (g *Conn) IsValid() bool {
+func (g *conn) IsValid() bool {
 	defer func() { g.lastQuery, g.lastAny = "", "" }() // per checkout
 	if v, ok := g.inner.(driver.Validator); ok && !v.IsValid() {
 		return false // closed anyway: the session and its locks end

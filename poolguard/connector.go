@@ -74,7 +74,7 @@ func (c *Connector) Connect(ctx context.Context) (driver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Conn{inner: ic, c: c}, nil
+	return &conn{inner: ic, c: c}, nil
 }
 
 // Driver returns the wrapped connector's driver, so that db.Driver() still

@@ -20,7 +20,7 @@
 // What happens to a leaking connection is the [Policy]: [Discard] (the
 // default) closes it, so PostgreSQL frees its locks as the session ends;
 // [UnlockAll] runs pg_advisory_unlock_all() and keeps it; [Report] only
-// reports. [OnLeak] is called for every leak, whatever the policy. A check
+// reports. [WithOnLeak] is called for every leak, whatever the policy. A check
 // that fails or times out counts as a leak.
 //
 // What it cannot see: a lock taken by a stored function or a DO block whose

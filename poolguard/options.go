@@ -16,7 +16,7 @@ const (
 	// UnlockAll runs pg_advisory_unlock_all() on the connection and keeps it
 	// when that succeeds (and discards it when it fails).
 	UnlockAll
-	// Report keeps the connection as it is, locks and all; only OnLeak and
+	// Report keeps the connection as it is, locks and all; only WithOnLeak and
 	// the logger hear of it. For measuring before enforcing.
 	Report
 )
@@ -54,10 +54,10 @@ func (f optionFunc) apply(c *config) { f(c) }
 // WithPolicy sets what happens to a leaking connection (default [Discard]).
 func WithPolicy(p Policy) Option { return optionFunc(func(c *config) { c.policy = p }) }
 
-// OnLeak calls fn for every leak found, whatever the policy. fn runs
+// WithOnLeak calls fn for every leak found, whatever the policy. fn runs
 // synchronously while database/sql returns the connection to the pool: keep
 // it short, and do not use the *sql.DB from it.
-func OnLeak(fn func(Leak)) Option { return optionFunc(func(c *config) { c.onLeak = fn }) }
+func WithOnLeak(fn func(Leak)) Option { return optionFunc(func(c *config) { c.onLeak = fn }) }
 
 // WithCheckAlways checks every connection that comes back, dirty or not: for
 // locks taken inside stored functions, whose call text the guard cannot
@@ -68,11 +68,11 @@ func WithCheckAlways() Option { return optionFunc(func(c *config) { c.always = t
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.logger = l }) }
 
 // WithCheckTimeout bounds one check (default [DefaultCheckTimeout]); a check
-// that takes longer counts as a leak.
+// that takes longer counts as a leak. A check must be bounded:
+// WithCheckTimeout panics if d is not positive.
 func WithCheckTimeout(d time.Duration) Option {
-	return optionFunc(func(c *config) {
-		if d > 0 {
-			c.checkTimeout = d
-		}
-	})
+	if d <= 0 {
+		panic("poolguard: WithCheckTimeout: a check must be bounded; got " + d.String())
+	}
+	return optionFunc(func(c *config) { c.checkTimeout = d })
 }

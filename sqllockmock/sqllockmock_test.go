@@ -175,3 +175,28 @@ func TestHelpersFailOnOtherCalls(t *testing.T) {
 		})
 	}
 }
+
+// TestExpectLockAfterWait: a Lock that finds the key held, waits, and is
+// granted matches ExpectLockAfterWait.
+func TestExpectLockAfterWait(t *testing.T) {
+	db, mock, err := sqlmock.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	k := sqllock.Pair(3, 4)
+	sqllockmock.ExpectServerCheck(mock)
+	sqllockmock.ExpectLockAfterWait(mock, k)
+	sqllockmock.ExpectUnlock(mock, k)
+	l := sqllock.New(db, sqllock.WithKeepAlive(0))
+	lk, err := l.Lock(context.Background(), k)
+	if err != nil {
+		t.Fatalf("Lock = %v", err)
+	}
+	if err := lk.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := mock.ExpectationsWereMet(); err != nil {
+		t.Fatal(err)
+	}
+}

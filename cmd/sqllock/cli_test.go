@@ -225,7 +225,7 @@ func TestRunLostLockStopsCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFile(t, ready)
-	locks, err := sqllock.Inspect(context.Background(), db, sqllock.ForKeys(sqllock.Hash("lost-job")))
+	locks, err := sqllock.Inspect(context.Background(), db, sqllock.WithKeys(sqllock.Hash("lost-job")))
 	if err != nil || len(locks) != 1 || locks[0].ApplicationName != "sqllock run: lost-job" {
 		t.Fatalf("Inspect = %+v, %v", locks, err)
 	}
@@ -268,7 +268,7 @@ func TestInspect(t *testing.T) {
 	go l.Lock(wctx, big)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		locks, _ := sqllock.Inspect(ctx, db, sqllock.ForKeys(big))
+		locks, _ := sqllock.Inspect(ctx, db, sqllock.WithKeys(big))
 		if len(locks) == 2 || time.Now().After(deadline) {
 			break
 		}
@@ -366,7 +366,7 @@ func TestRedact(t *testing.T) {
 
 func holders(t *testing.T, db *sql.DB, k sqllock.Key) []sqllock.HeldLock {
 	t.Helper()
-	locks, err := sqllock.Inspect(context.Background(), db, sqllock.ForKeys(k))
+	locks, err := sqllock.Inspect(context.Background(), db, sqllock.WithKeys(k))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -228,7 +228,7 @@ func waitWaiting(t *testing.T, db sqllock.Querier, k sqllock.Key) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		locks, err := sqllock.Inspect(context.Background(), db, sqllock.ForKeys(k))
+		locks, err := sqllock.Inspect(context.Background(), db, sqllock.WithKeys(k))
 		if err != nil {
 			t.Fatal(err)
 		}

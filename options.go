@@ -1,0 +1,114 @@
+package sqllock
+
+import (
+	"log/slog"
+	"time"
+)
+
+type config struct {
+	keepAlive     time.Duration
+	unlockTimeout time.Duration
+	logger        *slog.Logger
+	registry      *Registry
+	allowStandby  bool
+}
+
+// Option configures a Locker (see [New] for the defaults).
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// Default settings of a Locker.
+const (
+	DefaultKeepAlive     = 5 * time.Second
+	DefaultUnlockTimeout = 5 * time.Second
+)
+
+// WithKeepAlive sets how often the Locker checks that its held locks still
+// exist (default [DefaultKeepAlive]); 0 turns the check off. The check runs
+// on a connection of the pool (never on a lock's pinned connection), and covers all of the
+// Locker's locks and Sessions in one query. Each check, connection
+// included, waits at most the interval or one second, whichever is longer.
+//
+// A lock whose backend no longer holds it is reported lost at once. When
+// the check gets no answer from the server twice in a row, every lock is
+// reported lost, since none can be confirmed. A check that cannot get a
+// connection because the pool is at its SetMaxOpenConns limit is skipped,
+// not failed (a busy pool says nothing about the server): it is counted in
+// [Stats].KeepAliveSkipped and logged once at Warn level, and while it
+// lasts the locks are not watched. So leave one connection beyond the
+// locks and waiters: SetMaxOpenConns(locks + waiters + 1). One goroutine
+// runs the checks while locks are held and ends within one interval of the
+// last release.
+//
+// WithKeepAlive panics if d is negative.
+func WithKeepAlive(d time.Duration) Option {
+	if d < 0 {
+		panic("sqllock: WithKeepAlive: negative interval " + d.String() + " (0 turns the keep-alive off)")
+	}
+	return optionFunc(func(c *config) { c.keepAlive = d })
+}
+
+// WithUnlockTimeout bounds the unlock statement (default
+// [DefaultUnlockTimeout]): it is cancelled after between d and 1.25 d. Unlock
+// does not use its caller's cancellation: a cancelled context still
+// releases the lock. An unlock must be bounded: WithUnlockTimeout panics if
+// d is not positive.
+func WithUnlockTimeout(d time.Duration) Option {
+	if d <= 0 {
+		panic("sqllock: WithUnlockTimeout: the unlock must be bounded; got " + d.String())
+	}
+	return optionFunc(func(c *config) { c.unlockTimeout = d })
+}
+
+// WithLogger sends the Locker's events to l: waiting, acquired (with the
+// wait), released (with the hold time) at Debug level; lost locks and
+// discarded connections at Warn level. The default logs nothing.
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(c *config) { c.logger = l })
+}
+
+// WithRegistry names keys with r: for a Locker (given to [New]), in log
+// events and errors; for [Inspect], in [HeldLock].Name.
+func WithRegistry(r *Registry) RegistryOption { return RegistryOption{r} }
+
+// RegistryOption is the option [WithRegistry] returns: both an [Option]
+// and an [InspectOption].
+type RegistryOption struct{ r *Registry }
+
+func (o RegistryOption) apply(c *config)               { c.registry = o.r }
+func (o RegistryOption) applyInspect(c *inspectConfig) { c.registry = o.r }
+
+// WithAllowStandby lets the Locker take locks on a hot standby. This is
+// dangerous: a standby's advisory locks do not conflict with the primary's,
+// so a client of the primary and a client of the standby can both "hold" the
+// same key. Without it, locks on a standby fail with [ErrStandby].
+func WithAllowStandby() Option {
+	return optionFunc(func(c *config) { c.allowStandby = true })
+}
+
+// InspectOption configures [Inspect]: [WithRegistry] and [WithKeys].
+type InspectOption interface{ applyInspect(*inspectConfig) }
+
+type inspectConfig struct {
+	registry *Registry
+	keys     map[Key]bool
+}
+
+type inspectOptionFunc func(*inspectConfig)
+
+func (f inspectOptionFunc) applyInspect(c *inspectConfig) { f(c) }
+
+// WithKeys limits [Inspect] to the given keys.
+func WithKeys(keys ...Key) InspectOption {
+	return inspectOptionFunc(func(c *inspectConfig) {
+		if c.keys == nil {
+			c.keys = map[Key]bool{}
+		}
+		for _, k := range keys {
+			c.keys[k] = true
+		}
+	})
+}

@@ -1,0 +1,45 @@
+package sqllock
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+)
+
+// The server guard: advisory locks only mean something on PostgreSQL
+// itself (and on its primary; see ErrStandby).
+
+// checkServer refuses servers that do not implement PostgreSQL advisory
+// locks. The answer is cached for the Locker's life; a failed check is
+// retried on the next call.
+func (l *Locker) checkServer(ctx context.Context, conn *sql.Conn) error {
+	l.serverMu.Lock()
+	defer l.serverMu.Unlock()
+	if l.serverOK {
+		return nil
+	}
+	var v string
+	if err := conn.QueryRowContext(ctx, versionSQL).Scan(&v); err != nil {
+		return fmt.Errorf("sqllock: check server version: %w", err)
+	}
+	if err := supported(v); err != nil {
+		return err
+	}
+	l.serverOK = true
+	return nil
+}
+
+// supported returns ErrUnsupportedServer for a version() string of a server
+// whose advisory lock functions are not PostgreSQL's.
+func supported(version string) error {
+	for _, bad := range []string{"CockroachDB", "Redshift", "Materialize", "Spanner"} {
+		if strings.Contains(version, bad) {
+			return fmt.Errorf("%w: %s", ErrUnsupportedServer, version)
+		}
+	}
+	if !strings.HasPrefix(version, "PostgreSQL") {
+		return fmt.Errorf("%w: version() is %q", ErrUnsupportedServer, version)
+	}
+	return nil
+}

@@ -1,0 +1,235 @@
+package sqllock
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+
+	"github.com/sqllock/sqllock/internal/pglocks"
+)
+
+// The Session's state and accounting: which keys it holds, whether it is
+// usable, and how it ends. Its calls (session.go) run between begin and
+// end.
+
+// holds reports whether the Session holds k.
+func (s *Session) holds(k Key) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.held[k]
+}
+
+// notHeld returns keys without repeats and without those the Session holds.
+func (s *Session) notHeld(keys []Key) []Key {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	want := make([]Key, 0, len(keys))
+	seen := make(map[Key]bool, len(keys))
+	for _, k := range keys {
+		if !s.held[k] && !seen[k] {
+			seen[k] = true
+			want = append(want, k)
+		}
+	}
+	return want
+}
+
+// begin starts a call: it takes callMu and checks that the Session is
+// usable. end must follow when begin returns nil.
+func (s *Session) begin() error {
+	s.callMu.Lock()
+	if err := s.Err(); err != nil {
+		s.callMu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// end finishes a call: a Session that the keep-alive found lost while the
+// call ran has its connection discarded now that the call no longer uses
+// it.
+func (s *Session) end() {
+	if !s.gone && s.Err() != nil && errors.Is(s.Err(), ErrLockLost) {
+		s.discardConn()
+	}
+	s.callMu.Unlock()
+}
+
+func (s *Session) setReleased(err error) {
+	s.mu.Lock()
+	s.state, s.err = stateReleased, err
+	s.mu.Unlock()
+}
+
+// add records keys as held.
+func (s *Session) add(keys []Key) {
+	if len(keys) == 0 {
+		return
+	}
+	s.mu.Lock()
+	for _, k := range keys {
+		s.held[k] = true
+	}
+	s.sorted = nil
+	s.mu.Unlock()
+	s.l.stats.took(int64(len(keys)))
+}
+
+// forget records keys as released.
+func (s *Session) forget(keys []Key) {
+	s.mu.Lock()
+	for _, k := range keys {
+		delete(s.held, k)
+	}
+	s.sorted = nil
+	s.mu.Unlock()
+	s.l.stats.released(int64(len(keys)))
+}
+
+// lose marks the Session lost (from the keep-alive). It never waits for a
+// call in progress: that call discards the connection when it ends.
+func (s *Session) lose(cause error) {
+	if !s.markLost(cause) {
+		return
+	}
+	if s.callMu.TryLock() {
+		s.discardConn()
+		s.callMu.Unlock()
+	}
+}
+
+// loseLocked marks the Session lost and discards its connection: the server
+// releases its locks as the session ends. The caller holds callMu.
+func (s *Session) loseLocked(cause error) {
+	if s.markLost(cause) {
+		s.discardConn()
+	}
+}
+
+// markLost marks a usable Session lost and forgets its locks; it reports
+// whether it did.
+func (s *Session) markLost(cause error) bool {
+	s.mu.Lock()
+	if s.state != stateHeld {
+		s.mu.Unlock()
+		return false
+	}
+	n := int64(len(s.held))
+	s.state = stateLost
+	s.err = fmt.Errorf("%w: session on backend %d (%d locks): %w", ErrLockLost, s.pid, n, cause)
+	s.held, s.sorted = map[Key]bool{}, nil
+	err := s.err
+	s.mu.Unlock()
+	s.l.stats.lostHeld(n)
+	s.l.mon.remove(s)
+	s.l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "sqllock: session lost",
+		slog.Int64("pid", s.pid), slog.Any("error", err))
+	s.cancel(err) // last: whoever waits on Done sees the stats and the log entry
+	return true
+}
+
+// discardConn ends the Session's connection. The caller holds callMu.
+func (s *Session) discardConn() {
+	if !s.gone {
+		s.gone = true
+		s.l.discard(s.conn, Key{}, "session lost")
+	}
+}
+
+// releaseStray unlocks the keys of want that the session holds but the
+// Session did not (taken by a statement that then failed).
+func (s *Session) releaseStray(ctx context.Context, want []Key) error {
+	wanted := make(map[Key]bool, len(want))
+	for _, k := range want {
+		wanted[k] = true
+	}
+	var stray []Key
+	err := queryRows(context.WithoutCancel(ctx), s.conn, pglocks.OwnSQL, nil, func(v []driver.Value) error {
+		r := pglocks.Scan(v)
+		if !r.Granted || r.Shared {
+			return nil
+		}
+		k, ok := keyFromLockTag(r.Tag)
+		if ok && wanted[k] && !s.holds(k) {
+			stray = append(stray, k)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for len(stray) > 0 {
+		n := min(len(stray), 1000)
+		if err := s.unlockKeys(stray[:n]); err != nil {
+			return err
+		}
+		stray = stray[n:]
+	}
+	return nil
+}
+
+// heldKeys is the keep-alive's view of the Session. It takes only mu, so a
+// call waiting in the server never delays the keep-alive.
+func (s *Session) heldKeys(buf []heldKey) []heldKey {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k := range s.held {
+		buf = append(buf, heldKey{pid: s.pid, key: k})
+	}
+	return buf
+}
+
+// Conn returns the pinned connection: the session that holds the locks.
+func (s *Session) Conn() *sql.Conn {
+	if s == nil {
+		return nil
+	}
+	return s.conn
+}
+
+// PID returns the backend process id of the session.
+func (s *Session) PID() int {
+	if s == nil {
+		return 0
+	}
+	return int(s.pid)
+}
+
+// Done returns a channel that is closed when the Session is closed or lost.
+func (s *Session) Done() <-chan struct{} {
+	if s == nil {
+		return closedChan
+	}
+	return s.ctx.Done()
+}
+
+// Err returns nil while the Session is usable, ErrReleased after Close, and
+// an error wrapping ErrLockLost once it is lost. It never waits for a call
+// in progress.
+func (s *Session) Err() error {
+	if s == nil {
+		return ErrReleased
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Held returns the keys the Session holds, sorted. It never waits for a
+// call in progress.
+func (s *Session) Held() []Key {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sorted == nil {
+		s.sorted = make([]Key, 0, len(s.held))
+		for k := range s.held {
+			s.sorted = append(s.sorted, k)
+		}
+		sort.Slice(s.sorted, func(i, j int) bool { return s.sorted[i].less(s.sorted[j]) })
+	}
+	return append([]Key(nil), s.sorted...)
+}
