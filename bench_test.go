@@ -3,9 +3,9 @@ package sqllock_test
 import (
 	"context"
 	"database/sql"
-	"slices"
 	"testing"
-	"time"
+
+	"github.com/sqllock/sqllock/internal/testkit"
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/pgtest"
@@ -78,7 +78,6 @@ func BenchmarkTryLockUnlockRatio(b *testing.B) {
 			defer conn.Close()
 			l := sqllock.New(db)
 			rawKey, k := int64(4243), sqllock.Int64(4244)
-			var raw, lib []time.Duration
 			var ok bool
 			rawCycle := func() {
 				if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", rawKey).Scan(&ok); err != nil || !ok {
@@ -97,34 +96,7 @@ func BenchmarkTryLockUnlockRatio(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			i := 0
-			for b.Loop() {
-				// Alternate which goes first, so neither always follows the other.
-				i++
-				if i%2 == 0 {
-					raw = append(raw, timed(rawCycle))
-					lib = append(lib, timed(libCycle))
-				} else {
-					lib = append(lib, timed(libCycle))
-					raw = append(raw, timed(rawCycle))
-				}
-			}
-			r, s := median(raw), median(lib)
-			b.ReportMetric(float64(r.Nanoseconds()), "raw-ns/cycle")
-			b.ReportMetric(float64(s.Nanoseconds()), "sqllock-ns/cycle")
-			b.ReportMetric(float64(r)/float64(s), "ratio")
+			testkit.Interleaved(b, "raw", rawCycle, "sqllock", libCycle)
 		})
 	}
-}
-
-func timed(f func()) time.Duration {
-	t := time.Now()
-	f()
-	return time.Since(t)
-}
-
-func median(d []time.Duration) time.Duration {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[len(s)/2]
 }

@@ -13,6 +13,11 @@ import (
 	"github.com/sqllock/sqllock"
 )
 
+// The examples without an "Output:" comment need a PostgreSQL server: the
+// tests compile and vet them but do not run them (the same code runs
+// against a real server in the package's tests). The examples of keys,
+// registries and errors run, and their output is checked.
+
 var (
 	db  *sql.DB // opened with any PostgreSQL driver, e.g. sql.Open("pgx", dsn)
 	ctx = context.Background()
@@ -238,4 +243,42 @@ func ExampleWithLogger() {
 	)
 	st := locker.Stats()
 	log.Printf("held %d, acquired %d, contended %d, lost %d", st.Held, st.Acquired, st.Contended, st.Lost)
+}
+
+func ExampleInt64() {
+	fmt.Println(sqllock.Int64(42), sqllock.Int64(-5))
+	fmt.Println(sqllock.Pair(1, 67890))
+	v, ok := sqllock.Int64(42).Int64()
+	fmt.Println(v, ok)
+	// Output:
+	// 42 -5
+	// (1,67890)
+	// 42 true
+}
+
+func ExampleGolangMigrateURL() {
+	// The key migrate.New("file://migrations", url) takes.
+	k, err := sqllock.GolangMigrateURL("postgres://app@db:5432/app?sslmode=disable")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(k)
+	fmt.Println(sqllock.GolangMigrate("/app", "public", "schema_migrations") == k)
+	// Output:
+	// 1726534663
+	// true
+}
+
+// Errors match sentinels with errors.Is; handles are safe to release twice
+// or when nil.
+func Example_errors() {
+	_, err := sqllock.ParseKey("(1,2")
+	fmt.Println(errors.Is(err, sqllock.ErrInvalidKey))
+	fmt.Println(err)
+	var lk *sqllock.Lock // as left by a failed Lock
+	fmt.Println(errors.Is(lk.Unlock(ctx), sqllock.ErrReleased))
+	// Output:
+	// true
+	// sqllock: invalid key "(1,2": unbalanced parentheses
+	// true
 }

@@ -5,51 +5,22 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
-	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/testkit"
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/pgtest"
 )
 
-// countingConnector counts the statements its connections run: one
-// statement is one round trip for these queries.
-type countingConnector struct {
-	driver.Connector
-	n atomic.Int64
-}
-
-func (c *countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
-	dc, err := c.Connector.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &countingConn{Conn: dc, n: &c.n}, nil
-}
-
-type countingConn struct {
-	driver.Conn
-	n *atomic.Int64
-}
-
-func (c *countingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
-	c.n.Add(1)
-	return c.Conn.(driver.QueryerContext).QueryContext(ctx, q, args)
-}
-
-func (c *countingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
-	c.n.Add(1)
-	return c.Conn.(driver.ExecerContext).ExecContext(ctx, q, args)
-}
-
-func openCounting(t *testing.T, dsn string) (*sql.DB, *countingConnector) {
+func openCounting(t *testing.T, dsn string) (*sql.DB, *testkit.CountingConnector) {
 	probe := pgtest.Open(t, "pgx", dsn)
 	inner, err := probe.Driver().(driver.DriverContext).OpenConnector(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cc := &countingConnector{Connector: inner}
+	cc := &testkit.CountingConnector{Connector: inner}
 	db := sql.OpenDB(cc)
 	t.Cleanup(func() { db.Close() })
 	return db, cc
@@ -79,12 +50,12 @@ func TestSessionManyLocks(t *testing.T) {
 	}
 	// TryLockMany of 1,000 keys: one round trip.
 	keys := manyKeys(1000, 1)
-	before := counter.n.Load()
+	before := counter.Count()
 	got, err := s.TryLockMany(bg(), keys...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if trips := counter.n.Load() - before; trips > 3 {
+	if trips := counter.Count() - before; trips > 3 {
 		t.Fatalf("TryLockMany of 1,000 keys took %d round trips, want at most 3", trips)
 	}
 	if len(got) != 1000 || got[0] != keys[0] || got[999] != keys[999] {

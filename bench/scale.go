@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"database/sql"
 	"database/sql/driver"
 	"fmt"
@@ -9,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/testkit"
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/poolguard"
@@ -99,7 +100,7 @@ type sessionResult struct {
 // measureSession takes 5,000 locks on one Session.
 func measureSession(e *env) (sessionResult, error) {
 	const n = 5000
-	counting := &countingConnector{}
+	counting := &testkit.CountingConnector{}
 	probe := open("pgx", e.dsn)
 	defer probe.Close()
 	inner, err := probe.Driver().(driver.DriverContext).OpenConnector(e.dsn)
@@ -121,10 +122,10 @@ func measureSession(e *env) (sessionResult, error) {
 	runtime.GC()
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	trips := counting.n.Load()
+	trips := counting.Count()
 	t := time.Now()
 	got, err := s.TryLockMany(e.ctx, keys...)
-	r := sessionResult{locks: len(got), acquire: time.Since(t), roundTrips: counting.n.Load() - trips}
+	r := sessionResult{locks: len(got), acquire: time.Since(t), roundTrips: counting.Count() - trips}
 	if err != nil {
 		return r, err
 	}
@@ -137,30 +138,6 @@ func measureSession(e *env) (sessionResult, error) {
 	r.keepAliveChecks = l.Stats().KeepAliveChecks - st.KeepAliveChecks
 	runtime.KeepAlive(got)
 	return r, s.Close(e.ctx)
-}
-
-// countingConnector counts statements (one statement, one round trip).
-type countingConnector struct {
-	driver.Connector
-	n atomic.Int64
-}
-
-func (c *countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
-	dc, err := c.Connector.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &countingConn{Conn: dc, n: &c.n}, nil
-}
-
-type countingConn struct {
-	driver.Conn
-	n *atomic.Int64
-}
-
-func (c *countingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
-	c.n.Add(1)
-	return c.Conn.(driver.QueryerContext).QueryContext(ctx, q, args)
 }
 
 // guardResult is one row of the poolguard table.

@@ -2,9 +2,9 @@ package poolguard_test
 
 import (
 	"database/sql"
-	"slices"
 	"testing"
-	"time"
+
+	"github.com/sqllock/sqllock/internal/testkit"
 
 	"github.com/sqllock/sqllock/pgtest"
 	"github.com/sqllock/sqllock/poolguard"
@@ -44,37 +44,17 @@ func benchPair(b *testing.B, op func(db *sql.DB, i int) error) {
 				db.SetMaxOpenConns(1)
 				db.SetMaxIdleConns(1)
 			}
-			var p, q []time.Duration
 			i := 0
-			run := func(db *sql.DB) time.Duration {
-				t := time.Now()
-				if err := op(db, i); err != nil {
-					b.Fatal(err)
-				}
-				return time.Since(t)
-			}
-			for b.Loop() {
-				// Alternate which goes first, so neither always follows the other.
-				i++
-				if i%2 == 0 {
-					p = append(p, run(plain))
-					q = append(q, run(guarded))
-				} else {
-					q = append(q, run(guarded))
-					p = append(p, run(plain))
+			run := func(db *sql.DB) func() {
+				return func() {
+					if err := op(db, i); err != nil {
+						b.Fatal(err)
+					}
+					i++
 				}
 			}
-			mp, mq := median(p), median(q)
-			b.ReportMetric(float64(mp.Nanoseconds()), "plain-ns/op")
-			b.ReportMetric(float64(mq.Nanoseconds()), "guarded-ns/op")
-			b.ReportMetric(float64(mp)/float64(mq), "ratio")
-			b.ReportMetric(float64(g.Stats().Checks)/float64(i), "checks/op")
+			n := testkit.Interleaved(b, "plain", run(plain), "guarded", run(guarded))
+			b.ReportMetric(float64(g.Stats().Checks)/float64(n), "checks/op")
 		})
 	}
-}
-
-func median(d []time.Duration) time.Duration {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[len(s)/2]
 }

@@ -1,0 +1,89 @@
+// Package testkit holds the measuring helpers that the module's tests and
+// benchmarks share: a connector that counts statements, and the
+// interleaved-median method every ratio benchmark uses.
+package testkit
+
+import (
+	"context"
+	"database/sql/driver"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// CountingConnector counts the statements its connections run through
+// QueryContext and ExecContext. For statements that each take one round
+// trip (sqllock's on pgx, whose extended protocol sends one Sync per
+// statement), the count is the number of round trips.
+type CountingConnector struct {
+	driver.Connector
+	n atomic.Int64
+}
+
+// Count returns the statements run so far.
+func (c *CountingConnector) Count() int64 { return c.n.Load() }
+
+// Connect implements driver.Connector.
+func (c *CountingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	dc, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &countingConn{Conn: dc, n: &c.n}, nil
+}
+
+type countingConn struct {
+	driver.Conn
+	n *atomic.Int64
+}
+
+func (c *countingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
+	c.n.Add(1)
+	return c.Conn.(driver.QueryerContext).QueryContext(ctx, q, args)
+}
+
+func (c *countingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
+	c.n.Add(1)
+	return c.Conn.(driver.ExecerContext).ExecContext(ctx, q, args)
+}
+
+// Interleaved runs base and cand once each in every iteration of b.Loop,
+// alternating which goes first so that neither always follows the other,
+// and reports the median time of each as "<baseName>-ns/op" and
+// "<candName>-ns/op", and their throughput ratio (cand ops/s ÷ base ops/s)
+// as "ratio". It returns the number of iterations.
+func Interleaved(b *testing.B, baseName string, base func(), candName string, cand func()) int {
+	var tb, tc []time.Duration
+	timed := func(f func()) time.Duration {
+		t := time.Now()
+		f()
+		return time.Since(t)
+	}
+	i := 0
+	for b.Loop() {
+		i++
+		if i%2 == 0 {
+			tb = append(tb, timed(base))
+			tc = append(tc, timed(cand))
+		} else {
+			tc = append(tc, timed(cand))
+			tb = append(tb, timed(base))
+		}
+	}
+	mb, mc := Median(tb), Median(tc)
+	b.ReportMetric(float64(mb.Nanoseconds()), baseName+"-ns/op")
+	b.ReportMetric(float64(mc.Nanoseconds()), candName+"-ns/op")
+	b.ReportMetric(float64(mb)/float64(mc), "ratio")
+	return i
+}
+
+// Median returns the median of d (0 for none).
+func Median(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
