@@ -21,6 +21,7 @@ import (
 // phantom successes), and no lock may stay held anywhere afterwards (no
 // leaks, in particular none returned to the pool).
 func TestCancelStress(t *testing.T) {
+	long(t)
 	const workers, perWorker = 4, 500
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		holderL := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithKeepAlive(0))
@@ -136,6 +137,7 @@ func waitWaiting(t testing.TB, q sqllock.Querier, k sqllock.Key) {
 // cancelled statement without a cancel request: without sqllock's own
 // cancel, the abandoned backend was granted the lock in most rounds.
 func TestAbandonedWaitLeavesNoOneQueued(t *testing.T) {
+	long(t)
 	const rounds = 40
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		holderL := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithKeepAlive(0))

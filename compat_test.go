@@ -11,7 +11,7 @@ func TestCompatibleKeys(t *testing.T) {
 		// The IEEE CRC-32 check value, and zlib.crc32(b"cron:reindex_posts") in Python.
 		{"CRC32 check value", CRC32("123456789"), Int64(0xCBF43926)},
 		{"CRC32 empty", CRC32(""), Int64(0)},
-		{"CRC32 lesson name", CRC32("cron:reindex_posts"), Int64(3230921880)},
+		{"CRC32 cron name", CRC32("cron:reindex_posts"), Int64(3230921880)},
 		// goose v3 lock.DefaultLockID.
 		{"goose default", Goose(), Int64(4097083626)},
 		// with_advisory_lock: [Zlib.crc32(name), prefix.to_i].map { |ea| ea & 0x7fffffff }.

@@ -17,6 +17,7 @@ import (
 // TestServerRestart: every held lock reports lost within the keep-alive
 // bound, new locks work once the server is back, and no goroutine leaks.
 func TestServerRestart(t *testing.T) {
+	long(t)
 	ignore := goleak.IgnoreCurrent()
 	// Registered first, so it runs last: after the server is stopped.
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
@@ -82,6 +83,7 @@ func TestServerRestart(t *testing.T) {
 // TestStandby: locks on a hot standby do not conflict with the primary's,
 // so they are refused, and nothing is left held on the standby.
 func TestStandby(t *testing.T) {
+	long(t)
 	srv := pgtest.Start(t)
 	if !srv.Local() {
 		pgtest.Unavailable(t, "a local cluster (for a standby)", errors.New("SQLLOCK_TEST_DSN or Docker server"))
@@ -138,6 +140,7 @@ func TestStandby(t *testing.T) {
 // sqllock must notice the swap instead of reporting success, and
 // transaction-scoped locks must still exclude each other.
 func TestPgBouncerTransactionMode(t *testing.T) {
+	long(t)
 	srv := pgtest.Start(t)
 	if !srv.Local() {
 		pgtest.Unavailable(t, "a local cluster (for PgBouncer)", errors.New("SQLLOCK_TEST_DSN or Docker server"))
@@ -233,6 +236,7 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 // TestPgBouncerSessionMode: session locks work, and a client that
 // disconnects releases its locks (PgBouncer's server_reset_query).
 func TestPgBouncerSessionMode(t *testing.T) {
+	long(t)
 	srv := pgtest.Start(t)
 	if !srv.Local() {
 		pgtest.Unavailable(t, "a local cluster (for PgBouncer)", errors.New("SQLLOCK_TEST_DSN or Docker server"))

@@ -1,6 +1,7 @@
 package sqllock_test
 
 import (
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -9,10 +10,12 @@ import (
 	"testing"
 )
 
-// TestDocsCodeBlocksCompile: every Go code block in the README and the
-// guide stands, line for line, in a Go file of this repository (an Example
+// TestDocsCodeBlocksCompile: every Go code block in the README and in
+// docs/ stands, line for line, in a Go file of this repository (an Example
 // function or an example program), which the build compiles and vets. A
 // block edited in the docs only, or code changed without its docs, fails.
+// A block may not discard an error (`x, _ :=`), and a block that opens a
+// database or calls a driver's package shows the imports it needs.
 func TestDocsCodeBlocksCompile(t *testing.T) {
 	var sources [][]string
 	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
@@ -35,19 +38,23 @@ func TestDocsCodeBlocksCompile(t *testing.T) {
 		t.Fatal(err)
 	}
 	block := regexp.MustCompile("(?s)```go\n(.*?)```")
-	for _, doc := range []string{"README.md", "docs/guide.md"} {
+	docs, _ := filepath.Glob("docs/*.md")
+	for _, doc := range append([]string{"README.md"}, docs...) {
 		b, err := os.ReadFile(doc)
 		if err != nil {
 			t.Fatal(err)
 		}
 		blocks := block.FindAllStringSubmatch(string(b), -1)
-		if len(blocks) == 0 {
+		if len(blocks) == 0 && (doc == "README.md" || doc == "docs/guide.md") {
 			t.Errorf("%s has no Go blocks", doc)
 		}
 		for _, m := range blocks {
 			lines := normalize(m[1])
 			if !foundIn(lines, sources) {
 				t.Errorf("%s: this block is not in any Go file of the repository:\n%s", doc, m[1])
+			}
+			for _, problem := range snippetProblems(m[1]) {
+				t.Errorf("%s: %s in this block:\n%s", doc, problem, m[1])
 			}
 		}
 	}
@@ -79,4 +86,53 @@ func foundIn(lines []string, sources [][]string) bool {
 		}
 	}
 	return false
+}
+
+// discarded matches an assignment that throws an error (or any value) away.
+var discarded = regexp.MustCompile(`(,\s*_\s*:?=)|(^\s*_\s*=[^=])`)
+
+// driverPackages are packages whose use a snippet must import visibly.
+var driverPackages = map[string]string{
+	"stdlib.": `"github.com/jackc/pgx/v5/stdlib"`,
+	"pgx.":    `"github.com/jackc/pgx/v5"`,
+	"pq.":     `"github.com/lib/pq"`,
+	"sqlx.":   `"github.com/jmoiron/sqlx"`,
+}
+
+// snippetProblems lists what a reader copying the block would trip over:
+// a discarded value, a sql.Open without its driver's import, a driver
+// package used without its import.
+func snippetProblems(block string) []string {
+	var out []string
+	for _, l := range strings.Split(block, "\n") {
+		if discarded.MatchString(l) {
+			out = append(out, fmt.Sprintf("a discarded value (%q)", strings.TrimSpace(l)))
+		}
+	}
+	if strings.Contains(block, "sql.Open(") && !strings.Contains(block, `_ "github.com/jackc/pgx/v5/stdlib"`) && !strings.Contains(block, `_ "github.com/lib/pq"`) {
+		out = append(out, "sql.Open without the import of a driver")
+	}
+	for use, imp := range driverPackages {
+		if regexp.MustCompile(`\b`+regexp.QuoteMeta(use)).MatchString(block) && !strings.Contains(block, imp) {
+			out = append(out, fmt.Sprintf("%s used without import %s", use, imp))
+		}
+	}
+	return out
+}
+
+// TestSnippetProblems: the rules catch what they are meant to.
+func TestSnippetProblems(t *testing.T) {
+	bad := map[string]string{
+		`db, _ := sql.Open("pgx", dsn)`:             "discarded",
+		"_ = lk.Unlock(ctx)":                        "discarded",
+		`db, err := sql.Open("pgx", dsn)`:           "driver",
+		"c := stdlib.GetConnector(*cfg)":            "import",
+		"import \"github.com/lib/pq\"\nc := pq.X()": "",
+	}
+	for block, want := range bad {
+		got := strings.Join(snippetProblems(block), "; ")
+		if want == "" && got != "" || want != "" && !strings.Contains(got, want) {
+			t.Errorf("snippetProblems(%q) = %q, want it to say %q", block, got, want)
+		}
+	}
 }

@@ -113,12 +113,12 @@ func ctxErr(ctx context.Context) error {
 	return context.DeadlineExceeded
 }
 
-func notAcquired(k Key, ctxErr error) error {
+func notAcquired(k string, ctxErr error) error {
 	return fmt.Errorf("%w: %s: %w", ErrNotAcquired, k, ctxErr)
 }
 
 // lockError classifies a failed lock statement.
-func lockError(k Key, err error) error {
+func lockError(k string, err error) error {
 	switch sqlState(err) {
 	case "40P01":
 		return fmt.Errorf("%w: lock %s: %w", ErrDeadlock, k, err)

@@ -25,6 +25,14 @@ var (
 
 func reindexPosts(context.Context) error { return nil }
 
+// A program's lock names, registered under their hashes at start-up; a
+// second name for the same key panics there (docs/traps.md, docs/guide.md).
+var (
+	locks   = sqllock.NewRegistry()
+	reindex = locks.MustRegisterHash("cron:reindex_posts")
+	cleanup = locks.MustRegisterHash("cron:cleanup_old_logs")
+)
+
 // Example is the cron pattern from the README.
 func Example() {
 	db, _ := sql.Open("pgx", os.Getenv("DATABASE_URL"))

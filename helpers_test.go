@@ -3,6 +3,7 @@ package sqllock_test
 import (
 	"context"
 	"database/sql"
+	"os"
 	"testing"
 	"time"
 
@@ -83,5 +84,14 @@ func waitNoLocks(t testing.TB, q sqllock.Querier, d time.Duration) {
 			t.Fatalf("%d advisory locks left after %v", advisoryCount(t, q), d)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// long skips t under -short (stress, fault and timing-heavy runs), except
+// in CI (CI=true), where every test runs.
+func long(t testing.TB) {
+	t.Helper()
+	if testing.Short() && os.Getenv("CI") != "true" {
+		t.Skip("long test: skipped under -short (CI runs it)")
 	}
 }

@@ -112,3 +112,36 @@ func parseIntArray(s string) []int {
 	}
 	return out
 }
+
+// String describes the lock on one line: key (and name), mode, state, and
+// the session, as in "key 42 "cron:x" exclusive held by pid 1234 (app,
+// idle)" or "... waiting since 15:04:05.000 by pid 1235 (app, active),
+// blocked by [1234]".
+func (h HeldLock) String() string {
+	var b strings.Builder
+	b.WriteString("key " + h.Key.String())
+	if h.Name != "" {
+		b.WriteString(" " + strconv.Quote(h.Name))
+	}
+	if h.Shared {
+		b.WriteString(" shared")
+	} else {
+		b.WriteString(" exclusive")
+	}
+	if h.Granted {
+		b.WriteString(" held")
+	} else {
+		b.WriteString(" waiting")
+		if !h.WaitStart.IsZero() {
+			b.WriteString(" since " + h.WaitStart.Format("15:04:05.000"))
+		}
+	}
+	fmt.Fprintf(&b, " by pid %d", h.PID)
+	if h.ApplicationName != "" || h.State != "" {
+		fmt.Fprintf(&b, " (%s, %s)", strconv.Quote(h.ApplicationName), h.State)
+	}
+	if len(h.BlockedBy) > 0 {
+		fmt.Fprintf(&b, ", blocked by %v", h.BlockedBy)
+	}
+	return b.String()
+}

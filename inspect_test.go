@@ -84,7 +84,7 @@ func TestInspect(t *testing.T) {
 		if w.Query == "" || w.State != "active" {
 			t.Errorf("waiter query %q state %q", w.Query, w.State)
 		}
-		// The lesson's "objid AS key" is wrong for keys of 2^32 and above and
+		// The common "objid AS key" is wrong for keys of 2^32 and above and
 		// for negative keys: it reads only the low 32 bits, unsigned.
 		rows, err := db.Query(`SELECT objid::int8 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 ORDER BY 1`)
 		if err != nil {
@@ -98,7 +98,7 @@ func TestInspect(t *testing.T) {
 		}
 		rows.Close()
 		if !slices.Equal(objids, []int64{5, 1<<32 - 7}) {
-			t.Errorf("objid column = %v; the lesson would report keys 5 and 4294967289 for %v and %v", objids, big, neg)
+			t.Errorf("objid column = %v; reading objid alone would report keys 5 and 4294967289 for %v and %v", objids, big, neg)
 		}
 		cancel()
 		<-done

@@ -133,6 +133,7 @@ func TestKeepAliveNotBlockedBySessionWait(t *testing.T) {
 // TestKeepAliveBusyPoolIsNotLoss: a pool whose every connection is taken by
 // the Locker's own waiters is not evidence that the holder's lock is lost.
 func TestKeepAliveBusyPoolIsNotLoss(t *testing.T) {
+	long(t)
 	const keepAlive = 100 * time.Millisecond
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		t.Run("waiters take the pool", func(t *testing.T) {

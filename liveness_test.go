@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,6 +77,9 @@ func TestLostLockIsReported(t *testing.T) {
 		})
 		if !errors.Is(err, sqllock.ErrLockLost) || !errors.Is(err, context.Canceled) {
 			t.Fatalf("Do() = %v, want fn's context.Canceled joined with ErrLockLost", err)
+		}
+		if msg := err.Error(); strings.Count(msg, "lock lost") != 1 || strings.Contains(msg, "\n") {
+			t.Fatalf("Do() error reads %q: want the loss said once, on one line", msg)
 		}
 	})
 }

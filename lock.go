@@ -193,11 +193,25 @@ func (lk *Lock) run(ctx context.Context, fn func(context.Context) error) (err er
 	defer func() {
 		stop()
 		cancel(nil)
-		if uerr := lk.Unlock(ctx); uerr != nil {
-			err = errors.Join(err, uerr)
-		}
+		err = runError(err, lk.Unlock(ctx))
 	}()
 	return fn(fctx)
+}
+
+// runError combines fn's error with the unlock's into one error that reads
+// once and matches both with errors.Is. fn usually returns its context's
+// error, or the cause (the very error Unlock returns), once a lost lock
+// cancelled it.
+func runError(fnErr, unlockErr error) error {
+	switch {
+	case unlockErr == nil:
+		return fnErr
+	case fnErr == nil || errors.Is(fnErr, unlockErr):
+		return unlockErr
+	case errors.Is(fnErr, context.Canceled) && errors.Is(unlockErr, ErrLockLost):
+		return fmt.Errorf("%w (fn returned: %w)", unlockErr, fnErr)
+	}
+	return fmt.Errorf("%w; then %w", fnErr, unlockErr)
 }
 
 // release runs the unlock statement on conn, on the backend pid, and gives

@@ -86,6 +86,7 @@ func helperMutex(db *sql.DB, dir string) int {
 // TestMutualExclusionProcesses runs three separate OS processes (this test
 // binary, re-executed), each with four goroutines, against one key.
 func TestMutualExclusionProcesses(t *testing.T) {
+	long(t)
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		dir := t.TempDir()
 		drv := "pgx"

@@ -64,6 +64,20 @@ func (r *Registry) MustRegister(name string, k Key) Key {
 	return k
 }
 
+// RegisterHash registers name under its hash, [Hash](name), the common
+// case, and returns that key. Errors are those of Register.
+func (r *Registry) RegisterHash(name string) (Key, error) {
+	k := Hash(name)
+	return k, r.Register(name, k)
+}
+
+// MustRegisterHash is like RegisterHash but panics on error:
+//
+//	var reindex = locks.MustRegisterHash("cron:reindex_posts")
+func (r *Registry) MustRegisterHash(name string) Key {
+	return r.MustRegister(name, Hash(name))
+}
+
 // Name returns the name registered for k.
 func (r *Registry) Name(k Key) (string, bool) {
 	if r == nil {

@@ -115,7 +115,7 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 		return nil
 	}
 	if err := ctx.Err(); err != nil { // nothing sent: the Session is intact
-		return notAcquired(k, err)
+		return notAcquired(s.l.name(k), err)
 	}
 	q, args := s.l.mode.sessionLockSQL(0, k)
 	var ok, standby bool
@@ -125,14 +125,14 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 	case ctxEnded(ctx):
 		s.l.cancelWait(s.pid, k)
 		s.loseLocked(fmt.Errorf("a blocking Lock of %s was cancelled: %w", s.l.name(k), ctxErr(ctx)))
-		return notAcquired(k, ctxErr(ctx))
+		return notAcquired(s.l.name(k), ctxErr(ctx))
 	case err != nil:
 		if st := sqlState(err); st != "40P01" && st != "53200" {
 			// Only a deadlock victim or a full lock table is surely not
 			// granted; anything else leaves the session in doubt.
 			s.loseLocked(fmt.Errorf("lock %s failed: %w", s.l.name(k), err))
 		}
-		return lockError(k, err)
+		return lockError(s.l.name(k), err)
 	case pid != s.pid:
 		s.loseLocked(sessionChanged(s.pid, pid))
 		return s.Err()
@@ -159,7 +159,7 @@ func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
 	}
 	defer s.end()
 	if err := ctx.Err(); err != nil && len(keys) > 0 { // nothing sent: the Session is intact
-		return nil, notAcquired(keys[0], err)
+		return nil, notAcquired(s.l.name(keys[0]), err)
 	}
 	want := s.notHeld(keys)
 	if len(want) == 0 {
@@ -200,7 +200,7 @@ func (s *Session) tryLockManyFailed(ctx context.Context, want []Key, err error) 
 	switch {
 	case ctxEnded(ctx):
 		s.loseLocked(fmt.Errorf("TryLockMany was cancelled: %w", ctxErr(ctx)))
-		return notAcquired(want[0], ctxErr(ctx))
+		return notAcquired(s.l.name(want[0]), ctxErr(ctx))
 	case errors.Is(err, ErrSessionChanged):
 		s.loseLocked(err)
 		return s.Err()
@@ -213,7 +213,7 @@ func (s *Session) tryLockManyFailed(ctx context.Context, want []Key, err error) 
 		return fmt.Errorf("%w: TryLockMany of %d keys: %w", ErrLockTableFull, len(want), err)
 	}
 	s.loseLocked(fmt.Errorf("TryLockMany failed: %w", err))
-	return lockError(want[0], err)
+	return lockError(s.l.name(want[0]), err)
 }
 
 // Unlock releases k. Unlocking a key the Session does not hold is an error

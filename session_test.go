@@ -201,6 +201,7 @@ func TestSessionLost(t *testing.T) {
 // ErrLockTableFull, releases what the failed call took, and keeps the
 // Session's earlier locks.
 func TestSessionLockTableFull(t *testing.T) {
+	long(t)
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		observer := pgtest.Open(t, "pgx", dsn)
 		l := sqllock.New(db, sqllock.WithKeepAlive(0))

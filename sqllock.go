@@ -164,8 +164,10 @@ func (l *Locker) TryRLock(ctx context.Context, k Key) (*Lock, error) {
 // Do runs fn while holding the exclusive lock k, waiting for it first as
 // [Locker.Lock] does. The lock is released when fn returns or panics. fn's
 // context is cancelled, with cause an error wrapping [ErrLockLost], if the
-// lock is lost while fn runs. Do returns fn's error joined with any error
-// from acquiring or releasing the lock.
+// lock is lost while fn runs: fn should then stop and return ctx.Err() (or
+// context.Cause(ctx), which is the loss itself). Do returns the error of
+// acquiring the lock, or fn's error combined with the unlock's in one error
+// that matches both (a lost lock matches [ErrLockLost]).
 func (l *Locker) Do(ctx context.Context, k Key, fn func(ctx context.Context) error) error {
 	lk, err := l.Lock(ctx, k)
 	if err != nil {
@@ -221,7 +223,7 @@ func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (*Lock, erro
 	start := time.Now()
 	for attempt := 1; ; attempt++ {
 		if err := ctx.Err(); err != nil {
-			return nil, notAcquired(k, err)
+			return nil, notAcquired(l.name(k), err)
 		}
 		lk, err := l.acquireOnce(ctx, k, kind, start)
 		if err == nil || attempt == acquireAttempts || !connectionBroken(err) || ctxEnded(ctx) {
@@ -235,14 +237,14 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start ti
 	conn, err := l.db.Conn(ctx)
 	if err != nil {
 		if ctxEnded(ctx) {
-			return nil, notAcquired(k, ctxErr(ctx))
+			return nil, notAcquired(l.name(k), ctxErr(ctx))
 		}
-		return nil, fmt.Errorf("sqllock: lock %s: get connection: %w", k, err)
+		return nil, fmt.Errorf("sqllock: lock %s: get connection: %w", l.name(k), err)
 	}
 	if err := l.checkServer(ctx, conn); err != nil {
 		conn.Close() // no lock statement ran on it
 		if ctxEnded(ctx) {
-			return nil, notAcquired(k, ctxErr(ctx))
+			return nil, notAcquired(l.name(k), ctxErr(ctx))
 		}
 		return nil, err
 	}
@@ -274,11 +276,11 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start ti
 		// as a success. Ending the session settles it: PostgreSQL releases
 		// every lock of a session that ends.
 		l.discard(conn, k, "context ended during the lock statement")
-		return nil, notAcquired(k, ctxErr(ctx))
+		return nil, notAcquired(l.name(k), ctxErr(ctx))
 	}
 	if err != nil {
 		l.discard(conn, k, "lock statement failed")
-		return nil, lockError(k, err)
+		return nil, lockError(l.name(k), err)
 	}
 	if standby && !l.cfg.allowStandby {
 		if !ok {

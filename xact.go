@@ -61,16 +61,16 @@ func lockTx(ctx context.Context, tx Tx, k Key, kind lockKind) (bool, error) {
 		return false, errors.New("sqllock: nil transaction")
 	}
 	if err := ctx.Err(); err != nil {
-		return false, notAcquired(k, err)
+		return false, notAcquired(k.String(), err)
 	}
 	q, args := bindKeys.xactLockSQL(kind, k)
 	var ok bool
 	err := tx.QueryRowContext(ctx, q, args...).Scan(&ok)
 	if ctxEnded(ctx) {
-		return false, notAcquired(k, ctxErr(ctx))
+		return false, notAcquired(k.String(), ctxErr(ctx))
 	}
 	if err != nil {
-		return false, lockError(k, err)
+		return false, lockError(k.String(), err)
 	}
 	return ok, nil
 }
@@ -94,17 +94,34 @@ func isNil(v any) bool {
 // returns nil. When fn returns an error or panics, or the lock cannot be
 // taken, the transaction is rolled back; either way PostgreSQL releases the
 // lock as the transaction ends. InTx returns fn's error, or the error of
-// begin, lock or commit.
-func (l *Locker) InTx(ctx context.Context, k Key, opts *sql.TxOptions, fn func(tx *sql.Tx) error) (err error) {
+// begin, lock or commit. A ctx that ends while InTx waits for the lock
+// returns an error matching [ErrNotAcquired] and ctx.Err(), and the wait
+// leaves the server's queue before InTx returns.
+func (l *Locker) InTx(ctx context.Context, k Key, opts *sql.TxOptions, fn func(tx *sql.Tx) error) error {
+	return InTxWith(ctx, l, k, func(ctx context.Context) (*sql.Tx, error) { return l.db.BeginTx(ctx, opts) }, fn)
+}
+
+// InTxWith is [Locker.InTx] for a transaction type of the caller's own, such
+// as *sqlx.Tx: begin starts the transaction (on l's database: the cancel
+// of an abandoned wait runs there), and fn receives it as begin returned
+// it. With sqlx:
+//
+//	err := sqllock.InTxWith(ctx, locker, k,
+//		func(ctx context.Context) (*sqlx.Tx, error) { return dbx.BeginTxx(ctx, nil) },
+//		func(tx *sqlx.Tx) error { ... })
+func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Context) (T, error), fn func(tx T) error) (err error) {
 	if err := k.valid(); err != nil {
 		return err
 	}
-	tx, err := l.db.BeginTx(ctx, opts)
+	tx, err := begin(ctx)
 	if err != nil {
 		if ctxEnded(ctx) {
-			return notAcquired(k, ctxErr(ctx))
+			return notAcquired(l.name(k), ctxErr(ctx))
 		}
 		return fmt.Errorf("sqllock: begin: %w", err)
+	}
+	if isNil(tx) {
+		return errors.New("sqllock: InTxWith: begin returned a nil transaction")
 	}
 	committed := false
 	defer func() {
@@ -132,9 +149,9 @@ func (l *Locker) InTx(ctx context.Context, k Key, opts *sql.TxOptions, fn func(t
 // backend's pid: when ctx ends during the wait, that backend is taken out
 // of k's queue (see Locker.cancelWait) rather than left to be granted the
 // lock and sit idle in its transaction until it notices its client left.
-func (l *Locker) lockInTx(ctx context.Context, tx *sql.Tx, k Key) error {
+func (l *Locker) lockInTx(ctx context.Context, tx Tx, k Key) error {
 	if err := ctx.Err(); err != nil {
-		return notAcquired(k, err)
+		return notAcquired(l.name(k), err)
 	}
 	q, args := l.mode.xactLockSQL(kindTry, k)
 	var ok bool
@@ -148,10 +165,10 @@ func (l *Locker) lockInTx(ctx context.Context, tx *sql.Tx, k Key) error {
 		}
 	}
 	if ctxEnded(ctx) {
-		return notAcquired(k, ctxErr(ctx))
+		return notAcquired(l.name(k), ctxErr(ctx))
 	}
 	if err != nil {
-		return lockError(k, err)
+		return lockError(l.name(k), err)
 	}
 	return nil
 }

@@ -145,6 +145,7 @@ func TestInTx(t *testing.T) {
 // TestDeadlock crosses two transactions' waits: PostgreSQL aborts one of
 // them (SQLSTATE 40P01) and the other gets both locks.
 func TestDeadlock(t *testing.T) {
+	long(t)
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		a, b := sqllock.Int64(1), sqllock.Int64(2)
 		tx1, _ := db.BeginTx(bg(), nil)
@@ -190,6 +191,7 @@ func TestDeadlock(t *testing.T) {
 // TestLockTableFull fills the server's shared lock table from one
 // transaction, then LockTx must report ErrLockTableFull.
 func TestLockTableFull(t *testing.T) {
+	long(t)
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		tx, err := db.BeginTx(bg(), nil)
 		if err != nil {

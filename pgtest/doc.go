@@ -30,4 +30,20 @@
 // ([Server.Standby]).
 //
 // [Embedded] starts the same kind of server outside tests, for the examples.
+//
+// Without [Run] in TestMain the tests work as well, and a throwaway cluster
+// is still removed: a small reaper process deletes its directory once the
+// test binary has exited, however it exited (the server itself stops with
+// the binary through a parent-death signal). Run stops it sooner, and is
+// the only way a Docker container is removed before its one-hour expiry.
+//
+// Importing pgtest registers the "pgx" database/sql driver, as a side
+// effect of github.com/jackc/pgx/v5/stdlib, which the harness uses for its
+// own connections.
+//
+// Outside Go tests, a throwaway server for a shell:
+//
+//	go run github.com/sqllock/sqllock/pgtest/cmd/pgtest
+//
+// prints its DATABASE_URL and keeps it running until interrupted.
 package pgtest

@@ -2,9 +2,13 @@ package pgtest_test
 
 import (
 	"context"
+	"errors"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 
@@ -64,5 +68,32 @@ func TestNewDatabaseIsolated(t *testing.T) {
 	var n int
 	if err := admin.QueryRow("SELECT count(*) FROM pg_database WHERE datname = $1", name).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("database %s still exists after its test: %d, %v", name, n, err)
+	}
+}
+
+// TestNoLeftoversWithoutClose: a program that starts a throwaway server and
+// exits without closing it (as a test binary without pgtest.Run does) leaves
+// no data directory behind.
+func TestNoLeftoversWithoutClose(t *testing.T) {
+	if !pgtest.Start(t).Local() {
+		t.Skip("the server is not a local cluster (SQLLOCK_TEST_DSN or Docker): nothing to leave behind")
+	}
+	out, err := exec.Command("go", "run", "./testdata/leaver").Output()
+	if err != nil {
+		t.Fatalf("leaver: %v", err)
+	}
+	base := filepath.Dir(strings.TrimSpace(string(out)))
+	if !strings.Contains(base, "sqllock-pg-") {
+		t.Fatalf("leaver printed %q", out)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if _, err := os.Stat(base); errors.Is(err, os.ErrNotExist) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still exists 15 s after its program exited", base)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

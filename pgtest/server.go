@@ -254,6 +254,7 @@ type cluster struct {
 	logPath string
 	port    int
 	cred    *syscall.Credential // nil: run as ourselves
+	reaper  *os.File            // write end of the reaper's stdin (see reap)
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd  // guarded by mu
@@ -332,6 +333,7 @@ func newCluster(ctx context.Context, name string, init func(c *cluster) error) (
 	}
 	c := &cluster{bin: bin, base: base, data: filepath.Join(base, "data"), sock: filepath.Join(base, "sock"),
 		logPath: filepath.Join(base, "postgres.log"), cred: cred}
+	c.reaper = reap(base)
 	if err := os.Mkdir(c.sock, 0o700); err != nil {
 		c.destroy()
 		return nil, "", err
@@ -482,7 +484,34 @@ func (c *cluster) destroy() error {
 	if c.base != "" {
 		os.RemoveAll(c.base)
 	}
+	if c.reaper != nil {
+		c.reaper.Close()
+	}
 	return err
+}
+
+// reap starts a process that removes dir once this process is gone, however
+// it ends (no Close, a panic, os.Exit, SIGKILL): it waits for the end of
+// its standard input, whose write end only this process holds, then
+// removes dir, retrying while the server (stopped by its parent-death
+// signal) lets go of it. It returns that write end (nil when no shell could
+// be started: then only Close cleans up).
+func reap(dir string) *os.File {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil
+	}
+	defer r.Close()
+	cmd := exec.Command("/bin/sh", "-c",
+		`cat >/dev/null; for i in 1 2 3 4 5 6 7 8 9 10; do rm -rf "$1" 2>/dev/null; [ -e "$1" ] || exit 0; sleep 0.5; done`, "pgtest-reaper", dir)
+	cmd.Stdin = r
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // not stopped by the terminal's Ctrl-C with us
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return nil
+	}
+	go cmd.Wait()
+	return w
 }
 
 // tail returns the end of the file at path, for error messages.

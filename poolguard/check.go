@@ -3,8 +3,10 @@ package poolguard
 import (
 	"context"
 	"database/sql/driver"
+	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/pglocks"
@@ -18,6 +20,38 @@ type Leak struct {
 	LastQuery string             // the last statement of this checkout that made the connection suspect, else its last statement ("" when unknown)
 	Err       error              // non-nil when the check itself failed (then Locks is empty)
 	Policy    Policy             // what the guard did about it
+}
+
+// String describes the leak on one line, as in "backend 1234 kept 2
+// advisory locks (key 42 exclusive held, key (1,2) shared held); policy
+// Discard; last statement "SELECT pg_advisory_lock(42)"".
+func (l Leak) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "backend %d ", l.PID)
+	if l.Err != nil {
+		fmt.Fprintf(&b, "could not be checked (%v)", l.Err)
+	} else {
+		fmt.Fprintf(&b, "kept %d advisory lock(s) (", len(l.Locks))
+		for i, h := range l.Locks {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			mode, state := "exclusive", "held"
+			if h.Shared {
+				mode = "shared"
+			}
+			if !h.Granted {
+				state = "waiting"
+			}
+			fmt.Fprintf(&b, "key %s %s %s", h.Key, mode, state)
+		}
+		b.WriteString(")")
+	}
+	fmt.Fprintf(&b, "; policy %s", l.Policy)
+	if l.LastQuery != "" {
+		fmt.Fprintf(&b, "; last statement %q", l.LastQuery)
+	}
+	return b.String()
 }
 
 // check runs on a dirty connection as it returns to the pool; the result is

@@ -41,8 +41,19 @@ func Wrap(c driver.Connector, opts ...Option) *Connector {
 }
 
 // Open opens a guarded pool for a registered driver, like sql.Open. The
-// driver must be registered (imported) already.
+// driver must be registered (imported) already. To read [Connector.Stats],
+// use [OpenConnector] (or [Wrap]) and sql.OpenDB instead.
 func Open(driverName, dsn string, opts ...Option) (*sql.DB, error) {
+	c, err := OpenConnector(driverName, dsn, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return sql.OpenDB(c), nil
+}
+
+// OpenConnector returns a guarded connector for a registered driver and
+// dsn: sql.OpenDB(c) opens the pool, and c.Stats() reads its counters.
+func OpenConnector(driverName, dsn string, opts ...Option) (*Connector, error) {
 	probe, err := sql.Open(driverName, dsn)
 	if err != nil {
 		return nil, err
@@ -57,7 +68,7 @@ func Open(driverName, dsn string, opts ...Option) (*sql.DB, error) {
 	} else {
 		c = dsnConnector{dsn: dsn, d: d}
 	}
-	return sql.OpenDB(Wrap(c, opts...)), nil
+	return Wrap(c, opts...), nil
 }
 
 type dsnConnector struct {

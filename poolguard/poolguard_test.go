@@ -110,9 +110,10 @@ func waitFree(t *testing.T, q sqllock.Querier, k sqllock.Key) {
 	}
 }
 
-// TestLessonLeak is the lesson's trap 2: a session lock taken through a pool
+// TestPoolLeak is trap 2 of docs/traps.md: a session lock taken through a pool
 // of one connection.
-func TestLessonLeak(t *testing.T) {
+func TestPoolLeak(t *testing.T) {
+	long(t)
 	k := sqllock.Int64(1001)
 	for _, drv := range drivers {
 		t.Run(drv+"/discard", func(t *testing.T) {
@@ -174,6 +175,7 @@ func TestLessonLeak(t *testing.T) {
 // TestLeakPaths: every way a session lock can ride back into the pool is
 // caught.
 func TestLeakPaths(t *testing.T) {
+	long(t)
 	k := sqllock.Int64(77)
 	paths := []struct {
 		name string
@@ -489,5 +491,14 @@ func TestEvasions(t *testing.T) {
 				t.Fatalf("after a U& identifier: leaks %+v", leaks)
 			}
 		})
+	}
+}
+
+// long skips t under -short (stress, fault and timing-heavy runs), except
+// in CI (CI=true), where every test runs.
+func long(t testing.TB) {
+	t.Helper()
+	if testing.Short() && os.Getenv("CI") != "true" {
+		t.Skip("long test: skipped under -short (CI runs it)")
 	}
 }

@@ -80,6 +80,7 @@ func database(t *testing.T) (string, *sql.DB) {
 }
 
 func TestRunNonblockExactlyOne(t *testing.T) {
+	long(t)
 	dsn, db := database(t)
 	dir := t.TempDir()
 	const n = 5
@@ -116,6 +117,7 @@ func TestRunNonblockExactlyOne(t *testing.T) {
 }
 
 func TestRunWaitsWithoutOverlap(t *testing.T) {
+	long(t)
 	dsn, db := database(t)
 	dir := t.TempDir()
 	log := filepath.Join(dir, "log")
@@ -407,6 +409,7 @@ func waitFile(t *testing.T, path string) {
 
 // TestRunShared: shared holders run together; an exclusive run conflicts.
 func TestRunShared(t *testing.T) {
+	long(t)
 	dsn, db := database(t)
 	dir := t.TempDir()
 	ready := filepath.Join(dir, "ready")
@@ -431,6 +434,7 @@ func TestRunShared(t *testing.T) {
 // TestLibpqEnvironment: without --dsn and DATABASE_URL, the PG* variables
 // are used, and application_name names the key.
 func TestLibpqEnvironment(t *testing.T) {
+	long(t)
 	srv := pgtest.Start(t)
 	dsn, db := database(t)
 	u, err := url.Parse(dsn)
@@ -455,5 +459,14 @@ func TestLibpqEnvironment(t *testing.T) {
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("run with PG* variables: %v %s", err, errb.String())
+	}
+}
+
+// long skips t under -short (stress, fault and timing-heavy runs), except
+// in CI (CI=true), where every test runs.
+func long(t testing.TB) {
+	t.Helper()
+	if testing.Short() && os.Getenv("CI") != "true" {
+		t.Skip("long test: skipped under -short (CI runs it)")
 	}
 }

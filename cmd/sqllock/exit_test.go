@@ -259,6 +259,7 @@ func TestConnectTimeout(t *testing.T) {
 // TestRunChildDiesWithRun: kill -9 of sqllock run stops COMMAND too, so it
 // never runs without the lock, and the next run gets the lock.
 func TestRunChildDiesWithRun(t *testing.T) {
+	long(t)
 	dsn, db := database(t)
 	dir := t.TempDir()
 	pidFile := filepath.Join(dir, "pid")
@@ -292,6 +293,7 @@ func TestRunChildDiesWithRun(t *testing.T) {
 // TestRunKeyForms: negative keys after the flags, a key name longer than
 // application_name allows.
 func TestRunKeyForms(t *testing.T) {
+	long(t)
 	dsn, db := database(t)
 	for _, tc := range []struct {
 		arg string

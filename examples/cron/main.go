@@ -1,4 +1,4 @@
-// Command cron is the advisory-lock lesson's exercise made real: three runs
+// Command cron is the cron pattern made real: three runs
 // of the same cron job start at once, and only one of them does the work.
 // The others see the lock taken and back out at once.
 //
@@ -27,7 +27,7 @@ import (
 // would panic here, at start-up, instead of silently sharing a lock.
 var (
 	locks   = sqllock.NewRegistry()
-	reindex = locks.MustRegister("cron:reindex_posts", sqllock.Hash("cron:reindex_posts"))
+	reindex = locks.MustRegisterHash("cron:reindex_posts")
 )
 
 func main() {

@@ -21,11 +21,14 @@ func ReportKey(day time.Time) sqllock.Key {
 
 // ReportRepo generates and reads daily reports.
 type ReportRepo struct {
-	db *sqlx.DB
+	db     *sqlx.DB
+	locker *sqllock.Locker
 }
 
 // NewReportRepo returns a repository on db.
-func NewReportRepo(db *sqlx.DB) *ReportRepo { return &ReportRepo{db: db} }
+func NewReportRepo(db *sqlx.DB) *ReportRepo {
+	return &ReportRepo{db: db, locker: sqllock.New(db.DB)}
+}
 
 // GenerateDaily generates the report of day unless it exists, and reports
 // whether this call generated it. Any number of instances may call it at
@@ -51,6 +54,18 @@ func (r *ReportRepo) GenerateDaily(ctx context.Context, day time.Time) (generate
 		return false, err
 	}
 	return true, tx.Commit()
+}
+
+// Recount recomputes the report of day, under the same lock as
+// GenerateDaily. sqllock.InTxWith begins the transaction with sqlx, takes
+// the lock in it, and hands fn the *sqlx.Tx; it commits when fn returns nil
+// and rolls back otherwise.
+func (r *ReportRepo) Recount(ctx context.Context, day time.Time) error {
+	begin := func(ctx context.Context) (*sqlx.Tx, error) { return r.db.BeginTxx(ctx, nil) }
+	return sqllock.InTxWith(ctx, r.locker, ReportKey(day), begin, func(tx *sqlx.Tx) error {
+		_, err := tx.ExecContext(ctx, `UPDATE daily_reports SET posts = (SELECT count(*) FROM posts) WHERE day = $1`, day.Format(time.DateOnly))
+		return err
+	})
 }
 
 // Report is one row of daily_reports.

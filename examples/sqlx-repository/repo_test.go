@@ -13,6 +13,7 @@ import (
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/pgtest"
 	"github.com/sqllock/sqllock/sqllockmock"
 )
@@ -79,6 +80,32 @@ func TestGenerateDailyIntegration(t *testing.T) {
 	reports, err := repo.Reports(context.Background())
 	if generated.Load() != 1 || err != nil || len(reports) != 1 || reports[0].Posts != 3 {
 		t.Fatalf("generated %d times, reports %+v, %v", generated.Load(), reports, err)
+	}
+	// Recount takes the same lock through sqllock.InTxWith and a *sqlx.Tx:
+	// while another transaction holds it, Recount waits.
+	if _, err := db.Exec(`INSERT INTO posts (body) VALUES ('one more')`); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := db.BeginTxx(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sqllock.LockTx(context.Background(), holder, ReportKey(day)); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- repo.Recount(context.Background(), day) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Recount ran while the lock was held: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	holder.Rollback()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if reports, err := repo.Reports(context.Background()); err != nil || reports[0].Posts != 4 {
+		t.Fatalf("after Recount: %+v, %v", reports, err)
 	}
 }
 
