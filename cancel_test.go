@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/testkit"
+
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/pgtest"
 )
@@ -59,7 +61,7 @@ func TestCancelStress(t *testing.T) {
 					}()
 					// Once the waiter waits in the server, release and cancel
 					// at nearly the same moment, in either order.
-					waitWaiting(t, observer, k)
+					testkit.WaitWaiters(t, observer, k, 1)
 					d1 := time.Duration(rng.IntN(400)) * time.Microsecond
 					d2 := time.Duration(rng.IntN(1500)) * time.Microsecond
 					var race sync.WaitGroup
@@ -110,25 +112,6 @@ func TestCancelStress(t *testing.T) {
 			t.Fatalf("the race was not exercised: acquired %d, not acquired %d of %d", acquired.Load(), notAcquired.Load(), total)
 		}
 	})
-}
-
-// waitWaiting waits until some session waits for k.
-func waitWaiting(t testing.TB, q sqllock.Querier, k sqllock.Key) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		locks, err := sqllock.Inspect(bg(), q, sqllock.WithKeys(k))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range locks {
-			if !l.Granted {
-				return
-			}
-		}
-		time.Sleep(200 * time.Microsecond)
-	}
-	t.Fatalf("nobody started waiting for %v", k)
 }
 
 // TestAbandonedWaitLeavesNoOneQueued: when a waiter's context ends, its

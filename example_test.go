@@ -290,3 +290,12 @@ func Example_errors() {
 	// sqllock: invalid key "(1,2": unbalanced parentheses
 	// true
 }
+
+func ExampleRegistry_MustRegisterHash() {
+	name, ok := locks.Name(reindex)
+	fmt.Println(name, ok, reindex == sqllock.Hash("cron:reindex_posts"))
+	fmt.Println(len(locks.All()), cleanup != reindex)
+	// Output:
+	// cron:reindex_posts true true
+	// 2 true
+}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/testkit"
+
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/pgtest"
 )
@@ -52,7 +54,7 @@ func TestInspect(t *testing.T) {
 				lk.Unlock(bg())
 			}
 		}()
-		waitWaiting(t, db, neg)
+		testkit.WaitWaiters(t, db, neg, 1)
 
 		locks, err := sqllock.Inspect(bg(), db, sqllock.WithRegistry(reg))
 		if err != nil {

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/testkit"
+
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/pgtest"
 )
@@ -31,31 +33,6 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
-}
-
-// waitWaiters waits until n sessions wait for k, and fails t after 10 s.
-func waitWaiters(t testing.TB, q sqllock.Querier, k sqllock.Key, n int) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		locks, err := sqllock.Inspect(bg(), q, sqllock.WithKeys(k))
-		if err != nil {
-			t.Fatal(err)
-		}
-		waiting := 0
-		for _, l := range locks {
-			if !l.Granted {
-				waiting++
-			}
-		}
-		if waiting >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d sessions wait for %v, want %d", waiting, k, n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // TestKeepAliveNotBlockedBySessionWait: a Session of the Locker waiting in
@@ -86,7 +63,7 @@ func TestKeepAliveNotBlockedBySessionWait(t *testing.T) {
 			defer cancel()
 			waitDone <- s.Lock(ctx, b)
 		}()
-		waitWaiters(t, db, b, 1)
+		testkit.WaitWaiters(t, db, b, 1)
 
 		checks := l.Stats().KeepAliveChecks
 		start := time.Now()

@@ -3,7 +3,9 @@ package sqllock_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -65,6 +67,8 @@ func TestLogEvents(t *testing.T) {
 		}
 		if a, _, ok := logs.find("sqllock: released"); !ok || a["held"].Duration() < 20*time.Millisecond {
 			t.Errorf("released event: %v %v", a, ok)
+		} else if _, has := a["error"]; has {
+			t.Errorf("released event of a clean unlock carries an error attribute: %v", a)
 		}
 		// Lost, and the discarded connection of a cancelled wait.
 		lk, err = l.Lock(bg(), k)
@@ -93,4 +97,28 @@ func TestLogEvents(t *testing.T) {
 		}
 		waitNoLocks(t, db, 5*time.Second)
 	})
+}
+
+// TestRegistryNamesInErrors: a Locker given a registry names keys in its
+// errors, not only in its log events.
+func TestRegistryNamesInErrors(t *testing.T) {
+	srv := pgtest.Start(t)
+	db := pgtest.Open(t, "pgx", srv.NewDatabase(t))
+	reg := sqllock.NewRegistry()
+	k := reg.MustRegisterHash("cron:nightly_export")
+	l := sqllock.New(db, sqllock.WithRegistry(reg), sqllock.WithKeepAlive(0))
+	lk, err := l.Lock(bg(), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Unlock(bg())
+	l2 := sqllock.New(db, sqllock.WithRegistry(reg))
+	if _, err := l2.TryLock(bg(), k); !errors.Is(err, sqllock.ErrNotAcquired) || !strings.Contains(err.Error(), `"cron:nightly_export"`) {
+		t.Fatalf("TryLock of a held key = %v, want ErrNotAcquired naming cron:nightly_export", err)
+	}
+	ctx, cancel := context.WithTimeout(bg(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := l2.Lock(ctx, k); !errors.Is(err, sqllock.ErrNotAcquired) || !strings.Contains(err.Error(), `"cron:nightly_export"`) {
+		t.Fatalf("Lock past its deadline = %v, want the name", err)
+	}
 }

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/testkit"
+
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/pgtest"
 )
@@ -47,7 +49,7 @@ func TestExitTableIsProven(t *testing.T) {
 	if !ok {
 		t.Fatal("docs/cli.md has no exit-status table")
 	}
-	row := regexp.MustCompile("(?m)^\\| ([^|]+?) \\| ")
+	row := regexp.MustCompile(`(?m)^\| ([^|]+?) \| `)
 	var rows []string
 	for _, m := range row.FindAllStringSubmatch(strings.SplitN(table, "\n\n", 3)[1], -1) {
 		if r := strings.Trim(m[1], "` "); r != "status" && !strings.HasPrefix(r, "---") {
@@ -191,7 +193,7 @@ func TestExitStatuses(t *testing.T) {
 	// The interrupted rows need a signal at the right moment.
 	t.Run("interrupted while waiting", func(t *testing.T) {
 		assertInterrupted(t, dsn, []string{"run", "held", "--", "true"}, func() {
-			waitWaiting(t, db, sqllock.Hash("held"))
+			testkit.WaitWaiters(t, db, sqllock.Hash("held"), 1)
 		})
 	})
 	t.Run("interrupted while connecting", func(t *testing.T) {
@@ -221,25 +223,6 @@ func assertInterrupted(t *testing.T, dsn string, args []string, ready func()) {
 	if code != 128+int(syscall.SIGTERM) || time.Since(start) > time.Second {
 		t.Fatalf("exit %d (%v) after %v, want %d at once; stderr %q", code, err, time.Since(start), 128+int(syscall.SIGTERM), errb.String())
 	}
-}
-
-// waitWaiting waits until some session waits for k.
-func waitWaiting(t *testing.T, db sqllock.Querier, k sqllock.Key) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		locks, err := sqllock.Inspect(context.Background(), db, sqllock.WithKeys(k))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range locks {
-			if !l.Granted {
-				return
-			}
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatalf("nobody waits for %v", k)
 }
 
 // TestConnectTimeout: a server that never answers is given up on after

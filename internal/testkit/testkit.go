@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sqllock/sqllock"
 )
 
 // CountingConnector counts the statements its connections run through
@@ -86,4 +88,30 @@ func Median(d []time.Duration) time.Duration {
 	s := slices.Clone(d)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// WaitWaiters waits until at least n sessions wait for k (as Inspect sees
+// them through q), and fails tb after 10 s.
+func WaitWaiters(tb testing.TB, q sqllock.Querier, k sqllock.Key, n int) {
+	tb.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		locks, err := sqllock.Inspect(context.Background(), q, sqllock.WithKeys(k))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		waiting := 0
+		for _, l := range locks {
+			if !l.Granted {
+				waiting++
+			}
+		}
+		if waiting >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("%d sessions wait for %v after 10 s, want %d", waiting, k, n)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
 }
