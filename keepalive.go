@@ -33,7 +33,12 @@ type monitor struct {
 // many keys on one backend.
 type watched interface {
 	heldKeys(buf []heldKey) []heldKey
+	// lose reports every lock lost (the server could not be reached).
 	lose(cause error)
+	// loseKey reports that the server no longer shows k, one of the keys
+	// heldKeys returned; it must ignore a key that was being released or
+	// was released since.
+	loseKey(k Key, cause error)
 }
 
 // heldKey is one lock as the server should show it.
@@ -42,6 +47,10 @@ type heldKey struct {
 	key    Key
 	shared bool
 }
+
+// loseKey is lose: a Lock has one key, and lose ignores a Lock whose Unlock
+// has begun.
+func (lk *Lock) loseKey(_ Key, cause error) { lk.lose(cause) }
 
 func (lk *Lock) heldKeys(buf []heldKey) []heldKey {
 	return append(buf, heldKey{pid: lk.pid, key: lk.key, shared: lk.shared})
@@ -152,7 +161,7 @@ func (m *monitor) check(ws []watched) {
 	m.failures = 0
 	m.mu.Unlock()
 	for _, i := range lost {
-		owner[i].lose(fmt.Errorf("keep-alive: backend %d no longer holds it (session ended, server restarted, or session swapped by a pooler)", keys[i].pid))
+		owner[i].loseKey(keys[i].key, fmt.Errorf("keep-alive: backend %d no longer holds it (session ended, server restarted, or session swapped by a pooler)", keys[i].pid))
 	}
 }
 

@@ -49,11 +49,12 @@ type Session struct {
 	// mu guards the fields below. It is never held across a round trip, so
 	// that the keep-alive, Err and Held never wait for a call in progress
 	// (a blocking Lock can wait for a long time).
-	mu     sync.Mutex
-	held   map[Key]bool // keys held now
-	state  lockState    // stateHeld while usable
-	err    error        // nil while usable
-	sorted []Key        // cache of Held(), nil when stale
+	mu        sync.Mutex
+	held      map[Key]bool // keys held now
+	releasing map[Key]bool // keys whose unlock is under way
+	state     lockState    // stateHeld while usable
+	err       error        // nil while usable
+	sorted    []Key        // cache of Held(), nil when stale
 }
 
 // Session pins a connection for a new Session. It checks that the server is
@@ -79,7 +80,7 @@ func (l *Locker) Session(ctx context.Context) (*Session, error) {
 		return nil, standbyError("session")
 	}
 	sctx, cancel := context.WithCancelCause(context.Background())
-	s := &Session{l: l, conn: conn, pid: pid, ctx: sctx, cancel: cancel, held: map[Key]bool{}}
+	s := &Session{l: l, conn: conn, pid: pid, ctx: sctx, cancel: cancel, held: map[Key]bool{}, releasing: map[Key]bool{}}
 	l.mon.add(s)
 	return s, nil
 }
@@ -248,17 +249,19 @@ func (s *Session) UnlockMany(ctx context.Context, keys ...Key) error {
 	if err := s.unlockKeys(uniq); err != nil {
 		return err
 	}
-	s.forget(uniq)
 	return nil
 }
 
-// unlockKeys releases keys, which the session holds, in one statement; when
-// an unlock is not confirmed on the Session's backend it loses the Session.
-// The caller holds callMu and does the accounting.
+// unlockKeys releases keys, which the session holds, in one statement, and
+// forgets them; when an unlock is not confirmed on the Session's backend it
+// loses the Session. The caller holds callMu.
 func (s *Session) unlockKeys(keys []Key) error {
 	if len(keys) == 0 {
 		return nil
 	}
+	s.markReleasing(keys)
+	released := false
+	defer func() { s.endRelease(keys, released) }()
 	q, args := manySQL("pg_advisory_unlock", strconv.FormatInt(s.pid, 10), keys)
 	confirmed := 0
 	err := queryRows(s.l.unlockContext(), s.conn, q, args, func(v []driver.Value) error {
@@ -278,6 +281,7 @@ func (s *Session) unlockKeys(keys []Key) error {
 		s.loseLocked(fmt.Errorf("unlock confirmed %d of %d keys", confirmed, len(keys)))
 		return s.Err()
 	}
+	released = true
 	return nil
 }
 
@@ -309,7 +313,6 @@ func (s *Session) Close(ctx context.Context) error {
 		s.setReleased(s.Err())
 		return err
 	}
-	s.forget(keys)
 	s.l.mon.remove(s)
 	s.setReleased(ErrReleased)
 	s.cancel(ErrReleased)

@@ -79,16 +79,6 @@ func (s *Session) add(keys []Key) {
 	s.l.stats.took(int64(len(keys)))
 }
 
-// forget records keys as released.
-func (s *Session) forget(keys []Key) {
-	s.mu.Lock()
-	for _, k := range keys {
-		delete(s.held, k)
-	}
-	s.sorted = nil
-	s.mu.Unlock()
-	s.l.stats.released(int64(len(keys)))
-}
 
 // lose marks the Session lost (from the keep-alive). It never waits for a
 // call in progress: that call discards the connection when it ends.
@@ -172,15 +162,59 @@ func (s *Session) releaseStray(ctx context.Context, want []Key) error {
 	return nil
 }
 
-// heldKeys is the keep-alive's view of the Session. It takes only mu, so a
-// call waiting in the server never delays the keep-alive.
+// heldKeys is the keep-alive's view of the Session: the keys held and not
+// being released. It takes only mu, so a call waiting in the server never
+// delays the keep-alive.
 func (s *Session) heldKeys(buf []heldKey) []heldKey {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for k := range s.held {
-		buf = append(buf, heldKey{pid: s.pid, key: k})
+		if !s.releasing[k] {
+			buf = append(buf, heldKey{pid: s.pid, key: k})
+		}
 	}
 	return buf
+}
+
+// loseKey loses the Session when the keep-alive found k gone, unless k is
+// no longer held or is being released: the keep-alive's query may have
+// run after an unlock that its snapshot of the keys did not know of.
+func (s *Session) loseKey(k Key, cause error) {
+	s.mu.Lock()
+	gone := s.held[k] && !s.releasing[k]
+	s.mu.Unlock()
+	if gone {
+		s.lose(fmt.Errorf("%s: %w", s.l.name(k), cause))
+	}
+}
+
+// markReleasing marks keys as being released, until endRelease.
+func (s *Session) markReleasing(keys []Key) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range keys {
+		s.releasing[k] = true
+	}
+}
+
+// endRelease ends the release of keys; when the server confirmed it, the
+// keys the Session held are forgotten in the same step, so that the
+// keep-alive never sees them held and not being released in between.
+func (s *Session) endRelease(keys []Key, released bool) {
+	s.mu.Lock()
+	n := int64(0)
+	for _, k := range keys {
+		delete(s.releasing, k)
+		if released && s.held[k] {
+			delete(s.held, k)
+			n++
+		}
+	}
+	if n > 0 {
+		s.sorted = nil
+	}
+	s.mu.Unlock()
+	s.l.stats.released(n)
 }
 
 // Conn returns the pinned connection: the session that holds the locks.

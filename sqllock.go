@@ -133,9 +133,12 @@ func New(db *sql.DB, opts ...Option) *Locker {
 }
 
 // Lock takes the exclusive lock k, waiting (in the server) as long as
-// another session holds it. When ctx ends first, it returns an error that
+// another session holds it. The wait never fails or blocks the holder's
+// CREATE INDEX CONCURRENTLY (and its kin), which waits for old snapshots,
+// the wait's among them: when PostgreSQL reports that as a deadlock, Lock
+// waits again. When ctx ends first, it returns an error that
 // matches both [ErrNotAcquired] and ctx.Err(), and no lock stays held. Other
-// errors: [ErrDeadlock], [ErrLockTableFull], [ErrStandby],
+// errors: [ErrLockTableFull], [ErrStandby],
 // [ErrUnsupportedServer], [ErrInvalidKey], and connection errors.
 func (l *Locker) Lock(ctx context.Context, k Key) (*Lock, error) {
 	return l.acquire(ctx, k, 0)
@@ -262,7 +265,20 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start ti
 		}
 		q, args = l.mode.sessionLockSQL(kind&^kindTry, k)
 		waitPID := pid
-		err = queryRow(ctx, conn, q, args, &ok, &pid, &standby)
+		for {
+			err = queryRow(ctx, conn, q, args, &ok, &pid, &standby)
+			if err == nil || ctxEnded(ctx) || sqlState(err) != "40P01" {
+				break
+			}
+			// This session holds nothing but its wait, so it is in no cycle
+			// of locks: the "deadlock" is the holder's CREATE INDEX
+			// CONCURRENTLY (or REINDEX CONCURRENTLY, DETACH PARTITION
+			// CONCURRENTLY, ...) waiting for the snapshot of this very
+			// statement. Waiting again, in a new statement with a new
+			// snapshot, lets both proceed.
+			l.stats.snapshotWaits.Add(1)
+			l.log(ctx, slog.LevelDebug, "sqllock: waiting again after a snapshot conflict", k, slog.Int64("pid", waitPID))
+		}
 		if ctxEnded(ctx) {
 			// The abandoned backend may still be queued for k (a driver
 			// that closes the socket sends no cancel request): take it

@@ -17,17 +17,20 @@ type Stats struct {
 	// interval is not evidence that a lock was lost; no lock is watched
 	// during it.
 	KeepAliveSkipped int64
+	// SnapshotWaits counts waits started again because the holder's
+	// CREATE INDEX CONCURRENTLY (or kin) waited for the wait's snapshot.
+	SnapshotWaits int64
 }
 
 type lockerStats struct {
-	held, acquired, contended, lost, discarded, keepAlive, keepAliveSkipped atomic.Int64
+	held, acquired, contended, lost, discarded, keepAlive, keepAliveSkipped, snapshotWaits atomic.Int64
 }
 
 // Stats returns the Locker's counters.
 func (l *Locker) Stats() Stats {
 	return Stats{Held: l.stats.held.Load(), Acquired: l.stats.acquired.Load(), Contended: l.stats.contended.Load(),
 		Lost: l.stats.lost.Load(), Discarded: l.stats.discarded.Load(), KeepAliveChecks: l.stats.keepAlive.Load(),
-		KeepAliveSkipped: l.stats.keepAliveSkipped.Load()}
+		KeepAliveSkipped: l.stats.keepAliveSkipped.Load(), SnapshotWaits: l.stats.snapshotWaits.Load()}
 }
 
 // took counts n locks granted and now held.

@@ -1,0 +1,121 @@
+package sqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/testkit"
+	"github.com/sqllock/sqllock/pgtest"
+)
+
+// fastDeadlockCheck makes the server look for deadlocks after 100 ms in
+// dsn's database (deadlock_timeout is a superuser setting), so that the
+// snapshot conflicts below show up quickly.
+func fastDeadlockCheck(t *testing.T, srv *pgtest.Server, dsn string) {
+	t.Helper()
+	admin, err := srv.Admin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.Exec(fmt.Sprintf("ALTER DATABASE %q SET deadlock_timeout = '100ms'", pgtest.DatabaseOf(dsn))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWaitersDoNotBreakConcurrentIndexBuilds: while a holder runs CREATE
+// INDEX CONCURRENTLY (or REINDEX CONCURRENTLY) on its lock's session, three
+// waiters wait for the lock (Lock, RLock, Do). The index build waits for the
+// waiters' snapshots, which PostgreSQL reports to a waiter as a deadlock;
+// the waiters must wait on, the build must finish, and each waiter must get
+// the lock in turn, none seeing an error.
+func TestWaitersDoNotBreakConcurrentIndexBuilds(t *testing.T) {
+	srv := pgtest.Start(t)
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		fastDeadlockCheck(t, srv, dsn)
+		if _, err := db.Exec("CREATE TABLE items AS SELECT g AS id, md5(g::text) AS name FROM generate_series(1, 20000) g"); err != nil {
+			t.Fatal(err)
+		}
+		holderL := sqllock.New(pgtest.Open(t, "pgx", dsn))
+		waiterL := sqllock.New(db)
+		k := sqllock.Hash("migrations")
+		for _, ddl := range []string{
+			"CREATE INDEX CONCURRENTLY items_name ON items (name)",
+			"REINDEX INDEX CONCURRENTLY items_name",
+		} {
+			lk, err := holderL.Lock(bg(), k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			var order []string
+			var wg sync.WaitGroup
+			waiters := map[string]func(ctx context.Context) error{
+				"Lock": func(ctx context.Context) error {
+					w, err := waiterL.Lock(ctx, k)
+					if err != nil {
+						return err
+					}
+					time.Sleep(20 * time.Millisecond)
+					return w.Unlock(ctx)
+				},
+				"RLock": func(ctx context.Context) error {
+					w, err := waiterL.RLock(ctx, k)
+					if err != nil {
+						return err
+					}
+					time.Sleep(20 * time.Millisecond)
+					return w.Unlock(ctx)
+				},
+				"Do": func(ctx context.Context) error {
+					return waiterL.Do(ctx, k, func(context.Context) error {
+						time.Sleep(20 * time.Millisecond)
+						return nil
+					})
+				},
+			}
+			errs := make(chan error, len(waiters))
+			for name, wait := range waiters {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					ctx, cancel := context.WithTimeout(bg(), 30*time.Second)
+					defer cancel()
+					err := wait(ctx)
+					if err != nil {
+						errs <- fmt.Errorf("%s: %w", name, err)
+					}
+					mu.Lock()
+					order = append(order, name)
+					mu.Unlock()
+				}()
+			}
+			testkit.WaitWaiters(t, db, k, len(waiters))
+			before := waiterL.Stats().SnapshotWaits
+			start := time.Now()
+			if _, err := lk.Conn().ExecContext(bg(), ddl); err != nil {
+				t.Fatalf("%s on the holder's session: %v", ddl, err)
+			}
+			took := time.Since(start)
+			if err := lk.Unlock(bg()); err != nil {
+				t.Fatal(err)
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Errorf("%s: waiter failed: %v", ddl, err)
+			}
+			t.Logf("%s took %v with 3 waiters; waits started again: %d; waiters got the lock in order %v",
+				ddl, took, waiterL.Stats().SnapshotWaits-before, order)
+			if len(order) != len(waiters) {
+				t.Fatalf("%d of %d waiters finished", len(order), len(waiters))
+			}
+		}
+		waitNoLocks(t, db, 5*time.Second)
+	})
+}
