@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -13,17 +14,16 @@ import (
 	"github.com/sqllock/sqllock/pgtest"
 )
 
-// fastDeadlockCheck makes the server look for deadlocks after 100 ms in
-// dsn's database (deadlock_timeout is a superuser setting), so that the
-// snapshot conflicts below show up quickly.
-func fastDeadlockCheck(t *testing.T, srv *pgtest.Server, dsn string) {
+// setDeadlockTimeout sets deadlock_timeout for new sessions of dsn's
+// database (a superuser setting).
+func setDeadlockTimeout(t *testing.T, srv *pgtest.Server, dsn string, d time.Duration) {
 	t.Helper()
 	admin, err := srv.Admin()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer admin.Close()
-	if _, err := admin.Exec(fmt.Sprintf("ALTER DATABASE %q SET deadlock_timeout = '100ms'", pgtest.DatabaseOf(dsn))); err != nil {
+	if _, err := admin.Exec(fmt.Sprintf("ALTER DATABASE %q SET deadlock_timeout = '%dms'", pgtest.DatabaseOf(dsn), d.Milliseconds())); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -36,8 +36,18 @@ func fastDeadlockCheck(t *testing.T, srv *pgtest.Server, dsn string) {
 // the lock in turn, none seeing an error.
 func TestWaitersDoNotBreakConcurrentIndexBuilds(t *testing.T) {
 	srv := pgtest.Start(t)
+	deadlockTimeouts := []time.Duration{100 * time.Millisecond, time.Second} // scaled down, and the default
+	if testing.Short() && os.Getenv("CI") != "true" {
+		deadlockTimeouts = deadlockTimeouts[:1]
+	}
+	for _, dt := range deadlockTimeouts {
+		t.Run(fmt.Sprintf("deadlock_timeout=%v", dt), func(t *testing.T) { testConcurrentIndexBuilds(t, srv, dt) })
+	}
+}
+
+func testConcurrentIndexBuilds(t *testing.T, srv *pgtest.Server, deadlockTimeout time.Duration) {
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
-		fastDeadlockCheck(t, srv, dsn)
+		setDeadlockTimeout(t, srv, dsn, deadlockTimeout)
 		if _, err := db.Exec("CREATE TABLE items AS SELECT g AS id, md5(g::text) AS name FROM generate_series(1, 20000) g"); err != nil {
 			t.Fatal(err)
 		}
@@ -96,6 +106,10 @@ func TestWaitersDoNotBreakConcurrentIndexBuilds(t *testing.T) {
 				}()
 			}
 			testkit.WaitWaiters(t, db, k, len(waiters))
+			// Let the waiters' own deadlock checks pass first: the build is
+			// then the one to find the cycle, and, were the waits plain,
+			// the one to fail.
+			time.Sleep(2 * deadlockTimeout)
 			before := waiterL.Stats().SnapshotWaits
 			start := time.Now()
 			if _, err := lk.Conn().ExecContext(bg(), ddl); err != nil {
@@ -114,6 +128,9 @@ func TestWaitersDoNotBreakConcurrentIndexBuilds(t *testing.T) {
 				ddl, took, waiterL.Stats().SnapshotWaits-before, order)
 			if len(order) != len(waiters) {
 				t.Fatalf("%d of %d waiters finished", len(order), len(waiters))
+			}
+			if took > 3*deadlockTimeout+time.Second {
+				t.Errorf("%s took %v: the waiters held it up", ddl, took)
 			}
 		}
 		waitNoLocks(t, db, 5*time.Second)

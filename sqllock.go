@@ -134,9 +134,10 @@ func New(db *sql.DB, opts ...Option) *Locker {
 
 // Lock takes the exclusive lock k, waiting (in the server) as long as
 // another session holds it. The wait never fails or blocks the holder's
-// CREATE INDEX CONCURRENTLY (and its kin), which waits for old snapshots,
-// the wait's among them: when PostgreSQL reports that as a deadlock, Lock
-// waits again. When ctx ends first, it returns an error that
+// CREATE INDEX CONCURRENTLY (and its kin), which waits for old snapshots:
+// it is made of statements shorter than the server's deadlock_timeout, one
+// after the other, so a session-level lock_timeout does not bound it (use
+// ctx). When ctx ends first, it returns an error that
 // matches both [ErrNotAcquired] and ctx.Err(), and no lock stays held. Other
 // errors: [ErrLockTableFull], [ErrStandby],
 // [ErrUnsupportedServer], [ErrInvalidKey], and connection errors.
@@ -263,21 +264,25 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start ti
 			l.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "sqllock: waiting", slog.String("key", l.name(k)),
 				slog.Bool("shared", shared), slog.Int64("pid", pid))
 		}
-		q, args = l.mode.sessionLockSQL(kind&^kindTry, k)
+		q, args = l.mode.waitSQL(kind&^kindTry, k)
 		waitPID := pid
 		for {
 			err = queryRow(ctx, conn, q, args, &ok, &pid, &standby)
-			if err == nil || ctxEnded(ctx) || sqlState(err) != "40P01" {
+			if err == nil || ctxEnded(ctx) {
 				break
 			}
-			// This session holds nothing but its wait, so it is in no cycle
-			// of locks: the "deadlock" is the holder's CREATE INDEX
-			// CONCURRENTLY (or REINDEX CONCURRENTLY, DETACH PARTITION
-			// CONCURRENTLY, ...) waiting for the snapshot of this very
-			// statement. Waiting again, in a new statement with a new
-			// snapshot, lets both proceed.
-			l.stats.snapshotWaits.Add(1)
-			l.log(ctx, slog.LevelDebug, "sqllock: waiting again after a snapshot conflict", k, slog.Int64("pid", waitPID))
+			if st := sqlState(err); st != "55P03" && st != "40P01" {
+				break
+			}
+			// The wait's slice ended (55P03), or, should the server's
+			// deadlock_timeout have changed under it, PostgreSQL reported the
+			// holder's CREATE INDEX CONCURRENTLY waiting for this statement's
+			// snapshot as a deadlock (40P01): this session holds nothing but
+			// its wait, so it is in no cycle of locks. Wait again, in a new
+			// statement with a new snapshot.
+			if sqlState(err) == "40P01" {
+				l.stats.snapshotWaits.Add(1)
+			}
 		}
 		if ctxEnded(ctx) {
 			// The abandoned backend may still be queued for k (a driver

@@ -17,8 +17,9 @@ type Stats struct {
 	// interval is not evidence that a lock was lost; no lock is watched
 	// during it.
 	KeepAliveSkipped int64
-	// SnapshotWaits counts waits started again because the holder's
-	// CREATE INDEX CONCURRENTLY (or kin) waited for the wait's snapshot.
+	// SnapshotWaits counts waits started again because PostgreSQL reported
+	// a holder's CREATE INDEX CONCURRENTLY (or kin), waiting for the wait's
+	// snapshot, as a deadlock (rare: waits are sliced to avoid it).
 	SnapshotWaits int64
 }
 

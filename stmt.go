@@ -99,10 +99,14 @@ func (m stmtMode) keyArgs(k Key, first int) (string, []any) {
 // value: built once, they cost no allocation per lock.
 var bound = func() (c struct {
 	lock   [kindCount][2]string // by kind, then [bigint, pair]
+	wait   [2][2]string         // [exclusive, shared][bigint, pair]
 	unlock [2][2]string         // [exclusive, shared][bigint, pair]
 }) {
 	for kind := range lockKind(kindCount) {
 		for f, k := range []Key{Int64(0), Pair(0, 0)} {
+			if kind == 0 || kind == kindShared {
+				c.wait[sharedIndex(kind.shared())][f], _ = bindKeys.buildWaitSQL(kind, k)
+			}
 			if kind&kindXact != 0 {
 				c.lock[kind][f], _ = bindKeys.buildXactLockSQL(kind, k)
 			} else {
@@ -151,6 +155,29 @@ func (m stmtMode) buildSessionLockSQL(kind lockKind, k Key) (string, []any) {
 		return "SELECT " + kind.fn() + "(" + a + "), pg_backend_pid(), pg_is_in_recovery()", args
 	}
 	return "SELECT true, pg_backend_pid(), pg_is_in_recovery() FROM " + kind.fn() + "(" + a + ")", args
+}
+
+// waitSQL returns the statement with which a Locker waits for a
+// session-level lock (kind is exclusive or shared, not try). Its single row
+// is that of sessionLockSQL. The wait lasts at most half the server's
+// deadlock_timeout (a lock_timeout local to the statement, error 55P03),
+// and the caller waits again until it is granted: the statement's snapshot
+// never lives long enough for a CREATE INDEX CONCURRENTLY (or REINDEX
+// CONCURRENTLY, DETACH PARTITION CONCURRENTLY, ...) of the holder, which
+// waits for old snapshots, to be reported a deadlock. A session that
+// holds nothing but its wait is in no genuine deadlock, so nothing is lost.
+func (m stmtMode) waitSQL(kind lockKind, k Key) (string, []any) {
+	if m == bindKeys {
+		return bound.wait[sharedIndex(kind.shared())][formIndex(k)], bindArgs(k)
+	}
+	return m.buildWaitSQL(kind, k)
+}
+
+func (m stmtMode) buildWaitSQL(kind lockKind, k Key) (string, []any) {
+	a, args := m.keyArgs(k, 1)
+	return "SELECT true, pg_backend_pid(), pg_is_in_recovery() FROM (SELECT set_config('lock_timeout', " +
+		"greatest(1, (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::int8)::text || 'ms', true)) AS s(v), " +
+		"LATERAL (SELECT " + kind.fn() + "(" + a + ") WHERE s.v IS NOT NULL) AS l", args
 }
 
 // unlockSQL returns the statement that releases a session-level lock, but

@@ -54,31 +54,36 @@ func ExpectServerCheck(mock sqlmock.Sqlmock) *sqlmock.ExpectedQuery {
 // waiting call starts with the non-waiting function, and a free lock is
 // granted by it: this is the statement ExpectLock expects.
 func ExpectLock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
-	return expectSessionLock(mock, "pg_try_advisory_lock", true, k, true)
+	return expectSessionLock(mock, "pg_try_advisory_lock", k, true)
 }
 
 // ExpectLockAfterWait expects Locker.Lock (and Do) to find k held, then to
 // wait for it, and grants it after the wait: two statements.
 func ExpectLockAfterWait(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
-	expectSessionLock(mock, "pg_try_advisory_lock", true, k, false)
-	return expectSessionLock(mock, "pg_advisory_lock", false, k, true)
+	expectSessionLock(mock, "pg_try_advisory_lock", k, false)
+	a, args := keyArgs(k, 1)
+	q := "SELECT true, pg_backend_pid(), pg_is_in_recovery() FROM (SELECT set_config('lock_timeout', " +
+		"greatest(1, (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::int8)::text || 'ms', true)) AS s(v), " +
+		"LATERAL (SELECT pg_advisory_lock(" + a + ") WHERE s.v IS NOT NULL) AS l"
+	return mock.ExpectQuery(exact(q)).WithArgs(args...).
+		WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid", "in_recovery"}).AddRow(true, PID, false))
 }
 
 // ExpectTryLock expects Locker.TryLock (and TryDo) to try k; acquired says
 // whether the mock server grants it.
 func ExpectTryLock(mock sqlmock.Sqlmock, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
-	return expectSessionLock(mock, "pg_try_advisory_lock", true, k, acquired)
+	return expectSessionLock(mock, "pg_try_advisory_lock", k, acquired)
 }
 
 // ExpectRLock expects Locker.RLock to take k in shared mode, and grants it
 // (with the non-waiting function, as ExpectLock does).
 func ExpectRLock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
-	return expectSessionLock(mock, "pg_try_advisory_lock_shared", true, k, true)
+	return expectSessionLock(mock, "pg_try_advisory_lock_shared", k, true)
 }
 
 // ExpectTryRLock expects Locker.TryRLock to try k in shared mode.
 func ExpectTryRLock(mock sqlmock.Sqlmock, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
-	return expectSessionLock(mock, "pg_try_advisory_lock_shared", true, k, acquired)
+	return expectSessionLock(mock, "pg_try_advisory_lock_shared", k, acquired)
 }
 
 // ExpectUnlock expects Lock.Unlock of the exclusive lock k, and confirms
@@ -132,12 +137,11 @@ func ExpectTryRLockTx(mock sqlmock.Sqlmock, k sqllock.Key, acquired bool) *sqlmo
 		WillReturnRows(sqlmock.NewRows([]string{"pg_try_advisory_xact_lock_shared"}).AddRow(acquired))
 }
 
-func expectSessionLock(mock sqlmock.Sqlmock, fn string, try bool, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
+// expectSessionLock expects the non-waiting lock statement of fn, with
+// which every session-level lock call starts.
+func expectSessionLock(mock sqlmock.Sqlmock, fn string, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
 	a, args := keyArgs(k, 1)
-	q := "SELECT true, pg_backend_pid(), pg_is_in_recovery() FROM " + fn + "(" + a + ")"
-	if try {
-		q = "SELECT " + fn + "(" + a + "), pg_backend_pid(), pg_is_in_recovery()"
-	}
+	q := "SELECT " + fn + "(" + a + "), pg_backend_pid(), pg_is_in_recovery()"
 	return mock.ExpectQuery(exact(q)).WithArgs(args...).
 		WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid", "in_recovery"}).AddRow(acquired, PID, false))
 }
