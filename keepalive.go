@@ -24,9 +24,11 @@ type monitor struct {
 	running  bool                 // guarded by mu
 	failures int                  // guarded by mu: consecutive failed checks
 
-	// starved is set while checks find the pool at its limit; only the
-	// loop goroutine uses it.
-	starved bool
+	// starved is set while checks find the pool at its limit; inflight is
+	// closed when a check that outlived its timeout returns. Only the loop
+	// goroutine uses them.
+	starved  bool
+	inflight chan struct{}
 }
 
 // watched is something the keep-alive checks: a Lock, or a Session with
@@ -123,7 +125,71 @@ func (m *monitor) check(ws []watched) {
 	if len(keys) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), m.l.checkTimeout())
+	// A check still running from an earlier tick is a failed check: some
+	// drivers (lib/pq) do not give up a read when the context ends, and a
+	// partition can hold one for many minutes. Never start a second one.
+	timeout := m.l.checkTimeout()
+	if m.inflight != nil {
+		select {
+		case <-m.inflight:
+			m.inflight = nil
+		case <-time.After(timeout):
+			m.failed(ws, fmt.Errorf("the previous check has not returned for %v", 2*timeout))
+			return
+		}
+	}
+	res := make(chan checkResult, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		res <- m.query(keys, timeout)
+	}()
+	var r checkResult
+	select {
+	case r = <-res:
+	case <-time.After(timeout + checkGrace):
+		m.inflight = done
+		m.failed(ws, fmt.Errorf("no answer within %v", timeout))
+		return
+	}
+	switch {
+	case r.skipped:
+		m.l.stats.keepAliveSkipped.Add(1)
+		if !m.starved {
+			m.starved = true
+			st := m.l.db.Stats()
+			m.l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
+				"sqllock: keep-alive skipped: the pool is at its SetMaxOpenConns limit, so held locks are not being watched; leave one connection free",
+				slog.Int("max_open", st.MaxOpenConnections), slog.Int("in_use", st.InUse), slog.Int("locks", len(keys)))
+		}
+		return
+	case r.err != nil:
+		m.failed(ws, r.err)
+		return
+	}
+	m.starved = false
+	m.mu.Lock()
+	m.failures = 0
+	m.mu.Unlock()
+	for _, i := range r.lost {
+		owner[i].loseKey(keys[i].key, fmt.Errorf("keep-alive: backend %d no longer holds it (session ended, server restarted, or session swapped by a pooler)", keys[i].pid))
+	}
+}
+
+// checkGrace is how long past its timeout the loop waits for a check
+// before it counts it failed and lets it finish alone.
+const checkGrace = 100 * time.Millisecond
+
+// checkResult is what one keep-alive query found.
+type checkResult struct {
+	lost    []int // indexes of the keys the server no longer shows
+	err     error // no answer from the server
+	skipped bool  // no connection: the pool is at its limit
+}
+
+// query runs one keep-alive query for keys within timeout.
+func (m *monitor) query(keys []heldKey, timeout time.Duration) checkResult {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	// No connection is not evidence about the server: the Locker's own
 	// locks and waiters may hold all of them. Such a check is skipped, not
@@ -135,34 +201,15 @@ func (m *monitor) check(ws []watched) {
 		conn, err = m.l.db.Conn(ctx)
 	}
 	if err != nil && poolFull(m.l.db) {
-		m.l.stats.keepAliveSkipped.Add(1)
-		if !m.starved {
-			m.starved = true
-			st := m.l.db.Stats()
-			m.l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
-				"sqllock: keep-alive skipped: the pool is at its SetMaxOpenConns limit, so held locks are not being watched; leave one connection free",
-				slog.Int("max_open", st.MaxOpenConnections), slog.Int("in_use", st.InUse), slog.Int("locks", len(keys)))
-		}
-		return
+		return checkResult{skipped: true}
 	}
 	if err != nil {
-		m.failed(ws, err)
-		return
+		return checkResult{err: err}
 	}
 	defer conn.Close()
-	m.starved = false
 	m.l.stats.keepAlive.Add(1)
 	lost, err := queryLost(ctx, conn, keys)
-	if err != nil {
-		m.failed(ws, err)
-		return
-	}
-	m.mu.Lock()
-	m.failures = 0
-	m.mu.Unlock()
-	for _, i := range lost {
-		owner[i].loseKey(keys[i].key, fmt.Errorf("keep-alive: backend %d no longer holds it (session ended, server restarted, or session swapped by a pooler)", keys[i].pid))
-	}
+	return checkResult{lost: lost, err: err}
 }
 
 var errPoolFull = errors.New("sqllock: pool at its limit")

@@ -11,6 +11,7 @@ type config struct {
 	logger        *slog.Logger
 	registry      *Registry
 	allowStandby  bool
+	orphanBound   time.Duration
 }
 
 // Option configures a Locker (see [New] for the defaults).
@@ -61,6 +62,32 @@ func WithUnlockTimeout(d time.Duration) Option {
 		panic("sqllock: WithUnlockTimeout: the unlock must be bounded; got " + d.String())
 	}
 	return optionFunc(func(c *config) { c.unlockTimeout = d })
+}
+
+// WithOrphanBound sets how long the server keeps the lock of a holder that
+// died or was cut off (a power loss, a kernel panic, a paused VM, a network
+// partition): default [DefaultOrphanBound]; 0 leaves the server's settings
+// alone (with Linux's defaults, such a lock lives over two hours).
+//
+// The statement that takes each session-level lock (and the one that
+// starts a Session) also sets, on its own session, tcp_keepalives_idle
+// (d/3), tcp_keepalives_interval (d/6), tcp_keepalives_count and, on
+// PostgreSQL 14 and later, client_connection_check_interval: settings any
+// role may change, at no extra round trip. They stay on the connection
+// when it returns to the pool; they only make the server notice a vanished
+// client sooner. They do not apply over Unix sockets or behind PgBouncer,
+// whose own connection to the server is what they would watch.
+//
+// The holder must learn of the loss before the server frees the lock: New
+// panics when the keep-alive cannot tell a cut-off holder within three
+// quarters of the bound (keep-alive + 2 × max(keep-alive, 1 s), the time
+// for two failed checks). With the defaults: 15 s against 30 s. The bound
+// must be at least 3 s.
+func WithOrphanBound(d time.Duration) Option {
+	if d < 0 {
+		panic("sqllock: WithOrphanBound: negative bound " + d.String() + " (0 turns it off)")
+	}
+	return optionFunc(func(c *config) { c.orphanBound = d })
 }
 
 // WithLogger sends the Locker's events to l: waiting, acquired (with the

@@ -79,7 +79,6 @@ func (s *Session) add(keys []Key) {
 	s.l.stats.took(int64(len(keys)))
 }
 
-
 // lose marks the Session lost (from the keep-alive). It never waits for a
 // call in progress: that call discards the connection when it ends.
 func (s *Session) lose(cause error) {

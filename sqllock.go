@@ -101,6 +101,10 @@ type Locker struct {
 	mode stmtMode
 	mon  *monitor
 
+	// settings is the FROM clause that applies the orphan bound to a
+	// lock's session ("" when off); see orphan.go.
+	settings string
+
 	serverMu sync.Mutex
 	serverOK bool // guarded by serverMu: the server was checked and is supported
 
@@ -113,21 +117,27 @@ type Locker struct {
 
 // New returns a Locker that takes its locks through db.
 //
-// Defaults: keep-alive every 5 s, unlock bounded to 5 s, no logging, no
-// registry, standbys refused, keys bound as parameters (rendered into the
-// SQL text for lib/pq). New panics if db is nil.
+// Defaults: keep-alive every 5 s, orphan bound 30 s, unlock bounded to
+// 5 s, no logging, no registry, standbys refused, keys bound as parameters
+// (rendered into the SQL text for lib/pq). New panics if db is nil, and on
+// options that break the rule that a cut-off holder is told before the
+// server frees its lock (see [WithOrphanBound]).
 func New(db *sql.DB, opts ...Option) *Locker {
 	if db == nil {
 		panic("sqllock: New called with a nil *sql.DB (was the error of sql.Open ignored? It fails when no driver of that name is registered: import one, such as _ \"github.com/jackc/pgx/v5/stdlib\")")
 	}
-	cfg := config{keepAlive: DefaultKeepAlive, unlockTimeout: DefaultUnlockTimeout}
+	cfg := config{keepAlive: DefaultKeepAlive, unlockTimeout: DefaultUnlockTimeout, orphanBound: DefaultOrphanBound}
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
+	checkBounds(cfg.keepAlive, cfg.orphanBound)
 	if cfg.logger == nil {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
 	l := &Locker{db: db, cfg: cfg, mode: detectMode(db.Driver())}
+	if cfg.orphanBound > 0 {
+		l.settings = settingsFor(cfg.orphanBound).from()
+	}
 	l.mon = newMonitor(l)
 	return l
 }
@@ -256,6 +266,9 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start ti
 	// costs one round trip either way, and a wait then knows its backend's
 	// pid, which settles a cancelled wait (see cancelWait).
 	q, args := l.mode.sessionLockSQL(kind|kindTry, k)
+	if l.settings != "" {
+		q += l.settings
+	}
 	var ok, standby bool
 	var pid int64
 	err = queryRow(ctx, conn, q, args, &ok, &pid, &standby)

@@ -255,6 +255,7 @@ type cluster struct {
 	port    int
 	cred    *syscall.Credential // nil: run as ourselves
 	reaper  *os.File            // write end of the reaper's stdin (see reap)
+	ns      *namespace          // nil: the server listens on 127.0.0.1
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd  // guarded by mu
@@ -318,7 +319,7 @@ func startLocal(ctx context.Context) (*Server, error) {
 
 // newCluster makes a data directory (initdb, or init(c) when given) and
 // starts postgres on a free port.
-func newCluster(ctx context.Context, name string, init func(c *cluster) error) (*cluster, string, error) {
+func newCluster(ctx context.Context, name string, init func(c *cluster) error, ns ...*namespace) (*cluster, string, error) {
 	bin, err := findBin()
 	if err != nil {
 		return nil, "", err
@@ -333,7 +334,10 @@ func newCluster(ctx context.Context, name string, init func(c *cluster) error) (
 	}
 	c := &cluster{bin: bin, base: base, data: filepath.Join(base, "data"), sock: filepath.Join(base, "sock"),
 		logPath: filepath.Join(base, "postgres.log"), cred: cred}
-	c.reaper = reap(base)
+	if len(ns) > 0 {
+		c.ns = ns[0]
+	}
+	c.reaper = reap(base, c.ns)
 	if err := os.Mkdir(c.sock, 0o700); err != nil {
 		c.destroy()
 		return nil, "", err
@@ -359,6 +363,11 @@ func newCluster(ctx context.Context, name string, init func(c *cluster) error) (
 				"--auth-local=trust", "--auth-host=trust", "--pwfile="+pwfile)
 		}
 	}
+	if err == nil && c.ns != nil {
+		// Clients reach a namespaced server from the host's end of the
+		// veth pair, not from loopback.
+		err = appendFile(filepath.Join(c.data, "pg_hba.conf"), "host all all "+c.ns.hostAddr+"/32 trust\n")
+	}
 	if err != nil {
 		c.destroy()
 		return nil, "", err
@@ -376,6 +385,18 @@ func newCluster(ctx context.Context, name string, init func(c *cluster) error) (
 	}
 	c.destroy()
 	return nil, "", lastErr
+}
+
+func appendFile(path, text string) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(text); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 func freePort() (int, error) {
@@ -407,7 +428,7 @@ func (c *cluster) start(ctx context.Context) error {
 		return err
 	}
 	args := []string{"-D", c.data, "-p", strconv.Itoa(c.port), "-k", c.sock,
-		"-c", "listen_addresses=127.0.0.1",
+		"-c", "listen_addresses=" + c.host(),
 		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
 		"-c", "max_connections=200", "-c", "shared_buffers=32MB",
 		"-c", "wal_level=replica", "-c", "max_wal_senders=4", "-c", "hot_standby=on",
@@ -415,6 +436,15 @@ func (c *cluster) start(ctx context.Context) error {
 	}
 	cmd := exec.Command(filepath.Join(c.bin, "postgres"), args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Pdeathsig: syscall.SIGQUIT, Setpgid: true}
+	if c.ns != nil {
+		// nsenter enters the namespace as root, then becomes the cluster's
+		// user and runs postgres (the same process: stop still signals it).
+		// The parent-death signal does not survive the change of user: the
+		// reaper stops the server instead (see reap).
+		cmd = exec.Command("nsenter", append([]string{"--net=" + c.ns.path(), "--setuid", strconv.Itoa(int(c.cred.Uid)),
+			"--setgid", strconv.Itoa(int(c.cred.Gid)), "--", filepath.Join(c.bin, "postgres")}, args...)...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGQUIT, Setpgid: true}
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Dir = c.base
 	cmd.Env = append(os.Environ(), "LC_ALL=C", "PGTZ=UTC")
@@ -426,7 +456,7 @@ func (c *cluster) start(ctx context.Context) error {
 	go func() { exited <- cmd.Wait(); logf.Close() }()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		conn, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(c.port)), time.Second)
+		conn, err := net.DialTimeout("tcp", net.JoinHostPort(c.host(), strconv.Itoa(c.port)), time.Second)
 		if err == nil {
 			conn.Close()
 			if c.ready(ctx) {
@@ -454,9 +484,17 @@ func (c *cluster) start(ctx context.Context) error {
 	return nil
 }
 
+// host is the address the server listens on.
+func (c *cluster) host() string {
+	if c.ns != nil {
+		return c.ns.serverAddr
+	}
+	return "127.0.0.1"
+}
+
 // ready reports whether the server accepts queries (not only TCP).
 func (c *cluster) ready(ctx context.Context) bool {
-	cmd := exec.CommandContext(ctx, filepath.Join(c.bin, "pg_isready"), "-q", "-h", "127.0.0.1", "-p", strconv.Itoa(c.port), "-t", "1")
+	cmd := exec.CommandContext(ctx, filepath.Join(c.bin, "pg_isready"), "-q", "-h", c.host(), "-p", strconv.Itoa(c.port), "-t", "1")
 	return cmd.Run() == nil
 }
 
@@ -484,26 +522,37 @@ func (c *cluster) destroy() error {
 	if c.base != "" {
 		os.RemoveAll(c.base)
 	}
+	if c.ns != nil {
+		c.ns.remove()
+	}
 	if c.reaper != nil {
 		c.reaper.Close()
 	}
 	return err
 }
 
-// reap starts a process that removes dir once this process is gone, however
-// it ends (no Close, a panic, os.Exit, SIGKILL): it waits for the end of
-// its standard input, whose write end only this process holds, then
-// removes dir, retrying while the server (stopped by its parent-death
-// signal) lets go of it. It returns that write end (nil when no shell could
-// be started: then only Close cleans up).
-func reap(dir string) *os.File {
+// reap starts a process that cleans up after the cluster in dir once this
+// process is gone, however it ends (no Close, a panic, os.Exit, SIGKILL): it
+// waits for the end of its standard input, whose write end only this
+// process holds, then stops the server if it still runs (a server in a
+// network namespace has no parent-death signal), removes the namespace, if
+// any, and removes dir, retrying while the server lets go of it. It
+// returns that write end (nil when no shell could be started: then only
+// Close cleans up).
+func reap(dir string, ns *namespace) *os.File {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil
 	}
 	defer r.Close()
-	cmd := exec.Command("/bin/sh", "-c",
-		`cat >/dev/null; for i in 1 2 3 4 5 6 7 8 9 10; do rm -rf "$1" 2>/dev/null; [ -e "$1" ] || exit 0; sleep 0.5; done`, "pgtest-reaper", dir)
+	nsName, hostIf := "", ""
+	if ns != nil {
+		nsName, hostIf = ns.name, ns.hostIf
+	}
+	cmd := exec.Command("/bin/sh", "-c", `cat >/dev/null
+pid=$(head -1 "$1/data/postmaster.pid" 2>/dev/null) && kill -QUIT "$pid" 2>/dev/null
+if [ -n "$2" ]; then ip netns del "$2" 2>/dev/null; ip link del "$3" 2>/dev/null; fi
+for i in 1 2 3 4 5 6 7 8 9 10; do rm -rf "$1" 2>/dev/null; [ -e "$1" ] || exit 0; sleep 0.5; done`, "pgtest-reaper", dir, nsName, hostIf)
 	cmd.Stdin = r
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // not stopped by the terminal's Ctrl-C with us
 	if err := cmd.Start(); err != nil {

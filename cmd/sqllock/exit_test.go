@@ -409,3 +409,44 @@ func alive(pid int) bool {
 	_, rest, _ := strings.Cut(string(b), ") ")
 	return !strings.HasPrefix(rest, "Z")
 }
+
+// TestRunWaitsThroughConcurrentIndexBuild: `sqllock run` waiting for a
+// lock whose holder runs CREATE INDEX CONCURRENTLY neither fails nor makes
+// the build fail.
+func TestRunWaitsThroughConcurrentIndexBuild(t *testing.T) {
+	srv := pgtest.Start(t)
+	dsn, db := database(t)
+	admin, err := srv.Admin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.Exec(fmt.Sprintf("ALTER DATABASE %q SET deadlock_timeout = '100ms'", pgtest.DatabaseOf(dsn))); err != nil {
+		t.Fatal(err)
+	}
+	holderDB := pgtest.Open(t, "pgx", dsn)
+	if _, err := holderDB.Exec("CREATE TABLE items AS SELECT g AS id FROM generate_series(1, 10000) g"); err != nil {
+		t.Fatal(err)
+	}
+	lk, err := sqllock.New(holderDB).Lock(context.Background(), sqllock.Hash("migrate"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := sqllockCmd(dsn, "run", "migrate", "--", "true")
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitWaiters(t, db, sqllock.Hash("migrate"), 1)
+	time.Sleep(300 * time.Millisecond) // past the waiter's own deadlock check
+	if _, err := lk.Conn().ExecContext(context.Background(), "CREATE INDEX CONCURRENTLY items_id ON items (id)"); err != nil {
+		t.Fatalf("CREATE INDEX CONCURRENTLY while sqllock run waits: %v", err)
+	}
+	if err := lk.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("sqllock run: %v %s", err, errb.String())
+	}
+}

@@ -1,0 +1,81 @@
+package sqllock
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// The orphan bound: when a lock's holder dies or is cut off, PostgreSQL
+// keeps its session, and the lock, until TCP notices, which with Linux's
+// defaults takes over two hours. The statement that takes a session-level
+// lock also sets, on its own session, TCP keep-alive settings that make the
+// server end a dead holder's session within the bound.
+
+// DefaultOrphanBound is how long the server keeps the lock of a holder that
+// died or was cut off (see [WithOrphanBound]).
+const DefaultOrphanBound = 30 * time.Second
+
+// keepaliveSettings are the server settings for an orphan bound.
+type keepaliveSettings struct {
+	idle, interval, count int // seconds, seconds, probes
+}
+
+// settingsFor spreads bound b over the first probe and the unanswered
+// ones: idle b/3, then count probes every b/6 (each at least 1 s), so that
+// idle + count × interval ≤ b for any b of 3 s or more.
+func settingsFor(b time.Duration) keepaliveSettings {
+	sec := int(b / time.Second)
+	s := keepaliveSettings{idle: max(1, sec/3), interval: max(1, sec/6)}
+	s.count = max(1, (sec-s.idle)/s.interval)
+	return s
+}
+
+// bound is the time from the last sign of life to the end of the session.
+func (s keepaliveSettings) bound() time.Duration {
+	return time.Duration(s.idle+s.count*s.interval) * time.Second
+}
+
+// from returns the FROM clause that applies s to the session running the
+// statement, at the cost of no round trip: a one-row subquery of
+// set_config calls, kept for the session (the lock outlives any
+// transaction). Keep-alive probes end an idle session whose client
+// vanished; tcp_user_timeout ends one whose client vanished before
+// acknowledging the server's last answer (there, probes never start, and
+// retransmissions last about 15 minutes); client_connection_check_interval
+// (PostgreSQL 14+) makes a waiting session notice a vanished client.
+func (s keepaliveSettings) from() string {
+	i, n, c := strconv.Itoa(s.idle), strconv.Itoa(s.interval), strconv.Itoa(s.count)
+	u := strconv.Itoa(int(s.bound() / time.Millisecond))
+	return " FROM (SELECT set_config('tcp_keepalives_idle', '" + i + "', false), set_config('tcp_keepalives_interval', '" + n +
+		"', false), set_config('tcp_keepalives_count', '" + c + "', false), set_config('tcp_user_timeout', '" + u +
+		"', false), CASE WHEN current_setting('server_version_num')::int >= 140000" +
+		" THEN set_config('client_connection_check_interval', '" + n + "s', false) END) AS keepalive"
+}
+
+// clientBound is how long after the server stops answering the keep-alive
+// reports a lock lost: the next tick, then two checks that time out.
+func clientBound(keepAlive time.Duration) time.Duration {
+	t := max(keepAlive, time.Second)
+	return keepAlive + failedChecksBeforeLost*t
+}
+
+// checkBounds enforces the rule that the holder is told before the server
+// frees its lock: the client bound must stay below three quarters of the
+// orphan bound. It panics (a configuration error) otherwise.
+func checkBounds(keepAlive, orphan time.Duration) {
+	if orphan == 0 {
+		return
+	}
+	if orphan < 3*time.Second {
+		panic(fmt.Sprintf("sqllock: WithOrphanBound(%v): the bound must be at least 3s (TCP keep-alive settings count in seconds)", orphan))
+	}
+	if keepAlive == 0 {
+		return // no keep-alive: the holder is never told; documented
+	}
+	if c := clientBound(keepAlive); c >= orphan*3/4 {
+		panic(fmt.Sprintf("sqllock: WithKeepAlive(%v) tells a cut-off holder after up to %v, but WithOrphanBound(%v) lets the server free its lock after %v: "+
+			"the holder must be told first, with a margin (keep-alive + 2 × max(keep-alive, 1s) < 3/4 of the bound); lower the keep-alive or raise the bound",
+			keepAlive, c, orphan, settingsFor(orphan).bound()))
+	}
+}
