@@ -28,6 +28,8 @@ type Lock struct {
 	ctx    context.Context // cancelled when the lock is released or lost
 	cancel context.CancelCauseFunc
 
+	discarded chan struct{} // closed once a lost lock's connection is discarded
+
 	unlockMu sync.Mutex // serialises Unlock
 
 	mu    sync.Mutex
@@ -46,7 +48,7 @@ const (
 
 func newLock(l *Locker, k Key, shared bool, conn *sql.Conn, pid int64) *Lock {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	return &Lock{l: l, key: k, shared: shared, conn: conn, pid: pid, since: time.Now(), ctx: ctx, cancel: cancel}
+	return &Lock{l: l, key: k, shared: shared, conn: conn, pid: pid, since: time.Now(), ctx: ctx, cancel: cancel, discarded: make(chan struct{})}
 }
 
 // Key returns the lock's key (the zero Key for a nil Lock).
@@ -138,8 +140,13 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 	final := ErrReleased
 	switch {
 	case state == stateLost:
-		// Reported (and logged, and counted) when it was found lost.
-		lk.l.discard(lk.conn, lk.key, "lock was lost")
+		// Reported, logged, counted and discarded when it was found lost;
+		// wait for that discard, so that Unlock returns with the session
+		// ended or ending.
+		select {
+		case <-lk.discarded:
+		case <-time.After(lk.l.cfg.unlockTimeout):
+		}
 		err, final = lostErr, lostErr
 	default:
 		err = lk.l.release(lk.conn, lk.key, lk.shared, lk.pid)
@@ -182,6 +189,14 @@ func (lk *Lock) lose(cause error) {
 	lk.l.stats.lostHeld(1)
 	lk.l.log(context.Background(), slog.LevelWarn, "sqllock: lock lost", lk.key,
 		slog.Int64("pid", lk.pid), slog.String("found", "by the keep-alive"), slog.Any("error", err))
+	// End the session now, not at Unlock: if the network heals, the old
+	// session must not hold the lock again behind the back of a holder
+	// that was told it lost it. In a goroutine: a statement of the caller's
+	// on Lock.Conn() may hold the connection until the network answers.
+	go func() {
+		lk.l.discard(lk.conn, lk.key, "lock was lost")
+		close(lk.discarded)
+	}()
 	lk.cancel(err) // last: whoever waits on Done sees the stats and the log entry
 }
 
