@@ -1,12 +1,16 @@
 package sqllock_test
 
 import (
+	"bufio"
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -287,4 +291,134 @@ func allTold(ts []*trial) bool {
 		}
 	}
 	return true
+}
+
+// TestFrozenHolder: a holder process stopped (SIGSTOP) for longer than the
+// orphan bound keeps its lock: its kernel still answers the server's TCP
+// keep-alive probes, so the server never frees it, and nobody else gets it.
+// Resumed, the holder finds its lock held and releases it.
+func TestFrozenHolder(t *testing.T) {
+	long(t)
+	srv := pgtest.StartIsolated(t)
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			dsn := srv.NewDatabase(t)
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), helperEnv+"=frozen", "HELPER_DRIVER="+drv, "HELPER_DSN="+dsn)
+			stdin, err := cmd.StdinPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd.Stderr = os.Stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer cmd.Process.Kill()
+			lines := bufio.NewScanner(out)
+			if !lines.Scan() || lines.Text() != "locked" {
+				t.Fatalf("helper said %q", lines.Text())
+			}
+			observer := sqllock.New(pgtest.Open(t, "pgx", srv.SocketDSN(pgtest.DatabaseOf(dsn))), sqllock.WithKeepAlive(0))
+			cmd.Process.Signal(syscall.SIGSTOP)
+			start := time.Now()
+			got := 0
+			for time.Since(start) < trialBound*3/2 {
+				if lk, err := observer.TryLock(bg(), sqllock.Int64(77)); err == nil {
+					got++
+					lk.Unlock(bg())
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			cmd.Process.Signal(syscall.SIGCONT)
+			fmt.Fprintln(stdin, "go")
+			if !lines.Scan() {
+				t.Fatal("helper said nothing after the pause")
+			}
+			t.Logf("holder stopped for %v (orphan bound %v): another session got the lock %d times; the holder, resumed: %s",
+				trialBound*3/2, trialBound, got, lines.Text())
+			if got != 0 || lines.Text() != "after the pause: Err <nil>, Unlock <nil>" {
+				t.Fatalf("a frozen holder must keep its lock and release it when resumed")
+			}
+			if err := cmd.Wait(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestFailover: the streaming standby is promoted and the old primary
+// stopped while locks are held on it. Every holder is told its lock is
+// lost, the new primary takes new locks, and nothing is left held there.
+func TestFailover(t *testing.T) {
+	long(t)
+	primary := pgtest.Private(t)
+	standby := pgtest.StartStandby(t, primary)
+	// Before the switch, the standby refuses locks.
+	for _, drv := range drivers {
+		newL := sqllock.New(pgtest.Open(t, drv, standby.DSN()))
+		if _, err := newL.TryLock(bg(), sqllock.Pair(910, 0)); !errors.Is(err, sqllock.ErrStandby) {
+			t.Fatalf("%s: TryLock on the standby = %v, want ErrStandby", drv, err)
+		}
+	}
+	// The switch: promote the standby, stop the old primary.
+	var holders []*sqllock.Lock
+	for i := 0; i < 5; i++ {
+		l := sqllock.New(pgtest.Open(t, "pgx", primary.DSN()), sqllock.WithKeepAlive(trialKeepAlive), sqllock.WithOrphanBound(trialBound))
+		lk, err := l.Lock(bg(), sqllock.Pair(911, int32(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		holders = append(holders, lk)
+	}
+	pq := sqllock.New(pgtest.Open(t, "postgres", primary.DSN()), sqllock.WithKeepAlive(trialKeepAlive), sqllock.WithOrphanBound(trialBound))
+	for i := 5; i < 10; i++ {
+		lk, err := pq.Lock(bg(), sqllock.Pair(911, int32(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		holders = append(holders, lk)
+	}
+	admin, err := sql.Open("pgx", standby.AdminDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	start := time.Now()
+	var promoted bool
+	if err := admin.QueryRow("SELECT pg_promote(true, 30)").Scan(&promoted); err != nil || !promoted {
+		t.Fatalf("pg_promote = %v, %v", promoted, err)
+	}
+	if err := primary.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i, lk := range holders {
+		select {
+		case <-lk.Done():
+		case <-time.After(15 * time.Second):
+			t.Fatalf("holder %d not told within 15 s of the switch", i)
+		}
+		if !errors.Is(lk.Err(), sqllock.ErrLockLost) {
+			t.Errorf("holder %d: Err() = %v", i, lk.Err())
+		}
+	}
+	t.Logf("failover: all %d holders (pgx and lib/pq) told %v after the promotion began", len(holders), time.Since(start).Round(time.Millisecond))
+	for _, drv := range drivers {
+		l := sqllock.New(pgtest.Open(t, drv, standby.DSN()))
+		lk, err := l.Lock(bg(), sqllock.Pair(911, 0))
+		if err != nil {
+			t.Fatalf("%s: Lock on the new primary: %v", drv, err)
+		}
+		if err := lk.Unlock(bg()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, lk := range holders {
+		lk.Unlock(bg())
+	}
+	newPrimary := pgtest.Open(t, "pgx", standby.DSN())
+	waitNoLocks(t, newPrimary, 5*time.Second)
 }

@@ -31,6 +31,8 @@ func helperMain(role string) int {
 	switch role {
 	case "mutex":
 		return helperMutex(db, os.Getenv("HELPER_DIR"))
+	case "frozen":
+		return helperFrozen(db)
 	}
 	fmt.Fprintln(os.Stderr, "unknown helper role", role)
 	return 2
@@ -131,4 +133,22 @@ func TestMutualExclusionProcesses(t *testing.T) {
 			t.Fatalf("%d advisory locks left", n)
 		}
 	})
+}
+
+// helperFrozen takes key 77 with the trials' settings, says "locked", waits
+// for a line on standard input (the test stops and resumes the process in
+// between), then says whether the lock survived and releases it.
+func helperFrozen(db *sql.DB) int {
+	l := sqllock.New(db, sqllock.WithKeepAlive(trialKeepAlive), sqllock.WithOrphanBound(trialBound))
+	lk, err := l.Lock(context.Background(), sqllock.Int64(77))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	fmt.Println("locked")
+	var line string
+	fmt.Scanln(&line)
+	time.Sleep(3 * trialKeepAlive) // let the keep-alive run after the pause
+	fmt.Printf("after the pause: Err %v, Unlock %v\n", lk.Err(), lk.Unlock(context.Background()))
+	return 0
 }
