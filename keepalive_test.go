@@ -243,3 +243,34 @@ func TestUnlockAfterTerminateIsLost(t *testing.T) {
 		}
 	})
 }
+
+// TestOrphanBoundSettings: a lock's session carries the orphan bound's TCP
+// settings, and none when the bound is off.
+func TestOrphanBoundSettings(t *testing.T) {
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		for _, tc := range []struct {
+			db        *sql.DB
+			opt       sqllock.Option
+			idle, utm string
+		}{
+			{db, sqllock.WithOrphanBound(sqllock.DefaultOrphanBound), "10", "30000"},
+			{pgtest.Open(t, "pgx", dsn), sqllock.WithOrphanBound(0), "", "0"}, // the server's own
+		} {
+			l := sqllock.New(tc.db, tc.opt)
+			lk, err := l.Lock(bg(), sqllock.Int64(55))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var idle, utm string
+			if err := lk.Conn().QueryRowContext(bg(), "SELECT current_setting('tcp_keepalives_idle'), current_setting('tcp_user_timeout')").Scan(&idle, &utm); err != nil {
+				t.Fatal(err)
+			}
+			if err := lk.Unlock(bg()); err != nil {
+				t.Fatal(err)
+			}
+			if (tc.idle != "" && idle != tc.idle) || (tc.idle == "" && idle == "10") || utm != tc.utm {
+				t.Errorf("tcp_keepalives_idle %s, tcp_user_timeout %s; want %s and %s", idle, utm, tc.idle, tc.utm)
+			}
+		}
+	})
+}

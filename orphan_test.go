@@ -1,0 +1,60 @@
+package sqllock
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestOrphanSettings(t *testing.T) {
+	for _, b := range []time.Duration{3 * time.Second, 4 * time.Second, 10 * time.Second, DefaultOrphanBound, 5 * time.Minute} {
+		s := settingsFor(b)
+		if s.bound() > b || s.bound() < b*2/3 || s.idle < 1 || s.interval < 1 || s.count < 1 {
+			t.Errorf("settingsFor(%v) = %+v, bound %v: want within (2/3 b, b]", b, s, s.bound())
+		}
+	}
+	if s := settingsFor(DefaultOrphanBound); s != (keepaliveSettings{idle: 10, interval: 5, count: 4}) {
+		t.Errorf("settingsFor(30s) = %+v, want idle 10, interval 5, count 4", s)
+	}
+	from := settingsFor(DefaultOrphanBound).from()
+	for _, want := range []string{"'tcp_keepalives_idle', '10'", "'tcp_keepalives_interval', '5'", "'tcp_keepalives_count', '4'", "'tcp_user_timeout', '30000'", "client_connection_check_interval"} {
+		if !strings.Contains(from, want) {
+			t.Errorf("settings clause lacks %s: %s", want, from)
+		}
+	}
+}
+
+func TestCheckBounds(t *testing.T) {
+	ok := []struct{ keepAlive, orphan time.Duration }{
+		{DefaultKeepAlive, DefaultOrphanBound},
+		{200 * time.Millisecond, 4 * time.Second},
+		{time.Minute, 0},                // no bound
+		{0, 10 * time.Second},           // no keep-alive
+		{10 * time.Second, time.Minute}, // 30 s < 45 s
+	}
+	for _, c := range ok {
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					t.Errorf("checkBounds(%v, %v) panicked: %v", c.keepAlive, c.orphan, p)
+				}
+			}()
+			checkBounds(c.keepAlive, c.orphan)
+		}()
+	}
+	bad := []struct{ keepAlive, orphan time.Duration }{
+		{10 * time.Second, DefaultOrphanBound}, // 30 s ≥ 22.5 s
+		{DefaultKeepAlive, 2 * time.Second},    // below 3 s
+	}
+	for _, c := range bad {
+		func() {
+			defer func() {
+				p := recover()
+				if p == nil || !strings.HasPrefix(p.(string), "sqllock: ") {
+					t.Errorf("checkBounds(%v, %v) = %v, want a sqllock panic", c.keepAlive, c.orphan, p)
+				}
+			}()
+			checkBounds(c.keepAlive, c.orphan)
+		}()
+	}
+}
