@@ -153,8 +153,10 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 		switch {
 		case err == nil:
 			lk.l.stats.released(1)
-			lk.l.log(lctx, slog.LevelDebug, "sqllock: released", lk.key,
-				slog.Int64("pid", lk.pid), slog.Duration("held", time.Since(lk.since)))
+			if lk.l.cfg.logger.Enabled(lctx, slog.LevelDebug) { // no attributes built on the hot path
+				lk.l.log(lctx, slog.LevelDebug, "sqllock: released", lk.key,
+					slog.Int64("pid", lk.pid), slog.Duration("held", time.Since(lk.since)))
+			}
 		case errors.Is(err, ErrLockLost):
 			final = err
 			lk.l.stats.lostHeld(1)

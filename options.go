@@ -73,7 +73,10 @@ func WithUnlockTimeout(d time.Duration) Option {
 // starts a Session) also sets, on its own session, tcp_keepalives_idle
 // (d/3), tcp_keepalives_interval (d/6), tcp_keepalives_count and, on
 // PostgreSQL 14 and later, client_connection_check_interval: settings any
-// role may change, at no extra round trip. They stay on the connection
+// role may change, at no extra round trip, and only on a connection's first
+// lock (the Locker remembers which connections carry them; code that runs
+// RESET ALL or DISCARD ALL on a pooled connection takes them away until the
+// Locker forgets it). They stay on the connection
 // when it returns to the pool; they only make the server notice a vanished
 // client sooner. They do not apply over Unix sockets or behind PgBouncer,
 // whose own connection to the server is what they would watch.

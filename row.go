@@ -58,7 +58,18 @@ func driverQuery(ctx context.Context, dc any, q string, args []any) (driver.Rows
 // queryRow runs q, which returns one row, on conn and stores its columns in
 // dest (each a *bool, *int64 or *sql.NullBool).
 func queryRow(ctx context.Context, conn *sql.Conn, q string, args []any, dest ...any) error {
+	return queryRowSuffix(ctx, conn, q, nil, nil, args, dest...)
+}
+
+// queryRowSuffix is queryRow with suffix(dc) appended to q for the driver
+// connection dc it runs on, and done called with dc when the statement
+// succeeded (both may be nil). Without a fast path, suffix gets nil.
+func queryRowSuffix(ctx context.Context, conn *sql.Conn, q string, suffix func(dc any) string, done func(dc any), args []any, dest ...any) error {
 	err := onDriverConn(conn, func(dc any) error {
+		q := q
+		if suffix != nil {
+			q += suffix(dc)
+		}
 		rows, err := driverQuery(ctx, dc, q, args)
 		if err != nil {
 			return err
@@ -75,9 +86,18 @@ func queryRow(ctx context.Context, conn *sql.Conn, q string, args []any, dest ..
 		if err != nil {
 			return err
 		}
-		return assign(dest, vals)
+		if err := assign(dest, vals); err != nil {
+			return err
+		}
+		if done != nil {
+			done(dc)
+		}
+		return nil
 	})
 	if errors.Is(err, errNoFastPath) {
+		if suffix != nil {
+			q += suffix(nil)
+		}
 		return conn.QueryRowContext(ctx, q, args...).Scan(dest...)
 	}
 	return err

@@ -71,7 +71,7 @@ func (l *Locker) Session(ctx context.Context) (*Session, error) {
 	}
 	var pid int64
 	var standby bool
-	if err := queryRow(ctx, conn, sessionSQL+l.settings, nil, &pid, &standby); err != nil {
+	if err := queryRowSuffix(ctx, conn, sessionSQL, l.suffix, l.tunedAdd, nil, &pid, &standby); err != nil {
 		discardConn(conn)
 		return nil, fmt.Errorf("sqllock: session: %w", err)
 	}

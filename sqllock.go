@@ -102,8 +102,12 @@ type Locker struct {
 	mon  *monitor
 
 	// settings is the FROM clause that applies the orphan bound to a
-	// lock's session ("" when off); see orphan.go.
+	// lock's session ("" when off); tuned, the connections that have it.
+	// See orphan.go.
 	settings string
+	tuned    tunedSet
+	suffix   func(dc any) string // l.settingsFor, bound once
+	tunedAdd func(dc any)        // l.tuned.add, bound once
 
 	serverMu sync.Mutex
 	serverOK bool // guarded by serverMu: the server was checked and is supported
@@ -137,6 +141,7 @@ func New(db *sql.DB, opts ...Option) *Locker {
 	l := &Locker{db: db, cfg: cfg, mode: detectMode(db.Driver())}
 	if cfg.orphanBound > 0 {
 		l.settings = settingsFor(cfg.orphanBound).from()
+		l.suffix, l.tunedAdd = l.settingsFor, l.tuned.add
 	}
 	l.mon = newMonitor(l)
 	return l
@@ -266,12 +271,9 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start ti
 	// costs one round trip either way, and a wait then knows its backend's
 	// pid, which settles a cancelled wait (see cancelWait).
 	q, args := l.mode.sessionLockSQL(kind|kindTry, k)
-	if l.settings != "" {
-		q += l.settings
-	}
 	var ok, standby bool
 	var pid int64
-	err = queryRow(ctx, conn, q, args, &ok, &pid, &standby)
+	err = queryRowSuffix(ctx, conn, q, l.suffix, l.tunedAdd, args, &ok, &pid, &standby)
 	if err == nil && !ok && !kind.try() && !(standby && !l.cfg.allowStandby) {
 		if l.cfg.logger.Enabled(ctx, slog.LevelDebug) {
 			l.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "sqllock: waiting", slog.String("key", l.name(k)),

@@ -170,5 +170,5 @@ func exact(q string) string { return "^" + regexp.QuoteMeta(q) + "$" }
 // keep-alive settings that a Locker appends to the first statement of a
 // lock (sqllock.WithOrphanBound; any bound).
 func exactWithSettings(q string) string {
-	return "^" + regexp.QuoteMeta(q) + `( FROM \(SELECT set_config\('tcp_keepalives_idle', '\d+', false\).* AS keepalive)?$`
+	return "^" + regexp.QuoteMeta(q) + `( FROM \(SELECT CASE WHEN current_setting\('tcp_user_timeout'\) .* AS keepalive)?$`
 }
