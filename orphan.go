@@ -66,24 +66,45 @@ func clientBound(keepAlive time.Duration) time.Duration {
 	return keepAlive + failedChecksBeforeLost*t
 }
 
-// checkBounds enforces the rule that the holder is told before the server
-// frees its lock: the client bound must stay below three quarters of the
-// orphan bound. It panics (a configuration error) otherwise.
-func checkBounds(keepAlive, orphan time.Duration) {
+// boundsError returns why keepAlive and orphan break the rule that the
+// holder is told before the server frees its lock (the client bound must
+// stay below three quarters of the orphan bound), or nil.
+func boundsError(keepAlive, orphan time.Duration) error {
 	if orphan == 0 {
-		return
+		return nil
 	}
 	if orphan < 3*time.Second {
-		panic(fmt.Sprintf("sqllock: WithOrphanBound(%v): the bound must be at least 3s (TCP keep-alive settings count in seconds)", orphan))
+		return fmt.Errorf("sqllock: WithOrphanBound(%v): the bound must be at least 3s (TCP keep-alive settings count in seconds)", orphan)
 	}
 	if keepAlive == 0 {
-		return // no keep-alive: the holder is never told; documented
+		return nil // no keep-alive: the holder is never told; documented
 	}
 	if c := clientBound(keepAlive); c >= orphan*3/4 {
-		panic(fmt.Sprintf("sqllock: WithKeepAlive(%v) tells a cut-off holder after up to %v, but WithOrphanBound(%v) lets the server free its lock after %v: "+
+		return fmt.Errorf("sqllock: WithKeepAlive(%v) tells a cut-off holder after up to %v, but WithOrphanBound(%v) lets the server free its lock after %v: "+
 			"the holder must be told first, with a margin (keep-alive + 2 × max(keep-alive, 1s) < 3/4 of the bound); lower the keep-alive or raise the bound",
-			keepAlive, c, orphan, settingsFor(orphan).bound()))
+			keepAlive, c, orphan, settingsFor(orphan).bound())
 	}
+	return nil
+}
+
+// checkBounds panics with boundsError's message: options that break the
+// rule are a configuration error, found when New is called.
+func checkBounds(keepAlive, orphan time.Duration) {
+	if err := boundsError(keepAlive, orphan); err != nil {
+		panic(err.Error())
+	}
+}
+
+// CheckOptions returns the error for which [New] would panic on opts
+// (options that let the server free a cut-off holder's lock before the
+// holder is told), or nil. Programs that take settings from their users,
+// such as the sqllock command, call it first.
+func CheckOptions(opts ...Option) error {
+	cfg := config{keepAlive: DefaultKeepAlive, orphanBound: DefaultOrphanBound}
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	return boundsError(cfg.keepAlive, cfg.orphanBound)
 }
 
 // maxTuned is how many connections a Locker remembers as carrying the

@@ -58,3 +58,15 @@ func TestCheckBounds(t *testing.T) {
 		}()
 	}
 }
+
+func TestCheckOptions(t *testing.T) {
+	if err := CheckOptions(); err != nil {
+		t.Fatalf("CheckOptions() of the defaults = %v", err)
+	}
+	if err := CheckOptions(WithKeepAlive(time.Hour)); err == nil || !strings.Contains(err.Error(), "told first") {
+		t.Fatalf("CheckOptions(WithKeepAlive(1h)) = %v, want the rule", err)
+	}
+	if err := CheckOptions(WithKeepAlive(time.Hour), WithOrphanBound(0)); err != nil {
+		t.Fatalf("with the bound off = %v", err)
+	}
+}

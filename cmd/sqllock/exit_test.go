@@ -28,7 +28,7 @@ import (
 var exitRows = map[string][]string{
 	"COMMAND's":         {"command status"},
 	"conflict code (1)": {"held elsewhere -n", "held elsewhere -w", "conflict code -E"},
-	"64":                {"bad flag", "flag after KEY", "negative timeout", "negative keep-alive", "empty key name"},
+	"64":                {"bad flag", "flag after KEY", "negative timeout", "negative keep-alive", "empty key name", "holder told too late"},
 	"69":                {"unreachable"},
 	"70":                {"standby"},
 	"75":                {"lost while running", "lost before the command ended"},
@@ -130,6 +130,7 @@ func exitCases(t *testing.T, dsn string) []exitCase {
 		{name: "negative timeout", dsn: dsn, args: []string{"run", "-w", "-5s", "k", "--", "true"}, code: exitUsage, want: "must not be negative"},
 		{name: "negative keep-alive", dsn: dsn, args: []string{"run", "--keep-alive", "-1s", "k", "--", "true"}, code: exitUsage, want: "must not be negative"},
 		{name: "empty key name", dsn: dsn, args: []string{"key", ""}, code: exitUsage, want: "empty NAME"},
+		{name: "holder told too late", dsn: dsn, args: []string{"run", "--keep-alive", "1h", "k", "--", "true"}, code: exitUsage, want: "the holder must be told first"},
 		{name: "unreachable", dsn: "postgres://u:s3cret@127.0.0.1:1/db", args: []string{"run", "k", "--", "true"}, code: exitUnavailable, want: "cannot reach PostgreSQL at 127.0.0.1:1"},
 		{name: "standby", args: []string{"run", "-n", "k", "--", "true"}, code: exitSoftware, want: "standby", setup: func(t *testing.T) []string {
 			if !srv.Local() {
@@ -143,8 +144,8 @@ func exitCases(t *testing.T, dsn string) []exitCase {
 				terminateOwnSession(srv, "lost1") + "; sleep 30"}
 		}},
 		{name: "lost before the command ended", dsn: dsn, code: exitLost, want: "was lost before", setup: func(t *testing.T) []string {
-			// The keep-alive is too slow to notice: the unlock does.
-			return []string{"run", "--keep-alive", "1h", "lost2", "--", "sh", "-c", terminateOwnSession(srv, "lost2") + "; exit 0"}
+			// No keep-alive to notice: the unlock does.
+			return []string{"run", "--keep-alive", "0", "lost2", "--", "sh", "-c", terminateOwnSession(srv, "lost2") + "; exit 0"}
 		}},
 		{name: "authentication failed", dsn: noRole, args: []string{"run", "k", "--", "true"}, code: exitNoPerm, want: "authentication failed"},
 		{name: "bad DSN", dsn: "postgres://u:s3cret@127.0.0.1:notaport/db", args: []string{"run", "k", "--", "true"}, code: exitConfig, want: "bad DSN postgres://u:xxxxx@"},

@@ -29,6 +29,7 @@ type runFlags struct {
 	dsn            string
 	onLost         time.Duration
 	keepAlive      time.Duration
+	orphanBound    time.Duration
 	connectTimeout time.Duration
 	quiet          bool
 }
@@ -72,6 +73,7 @@ func runFlagSet(f *runFlags, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&f.dsn, "dsn", "", "PostgreSQL connection string (default: DATABASE_URL, else PG* variables)")
 	fs.DurationVar(&f.onLost, "on-lost", 10*time.Second, "if the lock is lost, SIGTERM COMMAND, then SIGKILL it after this grace period")
 	fs.DurationVar(&f.keepAlive, "keep-alive", sqllock.DefaultKeepAlive, "how often to check that the lock is still held (0: never)")
+	fs.DurationVar(&f.orphanBound, "orphan-bound", sqllock.DefaultOrphanBound, "if this host dies or is cut off, the server frees the lock after this long (0: the server's TCP settings, hours)")
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", defaultConnectTimeout, "give up connecting to the server after this long")
 	return fs
 }
@@ -116,6 +118,11 @@ func parseRun(args []string, stderr io.Writer) (runSpec, error) {
 		return sp, fail(exitUsage, "run: --on-lost must not be negative (got %v)", f.onLost)
 	case f.connectTimeout <= 0:
 		return sp, fail(exitUsage, "run: --connect-timeout must be positive (got %v)", f.connectTimeout)
+	case f.orphanBound < 0:
+		return sp, fail(exitUsage, "run: --orphan-bound must not be negative (got %v; 0 turns it off)", f.orphanBound)
+	}
+	if err := sqllock.CheckOptions(f.lockerOptions()...); err != nil {
+		return sp, fail(exitUsage, "run: %s (--keep-alive, --orphan-bound)", strings.TrimPrefix(err.Error(), "sqllock: "))
 	}
 	k, err := keyOf(sp.keyText, f.crc32)
 	if err != nil {
@@ -123,6 +130,11 @@ func parseRun(args []string, stderr io.Writer) (runSpec, error) {
 	}
 	sp.key = k
 	return sp, nil
+}
+
+// lockerOptions are the Locker's options the flags ask for.
+func (f runFlags) lockerOptions() []sqllock.Option {
+	return []sqllock.Option{sqllock.WithKeepAlive(f.keepAlive), sqllock.WithOrphanBound(f.orphanBound)}
 }
 
 // errHelp reports that -h was asked for (usage already printed).
@@ -199,7 +211,7 @@ func runCmd(args []string, stderr io.Writer) error {
 		return err
 	}
 	defer db.Close()
-	locker := sqllock.New(db, sqllock.WithKeepAlive(f.keepAlive))
+	locker := sqllock.New(db, f.lockerOptions()...)
 
 	lk, err := acquire(ictx, locker, sp.key, f)
 	if s := in.signal(); s != nil && err != nil {

@@ -15,6 +15,7 @@ import (
 	"io"
 	"log"
 	"os"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -72,10 +73,16 @@ func run(ctx context.Context, w io.Writer) error {
 			db.Close()
 			return err
 		}
-		// (This query names pg_locks' advisory rows, so the guard checks its
-		// connection too: a second, clean check.)
+		// The guard closed the connection; its backend exits a moment later,
+		// and its lock with it. (This query names pg_locks' advisory rows, so
+		// the guard checks its connection too: clean checks.)
 		var left int
-		err = db.QueryRowContext(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").Scan(&left)
+		for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			err = db.QueryRowContext(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").Scan(&left)
+			if err != nil || left == 0 || time.Now().After(deadline) {
+				break
+			}
+		}
 		db.Close()
 		if err != nil {
 			return err
