@@ -37,9 +37,10 @@ type Server struct {
 	adminUser     string
 	database      string // Role's default database
 
-	external string // SQLLOCK_TEST_DSN, when that is what this is
-	local    *cluster
-	closer   func() error
+	external  string // SQLLOCK_TEST_DSN, when that is what this is
+	local     *cluster
+	closer    func() error
+	container string // the Docker container's id, "" for other servers
 
 	mu     sync.Mutex
 	dbSeq  int
@@ -109,6 +110,10 @@ func (s *Server) SocketDir() string {
 
 // Addr returns host:port.
 func (s *Server) Addr() string { return net.JoinHostPort(s.Host, strconv.Itoa(s.Port)) }
+
+// Container returns the id of the Docker container that runs the server,
+// or "" when it is not a container.
+func (s *Server) Container() string { return s.container }
 
 // Local reports whether the server is a throwaway cluster this package runs
 // itself (and so can restart, front with PgBouncer or follow with a standby).
@@ -204,17 +209,32 @@ func Embedded(ctx context.Context) (*Server, error) {
 	if d := os.Getenv("SQLLOCK_TEST_DSN"); d != "" {
 		return external(ctx, d)
 	}
-	s, lerr := startLocal(ctx)
-	if lerr == nil {
-		return s, nil
+	var lerr, derr error = errNoLocal, errNoDocker
+	switch os.Getenv("SQLLOCK_TEST_SERVER") {
+	case "docker":
+		// The Docker path, even where local binaries exist.
+	case "local", "":
+		s, err := startLocal(ctx)
+		if err == nil {
+			return s, nil
+		}
+		lerr = err
+	default:
+		return nil, fmt.Errorf("pgtest: SQLLOCK_TEST_SERVER=%q: want local or docker (or unset: local, else docker)", os.Getenv("SQLLOCK_TEST_SERVER"))
 	}
-	s, derr := startDocker(ctx)
-	if derr == nil {
-		return s, nil
+	if os.Getenv("SQLLOCK_TEST_SERVER") != "local" {
+		s, err := startDocker(ctx)
+		if err == nil {
+			return s, nil
+		}
+		derr = err
 	}
 	return nil, fmt.Errorf("pgtest: no PostgreSQL available.\n  local binaries: %v\n  docker: %v\n"+
-		"Install PostgreSQL (Debian: apt-get install postgresql), or set SQLLOCK_TEST_DSN to a server whose role may create databases", lerr, derr)
+		"Install PostgreSQL (Debian: apt-get install postgresql), or start a Docker engine, or set SQLLOCK_TEST_DSN to a server whose role may create databases", lerr, derr)
 }
+
+// errNoLocal reports why the local path was not taken.
+var errNoLocal = errors.New("pgtest: SQLLOCK_TEST_SERVER=docker")
 
 // DatabaseURL returns the DSN in DATABASE_URL when it is set; otherwise it
 // starts a throwaway server with Embedded, says so on w, and returns its
@@ -533,26 +553,32 @@ func (c *cluster) destroy() error {
 
 // reap starts a process that cleans up after the cluster in dir once this
 // process is gone, however it ends (no Close, a panic, os.Exit, SIGKILL): it
-// waits for the end of its standard input, whose write end only this
-// process holds, then stops the server if it still runs (a server in a
-// network namespace has no parent-death signal), removes the namespace, if
-// any, and removes dir, retrying while the server lets go of it. It
-// returns that write end (nil when no shell could be started: then only
-// Close cleans up).
+// stops the server if it still runs (a server in a network namespace has
+// no parent-death signal), removes the namespace, if any, and removes dir,
+// retrying while the server lets go of it. It returns the write end of the
+// reaper's standard input (see startReaper).
 func reap(dir string, ns *namespace) *os.File {
+	nsName, hostIf := "", ""
+	if ns != nil {
+		nsName, hostIf = ns.name, ns.hostIf
+	}
+	return startReaper(`cat >/dev/null
+pid=$(head -1 "$1/data/postmaster.pid" 2>/dev/null) && kill -QUIT "$pid" 2>/dev/null
+if [ -n "$2" ]; then ip netns del "$2" 2>/dev/null; ip link del "$3" 2>/dev/null; fi
+for i in 1 2 3 4 5 6 7 8 9 10; do rm -rf "$1" 2>/dev/null; [ -e "$1" ] || exit 0; sleep 0.5; done`, dir, nsName, hostIf)
+}
+
+// startReaper starts a shell running script with args once this process
+// is gone: the script starts by reading its standard input to the end,
+// and only this process holds the write end, which it returns (closing it
+// runs the script at once; nil when no shell could be started).
+func startReaper(script string, args ...string) *os.File {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil
 	}
 	defer r.Close()
-	nsName, hostIf := "", ""
-	if ns != nil {
-		nsName, hostIf = ns.name, ns.hostIf
-	}
-	cmd := exec.Command("/bin/sh", "-c", `cat >/dev/null
-pid=$(head -1 "$1/data/postmaster.pid" 2>/dev/null) && kill -QUIT "$pid" 2>/dev/null
-if [ -n "$2" ]; then ip netns del "$2" 2>/dev/null; ip link del "$3" 2>/dev/null; fi
-for i in 1 2 3 4 5 6 7 8 9 10; do rm -rf "$1" 2>/dev/null; [ -e "$1" ] || exit 0; sleep 0.5; done`, "pgtest-reaper", dir, nsName, hostIf)
+	cmd := exec.Command("/bin/sh", append([]string{"-c", script, "pgtest-reaper"}, args...)...)
 	cmd.Stdin = r
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // not stopped by the terminal's Ctrl-C with us
 	if err := cmd.Start(); err != nil {

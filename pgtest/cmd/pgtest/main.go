@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -21,6 +22,8 @@ import (
 )
 
 func main() {
+	superuser := flag.Bool("superuser", false, "print the DSN of a superuser (one that may create databases, as SQLLOCK_TEST_DSN needs)")
+	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	srv, err := pgtest.Embedded(ctx)
 	cancel()
@@ -28,7 +31,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	fmt.Printf("export DATABASE_URL='%s'\n", srv.DSN())
+	dsn := srv.DSN()
+	if *superuser {
+		dsn = srv.AdminDSN()
+	}
+	fmt.Printf("export DATABASE_URL='%s'\n", dsn)
 	fmt.Fprintln(os.Stderr, "pgtest: server running; Ctrl-C stops and removes it")
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)

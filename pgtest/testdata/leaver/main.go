@@ -1,5 +1,6 @@
-// Command leaver starts a throwaway server, prints its socket directory and
-// exits without closing it: the reaper must remove what it leaves.
+// Command leaver starts a throwaway server, prints its socket directory (or
+// its container) and exits without closing it: the reaper must remove what
+// it leaves.
 package main
 
 import (
@@ -16,6 +17,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	fmt.Println(srv.SocketDir())
+	if id := srv.Container(); id != "" {
+		fmt.Println("container", id)
+	} else {
+		fmt.Println("dir", srv.SocketDir())
+	}
 	os.Exit(0) // no Close
 }
