@@ -17,10 +17,27 @@
 //     postgres on PATH or under /usr/lib/postgresql/*/bin) in a temporary
 //     directory, on a free loopback port, with fsync off; as root the server
 //     runs as the postgres (or nobody) user, since PostgreSQL refuses root;
-//  3. a postgres container through dockertest when a Docker daemon answers.
+//  3. a container, through the docker command, when a Docker engine
+//     answers: of the image SQLLOCK_TEST_IMAGE, default [DefaultImage]
+//     (any image with the official postgres image's contract;
+//     pgtest/docker/build-image.sh builds one from Debian's packages, for
+//     machines without a registry). SQLLOCK_TEST_SERVER=docker takes this
+//     path even where local binaries exist (=local: never).
 //
 // When none is available, the test is skipped with a message saying how to
-// get PostgreSQL, or fails when CI=true.
+// get PostgreSQL, or fails when CI=true. Restart, standby and PgBouncer
+// ([Server.Restart], [Server.Standby], [Server.PgBouncer]) and network
+// namespaces ([StartIsolated]) need a local cluster.
+//
+// Containers are labelled as the harness's own, with the pid of their
+// owner: Close removes one, a reaper process removes it when the owner
+// exits without Close (a panic, os.Exit, a kill), and every start removes
+// those whose owner is gone ([RemoveStaleContainers]).
+//
+// pgtest is a module of its own, so that the Docker and test machinery
+// stays out of the module graph of programs that only use sqllock:
+//
+//	go get github.com/sqllock/sqllock/pgtest
 //
 // Tests connect as an ordinary role (not a superuser), so everything the
 // module does is proven to work with least privilege; [Server.AdminDSN] is a
@@ -34,8 +51,7 @@
 // Without [Run] in TestMain the tests work as well, and a throwaway cluster
 // is still removed: a small reaper process deletes its directory once the
 // test binary has exited, however it exited (the server itself stops with
-// the binary through a parent-death signal). Run stops it sooner, and is
-// the only way a Docker container is removed before its one-hour expiry.
+// the binary through a parent-death signal). Run stops it sooner.
 //
 // Importing pgtest registers the "pgx" database/sql driver, as a side
 // effect of github.com/jackc/pgx/v5/stdlib, which the harness uses for its

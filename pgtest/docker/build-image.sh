@@ -40,6 +40,5 @@ tar -C "$root" -c . | docker import \
 	--change 'ENTRYPOINT ["/usr/local/bin/docker-entrypoint.sh"]' \
 	--change 'EXPOSE 5432' \
 	--change 'ENV LANG=C.UTF-8' \
-	--change 'STOPSIGNAL SIGINT' \
 	- "$tag" >/dev/null
-echo "build-image.sh: built $tag from $suite ($mirror) in $(( $(date +%s) - start ))s"
+echo "build-image.sh: built $tag from Debian $suite in $(( $(date +%s) - start ))s"
