@@ -157,3 +157,26 @@ func standbyError(what string) error {
 func sessionChanged(was, now int64) error {
 	return fmt.Errorf("%w from backend %d to %d: a transaction-mode pooler (such as PgBouncer with pool_mode=transaction) is in the way; session locks are unsafe there, use LockTx or InTx", ErrSessionChanged, was, now)
 }
+
+// HeldError is the error of a lock that could not be taken, from a Locker
+// made [WithHolders]: it says who held (or waited for) the key when the
+// call gave up. It matches [ErrNotAcquired], and the context's error when
+// a wait ended, with errors.Is; get it with errors.As.
+type HeldError struct {
+	Key     Key
+	Holders []HeldLock // holders first, then waiters; empty when they could not be read
+	err     error
+}
+
+// Error implements error: the refusal, then the first holder.
+func (e *HeldError) Error() string {
+	for _, h := range e.Holders {
+		if h.Granted {
+			return e.err.Error() + "; held by " + h.String()
+		}
+	}
+	return e.err.Error()
+}
+
+// Unwrap returns the refusal (which wraps ErrNotAcquired).
+func (e *HeldError) Unwrap() error { return e.err }

@@ -33,6 +33,22 @@ type HeldLock struct {
 	Hidden    bool      // the role may not see this session's activity
 	WaitStart time.Time // when the wait began; zero when granted or unknown
 	BlockedBy []int     // pg_blocking_pids: the sessions this one waits for
+	// ClientAddr is the session's client address ("" over a Unix socket,
+	// or when hidden).
+	ClientAddr string
+	// Since is when the session entered its state (pg_stat_activity's
+	// state_change): for a holder that runs nothing, about when it took
+	// the lock; zero when hidden.
+	Since time.Time
+	// Waiters is, for a held lock, how many sessions wait for its key.
+	Waiters int
+}
+
+// Holders returns the sessions that hold or wait for k in q's database,
+// holders first: [Inspect] for one key. It answers "who holds it" during an
+// incident, and [WithHolders] attaches it to a refused lock's error.
+func Holders(ctx context.Context, q Querier, k Key) ([]HeldLock, error) {
+	return Inspect(ctx, q, WithKeys(k))
 }
 
 // Inspect returns the advisory locks, held and awaited, in the current
@@ -62,10 +78,10 @@ func Inspect(ctx context.Context, q Querier, opts ...InspectOption) ([]HeldLock,
 	for rows.Next() {
 		var classid, objid int64
 		var subid int
-		var mode, wait, blocked string
+		var mode, wait, since, blocked string
 		var h HeldLock
 		if err := rows.Scan(&classid, &objid, &subid, &mode, &h.Granted, &h.PID, &h.ApplicationName,
-			&h.State, &h.Query, &wait, &blocked); err != nil {
+			&h.State, &h.Query, &wait, &h.ClientAddr, &since, &blocked); err != nil {
 			return nil, fmt.Errorf("sqllock: inspect: %w", err)
 		}
 		k, ok := keyFromLockTag(pglocks.Tag{Classid: uint32(classid), Objid: uint32(objid), Objsubid: subid})
@@ -79,11 +95,25 @@ func Inspect(ctx context.Context, q Querier, opts ...InspectOption) ([]HeldLock,
 		if wait != "" {
 			h.WaitStart, _ = time.Parse(time.RFC3339Nano, wait)
 		}
+		if since != "" {
+			h.Since, _ = time.Parse(time.RFC3339Nano, since)
+		}
 		h.BlockedBy = parseIntArray(blocked)
 		out = append(out, h)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("sqllock: inspect: %w", err)
+	}
+	waiters := map[Key]int{}
+	for _, h := range out {
+		if !h.Granted {
+			waiters[h.Key]++
+		}
+	}
+	for i := range out {
+		if out[i].Granted {
+			out[i].Waiters = waiters[out[i].Key]
+		}
 	}
 	sort.SliceStable(out, func(i, j int) bool {
 		a, b := out[i], out[j]
@@ -139,6 +169,15 @@ func (h HeldLock) String() string {
 	fmt.Fprintf(&b, " by pid %d", h.PID)
 	if h.ApplicationName != "" || h.State != "" {
 		fmt.Fprintf(&b, " (%s, %s)", strconv.Quote(h.ApplicationName), h.State)
+	}
+	if h.ClientAddr != "" {
+		fmt.Fprintf(&b, " from %s", h.ClientAddr)
+	}
+	if h.Granted && !h.Since.IsZero() {
+		fmt.Fprintf(&b, " since %s", h.Since.Format("15:04:05"))
+	}
+	if h.Waiters > 0 {
+		fmt.Fprintf(&b, ", %d waiting", h.Waiters)
 	}
 	if len(h.BlockedBy) > 0 {
 		fmt.Fprintf(&b, ", blocked by %v", h.BlockedBy)

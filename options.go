@@ -1,6 +1,7 @@
 package sqllock
 
 import (
+	"fmt"
 	"log/slog"
 	"time"
 )
@@ -12,6 +13,8 @@ type config struct {
 	registry      *Registry
 	allowStandby  bool
 	orphanBound   time.Duration
+	appName       string
+	holders       bool
 }
 
 // Option configures a Locker (see [New] for the defaults).
@@ -91,6 +94,29 @@ func WithOrphanBound(d time.Duration) Option {
 		panic("sqllock: WithOrphanBound: negative bound " + d.String() + " (0 turns it off)")
 	}
 	return optionFunc(func(c *config) { c.orphanBound = d })
+}
+
+// WithApplicationName gives the session of every lock the Locker takes the
+// application_name name, so that pg_stat_activity, [Inspect] and
+// `sqllock inspect` show who holds what, unless the session has one
+// already (set on the DSN, for instance), which it never overwrites. It
+// costs nothing per lock: the setting rides on the statement of a
+// connection's first lock. name is printable ASCII without quotes or
+// backslashes, at most 63 bytes; WithApplicationName panics otherwise.
+func WithApplicationName(name string) Option {
+	if !validAppName(name) {
+		panic(fmt.Sprintf("sqllock: WithApplicationName(%q): want 1 to 63 bytes of printable ASCII without quotes or backslashes", name))
+	}
+	return optionFunc(func(c *config) { c.appName = name })
+}
+
+// WithHolders attaches who holds a key to the error of a lock that could
+// not be taken (held elsewhere, or a wait whose context ended): the error
+// is then a [*HeldError], which still matches [ErrNotAcquired] (and the
+// context's error) with errors.Is. It costs one more query, bounded to one
+// second, on that failure path only.
+func WithHolders() Option {
+	return optionFunc(func(c *config) { c.holders = true })
 }
 
 // WithLogger sends the Locker's events to l: waiting, acquired (with the

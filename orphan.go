@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,15 +49,50 @@ func (s keepaliveSettings) bound() time.Duration {
 // retransmissions last about 15 minutes); client_connection_check_interval
 // (PostgreSQL 14+) makes a waiting session notice a vanished client.
 func (s keepaliveSettings) from() string {
+	return settingsClause(s.exprs())
+}
+
+// exprs returns the set_config expressions of s, each a text value.
+func (s keepaliveSettings) exprs() []string {
 	i, n, c := strconv.Itoa(s.idle), strconv.Itoa(s.interval), strconv.Itoa(s.count)
 	u := strconv.Itoa(int(s.bound() / time.Millisecond))
-	// tcp_user_timeout, set last, marks a session that has them all: then
-	// the statement only reads it, and makes no system call.
-	return " FROM (SELECT CASE WHEN current_setting('tcp_user_timeout') <> '" + u + "' THEN" +
-		" set_config('tcp_keepalives_idle', '" + i + "', false) || set_config('tcp_keepalives_interval', '" + n + "', false)" +
-		" || set_config('tcp_keepalives_count', '" + c + "', false) || CASE WHEN current_setting('server_version_num')::int >= 140000" +
-		" THEN set_config('client_connection_check_interval', '" + n + "s', false) ELSE '' END" +
-		" || set_config('tcp_user_timeout', '" + u + "', false) END) AS keepalive"
+	return []string{
+		"set_config('tcp_keepalives_idle', '" + i + "', false)",
+		"set_config('tcp_keepalives_interval', '" + n + "', false)",
+		"set_config('tcp_keepalives_count', '" + c + "', false)",
+		"CASE WHEN current_setting('server_version_num')::int >= 140000 THEN set_config('client_connection_check_interval', '" + n + "s', false) ELSE '' END",
+		"set_config('tcp_user_timeout', '" + u + "', false)",
+	}
+}
+
+// settingsClause returns the FROM clause that evaluates exprs on the
+// session running the statement ("" for none).
+func settingsClause(exprs []string) string {
+	if len(exprs) == 0 {
+		return ""
+	}
+	return " FROM (SELECT " + strings.Join(exprs, " || ") + ") AS settings"
+}
+
+// appNameExpr sets application_name to name, unless the session has one
+// already (set on the DSN, say), which it never overwrites.
+func appNameExpr(name string) string {
+	return "CASE WHEN current_setting('application_name') = '' THEN set_config('application_name', '" + name + "', false) ELSE '' END"
+}
+
+// validAppName reports whether name may be rendered into SQL: printable
+// ASCII without quotes or backslashes, at most 63 bytes.
+func validAppName(name string) bool {
+	if name == "" || len(name) > 63 {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if c < 0x20 || c > 0x7e || c == '\'' || c == '\\' {
+			return false
+		}
+	}
+	return true
 }
 
 // clientBound is how long after the server stops answering the keep-alive

@@ -139,8 +139,14 @@ func New(db *sql.DB, opts ...Option) *Locker {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
 	l := &Locker{db: db, cfg: cfg, mode: detectMode(db.Driver())}
+	var exprs []string
 	if cfg.orphanBound > 0 {
-		l.settings = settingsFor(cfg.orphanBound).from()
+		exprs = settingsFor(cfg.orphanBound).exprs()
+	}
+	if cfg.appName != "" {
+		exprs = append(exprs, appNameExpr(cfg.appName))
+	}
+	if l.settings = settingsClause(exprs); l.settings != "" {
 		l.suffix, l.tunedAdd = l.settingsFor, l.tuned.add
 	}
 	l.mon = newMonitor(l)
@@ -210,6 +216,21 @@ func (l *Locker) TryDo(ctx context.Context, k Key, fn func(ctx context.Context) 
 	return true, lk.run(ctx, fn)
 }
 
+// withHolders wraps the refusal err of k in a HeldError that says who
+// holds k (one query, bounded to a second; without it on failure).
+func (l *Locker) withHolders(k Key, err error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	hs, herr := Holders(ctx, l.db, k)
+	if herr != nil {
+		hs = nil
+	}
+	for i := range hs {
+		hs[i].Name, _ = l.cfg.registry.Name(k)
+	}
+	return &HeldError{Key: k, Holders: hs, err: err}
+}
+
 // log sends an event about key k (the zero Key: none) to the logger, if it
 // takes events of that level.
 func (l *Locker) log(ctx context.Context, level slog.Level, msg string, k Key, attrs ...slog.Attr) {
@@ -246,6 +267,9 @@ func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (*Lock, erro
 		}
 		lk, err := l.acquireOnce(ctx, k, kind, start)
 		if err == nil || attempt == acquireAttempts || !connectionBroken(err) || ctxEnded(ctx) {
+			if err != nil && l.cfg.holders && errors.Is(err, ErrNotAcquired) {
+				err = l.withHolders(k, err)
+			}
 			return lk, err
 		}
 	}

@@ -166,9 +166,9 @@ func keyArgs(k sqllock.Key, first int) (string, []driver.Value) {
 
 func exact(q string) string { return "^" + regexp.QuoteMeta(q) + "$" }
 
-// exactWithSettings matches q, with or without the orphan bound's
-// keep-alive settings that a Locker appends to the first statement of a
-// lock (sqllock.WithOrphanBound; any bound).
+// exactWithSettings matches q, with or without the session settings that
+// a Locker appends to the statement of a connection's first lock
+// (sqllock.WithOrphanBound, WithApplicationName).
 func exactWithSettings(q string) string {
-	return "^" + regexp.QuoteMeta(q) + `( FROM \(SELECT CASE WHEN current_setting\('tcp_user_timeout'\) .* AS keepalive)?$`
+	return "^" + regexp.QuoteMeta(q) + `( FROM \(SELECT .* AS settings)?$`
 }

@@ -1,0 +1,82 @@
+package sqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/testkit"
+	"github.com/sqllock/sqllock/pgtest"
+)
+
+// TestHolders: who holds a key, from Holders and from a refused lock's
+// error, with the application name the Locker gave its sessions.
+func TestHolders(t *testing.T) {
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		k := sqllock.Hash("report:nightly")
+		holder := sqllock.New(db, sqllock.WithApplicationName("billing-worker"))
+		lk, err := holder.Lock(bg(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lk.Unlock(bg())
+		waiter := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithHolders())
+		go func() {
+			ctx, cancel := context.WithTimeout(bg(), 2*time.Second)
+			defer cancel()
+			waiter.Lock(ctx, k)
+		}()
+		testkit.WaitWaiters(t, db, k, 1)
+		hs, err := sqllock.Holders(bg(), db, k)
+		if err != nil || len(hs) != 2 {
+			t.Fatalf("Holders = %v, %v; want the holder and the waiter", hs, err)
+		}
+		h := hs[0]
+		if !h.Granted || h.PID != lk.PID() || h.ApplicationName != "billing-worker" || h.ClientAddr != "127.0.0.1" || h.Since.IsZero() || h.Waiters != 1 {
+			t.Fatalf("holder row = %+v", h)
+		}
+		t.Logf("Holders: %v", h)
+		// A refused lock says who holds it.
+		_, err = waiter.TryLock(bg(), k)
+		var held *sqllock.HeldError
+		if !errors.As(err, &held) || !errors.Is(err, sqllock.ErrNotAcquired) || len(held.Holders) == 0 || held.Holders[0].PID != lk.PID() {
+			t.Fatalf("TryLock of a held key = %v, want a HeldError naming pid %d", err, lk.PID())
+		}
+		if !strings.Contains(err.Error(), `"billing-worker"`) {
+			t.Fatalf("error %q does not name the holder", err)
+		}
+		ctx, cancel := context.WithTimeout(bg(), 100*time.Millisecond)
+		defer cancel()
+		_, err = waiter.Lock(ctx, k)
+		if !errors.As(err, &held) || !errors.Is(err, context.DeadlineExceeded) || held.Holders[0].PID != lk.PID() {
+			t.Fatalf("Lock past its deadline = %v, want a HeldError and DeadlineExceeded", err)
+		}
+		// A name set on the DSN is never overwritten.
+		named := sqllock.New(pgtest.Open(t, "pgx", withAppName(t, dsn, "mine")), sqllock.WithApplicationName("other"))
+		lk2, err := named.Lock(bg(), sqllock.Int64(8))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lk2.Unlock(bg())
+		if hs, err := sqllock.Holders(bg(), db, sqllock.Int64(8)); err != nil || len(hs) != 1 || hs[0].ApplicationName != "mine" {
+			t.Fatalf("Holders of a lock whose DSN names its application = %v, %v", hs, err)
+		}
+	})
+}
+
+func TestApplicationNameIsChecked(t *testing.T) {
+	for _, bad := range []string{"", "it's", `back\slash`, strings.Repeat("x", 64), "tab\there"} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("WithApplicationName(%q) did not panic", bad)
+				}
+			}()
+			sqllock.WithApplicationName(bad)
+		}()
+	}
+}
