@@ -122,7 +122,7 @@ func exitCases(t *testing.T, dsn string) []exitCase {
 	noRole := u.String()
 	return []exitCase{
 		{name: "command status", dsn: dsn, args: []string{"run", "k1", "--", "sh", "-c", "exit 7"}, code: 7},
-		{name: "held elsewhere -n", dsn: dsn, args: []string{"run", "-n", "held", "--", "true"}, code: 1, want: "held elsewhere"},
+		{name: "held elsewhere -n", dsn: dsn, args: []string{"run", "-n", "held", "--", "true"}, code: 1, want: "held elsewhere (by pid "},
 		{name: "held elsewhere -w", dsn: dsn, args: []string{"run", "-w", "100ms", "held", "--", "true"}, code: 1, want: "still held elsewhere after 100ms"},
 		{name: "conflict code -E", dsn: dsn, args: []string{"run", "-n", "-E", "9", "held", "--", "true"}, code: 9},
 		{name: "bad flag", dsn: dsn, args: []string{"run", "--bogus", "k", "--", "true"}, code: exitUsage, want: "flag provided but not defined"},
@@ -170,7 +170,7 @@ func terminateOwnSession(srv *pgtest.Server, name string) string {
 
 func TestExitStatuses(t *testing.T) {
 	dsn, db := database(t)
-	l := sqllock.New(db)
+	l := sqllock.New(db, sqllock.WithApplicationName("exit-status-test"))
 	held, err := l.Lock(context.Background(), sqllock.Hash("held"))
 	if err != nil {
 		t.Fatal(err)

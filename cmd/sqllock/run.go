@@ -134,7 +134,7 @@ func parseRun(args []string, stderr io.Writer) (runSpec, error) {
 
 // lockerOptions are the Locker's options the flags ask for.
 func (f runFlags) lockerOptions() []sqllock.Option {
-	return []sqllock.Option{sqllock.WithKeepAlive(f.keepAlive), sqllock.WithOrphanBound(f.orphanBound)}
+	return []sqllock.Option{sqllock.WithKeepAlive(f.keepAlive), sqllock.WithOrphanBound(f.orphanBound), sqllock.WithHolders()}
 }
 
 // errHelp reports that -h was asked for (usage already printed).
@@ -219,10 +219,11 @@ func runCmd(args []string, stderr io.Writer) error {
 	}
 	if err != nil {
 		if errors.Is(err, sqllock.ErrNotAcquired) {
+			by := heldBy(err)
 			if f.timeout > 0 && !f.nonblock {
-				return fail(f.conflictCode, "%s", quietMsg(f.quiet, "lock %s still held elsewhere after %v; not running %s", keyText, f.timeout, cmdName))
+				return fail(f.conflictCode, "%s", quietMsg(f.quiet, "lock %s still held elsewhere after %v%s; not running %s", keyText, f.timeout, by, cmdName))
 			}
-			return fail(f.conflictCode, "%s", quietMsg(f.quiet, "lock %s is held elsewhere; not running %s", keyText, cmdName))
+			return fail(f.conflictCode, "%s", quietMsg(f.quiet, "lock %s is held elsewhere%s; not running %s", keyText, by, cmdName))
 		}
 		return fail(exitSoftware, "lock %s: %s", keyText, strings.TrimPrefix(err.Error(), "sqllock: "))
 	}
@@ -249,6 +250,32 @@ func runCmd(args []string, stderr io.Writer) error {
 		return fail(status, "")
 	}
 	return nil
+}
+
+// heldBy describes the holder a refused lock's error carries: " (by pid
+// N, application "x", client ADDR, since T)", or "" when unknown.
+func heldBy(err error) string {
+	var held *sqllock.HeldError
+	if !errors.As(err, &held) {
+		return ""
+	}
+	for _, h := range held.Holders {
+		if !h.Granted {
+			continue
+		}
+		s := fmt.Sprintf(" (by pid %d", h.PID)
+		if h.ApplicationName != "" {
+			s += fmt.Sprintf(", application %q", printable(h.ApplicationName))
+		}
+		if h.ClientAddr != "" {
+			s += ", client " + h.ClientAddr
+		}
+		if !h.Since.IsZero() {
+			s += ", since " + h.Since.Format(time.RFC3339)
+		}
+		return s + ")"
+	}
+	return ""
 }
 
 // quietMsg formats a message, or returns "" under -q.
