@@ -15,6 +15,7 @@ type config struct {
 	orphanBound   time.Duration
 	appName       string
 	holders       bool
+	holdAtLeast   time.Duration
 }
 
 // Option configures a Locker (see [New] for the defaults).
@@ -117,6 +118,21 @@ func WithApplicationName(name string) Option {
 // second, on that failure path only.
 func WithHolders() Option {
 	return optionFunc(func(c *config) { c.holders = true })
+}
+
+// WithHoldAtLeast makes [Locker.Do] and [Locker.TryDo] hold their lock
+// until at least d after it was acquired, even when fn returns sooner: the
+// release happens in the background (see [Lock.UnlockAfter]), and Do
+// returns fn's error at once. For a job that several machines fire on the
+// same schedule, choose d between the largest skew of their clocks and
+// schedulers and the schedule's period (period minus a margin smaller than
+// period − skew): then exactly one machine runs each tick. 0 (the default)
+// releases as fn returns. WithHoldAtLeast panics if d is negative.
+func WithHoldAtLeast(d time.Duration) Option {
+	if d < 0 {
+		panic("sqllock: WithHoldAtLeast: negative window " + d.String())
+	}
+	return optionFunc(func(c *config) { c.holdAtLeast = d })
 }
 
 // WithLogger sends the Locker's events to l: waiting, acquired (with the

@@ -21,17 +21,21 @@ type Stats struct {
 	// a holder's CREATE INDEX CONCURRENTLY (or kin), waiting for the wait's
 	// snapshot, as a deadlock (rare: waits are sliced to avoid it).
 	SnapshotWaits int64
+	// Windows is how many held locks wait for the end of their hold
+	// window (Lock.UnlockAfter, WithHoldAtLeast), their work done.
+	Windows int64
 }
 
 type lockerStats struct {
-	held, acquired, contended, lost, discarded, keepAlive, keepAliveSkipped, snapshotWaits atomic.Int64
+	held, acquired, contended, lost, discarded, keepAlive, keepAliveSkipped, snapshotWaits, windows atomic.Int64
 }
 
 // Stats returns the Locker's counters.
 func (l *Locker) Stats() Stats {
 	return Stats{Held: l.stats.held.Load(), Acquired: l.stats.acquired.Load(), Contended: l.stats.contended.Load(),
 		Lost: l.stats.lost.Load(), Discarded: l.stats.discarded.Load(), KeepAliveChecks: l.stats.keepAlive.Load(),
-		KeepAliveSkipped: l.stats.keepAliveSkipped.Load(), SnapshotWaits: l.stats.snapshotWaits.Load()}
+		KeepAliveSkipped: l.stats.keepAliveSkipped.Load(), SnapshotWaits: l.stats.snapshotWaits.Load(),
+		Windows: l.stats.windows.Load()}
 }
 
 // took counts n locks granted and now held.

@@ -451,3 +451,30 @@ func TestRunWaitsThroughConcurrentIndexBuild(t *testing.T) {
 		t.Fatalf("sqllock run: %v %s", err, errb.String())
 	}
 }
+
+// TestRunHoldAtLeast: with --hold-at-least, run keeps the lock after a
+// short COMMAND until the window ends, so a second run in the window backs
+// out; then it exits with COMMAND's status.
+func TestRunHoldAtLeast(t *testing.T) {
+	dsn, db := database(t)
+	start := time.Now()
+	first := sqllockCmd(dsn, "run", "-n", "--hold-at-least", "1s", "tick", "--", "sh", "-c", "exit 3")
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(holders(t, db, sqllock.Hash("tick"))) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond) // COMMAND has ended; the window has not
+	if r := runCLI(t, dsn, "run", "-n", "tick", "--", "true"); r.code != 1 {
+		t.Fatalf("a run inside the window: exit %d, %s; want 1", r.code, r.stderr)
+	}
+	first.Wait()
+	if code := first.ProcessState.ExitCode(); code != 3 || time.Since(start) < time.Second {
+		t.Fatalf("run with a window: exit %d after %v; want 3 after at least 1s", code, time.Since(start))
+	}
+	if r := runCLI(t, dsn, "run", "-n", "tick", "--", "true"); r.code != 0 {
+		t.Fatalf("a run after the window: exit %d, %s", r.code, r.stderr)
+	}
+}

@@ -30,6 +30,7 @@ type runFlags struct {
 	onLost         time.Duration
 	keepAlive      time.Duration
 	orphanBound    time.Duration
+	holdAtLeast    time.Duration
 	connectTimeout time.Duration
 	quiet          bool
 }
@@ -74,6 +75,7 @@ func runFlagSet(f *runFlags, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&f.onLost, "on-lost", 10*time.Second, "if the lock is lost, SIGTERM COMMAND, then SIGKILL it after this grace period")
 	fs.DurationVar(&f.keepAlive, "keep-alive", sqllock.DefaultKeepAlive, "how often to check that the lock is still held (0: never)")
 	fs.DurationVar(&f.orphanBound, "orphan-bound", sqllock.DefaultOrphanBound, "if this host dies or is cut off, the server frees the lock after this long (0: the server's TCP settings, hours)")
+	fs.DurationVar(&f.holdAtLeast, "hold-at-least", 0, "keep the lock until at least this long after it was taken, even when COMMAND ends sooner (run once per tick across machines)")
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", defaultConnectTimeout, "give up connecting to the server after this long")
 	return fs
 }
@@ -118,6 +120,8 @@ func parseRun(args []string, stderr io.Writer) (runSpec, error) {
 		return sp, fail(exitUsage, "run: --on-lost must not be negative (got %v)", f.onLost)
 	case f.connectTimeout <= 0:
 		return sp, fail(exitUsage, "run: --connect-timeout must be positive (got %v)", f.connectTimeout)
+	case f.holdAtLeast < 0:
+		return sp, fail(exitUsage, "run: --hold-at-least must not be negative (got %v)", f.holdAtLeast)
 	case f.orphanBound < 0:
 		return sp, fail(exitUsage, "run: --orphan-bound must not be negative (got %v; 0 turns it off)", f.orphanBound)
 	}
@@ -231,7 +235,23 @@ func runCmd(args []string, stderr io.Writer) error {
 	in.release() // from here on, signals are COMMAND's
 	in = nil
 	status, lost := supervise(lk, sp.argv, f, sigs, stderr)
+	if f.holdAtLeast > 0 && !lost {
+		// The window lives in this process: stay until it ends (a signal
+		// ends it early), then release.
+		if err := lk.UnlockAfter(f.holdAtLeast); err == nil {
+			select {
+			case <-lk.Done():
+			case <-sigs:
+			}
+		}
+	}
 	uerr := lk.Unlock(context.Background())
+	if errors.Is(uerr, sqllock.ErrReleased) {
+		uerr = nil // released at the end of the window
+		if lerr := lk.Err(); errors.Is(lerr, sqllock.ErrLockLost) {
+			uerr = lerr
+		}
+	}
 	switch {
 	case lost:
 		if !f.quiet {

@@ -1,0 +1,136 @@
+package sqllock_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/pgtest"
+)
+
+// runTicks runs schedulers that fire the same 10 ms job with TryDo every
+// period, each at its own offset, for ticks ticks, and returns how many
+// schedulers ran each tick.
+func runTicks(t *testing.T, drv, dsn string, offsets []time.Duration, period time.Duration, ticks int, opts ...sqllock.Option) []int {
+	t.Helper()
+	k := sqllock.Hash("cron:every-tick")
+	runs := make([]int, ticks)
+	var mu sync.Mutex
+	start := time.Now().Add(200 * time.Millisecond).Truncate(10 * time.Millisecond)
+	var wg sync.WaitGroup
+	for _, off := range offsets {
+		l := sqllock.New(pgtest.Open(t, drv, dsn), opts...)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for tick := 0; tick < ticks; tick++ {
+				time.Sleep(time.Until(start.Add(time.Duration(tick)*period + off)))
+				ran, err := l.TryDo(bg(), k, func(context.Context) error {
+					time.Sleep(10 * time.Millisecond)
+					return nil
+				})
+				if err != nil {
+					t.Errorf("tick %d: TryDo: %v", tick, err)
+				}
+				if ran {
+					mu.Lock()
+					runs[tick]++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return runs
+}
+
+// TestHoldWindowOncePerTick: five schedulers whose clocks differ by up to
+// skew fire the same 10 ms job every period. With plain TryDo, a tick runs
+// on several machines (the job ends before the late ones fire); with a
+// hold window of period less a margin (between skew and period), exactly
+// one runs each tick. Scaled down (period 500 ms, skew 400 ms), and at
+// the settings (period 1 s, skew 900 ms) outside -short.
+func TestHoldWindowOncePerTick(t *testing.T) {
+	type setting struct {
+		period, skew, margin time.Duration
+		ticks                int
+	}
+	settings := []setting{{500 * time.Millisecond, 400 * time.Millisecond, 50 * time.Millisecond, 20}}
+	if testing.Short() && os.Getenv("CI") != "true" {
+		settings[0].ticks = 8
+	} else {
+		settings = append(settings, setting{time.Second, 900 * time.Millisecond, 50 * time.Millisecond, 20})
+	}
+	srv := pgtest.Start(t)
+	for _, st := range settings {
+		for _, drv := range drivers {
+			t.Run(fmt.Sprintf("period=%v/%s", st.period, drv), func(t *testing.T) {
+				t.Parallel()
+				dsn := srv.NewDatabase(t)
+				offsets := make([]time.Duration, 5)
+				for i := range offsets {
+					offsets[i] = st.skew * time.Duration(i) / 4
+				}
+				plain := runTicks(t, drv, dsn, offsets, st.period, st.ticks)
+				twice := 0
+				for _, n := range plain {
+					if n > 1 {
+						twice++
+					}
+				}
+				window := st.period - st.margin
+				held := runTicks(t, drv, dsn, offsets, st.period, st.ticks, sqllock.WithHoldAtLeast(window))
+				t.Logf("%d ticks, skew %v: plain TryDo ran %v (ticks run more than once: %d); with a %v window: %v",
+					st.ticks, st.skew, plain, twice, window, held)
+				if twice == 0 {
+					t.Errorf("the baseline never ran a tick twice: the test does not exercise the flaw")
+				}
+				for tick, n := range held {
+					if n != 1 {
+						t.Errorf("tick %d ran %d times with a %v window, want exactly once", tick, n, window)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestUnlockAfter: the release waits for the window, in the background.
+func TestUnlockAfter(t *testing.T) {
+	srv := pgtest.Start(t)
+	db := pgtest.Open(t, "pgx", srv.NewDatabase(t))
+	l := sqllock.New(db)
+	k := sqllock.Int64(606)
+	lk, err := l.Lock(bg(), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := lk.UnlockAfter(300 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 50*time.Millisecond {
+		t.Fatalf("UnlockAfter waited %v", d)
+	}
+	if st := l.Stats(); st.Windows != 1 || st.Held != 1 {
+		t.Fatalf("Stats() during the window = %+v", st)
+	}
+	if len(holders(t, db, k)) != 1 {
+		t.Fatal("released before the window ended")
+	}
+	<-lk.Done()
+	if d := time.Since(start); d < 250*time.Millisecond {
+		t.Fatalf("released after %v, want about 300ms", d)
+	}
+	waitFree(t, db, k, time.Second)
+	if st := l.Stats(); st.Windows != 0 || st.Held != 0 {
+		t.Fatalf("Stats() after the window = %+v", st)
+	}
+	if err := lk.UnlockAfter(time.Second); err == nil {
+		t.Fatal("UnlockAfter of a released lock = nil")
+	}
+}
