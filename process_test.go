@@ -5,9 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -33,6 +35,8 @@ func helperMain(role string) int {
 		return helperMutex(db, os.Getenv("HELPER_DIR"))
 	case "frozen":
 		return helperFrozen(db)
+	case "semaphore":
+		return helperSemaphore(db, os.Getenv("HELPER_DIR"))
 	}
 	fmt.Fprintln(os.Stderr, "unknown helper role", role)
 	return 2
@@ -151,4 +155,62 @@ func helperFrozen(db *sql.DB) int {
 	time.Sleep(3 * trialKeepAlive) // let the keep-alive run after the pause
 	fmt.Printf("after the pause: Err %v, Unlock %v\n", lk.Err(), lk.Unlock(context.Background()))
 	return 0
+}
+
+// helperSemaphore runs 8 goroutines that enter a semaphore of 3 slots over
+// and over until HELPER_UNTIL (unix ms), each wait with a random deadline
+// (some are cancelled as a slot frees), and checks, inside, that at most 3
+// marker files exist in dir across all processes. It prints how many times
+// each goroutine got in; exit 1 when the limit was broken or a goroutine
+// never got in.
+func helperSemaphore(db *sql.DB, dir string) int {
+	until, _ := strconv.ParseInt(os.Getenv("HELPER_UNTIL"), 10, 64)
+	sem := sqllock.New(db, sqllock.WithKeepAlive(time.Second)).Semaphore("reports", 3)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	code := 0
+	entries := make([]int, 8)
+	for g := range entries {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(os.Getpid()), uint64(g)))
+			for time.Now().UnixMilli() < until {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(20+rng.IntN(400))*time.Millisecond)
+				p, err := sem.Acquire(ctx)
+				cancel()
+				if err != nil {
+					if !errors.Is(err, sqllock.ErrNotAcquired) {
+						fmt.Fprintln(os.Stderr, "acquire:", err)
+						mu.Lock()
+						code = 2
+						mu.Unlock()
+					}
+					continue
+				}
+				marker := filepath.Join(dir, fmt.Sprintf("inside-%d-%d", os.Getpid(), g))
+				os.WriteFile(marker, nil, 0o644)
+				if files, _ := os.ReadDir(dir); len(files) > 3 {
+					fmt.Fprintf(os.Stderr, "%d inside at once\n", len(files))
+					mu.Lock()
+					code = 1
+					mu.Unlock()
+				}
+				time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond)
+				os.Remove(marker)
+				if err := p.Unlock(context.Background()); err != nil {
+					fmt.Fprintln(os.Stderr, "release:", err)
+				}
+				entries[g]++
+			}
+		}()
+	}
+	wg.Wait()
+	fmt.Println(entries)
+	for _, n := range entries {
+		if n == 0 && code == 0 {
+			code = 1
+		}
+	}
+	return code
 }
