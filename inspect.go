@@ -42,6 +42,9 @@ type HeldLock struct {
 	Since time.Time
 	// Waiters is, for a held lock, how many sessions wait for its key.
 	Waiters int
+	// Semaphore names the semaphore whose slot the key is, when the
+	// registry given with WithRegistry knows it (RegisterSemaphore).
+	Semaphore string
 }
 
 // Holders returns the sessions that hold or wait for k in q's database,
@@ -91,6 +94,9 @@ func Inspect(ctx context.Context, q Querier, opts ...InspectOption) ([]HeldLock,
 		h.Key = k
 		h.Shared = mode == "ShareLock"
 		h.Name, _ = cfg.registry.Name(k)
+		if sem, slot, ok := cfg.registry.semaphore(k); ok {
+			h.Semaphore, h.Name = sem, fmt.Sprintf("%s[%d]", sem, slot)
+		}
 		h.Hidden = h.Query == "<insufficient privilege>"
 		if wait != "" {
 			h.WaitStart, _ = time.Parse(time.RFC3339Nano, wait)

@@ -16,13 +16,54 @@ import (
 // [NewRegistry].
 type Registry struct {
 	mu     sync.RWMutex
-	byName map[string]Key // guarded by mu
-	byKey  map[Key]string // guarded by mu
+	byName map[string]Key         // guarded by mu
+	byKey  map[Key]string         // guarded by mu
+	sems   map[int32]semaphoreRef // guarded by mu: by slot class
+}
+
+// semaphoreRef is a registered semaphore.
+type semaphoreRef struct {
+	name string
+	n    int
 }
 
 // NewRegistry returns an empty Registry.
 func NewRegistry() *Registry {
-	return &Registry{byName: map[string]Key{}, byKey: map[Key]string{}}
+	return &Registry{byName: map[string]Key{}, byKey: map[Key]string{}, sems: map[int32]semaphoreRef{}}
+}
+
+// RegisterSemaphore records the semaphore name of n slots (see
+// [Locker.Semaphore]), so that [Inspect] reports its slots as one
+// semaphore: [HeldLock].Semaphore is name, and Name is "name[i]" for slot
+// i. It returns an error wrapping [ErrDuplicate] when another semaphore
+// has the same slot class (a hash collision) or name.
+func (r *Registry) RegisterSemaphore(name string, n int) error {
+	if name == "" || n < 1 || n > maxSlots {
+		return fmt.Errorf("%w: semaphore %q of %d slots", ErrInvalidKey, name, n)
+	}
+	c := semaphoreClass(name)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if old, ok := r.sems[c]; ok && old.name != name {
+		return fmt.Errorf("%w: semaphore %q has the slots of %q", ErrDuplicate, name, old.name)
+	}
+	r.sems[c] = semaphoreRef{name: name, n: n}
+	return nil
+}
+
+// semaphore returns the registered semaphore of slot k, and its slot.
+func (r *Registry) semaphore(k Key) (name string, slot int, ok bool) {
+	c, id, pair := k.Pair()
+	if r == nil || !pair {
+		return "", 0, false
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	s, ok := r.sems[c]
+	if !ok || int(id) < 0 || int(id) >= s.n {
+		return "", 0, false
+	}
+	return s.name, int(id), true
 }
 
 // Register records that name means key k. It returns an error wrapping

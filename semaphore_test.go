@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -37,6 +38,20 @@ func TestSemaphoreBasics(t *testing.T) {
 		for _, k := range sqllock.SemaphoreSlots("exports", 3) {
 			if !slots[k] {
 				t.Fatalf("slot %v not taken; permits %v", k, slots)
+			}
+		}
+		// Inspect, given the semaphore in a registry, names its slots.
+		reg := sqllock.NewRegistry()
+		if err := reg.RegisterSemaphore("exports", 3); err != nil {
+			t.Fatal(err)
+		}
+		locks, err := sqllock.Inspect(bg(), db, sqllock.WithRegistry(reg))
+		if err != nil || len(locks) != 3 {
+			t.Fatalf("Inspect = %v, %v", locks, err)
+		}
+		for _, l := range locks {
+			if l.Semaphore != "exports" || !strings.HasPrefix(l.Name, "exports[") {
+				t.Fatalf("slot row %+v: want semaphore exports, name exports[i]", l)
 			}
 		}
 		// A waiter is served when a slot frees.

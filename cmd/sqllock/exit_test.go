@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -476,5 +477,76 @@ func TestRunHoldAtLeast(t *testing.T) {
 	}
 	if r := runCLI(t, dsn, "run", "-n", "tick", "--", "true"); r.code != 0 {
 		t.Fatalf("a run after the window: exit %d, %s", r.code, r.stderr)
+	}
+}
+
+// TestRunSlots: with --slots 2, two of three runs at once go ahead and the
+// third backs out (-n), or waits its turn.
+func TestRunSlots(t *testing.T) {
+	dsn, _ := database(t)
+	dir := t.TempDir()
+	var wg sync.WaitGroup
+	codes := make([]int, 3)
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			codes[i] = runCLI(t, dsn, "run", "-n", "--slots", "2", "reports", "--", "sh", "-c",
+				fmt.Sprintf("touch %s/ran-%d; sleep 1", dir, i)).code
+		}()
+	}
+	wg.Wait()
+	ran, backedOut := 0, 0
+	for _, c := range codes {
+		switch c {
+		case 0:
+			ran++
+		case 1:
+			backedOut++
+		}
+	}
+	if ran != 2 || backedOut != 1 {
+		t.Fatalf("exit codes %v: want two runs and one backing out", codes)
+	}
+	// Without -n the third waits for a slot.
+	start := time.Now()
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			codes[i] = runCLI(t, dsn, "run", "--slots", "2", "reports", "--", "sleep", "0.5").code
+		}()
+	}
+	wg.Wait()
+	if codes[0]+codes[1]+codes[2] != 0 || time.Since(start) < time.Second {
+		t.Fatalf("waiting runs: exit codes %v after %v; want all 0 after at least two rounds of 0.5s", codes, time.Since(start))
+	}
+}
+
+// TestInspectSemaphore: with the semaphore in the registry file, inspect
+// shows its slots as one row.
+func TestInspectSemaphore(t *testing.T) {
+	dsn, db := database(t)
+	sem := sqllock.New(db).Semaphore("reports", 3)
+	for i := 0; i < 2; i++ {
+		p, err := sem.TryAcquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Unlock(context.Background())
+	}
+	reg := filepath.Join(t.TempDir(), "registry")
+	if err := os.WriteFile(reg, []byte("reports slots=3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := runCLI(t, dsn, "inspect", "--registry", reg)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != 0 || len(lines) != 2 || !strings.Contains(lines[1], "reports") || !strings.Contains(lines[1], "2 held") {
+		t.Fatalf("inspect: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	t.Logf("\n%s", r.stdout)
+	j := runCLI(t, dsn, "inspect", "--json", "--registry", reg)
+	if strings.Count(j.stdout, `"semaphore": "reports"`) != 2 {
+		t.Fatalf("inspect --json: %s", j.stdout)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -99,11 +100,13 @@ type jsonLock struct {
 	Query           string     `json:"query"`
 	QueryHidden     bool       `json:"query_hidden"`
 	BlockedBy       []int      `json:"blocked_by"`
+	Semaphore       string     `json:"semaphore,omitempty"` // the semaphore whose slot the key is (registry)
 }
 
 func toJSON(l sqllock.HeldLock) jsonLock {
 	j := jsonLock{Key: l.Key.String(), Name: l.Name, Mode: mode(l), State: state(l), PID: l.PID,
-		ApplicationName: l.ApplicationName, SessionState: l.State, Query: l.Query, QueryHidden: l.Hidden, BlockedBy: l.BlockedBy}
+		ApplicationName: l.ApplicationName, SessionState: l.State, Query: l.Query, QueryHidden: l.Hidden, BlockedBy: l.BlockedBy,
+		Semaphore: l.Semaphore}
 	if v, ok := l.Key.Int64(); ok {
 		j.Form, j.Bigint = "bigint", &v
 	} else if c, id, ok := l.Key.Pair(); ok {
@@ -155,7 +158,16 @@ func printTable(w io.Writer, locks []sqllock.HeldLock, names bool) error {
 	}
 	fmt.Fprintln(tw, header+"MODE\tSTATE\tFOR\tPID\tAPPLICATION\tSESSION\tBLOCKED BY\tQUERY")
 	hidden := 0
+	printed := map[string]bool{}
 	for _, l := range locks {
+		if l.Semaphore != "" {
+			// A semaphore's slots are one row: how many are held, by whom.
+			if !printed[l.Semaphore] {
+				printed[l.Semaphore] = true
+				fmt.Fprintln(tw, semaphoreRow(l.Semaphore, locks, names))
+			}
+			continue
+		}
 		form := "bigint"
 		if l.Key.IsPair() {
 			form = "pair"
@@ -190,6 +202,36 @@ func printTable(w io.Writer, locks []sqllock.HeldLock, names bool) error {
 	return nil
 }
 
+// semaphoreRow is the table row of semaphore name: its slots held, the
+// holders' pids and applications, and how many wait.
+func semaphoreRow(name string, locks []sqllock.HeldLock, names bool) string {
+	held, waiting := 0, 0
+	var pids, apps []string
+	for _, l := range locks {
+		if l.Semaphore != name {
+			continue
+		}
+		if !l.Granted {
+			waiting++
+			continue
+		}
+		held++
+		pids = append(pids, strconv.Itoa(l.PID))
+		if a := printable(l.ApplicationName); a != "" && !slices.Contains(apps, a) {
+			apps = append(apps, a)
+		}
+	}
+	row := "slots\tsemaphore\t"
+	if names {
+		row += printable(name) + "\t"
+	}
+	state := fmt.Sprintf("%d held", held)
+	if waiting > 0 {
+		state += fmt.Sprintf(", %d waiting", waiting)
+	}
+	return row + fmt.Sprintf("semaphore\t%s\t-\t%s\t%s\t-\t-\t-", state, strings.Join(pids, ","), dash(strings.Join(apps, ",")))
+}
+
 func dash(s string) string {
 	if s == "" {
 		return "-"
@@ -214,8 +256,9 @@ func isTerminalWriter(w io.Writer) bool {
 	return ok && isTerminal(f)
 }
 
-// loadRegistry reads a registry file: one `NAME [KEY]` per line; blank lines
-// and lines starting with # are skipped; KEY defaults to Hash(NAME).
+// loadRegistry reads a registry file: one `NAME [KEY]` per line (or `NAME
+// slots=N` for a semaphore); blank lines and lines starting with # are
+// skipped; KEY defaults to Hash(NAME).
 func loadRegistry(path string) (*sqllock.Registry, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -234,6 +277,16 @@ func loadRegistry(path string) (*sqllock.Registry, error) {
 			name, keyText = line[:i], line[i:]
 		}
 		k := sqllock.Hash(name)
+		if slotsText, ok := strings.CutPrefix(strings.TrimSpace(keyText), "slots="); ok {
+			slots, err := strconv.Atoi(slotsText)
+			if err == nil {
+				err = reg.RegisterSemaphore(name, slots)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("%s:%d: %v", path, n, err)
+			}
+			continue
+		}
 		if keyText = strings.TrimSpace(keyText); keyText != "" {
 			if k, err = sqllock.ParseKey(keyText); err != nil {
 				return nil, fmt.Errorf("%s:%d: %v", path, n, err)

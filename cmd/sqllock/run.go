@@ -31,6 +31,7 @@ type runFlags struct {
 	keepAlive      time.Duration
 	orphanBound    time.Duration
 	holdAtLeast    time.Duration
+	slots          int
 	connectTimeout time.Duration
 	quiet          bool
 }
@@ -75,6 +76,7 @@ func runFlagSet(f *runFlags, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&f.onLost, "on-lost", 10*time.Second, "if the lock is lost, SIGTERM COMMAND, then SIGKILL it after this grace period")
 	fs.DurationVar(&f.keepAlive, "keep-alive", sqllock.DefaultKeepAlive, "how often to check that the lock is still held (0: never)")
 	fs.DurationVar(&f.orphanBound, "orphan-bound", sqllock.DefaultOrphanBound, "if this host dies or is cut off, the server frees the lock after this long (0: the server's TCP settings, hours)")
+	fs.IntVar(&f.slots, "slots", 0, "a semaphore: at most N runs of KEY at once, fleet-wide (KEY is its name)")
 	fs.DurationVar(&f.holdAtLeast, "hold-at-least", 0, "keep the lock until at least this long after it was taken, even when COMMAND ends sooner (run once per tick across machines)")
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", defaultConnectTimeout, "give up connecting to the server after this long")
 	return fs
@@ -120,6 +122,10 @@ func parseRun(args []string, stderr io.Writer) (runSpec, error) {
 		return sp, fail(exitUsage, "run: --on-lost must not be negative (got %v)", f.onLost)
 	case f.connectTimeout <= 0:
 		return sp, fail(exitUsage, "run: --connect-timeout must be positive (got %v)", f.connectTimeout)
+	case f.slots < 0 || f.slots > 1024:
+		return sp, fail(exitUsage, "run: --slots must be 1 to 1024 (got %d)", f.slots)
+	case f.slots > 0 && f.shared:
+		return sp, fail(exitUsage, "run: --slots and --shared do not go together")
 	case f.holdAtLeast < 0:
 		return sp, fail(exitUsage, "run: --hold-at-least must not be negative (got %v)", f.holdAtLeast)
 	case f.orphanBound < 0:
@@ -217,7 +223,7 @@ func runCmd(args []string, stderr io.Writer) error {
 	defer db.Close()
 	locker := sqllock.New(db, f.lockerOptions()...)
 
-	lk, err := acquire(ictx, locker, sp.key, f)
+	lk, err := acquire(ictx, locker, sp, f)
 	if s := in.signal(); s != nil && err != nil {
 		return fail(128+int(s.(syscall.Signal)), "interrupted by %v while waiting for the lock", s)
 	}
@@ -347,8 +353,13 @@ func (in *interrupter) release() {
 }
 
 // acquire takes the lock as the flags say; ctx ends the wait.
-func acquire(ctx context.Context, l *sqllock.Locker, k sqllock.Key, f runFlags) (*sqllock.Lock, error) {
+func acquire(ctx context.Context, l *sqllock.Locker, sp runSpec, f runFlags) (*sqllock.Lock, error) {
+	k := sp.key
 	switch {
+	case f.slots > 0 && f.nonblock:
+		return l.Semaphore(sp.keyText, f.slots).TryAcquire(ctx)
+	case f.slots > 0:
+		return l.Semaphore(sp.keyText, f.slots).Acquire(ctx)
 	case f.nonblock && f.shared:
 		return l.TryRLock(ctx, k)
 	case f.nonblock:
