@@ -145,12 +145,18 @@ func (m *monitor) check(ws []watched) {
 		res <- m.query(keys, timeout)
 	}()
 	var r checkResult
+	began := time.Now()
 	select {
 	case r = <-res:
 	case <-time.After(timeout + checkGrace):
 		m.inflight = done
-		m.failed(ws, fmt.Errorf("no answer within %v", timeout))
+		err := fmt.Errorf("no answer within %v", timeout)
+		m.l.observe(context.Background(), Event{Kind: EventKeepAlive, Duration: time.Since(began), Err: err})
+		m.failed(ws, err)
 		return
+	}
+	if !r.skipped {
+		m.l.observe(context.Background(), Event{Kind: EventKeepAlive, Duration: time.Since(began), Err: r.err})
 	}
 	switch {
 	case r.skipped:

@@ -153,6 +153,9 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 		switch {
 		case err == nil:
 			lk.l.stats.released(1)
+			if len(lk.l.cfg.observers) > 0 {
+				lk.l.observe(lctx, Event{Kind: EventReleased, Key: lk.key, Name: lk.l.regName(lk.key), Held: time.Since(lk.since)})
+			}
 			if lk.l.cfg.logger.Enabled(lctx, slog.LevelDebug) { // no attributes built on the hot path
 				lk.l.log(lctx, slog.LevelDebug, "sqllock: released", lk.key,
 					slog.Int64("pid", lk.pid), slog.Duration("held", time.Since(lk.since)))
@@ -160,6 +163,7 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 		case errors.Is(err, ErrLockLost):
 			final = err
 			lk.l.stats.lostHeld(1)
+			lk.l.observe(lctx, Event{Kind: EventLost, Key: lk.key, Name: lk.l.regName(lk.key), Held: time.Since(lk.since), Err: err})
 			lk.l.log(lctx, slog.LevelWarn, "sqllock: lock lost", lk.key,
 				slog.Int64("pid", lk.pid), slog.String("found", "at unlock"), slog.Any("error", err))
 		default:
@@ -226,6 +230,7 @@ func (lk *Lock) lose(cause error) {
 	err := lk.err
 	lk.mu.Unlock()
 	lk.l.stats.lostHeld(1)
+	lk.l.observe(context.Background(), Event{Kind: EventLost, Key: lk.key, Name: lk.l.regName(lk.key), Held: time.Since(lk.since), Err: err})
 	lk.l.log(context.Background(), slog.LevelWarn, "sqllock: lock lost", lk.key,
 		slog.Int64("pid", lk.pid), slog.String("found", "by the keep-alive"), slog.Any("error", err))
 	// End the session now, not at Unlock: if the network heals, the old
@@ -373,6 +378,7 @@ func (l *Locker) cancelWait(pid int64, k Key) {
 // discard closes conn's session instead of returning it to the pool.
 func (l *Locker) discard(conn *sql.Conn, k Key, why string) {
 	l.stats.discarded.Add(1)
+	l.observe(context.Background(), Event{Kind: EventDiscarded, Key: k, Name: l.regName(k), Err: errors.New(why)})
 	l.log(context.Background(), slog.LevelWarn, "sqllock: connection discarded", k, slog.String("reason", why))
 	discardConn(conn)
 }

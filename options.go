@@ -16,6 +16,7 @@ type config struct {
 	appName       string
 	holders       bool
 	holdAtLeast   time.Duration
+	observers     []Observer
 }
 
 // Option configures a Locker (see [New] for the defaults).

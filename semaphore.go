@@ -97,18 +97,21 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lock, error) {
 	return s.acquire(ctx, false)
 }
 
-func (s *Semaphore) acquire(ctx context.Context, try bool) (*Lock, error) {
+func (s *Semaphore) acquire(ctx context.Context, try bool) (lk *Lock, err error) {
+	if end := s.l.observeAcquire(ctx, Acquisition{Name: s.name, Wait: !try}); end != nil {
+		defer func() { end(lk, err) }()
+	}
 	name := fmt.Sprintf("semaphore %q", s.name)
 	if err := ctx.Err(); err != nil {
 		return nil, notAcquired(name, err)
 	}
 	l := s.l
-	conn, err := l.db.Conn(ctx)
-	if err != nil {
+	conn, cerr := l.db.Conn(ctx)
+	if cerr != nil {
 		if ctxEnded(ctx) {
 			return nil, notAcquired(name, ctxErr(ctx))
 		}
-		return nil, fmt.Errorf("sqllock: %s: get connection: %w", name, err)
+		return nil, fmt.Errorf("sqllock: %s: get connection: %w", name, cerr)
 	}
 	if err := l.checkServer(ctx, conn); err != nil {
 		conn.Close()
@@ -135,7 +138,7 @@ func (s *Semaphore) acquire(ctx context.Context, try bool) (*Lock, error) {
 				l.discard(conn, k, "context ended during the semaphore statement")
 				return nil, notAcquired(name, ctxErr(ctx))
 			}
-			lk := newLock(l, k, false, conn, pid)
+			lk = newLock(l, k, false, conn, pid)
 			l.stats.took(1)
 			l.mon.add(lk)
 			return lk, nil
@@ -161,7 +164,7 @@ func (s *Semaphore) acquire(ctx context.Context, try bool) (*Lock, error) {
 		err = queryRow(ctx, conn, q, args, &ok, &wpid, &standby)
 		switch {
 		case err == nil:
-			lk := newLock(l, k, false, conn, wpid)
+			lk = newLock(l, k, false, conn, wpid)
 			l.stats.took(1)
 			l.mon.add(lk)
 			return lk, nil

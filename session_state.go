@@ -114,6 +114,7 @@ func (s *Session) markLost(cause error) bool {
 	err := s.err
 	s.mu.Unlock()
 	s.l.stats.lostHeld(n)
+	s.l.observe(context.Background(), Event{Kind: EventLost, Err: err})
 	s.l.mon.remove(s)
 	s.l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "sqllock: session lost",
 		slog.Int64("pid", s.pid), slog.Any("error", err))

@@ -243,6 +243,12 @@ func (l *Locker) log(ctx context.Context, level slog.Level, msg string, k Key, a
 	l.cfg.logger.LogAttrs(ctx, level, msg, attrs...)
 }
 
+// regName returns k's registry name, or "".
+func (l *Locker) regName(k Key) string {
+	n, _ := l.cfg.registry.Name(k)
+	return n
+}
+
 func (l *Locker) name(k Key) string {
 	if n, ok := l.cfg.registry.Name(k); ok {
 		return fmt.Sprintf("%s %q", k, n)
@@ -256,9 +262,12 @@ func (l *Locker) name(k Key) string {
 const acquireAttempts = 3
 
 // acquire implements the four session-level lock calls.
-func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (*Lock, error) {
+func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (lk *Lock, err error) {
 	if err := k.valid(); err != nil {
 		return nil, err
+	}
+	if end := l.observeAcquire(ctx, Acquisition{Key: k, Name: l.regName(k), Wait: !kind.try(), Shared: kind.shared()}); end != nil {
+		defer func() { end(lk, err) }()
 	}
 	start := time.Now()
 	for attempt := 1; ; attempt++ {
