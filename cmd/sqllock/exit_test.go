@@ -295,7 +295,7 @@ func TestRunKeyForms(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		waitFileOr(t, ready, cmd, &errb)
+		waitFile(t, ready)
 		if got := holders(t, db, tc.k); len(got) != 1 {
 			t.Errorf("key %.20q: holders of %v = %v", tc.arg, tc.k, got)
 		}
@@ -304,21 +304,6 @@ func TestRunKeyForms(t *testing.T) {
 		}
 	}
 	waitNoLocks(t, db)
-}
-
-// waitFileOr waits for path, failing early if cmd exits first.
-func waitFileOr(t *testing.T, path string, cmd interface{ Wait() error }, stderr *bytes.Buffer) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if _, err := os.Stat(path); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never appeared; stderr %q", path, stderr.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // TestInspectIsTerminalSafe: control characters from the server (query
