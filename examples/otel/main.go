@@ -104,7 +104,7 @@ func run(ctx context.Context, w io.Writer) error {
 func attrs(set attribute.Set) string {
 	var kv []string
 	for _, a := range set.ToSlice() {
-		kv = append(kv, string(a.Key)+"="+a.Value.Emit())
+		kv = append(kv, string(a.Key)+"="+a.Value.String())
 	}
 	return "{" + strings.Join(kv, ",") + "}"
 }
