@@ -214,7 +214,7 @@ func (m *monitor) query(keys []heldKey, timeout time.Duration) checkResult {
 	}
 	defer conn.Close()
 	m.l.stats.keepAlive.Add(1)
-	lost, err := queryLost(ctx, conn, keys)
+	lost, err := queryLost(ctx, m.l.mode, conn, keys)
 	return checkResult{lost: lost, err: err}
 }
 
@@ -251,7 +251,7 @@ func (l *Locker) checkTimeout() time.Duration {
 
 // queryLost returns the 0-based indexes of keys that the server does not
 // show as granted.
-func queryLost(ctx context.Context, conn *sql.Conn, keys []heldKey) ([]int, error) {
+func queryLost(ctx context.Context, mode stmtMode, conn *sql.Conn, keys []heldKey) ([]int, error) {
 	var pids, classids, objids, subids, shared strings.Builder
 	for i, h := range keys {
 		sep := ","
@@ -265,8 +265,9 @@ func queryLost(ctx context.Context, conn *sql.Conn, keys []heldKey) ([]int, erro
 		subids.WriteString(sep + strconv.Itoa(s))
 		shared.WriteString(sep + strconv.FormatBool(h.shared))
 	}
-	rows, err := conn.QueryContext(ctx, keepAliveSQL, pids.String()+"}", classids.String()+"}",
+	q, args := mode.arrays(keepAliveSQL, pids.String()+"}", classids.String()+"}",
 		objids.String()+"}", subids.String()+"}", shared.String()+"}")
+	rows, err := conn.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}

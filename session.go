@@ -167,7 +167,7 @@ func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
 		return nil, nil
 	}
 	got := make([]Key, 0, len(want))
-	q, args := manySQL("pg_try_advisory_lock", "", want)
+	q, args := s.l.mode.manySQL("pg_try_advisory_lock", "", want)
 	err := queryRows(ctx, s.conn, q, args, func(v []driver.Value) error {
 		i, ok, pid := pglocks.Int(v[0]), v[1] == true, pglocks.Int(v[2])
 		if pid != s.pid {
@@ -262,7 +262,7 @@ func (s *Session) unlockKeys(keys []Key) error {
 	s.markReleasing(keys)
 	released := false
 	defer func() { s.endRelease(keys, released) }()
-	q, args := manySQL("pg_advisory_unlock", strconv.FormatInt(s.pid, 10), keys)
+	q, args := s.l.mode.manySQL("pg_advisory_unlock", strconv.FormatInt(s.pid, 10), keys)
 	confirmed := 0
 	err := queryRows(s.l.unlockContext(), s.conn, q, args, func(v []driver.Value) error {
 		if v[1] == true && pglocks.Int(v[2]) == s.pid {

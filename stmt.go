@@ -241,7 +241,7 @@ const keepAliveSQL = `SELECT h.i FROM unnest($1::text::int4[], $2::text::int8[],
 // function) on every key, as rows of (position, result, pid). With onlyPID,
 // the function runs only on that backend (NULL elsewhere). Keys are passed
 // as array literals in text, which every driver can bind.
-func manySQL(fn, onlyPID string, keys []Key) (string, []any) {
+func (m stmtMode) manySQL(fn, onlyPID string, keys []Key) (string, []any) {
 	var pair, v, c, d strings.Builder
 	for i, k := range keys {
 		sep := ","
@@ -267,7 +267,25 @@ func manySQL(fn, onlyPID string, keys []Key) (string, []any) {
 	}
 	q := "SELECT t.i, " + call + ", pg_backend_pid() FROM unnest($1::text::bool[], $2::text::int8[], $3::text::int4[], $4::text::int4[])" +
 		" WITH ORDINALITY AS t(pair, v, c, d, i)"
-	return q, []any{pair.String() + "}", v.String() + "}", c.String() + "}", d.String() + "}"}
+	return m.arrays(q, pair.String()+"}", v.String()+"}", c.String()+"}", d.String()+"}")
+}
+
+// arrays returns q with its array parameters ($1, $2, ...: text literals
+// of arrays of numbers and booleans that this package formats) bound, or,
+// in inlineKeys mode, rendered into the text: lib/pq spends a round trip
+// preparing any statement with parameters.
+func (m stmtMode) arrays(q string, lits ...string) (string, []any) {
+	if m != inlineKeys {
+		args := make([]any, len(lits))
+		for i, l := range lits {
+			args[i] = l
+		}
+		return q, args
+	}
+	for i := len(lits); i >= 1; i-- { // $10 before $1
+		q = strings.ReplaceAll(q, "$"+strconv.Itoa(i)+"::text", "'"+lits[i-1]+"'::text")
+	}
+	return q, nil
 }
 
 // inspectSQL reads the advisory locks of the current database with their
