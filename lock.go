@@ -287,12 +287,15 @@ func (l *Locker) release(conn *sql.Conn, k Key, shared bool, pid int64) error {
 	q, args := l.mode.unlockSQL(shared, k, pid)
 	var released sql.NullBool
 	var gotPID int64
-	err := queryRow(l.unlockContext(), conn, q, args, &released, &gotPID)
+	err := queryRow(l.unlockContext(), l.abandoned, conn, q, args, &released, &gotPID)
 	switch {
 	case errors.Is(err, sql.ErrConnDone):
 		// Lock.Conn() was closed by the caller: the session went back to the
 		// pool holding the lock.
 		return l.reclaim(k, pid)
+	case errors.Is(err, errAbandoned):
+		l.discard(conn, k, "unlock statement did not return")
+		return fmt.Errorf("sqllock: unlock %s: %w (the server releases the lock as the session ends)", l.name(k), err)
 	case err != nil && connectionBroken(err):
 		// The session ended (terminated, restarted, or cut off) before the
 		// unlock: the lock went with it, at a moment no one can tell, so
@@ -380,6 +383,9 @@ func (l *Locker) discard(conn *sql.Conn, k Key, why string) {
 	l.stats.discarded.Add(1)
 	l.observe(context.Background(), Event{Kind: EventDiscarded, Key: k, Name: l.regName(k), Err: errors.New(why)})
 	l.log(context.Background(), slog.LevelWarn, "sqllock: connection discarded", k, slog.String("reason", why))
+	if l.abandoned.has(conn) {
+		return // its abandoned statement closes it as it returns
+	}
 	discardConn(conn)
 }
 

@@ -2,6 +2,7 @@ package sqllock_test
 
 import (
 	"bufio"
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -421,4 +422,48 @@ func TestFailover(t *testing.T) {
 	}
 	newPrimary := pgtest.Open(t, "pgx", standby.DSN())
 	waitNoLocks(t, newPrimary, 5*time.Second)
+}
+
+// TestUnlockBoundedUnderPartition: Unlock returns within its bound even
+// when the network is cut and the driver does not give up a read when its
+// context ends (lib/pq); the connection is discarded once the read returns,
+// and the server frees the lock within the orphan bound.
+func TestUnlockBoundedUnderPartition(t *testing.T) {
+	long(t)
+	srv := pgtest.StartIsolated(t)
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			dsn := srv.NewDatabase(t)
+			l := sqllock.New(pgtest.Open(t, drv, dsn), sqllock.WithKeepAlive(0), sqllock.WithOrphanBound(trialBound),
+				sqllock.WithUnlockTimeout(time.Second))
+			k := sqllock.Int64(920)
+			lk, err := l.Lock(bg(), k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tl, err := l.TryLock(bg(), sqllock.Int64(921)); err == nil { // an idle connection in the pool
+				tl.Unlock(bg())
+			}
+			if err := srv.Cut(); err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Restore()
+			// A lock call with a deadline returns by it (plus a grace).
+			ctx, cancel := context.WithTimeout(bg(), time.Second)
+			start := time.Now()
+			_, err = l.Lock(ctx, sqllock.Int64(922))
+			cancel()
+			t.Logf("Lock with a 1 s deadline under a partition: %v after %v", err, time.Since(start).Round(time.Millisecond))
+			if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 2*time.Second {
+				t.Fatalf("Lock = %v after %v; want ErrNotAcquired and DeadlineExceeded by the deadline", err, time.Since(start))
+			}
+			start = time.Now()
+			err = lk.Unlock(bg())
+			took := time.Since(start)
+			t.Logf("Unlock under a partition: %v after %v", err, took.Round(time.Millisecond))
+			if err == nil || took > 2*time.Second {
+				t.Fatalf("Unlock = %v after %v; want an error within the unlock bound (1-1.25 s)", err, took)
+			}
+		})
+	}
 }

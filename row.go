@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
+	"time"
 )
 
 // errNoFastPath makes a query fall back to database/sql's own methods.
@@ -37,6 +39,84 @@ func onDriverConn(conn *sql.Conn, f func(dc any) error) error {
 	})
 }
 
+// errAbandoned reports a statement that outlived its context on a driver
+// that does not give up a read when its context ends (lib/pq, on a network
+// that stopped answering): the caller got its answer at the context's end,
+// and the connection is closed, as discarded, once the statement returns.
+// The caller must not use the connection again.
+var errAbandoned = errors.New("sqllock: no answer from the server by the end of the context; the connection is discarded when the statement returns")
+
+// abandonGrace is how long past its context's end a statement on a blind
+// driver gets before it is abandoned.
+const abandonGrace = 250 * time.Millisecond
+
+// abandonSet holds the connections whose statements were abandoned (see
+// boundedRaw) until they are closed; a Locker of a blind driver has one.
+type abandonSet struct{ conns sync.Map } // *sql.Conn → struct{}
+
+// has reports whether conn was abandoned and is not closed yet: it must
+// not be touched (a discard would wait for its statement).
+func (a *abandonSet) has(conn *sql.Conn) bool {
+	if a == nil {
+		return false
+	}
+	_, ok := a.conns.Load(conn)
+	return ok
+}
+
+// boundedRaw is onDriverConn, except that for a blind driver (blind is
+// non-nil: one that does not give up a read when ctx ends) it returns,
+// shortly after ctx ends, whether f has returned or not. Then it returns
+// an error wrapping errAbandoned and ctx's error, records conn in blind,
+// and f's connection is closed once f returns.
+func boundedRaw(ctx context.Context, blind *abandonSet, conn *sql.Conn, f func(dc any) error) error {
+	if blind == nil || ctx.Done() == nil {
+		return onDriverConn(conn, f)
+	}
+	var mu sync.Mutex
+	abandoned := false // guarded by mu
+	res := make(chan error, 1)
+	go func() {
+		err := onDriverConn(conn, func(dc any) error {
+			err := f(dc)
+			mu.Lock()
+			defer mu.Unlock()
+			if abandoned {
+				return driver.ErrBadConn // database/sql closes the connection
+			}
+			return err
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		if abandoned {
+			conn.Close()
+			blind.conns.Delete(conn)
+			return
+		}
+		res <- err
+	}()
+	select {
+	case err := <-res:
+		return err
+	case <-ctx.Done():
+	}
+	select {
+	case err := <-res:
+		return err
+	case <-time.After(abandonGrace):
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case err := <-res:
+		return err
+	default:
+		abandoned = true
+		blind.conns.Store(conn, struct{}{})
+		return fmt.Errorf("%w: %w", errAbandoned, ctx.Err())
+	}
+}
+
 // driverQuery runs q on a driver connection; errNoFastPath when the driver
 // cannot.
 func driverQuery(ctx context.Context, dc any, q string, args []any) (driver.Rows, error) {
@@ -57,15 +137,15 @@ func driverQuery(ctx context.Context, dc any, q string, args []any) (driver.Rows
 
 // queryRow runs q, which returns one row, on conn and stores its columns in
 // dest (each a *bool, *int64 or *sql.NullBool).
-func queryRow(ctx context.Context, conn *sql.Conn, q string, args []any, dest ...any) error {
-	return queryRowSuffix(ctx, conn, q, nil, nil, args, dest...)
+func queryRow(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string, args []any, dest ...any) error {
+	return queryRowSuffix(ctx, blind, conn, q, nil, nil, args, dest...)
 }
 
 // queryRowSuffix is queryRow with suffix(dc) appended to q for the driver
 // connection dc it runs on, and done called with dc when the statement
 // succeeded (both may be nil). Without a fast path, suffix gets nil.
-func queryRowSuffix(ctx context.Context, conn *sql.Conn, q string, suffix func(dc any) string, done func(dc any), args []any, dest ...any) error {
-	err := onDriverConn(conn, func(dc any) error {
+func queryRowSuffix(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string, suffix func(dc any) string, done func(dc any), args []any, dest ...any) error {
+	err := boundedRaw(ctx, blind, conn, func(dc any) error {
 		q := q
 		if suffix != nil {
 			q += suffix(dc)
@@ -105,8 +185,8 @@ func queryRowSuffix(ctx context.Context, conn *sql.Conn, q string, suffix func(d
 
 // queryRows runs q on conn and calls row for each row's values (each an
 // int64, bool, nil, string or []byte as the driver gives them).
-func queryRows(ctx context.Context, conn *sql.Conn, q string, args []any, row func([]driver.Value) error) error {
-	err := onDriverConn(conn, func(dc any) error {
+func queryRows(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string, args []any, row func([]driver.Value) error) error {
+	err := boundedRaw(ctx, blind, conn, func(dc any) error {
 		rows, err := driverQuery(ctx, dc, q, args)
 		if err != nil {
 			return err

@@ -120,7 +120,7 @@ func (s *Semaphore) acquire(ctx context.Context, try bool) (lk *Lock, err error)
 	for {
 		var slot, pid int64
 		var standby bool
-		err = queryRowSuffix(ctx, conn, s.try, l.suffix, l.tunedAdd, nil, &slot, &pid, &standby)
+		err = queryRowSuffix(ctx, l.abandoned, conn, s.try, l.suffix, l.tunedAdd, nil, &slot, &pid, &standby)
 		if err == nil && standby && !l.cfg.allowStandby {
 			if slot >= 0 {
 				k := Pair(s.class, int32(slot))
@@ -161,7 +161,7 @@ func (s *Semaphore) acquire(ctx context.Context, try bool) (lk *Lock, err error)
 		q, args := l.mode.waitSQL(0, k)
 		var ok bool
 		var wpid int64
-		err = queryRow(ctx, conn, q, args, &ok, &wpid, &standby)
+		err = queryRow(ctx, l.abandoned, conn, q, args, &ok, &wpid, &standby)
 		switch {
 		case err == nil:
 			lk = newLock(l, k, false, conn, wpid)

@@ -71,7 +71,7 @@ func (l *Locker) Session(ctx context.Context) (*Session, error) {
 	}
 	var pid int64
 	var standby bool
-	if err := queryRowSuffix(ctx, conn, sessionSQL, l.suffix, l.tunedAdd, nil, &pid, &standby); err != nil {
+	if err := queryRowSuffix(ctx, l.abandoned, conn, sessionSQL, l.suffix, l.tunedAdd, nil, &pid, &standby); err != nil {
 		discardConn(conn)
 		return nil, fmt.Errorf("sqllock: session: %w", err)
 	}
@@ -121,7 +121,7 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 	q, args := s.l.mode.sessionLockSQL(0, k)
 	var ok, standby bool
 	var pid int64
-	err := queryRow(ctx, s.conn, q, args, &ok, &pid, &standby)
+	err := queryRow(ctx, s.l.abandoned, s.conn, q, args, &ok, &pid, &standby)
 	switch {
 	case ctxEnded(ctx):
 		s.l.cancelWait(s.pid, k)
@@ -168,7 +168,7 @@ func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
 	}
 	got := make([]Key, 0, len(want))
 	q, args := s.l.mode.manySQL("pg_try_advisory_lock", "", want)
-	err := queryRows(ctx, s.conn, q, args, func(v []driver.Value) error {
+	err := queryRows(ctx, s.l.abandoned, s.conn, q, args, func(v []driver.Value) error {
 		i, ok, pid := pglocks.Int(v[0]), v[1] == true, pglocks.Int(v[2])
 		if pid != s.pid {
 			return sessionChanged(s.pid, pid)
@@ -264,7 +264,7 @@ func (s *Session) unlockKeys(keys []Key) error {
 	defer func() { s.endRelease(keys, released) }()
 	q, args := s.l.mode.manySQL("pg_advisory_unlock", strconv.FormatInt(s.pid, 10), keys)
 	confirmed := 0
-	err := queryRows(s.l.unlockContext(), s.conn, q, args, func(v []driver.Value) error {
+	err := queryRows(s.l.unlockContext(), s.l.abandoned, s.conn, q, args, func(v []driver.Value) error {
 		if v[1] == true && pglocks.Int(v[2]) == s.pid {
 			confirmed++
 		}

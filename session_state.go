@@ -138,7 +138,7 @@ func (s *Session) releaseStray(ctx context.Context, want []Key) error {
 		wanted[k] = true
 	}
 	var stray []Key
-	err := queryRows(context.WithoutCancel(ctx), s.conn, pglocks.OwnSQL, nil, func(v []driver.Value) error {
+	err := queryRows(context.WithoutCancel(ctx), nil, s.conn, pglocks.OwnSQL, nil, func(v []driver.Value) error {
 		r := pglocks.Scan(v)
 		if !r.Granted || r.Shared {
 			return nil

@@ -101,6 +101,11 @@ type Locker struct {
 	mode stmtMode
 	mon  *monitor
 
+	// abandoned is non-nil for drivers that do not give up a read when its
+	// context ends (lib/pq): their statements are bounded by boundedRaw,
+	// and it holds the connections left to finish alone.
+	abandoned *abandonSet
+
 	// settings is the FROM clause that applies the orphan bound to a
 	// lock's session ("" when off); tuned, the connections that have it.
 	// See orphan.go.
@@ -139,6 +144,9 @@ func New(db *sql.DB, opts ...Option) *Locker {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
 	l := &Locker{db: db, cfg: cfg, mode: detectMode(db.Driver())}
+	if l.mode == inlineKeys { // lib/pq (see detectMode)
+		l.abandoned = &abandonSet{}
+	}
 	var exprs []string
 	if cfg.orphanBound > 0 {
 		exprs = settingsFor(cfg.orphanBound).exprs()
@@ -306,7 +314,7 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start ti
 	q, args := l.mode.sessionLockSQL(kind|kindTry, k)
 	var ok, standby bool
 	var pid int64
-	err = queryRowSuffix(ctx, conn, q, l.suffix, l.tunedAdd, args, &ok, &pid, &standby)
+	err = queryRowSuffix(ctx, l.abandoned, conn, q, l.suffix, l.tunedAdd, args, &ok, &pid, &standby)
 	if err == nil && !ok && !kind.try() && !(standby && !l.cfg.allowStandby) {
 		if l.cfg.logger.Enabled(ctx, slog.LevelDebug) {
 			l.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "sqllock: waiting", slog.String("key", l.name(k)),
@@ -315,7 +323,7 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start ti
 		q, args = l.mode.waitSQL(kind&^kindTry, k)
 		waitPID := pid
 		for {
-			err = queryRow(ctx, conn, q, args, &ok, &pid, &standby)
+			err = queryRow(ctx, l.abandoned, conn, q, args, &ok, &pid, &standby)
 			if err == nil || ctxEnded(ctx) {
 				break
 			}
