@@ -180,43 +180,6 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 	return err
 }
 
-// UnlockAfter releases the lock in the background once at least d has
-// passed since it was acquired (at once if that time has passed), and
-// returns without waiting: a hold window. With jobs that several machines
-// fire on the same schedule, a window between the largest skew of their
-// clocks and schedulers and the schedule's period makes the job run once
-// per tick, however short it is (a plain release lets a late machine run
-// the tick again).
-//
-// Until the window ends the lock is held as any other: Done, Err and the
-// keep-alive work, [Stats].Held and Windows count it, and a loss is logged.
-// The release's outcome goes to the Locker's logger (Warn when it failed).
-// The window lives in this process: if the program exits first, the
-// session ends and the server releases the lock then. UnlockAfter returns
-// ErrReleased, or the loss, for a lock that is no longer held, and
-// ErrReleased for a nil Lock; Unlock may still be called during the window,
-// to release it early.
-func (lk *Lock) UnlockAfter(d time.Duration) error {
-	if lk == nil {
-		return ErrReleased
-	}
-	if err := lk.Err(); err != nil {
-		return err
-	}
-	wait := time.Until(lk.since.Add(d))
-	if wait <= 0 {
-		return lk.Unlock(context.Background())
-	}
-	lk.l.stats.windows.Add(1)
-	time.AfterFunc(wait, func() {
-		defer lk.l.stats.windows.Add(-1)
-		if err := lk.Unlock(context.Background()); err != nil && !errors.Is(err, ErrReleased) {
-			lk.l.log(context.Background(), slog.LevelWarn, "sqllock: release after the hold window failed", lk.key, slog.Any("error", err))
-		}
-	})
-	return nil
-}
-
 // lose marks a held lock as lost with cause; it does nothing once Unlock
 // has begun.
 func (lk *Lock) lose(cause error) {
@@ -242,41 +205,6 @@ func (lk *Lock) lose(cause error) {
 		close(lk.discarded)
 	}()
 	lk.cancel(err) // last: whoever waits on Done sees the stats and the log entry
-}
-
-// run calls fn with a context that ends when ctx does or the lock is lost,
-// then unlocks, even if fn panics.
-func (lk *Lock) run(ctx context.Context, fn func(context.Context) error) (err error) {
-	fctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(lk.ctx, func() { cancel(lk.Err()) })
-	defer func() {
-		stop()
-		cancel(nil)
-		if w := lk.l.cfg.holdAtLeast; w > 0 && time.Since(lk.since) < w {
-			if uerr := lk.UnlockAfter(w); uerr != nil && !errors.Is(uerr, ErrReleased) {
-				err = runError(err, uerr)
-			}
-			return
-		}
-		err = runError(err, lk.Unlock(ctx))
-	}()
-	return fn(fctx)
-}
-
-// runError combines fn's error with the unlock's into one error that reads
-// once and matches both with errors.Is. fn usually returns its context's
-// error, or the cause (the very error Unlock returns), once a lost lock
-// cancelled it.
-func runError(fnErr, unlockErr error) error {
-	switch {
-	case unlockErr == nil:
-		return fnErr
-	case fnErr == nil || errors.Is(fnErr, unlockErr):
-		return unlockErr
-	case errors.Is(fnErr, context.Canceled) && errors.Is(unlockErr, ErrLockLost):
-		return fmt.Errorf("%w (fn returned: %w)", unlockErr, fnErr)
-	}
-	return fmt.Errorf("%w; then %w", fnErr, unlockErr)
 }
 
 // release runs the unlock statement on conn, on the backend pid, and gives
@@ -349,33 +277,6 @@ func (l *Locker) unlockContext() context.Context {
 		l.epochCtx, l.epochUntil = ctx, now.Add(epoch)
 	}
 	return l.epochCtx
-}
-
-// cancelWaitTimeout bounds cancelWait.
-const cancelWaitTimeout = 2 * time.Second
-
-// cancelWait takes backend pid, whose wait for k its client abandoned, out
-// of k's queue, from another pooled connection, and waits (bounded) until
-// it has left. Some drivers (pgx) close the socket of a cancelled statement
-// without a cancel request; the backend then stays queued until it is
-// granted the lock, and holds it until it notices that its client is gone.
-// It is best effort: when no connection can be had in time, the server
-// still releases the lock as the abandoned session ends.
-func (l *Locker) cancelWait(pid int64, k Key) {
-	ctx, cancel := context.WithTimeout(context.Background(), cancelWaitTimeout)
-	defer cancel()
-	c, o, sub := k.lockTag()
-	var n int64
-	if err := l.db.QueryRowContext(ctx, cancelWaitSQL, pid, int64(c), int64(o), sub).Scan(&n); err != nil || n == 0 {
-		return
-	}
-	for ctx.Err() == nil {
-		var waiting bool
-		if err := l.db.QueryRowContext(ctx, waitingSQL, pid).Scan(&waiting); err != nil || !waiting {
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // discard closes conn's session instead of returning it to the pool.

@@ -224,21 +224,6 @@ func (l *Locker) TryDo(ctx context.Context, k Key, fn func(ctx context.Context) 
 	return true, lk.run(ctx, fn)
 }
 
-// withHolders wraps the refusal err of k in a HeldError that says who
-// holds k (one query, bounded to a second; without it on failure).
-func (l *Locker) withHolders(k Key, err error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	hs, herr := Holders(ctx, l.db, k)
-	if herr != nil {
-		hs = nil
-	}
-	for i := range hs {
-		hs[i].Name, _ = l.cfg.registry.Name(k)
-	}
-	return &HeldError{Key: k, Holders: hs, err: err}
-}
-
 // log sends an event about key k (the zero Key: none) to the logger, if it
 // takes events of that level.
 func (l *Locker) log(ctx context.Context, level slog.Level, msg string, k Key, attrs ...slog.Attr) {
@@ -264,122 +249,37 @@ func (l *Locker) name(k Key) string {
 	return k.String()
 }
 
-// acquireAttempts is how many connections acquire tries when the one it got
-// turns out to be dead (after a server restart, idle pooled connections
-// are). Retrying is safe: a session whose connection broke holds nothing.
-const acquireAttempts = 3
-
-// acquire implements the four session-level lock calls.
-func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (lk *Lock, err error) {
-	if err := k.valid(); err != nil {
-		return nil, err
-	}
-	if end := l.observeAcquire(ctx, Acquisition{Key: k, Name: l.regName(k), Wait: !kind.try(), Shared: kind.shared()}); end != nil {
-		defer func() { end(lk, err) }()
-	}
-	start := time.Now()
-	for attempt := 1; ; attempt++ {
-		if err := ctx.Err(); err != nil {
-			return nil, notAcquired(l.name(k), err)
-		}
-		lk, err := l.acquireOnce(ctx, k, kind, start)
-		if err == nil || attempt == acquireAttempts || !connectionBroken(err) || ctxEnded(ctx) {
-			if err != nil && l.cfg.holders && errors.Is(err, ErrNotAcquired) {
-				err = l.withHolders(k, err)
+// run calls fn with a context that ends when ctx does or the lock is lost,
+// then unlocks, even if fn panics.
+func (lk *Lock) run(ctx context.Context, fn func(context.Context) error) (err error) {
+	fctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(lk.ctx, func() { cancel(lk.Err()) })
+	defer func() {
+		stop()
+		cancel(nil)
+		if w := lk.l.cfg.holdAtLeast; w > 0 && time.Since(lk.since) < w {
+			if uerr := lk.UnlockAfter(w); uerr != nil && !errors.Is(uerr, ErrReleased) {
+				err = runError(err, uerr)
 			}
-			return lk, err
+			return
 		}
-	}
+		err = runError(err, lk.Unlock(ctx))
+	}()
+	return fn(fctx)
 }
 
-func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start time.Time) (*Lock, error) {
-	shared := kind.shared()
-	conn, err := l.db.Conn(ctx)
-	if err != nil {
-		if ctxEnded(ctx) {
-			return nil, notAcquired(l.name(k), ctxErr(ctx))
-		}
-		return nil, fmt.Errorf("sqllock: lock %s: get connection: %w", l.name(k), err)
+// runError combines fn's error with the unlock's into one error that reads
+// once and matches both with errors.Is. fn usually returns its context's
+// error, or the cause (the very error Unlock returns), once a lost lock
+// cancelled it.
+func runError(fnErr, unlockErr error) error {
+	switch {
+	case unlockErr == nil:
+		return fnErr
+	case fnErr == nil || errors.Is(fnErr, unlockErr):
+		return unlockErr
+	case errors.Is(fnErr, context.Canceled) && errors.Is(unlockErr, ErrLockLost):
+		return fmt.Errorf("%w (fn returned: %w)", unlockErr, fnErr)
 	}
-	if err := l.checkServer(ctx, conn); err != nil {
-		conn.Close() // no lock statement ran on it
-		if ctxEnded(ctx) {
-			return nil, notAcquired(l.name(k), ctxErr(ctx))
-		}
-		return nil, err
-	}
-	// Every call starts with the non-waiting function: an uncontended lock
-	// costs one round trip either way, and a wait then knows its backend's
-	// pid, which settles a cancelled wait (see cancelWait).
-	q, args := l.mode.sessionLockSQL(kind|kindTry, k)
-	var ok, standby bool
-	var pid int64
-	err = queryRowSuffix(ctx, l.abandoned, conn, q, l.suffix, l.tunedAdd, args, &ok, &pid, &standby)
-	if err == nil && !ok && !kind.try() && !(standby && !l.cfg.allowStandby) {
-		if l.cfg.logger.Enabled(ctx, slog.LevelDebug) {
-			l.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "sqllock: waiting", slog.String("key", l.name(k)),
-				slog.Bool("shared", shared), slog.Int64("pid", pid))
-		}
-		q, args = l.mode.waitSQL(kind&^kindTry, k)
-		waitPID := pid
-		for {
-			err = queryRow(ctx, l.abandoned, conn, q, args, &ok, &pid, &standby)
-			if err == nil || ctxEnded(ctx) {
-				break
-			}
-			if st := sqlState(err); st != "55P03" && st != "40P01" {
-				break
-			}
-			// The wait's slice ended (55P03), or, should the server's
-			// deadlock_timeout have changed under it, PostgreSQL reported the
-			// holder's CREATE INDEX CONCURRENTLY waiting for this statement's
-			// snapshot as a deadlock (40P01): this session holds nothing but
-			// its wait, so it is in no cycle of locks. Wait again, in a new
-			// statement with a new snapshot.
-			if sqlState(err) == "40P01" {
-				l.stats.snapshotWaits.Add(1)
-			}
-		}
-		if ctxEnded(ctx) {
-			// The abandoned backend may still be queued for k (a driver
-			// that closes the socket sends no cancel request): take it
-			// out of the queue before anyone can grant it the lock.
-			l.cancelWait(waitPID, k)
-		}
-	}
-	if ctxEnded(ctx) {
-		// Whatever the driver said, the outcome is uncertain: a cancelled
-		// wait can be granted, and some drivers report a cancelled statement
-		// as a success. Ending the session settles it: PostgreSQL releases
-		// every lock of a session that ends.
-		l.discard(conn, k, "context ended during the lock statement")
-		return nil, notAcquired(l.name(k), ctxErr(ctx))
-	}
-	if err != nil {
-		l.discard(conn, k, "lock statement failed")
-		return nil, lockError(l.name(k), err)
-	}
-	if standby && !l.cfg.allowStandby {
-		if !ok {
-			conn.Close() // confirmed: this session holds nothing
-			return nil, standbyError("lock " + l.name(k))
-		}
-		if err := l.release(conn, k, shared, pid); err != nil {
-			return nil, errors.Join(standbyError("lock "+l.name(k)), err)
-		}
-		return nil, standbyError("lock " + l.name(k))
-	}
-	if !ok {
-		l.stats.contended.Add(1)
-		conn.Close() // confirmed: this session holds nothing
-		return nil, fmt.Errorf("%w: %s is held by another session", ErrNotAcquired, l.name(k))
-	}
-	lk := newLock(l, k, shared, conn, pid)
-	l.stats.took(1)
-	l.mon.add(lk)
-	if l.cfg.logger.Enabled(ctx, slog.LevelDebug) {
-		l.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "sqllock: acquired", slog.String("key", l.name(k)),
-			slog.Bool("shared", shared), slog.Int64("pid", pid), slog.Duration("wait", time.Since(start)))
-	}
-	return lk, nil
+	return fmt.Errorf("%w; then %w", fnErr, unlockErr)
 }

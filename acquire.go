@@ -1,0 +1,176 @@
+package sqllock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// How a session-level lock is taken: the non-waiting function first (one
+// round trip when the lock is free), then, for a waiting call, statements
+// shorter than half the server's deadlock_timeout until it is granted; a
+// wait whose context ended is taken out of the server's queue.
+
+// withHolders wraps the refusal err of k in a HeldError that says who
+// holds k (one query, bounded to a second; without it on failure).
+func (l *Locker) withHolders(k Key, err error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	hs, herr := Holders(ctx, l.db, k)
+	if herr != nil {
+		hs = nil
+	}
+	for i := range hs {
+		hs[i].Name, _ = l.cfg.registry.Name(k)
+	}
+	return &HeldError{Key: k, Holders: hs, err: err}
+}
+
+// acquireAttempts is how many connections acquire tries when the one it got
+// turns out to be dead (after a server restart, idle pooled connections
+// are). Retrying is safe: a session whose connection broke holds nothing.
+const acquireAttempts = 3
+
+// acquire implements the four session-level lock calls.
+func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (lk *Lock, err error) {
+	if err := k.valid(); err != nil {
+		return nil, err
+	}
+	if end := l.observeAcquire(ctx, Acquisition{Key: k, Name: l.regName(k), Wait: !kind.try(), Shared: kind.shared()}); end != nil {
+		defer func() { end(lk, err) }()
+	}
+	start := time.Now()
+	for attempt := 1; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return nil, notAcquired(l.name(k), err)
+		}
+		lk, err := l.acquireOnce(ctx, k, kind, start)
+		if err == nil || attempt == acquireAttempts || !connectionBroken(err) || ctxEnded(ctx) {
+			if err != nil && l.cfg.holders && errors.Is(err, ErrNotAcquired) {
+				err = l.withHolders(k, err)
+			}
+			return lk, err
+		}
+	}
+}
+
+func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start time.Time) (*Lock, error) {
+	shared := kind.shared()
+	conn, err := l.db.Conn(ctx)
+	if err != nil {
+		if ctxEnded(ctx) {
+			return nil, notAcquired(l.name(k), ctxErr(ctx))
+		}
+		return nil, fmt.Errorf("sqllock: lock %s: get connection: %w", l.name(k), err)
+	}
+	if err := l.checkServer(ctx, conn); err != nil {
+		conn.Close() // no lock statement ran on it
+		if ctxEnded(ctx) {
+			return nil, notAcquired(l.name(k), ctxErr(ctx))
+		}
+		return nil, err
+	}
+	// Every call starts with the non-waiting function: an uncontended lock
+	// costs one round trip either way, and a wait then knows its backend's
+	// pid, which settles a cancelled wait (see cancelWait).
+	q, args := l.mode.sessionLockSQL(kind|kindTry, k)
+	var ok, standby bool
+	var pid int64
+	err = queryRowSuffix(ctx, l.abandoned, conn, q, l.suffix, l.tunedAdd, args, &ok, &pid, &standby)
+	if err == nil && !ok && !kind.try() && !(standby && !l.cfg.allowStandby) {
+		if l.cfg.logger.Enabled(ctx, slog.LevelDebug) {
+			l.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "sqllock: waiting", slog.String("key", l.name(k)),
+				slog.Bool("shared", shared), slog.Int64("pid", pid))
+		}
+		q, args = l.mode.waitSQL(kind&^kindTry, k)
+		waitPID := pid
+		for {
+			err = queryRow(ctx, l.abandoned, conn, q, args, &ok, &pid, &standby)
+			if err == nil || ctxEnded(ctx) {
+				break
+			}
+			if st := sqlState(err); st != "55P03" && st != "40P01" {
+				break
+			}
+			// The wait's slice ended (55P03), or, should the server's
+			// deadlock_timeout have changed under it, PostgreSQL reported the
+			// holder's CREATE INDEX CONCURRENTLY waiting for this statement's
+			// snapshot as a deadlock (40P01): this session holds nothing but
+			// its wait, so it is in no cycle of locks. Wait again, in a new
+			// statement with a new snapshot.
+			if sqlState(err) == "40P01" {
+				l.stats.snapshotWaits.Add(1)
+			}
+		}
+		if ctxEnded(ctx) {
+			// The abandoned backend may still be queued for k (a driver
+			// that closes the socket sends no cancel request): take it
+			// out of the queue before anyone can grant it the lock.
+			l.cancelWait(waitPID, k)
+		}
+	}
+	if ctxEnded(ctx) {
+		// Whatever the driver said, the outcome is uncertain: a cancelled
+		// wait can be granted, and some drivers report a cancelled statement
+		// as a success. Ending the session settles it: PostgreSQL releases
+		// every lock of a session that ends.
+		l.discard(conn, k, "context ended during the lock statement")
+		return nil, notAcquired(l.name(k), ctxErr(ctx))
+	}
+	if err != nil {
+		l.discard(conn, k, "lock statement failed")
+		return nil, lockError(l.name(k), err)
+	}
+	if standby && !l.cfg.allowStandby {
+		if !ok {
+			conn.Close() // confirmed: this session holds nothing
+			return nil, standbyError("lock " + l.name(k))
+		}
+		if err := l.release(conn, k, shared, pid); err != nil {
+			return nil, errors.Join(standbyError("lock "+l.name(k)), err)
+		}
+		return nil, standbyError("lock " + l.name(k))
+	}
+	if !ok {
+		l.stats.contended.Add(1)
+		conn.Close() // confirmed: this session holds nothing
+		return nil, fmt.Errorf("%w: %s is held by another session", ErrNotAcquired, l.name(k))
+	}
+	lk := newLock(l, k, shared, conn, pid)
+	l.stats.took(1)
+	l.mon.add(lk)
+	if l.cfg.logger.Enabled(ctx, slog.LevelDebug) {
+		l.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "sqllock: acquired", slog.String("key", l.name(k)),
+			slog.Bool("shared", shared), slog.Int64("pid", pid), slog.Duration("wait", time.Since(start)))
+	}
+	return lk, nil
+}
+
+// cancelWaitTimeout bounds cancelWait.
+const cancelWaitTimeout = 2 * time.Second
+
+// cancelWait takes backend pid, whose wait for k its client abandoned, out
+// of k's queue, from another pooled connection, and waits (bounded) until
+// it has left. Some drivers (pgx) close the socket of a cancelled statement
+// without a cancel request; the backend then stays queued until it is
+// granted the lock, and holds it until it notices that its client is gone.
+// It is best effort: when no connection can be had in time, the server
+// still releases the lock as the abandoned session ends.
+func (l *Locker) cancelWait(pid int64, k Key) {
+	ctx, cancel := context.WithTimeout(context.Background(), cancelWaitTimeout)
+	defer cancel()
+	c, o, sub := k.lockTag()
+	var n int64
+	if err := l.db.QueryRowContext(ctx, cancelWaitSQL, pid, int64(c), int64(o), sub).Scan(&n); err != nil || n == 0 {
+		return
+	}
+	for ctx.Err() == nil {
+		var waiting bool
+		if err := l.db.QueryRowContext(ctx, waitingSQL, pid).Scan(&waiting); err != nil || !waiting {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
