@@ -48,7 +48,7 @@ func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (lk *Lock, e
 		}
 		lk, err := l.acquireOnce(ctx, k, kind, start)
 		if err == nil || attempt == acquireAttempts || !connectionBroken(err) || ctxEnded(ctx) {
-			if err != nil && l.cfg.holders && errors.Is(err, ErrNotAcquired) {
+			if err != nil && l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, errAbandoned) {
 				err = l.withHolders(k, err)
 			}
 			return lk, err
@@ -58,7 +58,7 @@ func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (lk *Lock, e
 
 func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start time.Time) (*Lock, error) {
 	shared := kind.shared()
-	conn, err := l.db.Conn(ctx)
+	conn, err := getConn(ctx, l.abandoned, l.db)
 	if err != nil {
 		if ctxEnded(ctx) {
 			return nil, notAcquired(l.name(k), ctxErr(ctx))
@@ -104,10 +104,11 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start ti
 				l.stats.snapshotWaits.Add(1)
 			}
 		}
-		if ctxEnded(ctx) {
+		if ctxEnded(ctx) && !errors.Is(err, errAbandoned) {
 			// The abandoned backend may still be queued for k (a driver
 			// that closes the socket sends no cancel request): take it
-			// out of the queue before anyone can grant it the lock.
+			// out of the queue before anyone can grant it the lock. (Not
+			// when the server stopped answering: nothing would reach it.)
 			l.cancelWait(waitPID, k)
 		}
 	}
@@ -117,6 +118,9 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start ti
 		// as a success. Ending the session settles it: PostgreSQL releases
 		// every lock of a session that ends.
 		l.discard(conn, k, "context ended during the lock statement")
+		if errors.Is(err, errAbandoned) {
+			return nil, fmt.Errorf("%w (%w)", notAcquired(l.name(k), ctxErr(ctx)), errAbandoned)
+		}
 		return nil, notAcquired(l.name(k), ctxErr(ctx))
 	}
 	if err != nil {

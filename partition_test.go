@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/testkit"
 	"github.com/sqllock/sqllock/pgtest"
 )
 
@@ -444,10 +445,35 @@ func TestUnlockBoundedUnderPartition(t *testing.T) {
 			if tl, err := l.TryLock(bg(), sqllock.Int64(921)); err == nil { // an idle connection in the pool
 				tl.Unlock(bg())
 			}
+			// A wait under way when the link is cut ends by its deadline too.
+			observerDB := pgtest.Open(t, "pgx", srv.SocketDSN(pgtest.DatabaseOf(dsn)))
+			other, err := sqllock.New(observerDB).Lock(bg(), sqllock.Int64(923))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Unlock(bg())
+			waited := make(chan error, 1)
+			waitStart := time.Now()
+			go func() {
+				ctx, cancel := context.WithTimeout(bg(), 1500*time.Millisecond)
+				defer cancel()
+				_, err := l.Lock(ctx, sqllock.Int64(923))
+				waited <- err
+			}()
+			testkit.WaitWaiters(t, observerDB, sqllock.Int64(923), 1)
 			if err := srv.Cut(); err != nil {
 				t.Fatal(err)
 			}
 			defer srv.Restore()
+			select {
+			case err := <-waited:
+				t.Logf("a wait cut off: %v after %v", err, time.Since(waitStart).Round(time.Millisecond))
+				if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("the cut-off wait = %v", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("a wait cut off by the partition did not end by its deadline")
+			}
 			// A lock call with a deadline returns by it (plus a grace).
 			ctx, cancel := context.WithTimeout(bg(), time.Second)
 			start := time.Now()

@@ -117,6 +117,54 @@ func boundedRaw(ctx context.Context, blind *abandonSet, conn *sql.Conn, f func(d
 	}
 }
 
+// getConn is db.Conn, bounded like boundedRaw for a blind driver: lib/pq
+// opened with sql.Open dials and logs in with no context at all (about two
+// minutes of SYN retries when the server stopped answering). A connection
+// that comes after the caller left goes back to the pool.
+func getConn(ctx context.Context, blind *abandonSet, db *sql.DB) (*sql.Conn, error) {
+	if blind == nil || ctx.Done() == nil {
+		return db.Conn(ctx)
+	}
+	type result struct {
+		conn *sql.Conn
+		err  error
+	}
+	var mu sync.Mutex
+	left := false // guarded by mu
+	res := make(chan result, 1)
+	go func() {
+		conn, err := db.Conn(ctx)
+		mu.Lock()
+		defer mu.Unlock()
+		if left {
+			if err == nil {
+				conn.Close()
+			}
+			return
+		}
+		res <- result{conn, err}
+	}()
+	select {
+	case r := <-res:
+		return r.conn, r.err
+	case <-ctx.Done():
+	}
+	select {
+	case r := <-res:
+		return r.conn, r.err
+	case <-time.After(abandonGrace):
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case r := <-res:
+		return r.conn, r.err
+	default:
+		left = true
+		return nil, fmt.Errorf("%w: %w", errAbandoned, ctx.Err())
+	}
+}
+
 // driverQuery runs q on a driver connection; errNoFastPath when the driver
 // cannot.
 func driverQuery(ctx context.Context, dc any, q string, args []any) (driver.Rows, error) {

@@ -106,7 +106,7 @@ func (s *Semaphore) acquire(ctx context.Context, try bool) (lk *Lock, err error)
 		return nil, notAcquired(name, err)
 	}
 	l := s.l
-	conn, cerr := l.db.Conn(ctx)
+	conn, cerr := getConn(ctx, l.abandoned, l.db)
 	if cerr != nil {
 		if ctxEnded(ctx) {
 			return nil, notAcquired(name, ctxErr(ctx))

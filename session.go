@@ -61,7 +61,7 @@ type Session struct {
 // not a standby (unless WithAllowStandby) in the same round trip that learns
 // the backend pid. ctx bounds only this call.
 func (l *Locker) Session(ctx context.Context) (*Session, error) {
-	conn, err := l.db.Conn(ctx)
+	conn, err := getConn(ctx, l.abandoned, l.db)
 	if err != nil {
 		return nil, fmt.Errorf("sqllock: session: get connection: %w", err)
 	}
