@@ -73,48 +73,22 @@ func boundedRaw(ctx context.Context, blind *abandonSet, conn *sql.Conn, f func(d
 	if blind == nil || ctx.Done() == nil {
 		return onDriverConn(conn, f)
 	}
-	var mu sync.Mutex
-	abandoned := false // guarded by mu
-	res := make(chan error, 1)
-	go func() {
-		err := onDriverConn(conn, func(dc any) error {
-			err := f(dc)
-			mu.Lock()
-			defer mu.Unlock()
-			if abandoned {
-				return driver.ErrBadConn // database/sql closes the connection
-			}
-			return err
-		})
-		mu.Lock()
-		defer mu.Unlock()
-		if abandoned {
+	_, err := leaveAtEnd(ctx,
+		func(left func() bool) (struct{}, error) {
+			return struct{}{}, onDriverConn(conn, func(dc any) error {
+				err := f(dc)
+				if left() {
+					return driver.ErrBadConn // database/sql closes the connection
+				}
+				return err
+			})
+		},
+		func() { blind.conns.Store(conn, struct{}{}) },
+		func(struct{}, error) {
 			conn.Close()
 			blind.conns.Delete(conn)
-			return
-		}
-		res <- err
-	}()
-	select {
-	case err := <-res:
-		return err
-	case <-ctx.Done():
-	}
-	select {
-	case err := <-res:
-		return err
-	case <-time.After(abandonGrace):
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	select {
-	case err := <-res:
-		return err
-	default:
-		abandoned = true
-		blind.conns.Store(conn, struct{}{})
-		return fmt.Errorf("%w: %w", errAbandoned, ctx.Err())
-	}
+		})
+	return err
 }
 
 // getConn is db.Conn, bounded like boundedRaw for a blind driver: lib/pq
@@ -125,43 +99,64 @@ func getConn(ctx context.Context, blind *abandonSet, db *sql.DB) (*sql.Conn, err
 	if blind == nil || ctx.Done() == nil {
 		return db.Conn(ctx)
 	}
-	type result struct {
-		conn *sql.Conn
-		err  error
-	}
-	var mu sync.Mutex
-	left := false // guarded by mu
-	res := make(chan result, 1)
-	go func() {
-		conn, err := db.Conn(ctx)
-		mu.Lock()
-		defer mu.Unlock()
-		if left {
+	return leaveAtEnd(ctx,
+		func(func() bool) (*sql.Conn, error) { return db.Conn(ctx) },
+		func() {},
+		func(conn *sql.Conn, err error) {
 			if err == nil {
 				conn.Close()
 			}
+		})
+}
+
+// leaveAtEnd runs work in a goroutine and returns its result, or, when it
+// has not returned abandonGrace after ctx ended, an error wrapping
+// errAbandoned and ctx's error. Leaving calls onLeave; work can ask whether
+// its caller left (left); a result that comes after the caller left goes
+// to cleanup. onLeave and cleanup never overlap the decision to leave.
+func leaveAtEnd[T any](ctx context.Context, work func(left func() bool) (T, error), onLeave func(), cleanup func(T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	var mu sync.Mutex
+	gone := false // guarded by mu: the caller left
+	left := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return gone
+	}
+	res := make(chan result, 1)
+	go func() {
+		v, err := work(left)
+		mu.Lock()
+		defer mu.Unlock()
+		if gone {
+			cleanup(v, err)
 			return
 		}
-		res <- result{conn, err}
+		res <- result{v, err}
 	}()
 	select {
 	case r := <-res:
-		return r.conn, r.err
+		return r.v, r.err
 	case <-ctx.Done():
 	}
 	select {
 	case r := <-res:
-		return r.conn, r.err
+		return r.v, r.err
 	case <-time.After(abandonGrace):
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	select {
 	case r := <-res:
-		return r.conn, r.err
+		return r.v, r.err
 	default:
-		left = true
-		return nil, fmt.Errorf("%w: %w", errAbandoned, ctx.Err())
+		gone = true
+		onLeave()
+		var zero T
+		return zero, fmt.Errorf("%w: %w", errAbandoned, ctx.Err())
 	}
 }
 
