@@ -114,7 +114,10 @@ func (s *Semaphore) acquire(ctx context.Context, try bool) (lk *Lock, err error)
 		return nil, fmt.Errorf("sqllock: %s: get connection: %w", name, cerr)
 	}
 	if err := l.checkServer(ctx, conn); err != nil {
-		conn.Close()
+		conn.Close() // no lock statement ran on it
+		if ctxEnded(ctx) {
+			return nil, notAcquired(name, ctxErr(ctx))
+		}
 		return nil, err
 	}
 	for {
