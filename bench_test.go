@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"testing"
+	"time"
 
 	"github.com/sqllock/sqllock/internal/testkit"
 
@@ -11,92 +12,76 @@ import (
 	"github.com/sqllock/sqllock/pgtest"
 )
 
-// BenchmarkTryLockUnlock measures one uncontended try-lock + unlock cycle.
-// raw-* runs the same two statements by hand on one pinned *sql.Conn (the
-// baseline); sqllock-* is Locker.TryLock + Lock.Unlock, which also checks a
-// connection out of the pool and back each cycle. Compare each sqllock-*
-// with its raw-* from the same run (-count 7, then benchstat or medians).
+// BenchmarkTryLockUnlock compares one uncontended TryLock + Unlock cycle
+// with the same two statements written by hand on one pinned *sql.Conn,
+// each with context.Background() and with a cancellable context (real
+// callers pass one; database/sql and some drivers watch it, at a cost),
+// interleaved call by call in one run (see internal/testkit). It reports
+// each variant's median wall time, mean process CPU and allocations per
+// cycle, the throughput ratios sqllock ÷ raw ("ratio": both with
+// Background, "ratio-ctx": both cancellable) and the client CPU sqllock
+// adds per cycle ("cpu-added-ns", Background; "cpu-added-ctx-ns").
 func BenchmarkTryLockUnlock(b *testing.B) {
 	srv := pgtest.Start(b)
 	dsn := srv.NewDatabase(b)
 	for _, drv := range drivers {
-		db := pgtest.Open(b, drv, dsn)
-		name := map[string]string{"postgres": "pq", "pgx": "pgx"}[drv]
-		b.Run("raw-"+name, func(b *testing.B) { benchRaw(b, db) })
-		b.Run("sqllock-"+name, func(b *testing.B) { benchSqllock(b, db) })
+		b.Run(drv, func(b *testing.B) { compareCycles(b, pgtest.Open(b, drv, dsn)) })
 	}
 }
 
-func benchRaw(b *testing.B, db *sql.DB) {
-	ctx := context.Background()
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
-	var ok bool
-	for b.Loop() {
-		if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", int64(4242)).Scan(&ok); err != nil || !ok {
-			b.Fatal(ok, err)
-		}
-		if err := conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", int64(4242)).Scan(&ok); err != nil || !ok {
-			b.Fatal(ok, err)
-		}
-	}
-}
-
-func benchSqllock(b *testing.B, db *sql.DB) {
-	ctx := context.Background()
-	l := sqllock.New(db)
-	k := sqllock.Int64(4242)
-	for b.Loop() {
-		lk, err := l.TryLock(ctx, k)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := lk.Unlock(ctx); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-// BenchmarkTryLockUnlockRatio interleaves a raw cycle and a sqllock cycle in
-// every iteration, so both see the same machine, and reports the median of
-// each and their throughput ratio (sqllock ops/s ÷ raw ops/s; above 1 is
-// faster than the raw statements).
-func BenchmarkTryLockUnlockRatio(b *testing.B) {
+// BenchmarkTryLockUnlockRTT is BenchmarkTryLockUnlock through a proxy that
+// adds 250 µs each way: a round trip of 0.5 ms, as in a data centre.
+func BenchmarkTryLockUnlockRTT(b *testing.B) {
 	srv := pgtest.Start(b)
 	dsn := srv.NewDatabase(b)
 	for _, drv := range drivers {
 		b.Run(drv, func(b *testing.B) {
-			db := pgtest.Open(b, drv, dsn)
-			ctx := context.Background()
-			conn, err := db.Conn(ctx)
+			proxy := pgtest.StartProxy(b, srv.Addr(), 250*time.Microsecond)
+			compareCycles(b, pgtest.Open(b, drv, proxy.DSN(dsn)))
+		})
+	}
+}
+
+// compareCycles runs the interleaved cycle comparison on db.
+func compareCycles(b *testing.B, db *sql.DB) {
+	bg := context.Background()
+	cctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	conn, err := db.Conn(bg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	l := sqllock.New(db)
+	raw := func(ctx context.Context, key int64) func() {
+		return func() {
+			var ok bool
+			if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&ok); err != nil || !ok {
+				b.Fatal(ok, err)
+			}
+			if err := conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", key).Scan(&ok); err != nil || !ok {
+				b.Fatal(ok, err)
+			}
+		}
+	}
+	lib := func(ctx context.Context, key int64) func() {
+		k := sqllock.Int64(key)
+		return func() {
+			lk, err := l.TryLock(ctx, k)
 			if err != nil {
 				b.Fatal(err)
 			}
-			defer conn.Close()
-			l := sqllock.New(db)
-			rawKey, k := int64(4243), sqllock.Int64(4244)
-			var ok bool
-			rawCycle := func() {
-				if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", rawKey).Scan(&ok); err != nil || !ok {
-					b.Fatal(ok, err)
-				}
-				if err := conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", rawKey).Scan(&ok); err != nil || !ok {
-					b.Fatal(ok, err)
-				}
+			if err := lk.Unlock(ctx); err != nil {
+				b.Fatal(err)
 			}
-			libCycle := func() {
-				lk, err := l.TryLock(ctx, k)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := lk.Unlock(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
-			testkit.Interleaved(b, "raw", rawCycle, "sqllock", libCycle)
-		})
+		}
 	}
+	res := testkit.Compare(b, []testkit.Variant{
+		{Name: "raw", Run: raw(bg, 4241)},
+		{Name: "raw-ctx", Run: raw(cctx, 4242)},
+		{Name: "sqllock", Run: lib(bg, 4243)},
+		{Name: "sqllock-ctx", Run: lib(cctx, 4244)},
+	}, testkit.Ratio{Name: "ratio", Of: "sqllock", Over: "raw"}, testkit.Ratio{Name: "ratio-ctx", Of: "sqllock-ctx", Over: "raw-ctx"})
+	b.ReportMetric(float64(res[2].CPU-res[0].CPU), "cpu-added-ns")
+	b.ReportMetric(float64(res[3].CPU-res[1].CPU), "cpu-added-ctx-ns")
 }

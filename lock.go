@@ -25,16 +25,18 @@ type Lock struct {
 	pid    int64
 	since  time.Time
 
-	ctx    context.Context // cancelled when the lock is released or lost
-	cancel context.CancelCauseFunc
-
-	discarded chan struct{} // closed once a lost lock's connection is discarded
-
 	unlockMu sync.Mutex // serialises Unlock
 
-	mu    sync.Mutex
-	state lockState // guarded by mu
-	err   error     // guarded by mu: nil while held
+	mu        sync.Mutex
+	state     lockState     // guarded by mu
+	err       error         // guarded by mu: nil while held
+	ended     bool          // guarded by mu: Done fires (set last, after the stats and the log)
+	discarded chan struct{} // guarded by mu: set when lost, closed once the connection is discarded
+
+	// ctx is cancelled with err once ended; made on first use (guarded by
+	// mu), because most locks are never watched.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
 }
 
 type lockState uint8
@@ -47,8 +49,32 @@ const (
 )
 
 func newLock(l *Locker, k Key, shared bool, conn *sql.Conn, pid int64) *Lock {
-	ctx, cancel := context.WithCancelCause(context.Background())
-	return &Lock{l: l, key: k, shared: shared, conn: conn, pid: pid, since: time.Now(), ctx: ctx, cancel: cancel, discarded: make(chan struct{})}
+	return &Lock{l: l, key: k, shared: shared, conn: conn, pid: pid, since: time.Now()}
+}
+
+// context returns a context that is cancelled, with the lock's error as
+// its cause, once the lock is released or lost.
+func (lk *Lock) context() context.Context {
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	if lk.ctx == nil {
+		lk.ctx, lk.cancel = context.WithCancelCause(context.Background())
+		if lk.ended {
+			lk.cancel(lk.err)
+		}
+	}
+	return lk.ctx
+}
+
+// end fires Done with the lock's error as the cause.
+func (lk *Lock) end() {
+	lk.mu.Lock()
+	lk.ended = true
+	cancel, err := lk.cancel, lk.err
+	lk.mu.Unlock()
+	if cancel != nil {
+		cancel(err)
+	}
 }
 
 // Key returns the lock's key (the zero Key for a nil Lock).
@@ -90,7 +116,7 @@ func (lk *Lock) Done() <-chan struct{} {
 	if lk == nil {
 		return closedChan
 	}
-	return lk.ctx.Done()
+	return lk.context().Done()
 }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
@@ -126,7 +152,7 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 	lk.unlockMu.Lock()
 	defer lk.unlockMu.Unlock()
 	lk.mu.Lock()
-	state, lostErr := lk.state, lk.err
+	state, lostErr, discarded := lk.state, lk.err, lk.discarded
 	if state == stateHeld {
 		lk.state = stateReleasing
 	}
@@ -135,7 +161,6 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 		return ErrReleased
 	}
 	lk.l.mon.remove(lk)
-	lctx := context.WithoutCancel(ctx) // for the logger only
 	var err error
 	final := ErrReleased
 	switch {
@@ -144,7 +169,7 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 		// wait for that discard, so that Unlock returns with the session
 		// ended or ending.
 		select {
-		case <-lk.discarded:
+		case <-discarded:
 		case <-time.After(lk.l.cfg.unlockTimeout):
 		}
 		err, final = lostErr, lostErr
@@ -153,14 +178,16 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 		switch {
 		case err == nil:
 			lk.l.stats.released(1)
+			// Nothing is built on the hot path unless someone listens.
 			if len(lk.l.cfg.observers) > 0 {
-				lk.l.observe(lctx, Event{Kind: EventReleased, Key: lk.key, Name: lk.l.regName(lk.key), Held: time.Since(lk.since)})
+				lk.l.observe(context.WithoutCancel(ctx), Event{Kind: EventReleased, Key: lk.key, Name: lk.l.regName(lk.key), Held: time.Since(lk.since)})
 			}
-			if lk.l.cfg.logger.Enabled(lctx, slog.LevelDebug) { // no attributes built on the hot path
-				lk.l.log(lctx, slog.LevelDebug, "sqllock: released", lk.key,
+			if lk.l.cfg.logger.Enabled(ctx, slog.LevelDebug) {
+				lk.l.log(context.WithoutCancel(ctx), slog.LevelDebug, "sqllock: released", lk.key,
 					slog.Int64("pid", lk.pid), slog.Duration("held", time.Since(lk.since)))
 			}
 		case errors.Is(err, ErrLockLost):
+			lctx := context.WithoutCancel(ctx) // for the observers and the logger
 			final = err
 			lk.l.stats.lostHeld(1)
 			lk.l.observe(lctx, Event{Kind: EventLost, Key: lk.key, Name: lk.l.regName(lk.key), Held: time.Since(lk.since), Err: err})
@@ -168,7 +195,7 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 				slog.Int64("pid", lk.pid), slog.String("found", "at unlock"), slog.Any("error", err))
 		default:
 			lk.l.stats.released(1) // the server releases it as the session ends
-			lk.l.log(lctx, slog.LevelWarn, "sqllock: unlock failed", lk.key,
+			lk.l.log(context.WithoutCancel(ctx), slog.LevelWarn, "sqllock: unlock failed", lk.key,
 				slog.Int64("pid", lk.pid), slog.Any("error", err))
 		}
 	}
@@ -176,7 +203,7 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 	lk.state = stateReleased
 	lk.err = final
 	lk.mu.Unlock()
-	lk.cancel(final)
+	lk.end()
 	return err
 }
 
@@ -191,6 +218,8 @@ func (lk *Lock) lose(cause error) {
 	lk.state = stateLost
 	lk.err = fmt.Errorf("%w: %s: %w", ErrLockLost, lk.l.name(lk.key), cause)
 	err := lk.err
+	discarded := make(chan struct{})
+	lk.discarded = discarded
 	lk.mu.Unlock()
 	lk.l.stats.lostHeld(1)
 	lk.l.observe(context.Background(), Event{Kind: EventLost, Key: lk.key, Name: lk.l.regName(lk.key), Held: time.Since(lk.since), Err: err})
@@ -202,9 +231,9 @@ func (lk *Lock) lose(cause error) {
 	// on Lock.Conn() may hold the connection until the network answers.
 	go func() {
 		lk.l.discard(lk.conn, lk.key, "lock was lost")
-		close(lk.discarded)
+		close(discarded)
 	}()
-	lk.cancel(err) // last: whoever waits on Done sees the stats and the log entry
+	lk.end() // last: whoever waits on Done sees the stats and the log entry
 }
 
 // release runs the unlock statement on conn, on the backend pid, and gives

@@ -2,12 +2,10 @@ package sqllock_test
 
 import (
 	"context"
-	"database/sql"
 	"testing"
 	"time"
 
 	"github.com/sqllock/sqllock"
-	"github.com/sqllock/sqllock/internal/testkit"
 	"github.com/sqllock/sqllock/pgtest"
 )
 
@@ -108,49 +106,4 @@ func TestRoundTrips(t *testing.T) {
 			}
 		})
 	}
-}
-
-// BenchmarkTryLockUnlockRTT compares a TryLock + Unlock cycle with the same
-// statements by hand on one pinned connection, both through a proxy that
-// adds 250 µs each way (a round trip of 0.5 ms, as in a data centre),
-// interleaved in one run. ratio = sqllock ops/s ÷ raw ops/s.
-func BenchmarkTryLockUnlockRTT(b *testing.B) {
-	srv := pgtest.Start(b)
-	dsn := srv.NewDatabase(b)
-	for _, drv := range drivers {
-		b.Run(drv, func(b *testing.B) {
-			proxy := pgtest.StartProxy(b, srv.Addr(), 250*time.Microsecond)
-			db := pgtest.Open(b, drv, proxy.DSN(dsn))
-			rawRTT(b, db, sqllock.New(db))
-		})
-	}
-}
-
-// rawRTT runs the interleaved comparison on db.
-func rawRTT(b *testing.B, db *sql.DB, l *sqllock.Locker) {
-	ctx := context.Background()
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
-	var ok bool
-	raw := func() {
-		if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", int64(4243)).Scan(&ok); err != nil || !ok {
-			b.Fatal(ok, err)
-		}
-		if err := conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", int64(4243)).Scan(&ok); err != nil || !ok {
-			b.Fatal(ok, err)
-		}
-	}
-	lib := func() {
-		lk, err := l.TryLock(ctx, sqllock.Int64(4244))
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := lk.Unlock(ctx); err != nil {
-			b.Fatal(err)
-		}
-	}
-	testkit.Interleaved(b, "raw", raw, "sqllock", lib)
 }

@@ -160,22 +160,75 @@ func leaveAtEnd[T any](ctx context.Context, work func(left func() bool) (T, erro
 	}
 }
 
+// call is one single-row statement run on a driver connection: its
+// arguments and its row's values live in one allocation, and it is run
+// through a method value, so that the hot path allocates twice per
+// statement, whatever the number of arguments and columns.
+type call struct {
+	ctx    context.Context
+	q      string
+	suffix func(dc any) string
+	done   func(dc any)
+	args   []driver.NamedValue
+	vals   []driver.Value
+	argBuf [3]driver.NamedValue
+	valBuf [3]driver.Value
+}
+
 // driverQuery runs q on a driver connection; errNoFastPath when the driver
 // cannot.
-func driverQuery(ctx context.Context, dc any, q string, args []any) (driver.Rows, error) {
+func driverQuery(ctx context.Context, dc any, q string, nv []driver.NamedValue) (driver.Rows, error) {
 	qc, ok := dc.(driver.QueryerContext)
 	if !ok {
 		return nil, errNoFastPath
-	}
-	nv := make([]driver.NamedValue, len(args))
-	for i, a := range args {
-		nv[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
 	}
 	rows, err := qc.QueryContext(ctx, q, nv)
 	if errors.Is(err, driver.ErrSkip) {
 		return nil, errNoFastPath
 	}
 	return rows, err
+}
+
+// namedValues returns args as driver arguments, in buf when they fit.
+func namedValues(buf []driver.NamedValue, args []any) []driver.NamedValue {
+	nv := buf[:0]
+	for i, a := range args {
+		nv = append(nv, driver.NamedValue{Ordinal: i + 1, Value: a})
+	}
+	return nv
+}
+
+// run runs the statement on the driver connection dc and reads its row.
+func (c *call) run(dc any) error {
+	q, suffix := c.q, ""
+	if c.suffix != nil {
+		suffix = c.suffix(dc)
+		q += suffix
+	}
+	rows, err := driverQuery(c.ctx, dc, q, c.args)
+	if err != nil {
+		return err
+	}
+	if n := len(rows.Columns()); n <= len(c.valBuf) {
+		c.vals = c.valBuf[:n]
+	} else {
+		c.vals = make([]driver.Value, n)
+	}
+	err = rows.Next(c.vals)
+	cerr := rows.Close()
+	if err == io.EOF {
+		err = sql.ErrNoRows
+	}
+	if err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if c.done != nil && suffix != "" {
+		c.done(dc)
+	}
+	return nil
 }
 
 // queryRow runs q, which returns one row, on conn and stores its columns in
@@ -185,52 +238,30 @@ func queryRow(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string, 
 }
 
 // queryRowSuffix is queryRow with suffix(dc) appended to q for the driver
-// connection dc it runs on, and done called with dc when the statement
-// succeeded (both may be nil). Without a fast path, suffix gets nil.
+// connection dc it runs on, and done called with dc when the statement,
+// with a non-empty suffix, succeeded (both may be nil). Without a fast path, suffix gets nil.
 func queryRowSuffix(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string, suffix func(dc any) string, done func(dc any), args []any, dest ...any) error {
-	err := boundedRaw(ctx, blind, conn, func(dc any) error {
-		q := q
-		if suffix != nil {
-			q += suffix(dc)
-		}
-		rows, err := driverQuery(ctx, dc, q, args)
-		if err != nil {
-			return err
-		}
-		vals := make([]driver.Value, len(rows.Columns()))
-		err = rows.Next(vals)
-		cerr := rows.Close()
-		if err == io.EOF {
-			err = sql.ErrNoRows
-		}
-		if err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return err
-		}
-		if err := assign(dest, vals); err != nil {
-			return err
-		}
-		if done != nil {
-			done(dc)
-		}
-		return nil
-	})
+	c := &call{ctx: ctx, q: q, suffix: suffix, done: done}
+	c.args = namedValues(c.argBuf[:], args)
+	err := boundedRaw(ctx, blind, conn, c.run)
 	if errors.Is(err, errNoFastPath) {
 		if suffix != nil {
 			q += suffix(nil)
 		}
 		return conn.QueryRowContext(ctx, q, args...).Scan(dest...)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	return assign(dest, c.vals)
 }
 
 // queryRows runs q on conn and calls row for each row's values (each an
 // int64, bool, nil, string or []byte as the driver gives them).
 func queryRows(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string, args []any, row func([]driver.Value) error) error {
+	nv := namedValues(nil, args)
 	err := boundedRaw(ctx, blind, conn, func(dc any) error {
-		rows, err := driverQuery(ctx, dc, q, args)
+		rows, err := driverQuery(ctx, dc, q, nv)
 		if err != nil {
 			return err
 		}

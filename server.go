@@ -14,9 +14,12 @@ import (
 // locks. The answer is cached for the Locker's life; a failed check is
 // retried on the next call.
 func (l *Locker) checkServer(ctx context.Context, conn *sql.Conn) error {
+	if l.serverOK.Load() {
+		return nil
+	}
 	l.serverMu.Lock()
 	defer l.serverMu.Unlock()
-	if l.serverOK {
+	if l.serverOK.Load() {
 		return nil
 	}
 	var v string
@@ -26,7 +29,7 @@ func (l *Locker) checkServer(ctx context.Context, conn *sql.Conn) error {
 	if err := supported(v); err != nil {
 		return err
 	}
-	l.serverOK = true
+	l.serverOK.Store(true)
 	return nil
 }
 

@@ -86,6 +86,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -115,7 +116,7 @@ type Locker struct {
 	tunedAdd func(dc any)        // l.tuned.add, bound once
 
 	serverMu sync.Mutex
-	serverOK bool // guarded by serverMu: the server was checked and is supported
+	serverOK atomic.Bool // set under serverMu: the server was checked and is supported
 
 	epochMu    sync.Mutex
 	epochCtx   context.Context // guarded by epochMu: see unlockContext
@@ -253,7 +254,7 @@ func (l *Locker) name(k Key) string {
 // then unlocks, even if fn panics.
 func (lk *Lock) run(ctx context.Context, fn func(context.Context) error) (err error) {
 	fctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(lk.ctx, func() { cancel(lk.Err()) })
+	stop := context.AfterFunc(lk.context(), func() { cancel(lk.Err()) })
 	defer func() {
 		stop()
 		cancel(nil)

@@ -1,13 +1,12 @@
 // Package testkit holds the measuring helpers that the module's tests and
 // benchmarks share: a connector that counts statements, and the
-// interleaved-median method every ratio benchmark uses.
+// interleaved-median method every comparison uses (compare.go).
 package testkit
 
 import (
 	"context"
 	"database/sql/driver"
-	"slices"
-	"sync/atomic"
+		"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,46 +47,6 @@ func (c *countingConn) QueryContext(ctx context.Context, q string, args []driver
 func (c *countingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
 	c.n.Add(1)
 	return c.Conn.(driver.ExecerContext).ExecContext(ctx, q, args)
-}
-
-// Interleaved runs base and cand once each in every iteration of b.Loop,
-// alternating which goes first so that neither always follows the other,
-// and reports the median time of each as "<baseName>-ns/op" and
-// "<candName>-ns/op", and their throughput ratio (cand ops/s ÷ base ops/s)
-// as "ratio". It returns the number of iterations.
-func Interleaved(b *testing.B, baseName string, base func(), candName string, cand func()) int {
-	var tb, tc []time.Duration
-	timed := func(f func()) time.Duration {
-		t := time.Now()
-		f()
-		return time.Since(t)
-	}
-	i := 0
-	for b.Loop() {
-		i++
-		if i%2 == 0 {
-			tb = append(tb, timed(base))
-			tc = append(tc, timed(cand))
-		} else {
-			tc = append(tc, timed(cand))
-			tb = append(tb, timed(base))
-		}
-	}
-	mb, mc := Median(tb), Median(tc)
-	b.ReportMetric(float64(mb.Nanoseconds()), baseName+"-ns/op")
-	b.ReportMetric(float64(mc.Nanoseconds()), candName+"-ns/op")
-	b.ReportMetric(float64(mb)/float64(mc), "ratio")
-	return i
-}
-
-// Median returns the median of d (0 for none).
-func Median(d []time.Duration) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 // WaitWaiters waits until at least n sessions wait for k (as Inspect sees
