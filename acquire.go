@@ -72,21 +72,36 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start ti
 		}
 		return nil, err
 	}
-	// Every call starts with the non-waiting function: an uncontended lock
-	// costs one round trip either way, and a wait then knows its backend's
-	// pid, which settles a cancelled wait (see cancelWait).
-	q, args := l.mode.sessionLockSQL(kind|kindTry, k)
+	// A wait must know its backend's pid, which settles a cancelled wait
+	// (see cancelWait). On a connection whose pid was seen before (and
+	// whose session carries the orphan settings), a waiting call goes
+	// straight to waiting; otherwise every call starts with the non-waiting
+	// function, which returns the pid: an uncontended lock costs one round
+	// trip either way, a contended one two the first time.
+	dc := driverConnOf(conn)
+	waitPID, known := l.pids.get(dc)
+	direct := !kind.try() && known && l.settingsFor(dc) == ""
 	var ok, standby bool
 	var pid int64
-	err = queryRowSuffix(ctx, l.abandoned, conn, q, l.suffix, l.tunedAdd, args, &ok, &pid, &standby)
-	if err == nil && !ok && !kind.try() && !(standby && !l.cfg.allowStandby) {
+	if !direct {
+		q, args := l.mode.sessionLockSQL(kind|kindTry, k)
+		err = queryRowSuffix(ctx, l.abandoned, conn, q, l.suffix, l.tunedAdd, args, &ok, &pid, &standby)
+		if err == nil {
+			l.pids.set(dc, pid)
+			waitPID = pid
+		}
+	}
+	if direct || err == nil && !ok && !kind.try() && !(standby && !l.cfg.allowStandby) {
 		if l.cfg.logger.Enabled(ctx, slog.LevelDebug) {
 			l.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "sqllock: waiting", slog.String("key", l.name(k)),
-				slog.Bool("shared", shared), slog.Int64("pid", pid))
+				slog.Bool("shared", shared), slog.Int64("pid", waitPID))
 		}
-		q, args = l.mode.waitSQL(kind&^kindTry, k)
-		waitPID := pid
 		for {
+			var slice string
+			if slice, err = l.waitSlice(ctx, conn); err != nil {
+				break
+			}
+			q, args := l.mode.waitSQL(kind&^kindTry, k, slice)
 			err = queryRow(ctx, l.abandoned, conn, q, args, &ok, &pid, &standby)
 			if err == nil || ctxEnded(ctx) {
 				break
@@ -95,14 +110,19 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start ti
 				break
 			}
 			// The wait's slice ended (55P03), or, should the server's
-			// deadlock_timeout have changed under it, PostgreSQL reported the
+			// deadlock_timeout have been lowered since the Locker read it
+			// (it reads it again then), PostgreSQL reported the
 			// holder's CREATE INDEX CONCURRENTLY waiting for this statement's
 			// snapshot as a deadlock (40P01): this session holds nothing but
 			// its wait, so it is in no cycle of locks. Wait again, in a new
 			// statement with a new snapshot.
 			if sqlState(err) == "40P01" {
 				l.stats.snapshotWaits.Add(1)
+				l.slice.Store(nil)
 			}
+		}
+		if err == nil {
+			l.pids.set(dc, pid)
 		}
 		if ctxEnded(ctx) && !errors.Is(err, errAbandoned) {
 			// The abandoned backend may still be queued for k (a driver

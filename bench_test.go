@@ -85,3 +85,44 @@ func compareCycles(b *testing.B, db *sql.DB) {
 	b.ReportMetric(float64(res[2].CPU-res[0].CPU), "cpu-added-ns")
 	b.ReportMetric(float64(res[3].CPU-res[1].CPU), "cpu-added-ctx-ns")
 }
+
+// BenchmarkHotKey runs 50 goroutines over a pool of 10 connections that
+// contend for one key (Lock, no work, Unlock), with sqllock and with the
+// same statements by hand, in alternating phases of 500 ms (one round of
+// phases per b.N: -benchtime 8x). It reports each contender's handoffs per
+// second (median over phases), their ratio (sqllock ÷ by hand), the
+// longest wait and the server CPU per handoff.
+func BenchmarkHotKey(b *testing.B) {
+	srv := pgtest.Start(b)
+	dsn := srv.NewDatabase(b)
+	for _, drv := range drivers {
+		b.Run(drv, func(b *testing.B) {
+			pool := func() *sql.DB {
+				db := pgtest.Open(b, drv, dsn)
+				db.SetMaxOpenConns(10)
+				db.SetMaxIdleConns(10)
+				return db
+			}
+			hand, lib := pool(), pool()
+			var cpu func() (time.Duration, error)
+			if srv.Local() {
+				var err error
+				if cpu, err = testkit.ServerCPU(context.Background(), hand); err != nil {
+					b.Fatal(err)
+				}
+			}
+			vs := []testkit.HotVariant{testkit.HandLock(hand, 4250), testkit.LockerLock(sqllock.New(lib), 4251)}
+			res, err := testkit.HotKey(context.Background(), vs, 50, 500*time.Millisecond, b.N, cpu)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for i, r := range res {
+				name := []string{"hand", "sqllock"}[i]
+				b.ReportMetric(r.PerSec, name+"-handoffs/s")
+				b.ReportMetric(float64(r.MaxWait.Milliseconds()), name+"-max-wait-ms")
+				b.ReportMetric(float64(r.ServerCPU.Nanoseconds())/1e3, name+"-server-cpu-µs/handoff")
+			}
+			b.ReportMetric(res[1].PerSec/res[0].PerSec, "ratio")
+		})
+	}
+}

@@ -143,44 +143,65 @@ func CheckOptions(opts ...Option) error {
 	return boundsError(cfg.keepAlive, cfg.orphanBound)
 }
 
-// maxTuned is how many connections a Locker remembers as carrying the
-// settings; past it, it forgets them all (the next lock on each sets them
-// again, harmlessly), so that connections closed long ago are not kept.
-const maxTuned = 4096
+// maxConns is how many driver connections a connSet remembers; past it,
+// it forgets them all (what it knew is learnt again on each connection's
+// next lock, harmlessly), so that connections closed long ago are not kept.
+const maxConns = 4096
 
-// tunedSet remembers the driver connections whose sessions already carry
-// the orphan bound's settings, so that only a connection's first lock pays
-// for them (set_config and its system calls cost about 6% of a pgx lock
-// and unlock cycle, and a quarter of a lib/pq one, whose statement text
-// the server parses each time).
-type tunedSet struct {
-	conn sync.Map // driver connection → struct{}
+// connSet remembers a fact about driver connections, each an int64.
+// A Locker has two: the connections whose sessions already carry the
+// orphan bound's settings (tuned: only a connection's first lock pays for
+// them; set_config and its system calls cost about 6% of a pgx lock and
+// unlock cycle, and a quarter of a lib/pq one, whose statement text the
+// server parses each time), and each connection's backend pid (pids: a
+// wait for a lock on a connection whose pid is known needs no try first;
+// see acquireOnce).
+type connSet struct {
+	conn sync.Map // driver connection → int64
 	n    atomic.Int64
 }
 
-// comparable reports whether dc can be a map key.
+// comparableConn reports whether dc can be a map key.
 func comparableConn(dc any) bool { return dc != nil && reflect.TypeOf(dc).Comparable() }
 
-// has reports whether dc's session carries the settings.
-func (t *tunedSet) has(dc any) bool {
+// get returns what the set knows of dc.
+func (t *connSet) get(dc any) (int64, bool) {
 	if !comparableConn(dc) {
-		return false
+		return 0, false
 	}
-	_, ok := t.conn.Load(dc)
+	v, ok := t.conn.Load(dc)
+	if !ok {
+		return 0, false
+	}
+	return v.(int64), true
+}
+
+// has reports whether the set knows dc.
+func (t *connSet) has(dc any) bool {
+	_, ok := t.get(dc)
 	return ok
 }
 
-// add records that dc's session carries the settings.
-func (t *tunedSet) add(dc any) {
-	if !comparableConn(dc) || t.has(dc) {
+// set records v for dc.
+func (t *connSet) set(dc any, v int64) {
+	if !comparableConn(dc) {
 		return
 	}
-	if t.n.Add(1) > maxTuned {
+	if old, ok := t.conn.Load(dc); ok {
+		if old.(int64) != v {
+			t.conn.Store(dc, v)
+		}
+		return
+	}
+	if t.n.Add(1) > maxConns {
 		t.conn.Clear()
 		t.n.Store(1)
 	}
-	t.conn.Store(dc, struct{}{})
+	t.conn.Store(dc, v)
 }
+
+// add records that dc's session carries the settings.
+func (t *connSet) add(dc any) { t.set(dc, 0) }
 
 // settingsFor returns the settings clause for a statement on dc: empty
 // when dc's session carries them already (or the bound is off).

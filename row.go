@@ -39,6 +39,13 @@ func onDriverConn(conn *sql.Conn, f func(dc any) error) error {
 	})
 }
 
+// driverConnOf returns conn's driver connection (nil once conn is closed).
+func driverConnOf(conn *sql.Conn) any {
+	var d any
+	_ = conn.Raw(func(dc any) error { d = dc; return nil })
+	return d
+}
+
 // errAbandoned reports a statement that outlived its context on a driver
 // that does not give up a read when its context ends (lib/pq, on a network
 // that stopped answering): the caller got its answer at the context's end,

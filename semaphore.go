@@ -161,10 +161,13 @@ func (s *Semaphore) acquire(ctx context.Context, try bool) (lk *Lock, err error)
 		}
 		// Wait on one slot, for one slice; then try them all again.
 		k := Pair(s.class, int32(rand.IntN(s.n)))
-		q, args := l.mode.waitSQL(0, k)
 		var ok bool
 		var wpid int64
-		err = queryRow(ctx, l.abandoned, conn, q, args, &ok, &wpid, &standby)
+		slice, err := l.waitSlice(ctx, conn)
+		if err == nil {
+			q, args := l.mode.waitSQL(0, k, slice)
+			err = queryRow(ctx, l.abandoned, conn, q, args, &ok, &wpid, &standby)
+		}
 		switch {
 		case err == nil:
 			lk = newLock(l, k, false, conn, wpid)
@@ -176,6 +179,9 @@ func (s *Semaphore) acquire(ctx context.Context, try bool) (lk *Lock, err error)
 			l.discard(conn, k, "context ended during the semaphore wait")
 			return nil, notAcquired(name, ctxErr(ctx))
 		case sqlState(err) == "55P03" || sqlState(err) == "40P01":
+			if sqlState(err) == "40P01" {
+				l.slice.Store(nil)
+			}
 			l.log(ctx, slog.LevelDebug, "sqllock: semaphore: trying every slot again", Key{}, slog.String("semaphore", s.name))
 			continue
 		default:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -45,4 +46,21 @@ func supported(version string) error {
 		return fmt.Errorf("%w: version() is %q", ErrUnsupportedServer, version)
 	}
 	return nil
+}
+
+// waitSlice returns the lock_timeout of a wait statement (see waitSQL),
+// as "<n>ms": half the server's deadlock_timeout, asked on conn at the
+// Locker's first wait and again after a wait was reported a deadlock
+// (which says the setting was lowered since).
+func (l *Locker) waitSlice(ctx context.Context, conn *sql.Conn) (string, error) {
+	if s := l.slice.Load(); s != nil {
+		return *s, nil
+	}
+	var ms int64
+	if err := queryRow(ctx, l.abandoned, conn, waitSliceSQL, nil, &ms); err != nil {
+		return "", err
+	}
+	s := strconv.FormatInt(ms, 10) + "ms"
+	l.slice.Store(&s)
+	return s, nil
 }

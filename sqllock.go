@@ -111,9 +111,12 @@ type Locker struct {
 	// lock's session ("" when off); tuned, the connections that have it.
 	// See orphan.go.
 	settings string
-	tuned    tunedSet
+	tuned    connSet
+	pids     connSet // driver connection → its backend pid, as last seen
 	suffix   func(dc any) string // l.settingsFor, bound once
 	tunedAdd func(dc any)        // l.tuned.add, bound once
+
+	slice atomic.Pointer[string] // see waitSlice
 
 	serverMu sync.Mutex
 	serverOK atomic.Bool // set under serverMu: the server was checked and is supported

@@ -105,7 +105,7 @@ var bound = func() (c struct {
 	for kind := range lockKind(kindCount) {
 		for f, k := range []Key{Int64(0), Pair(0, 0)} {
 			if kind == 0 || kind == kindShared {
-				c.wait[sharedIndex(kind.shared())][f], _ = bindKeys.buildWaitSQL(kind, k)
+				c.wait[sharedIndex(kind.shared())][f], _ = bindKeys.buildWaitSQL(kind, k, "")
 			}
 			if kind&kindXact != 0 {
 				c.lock[kind][f], _ = bindKeys.buildXactLockSQL(kind, k)
@@ -166,19 +166,29 @@ func (m stmtMode) buildSessionLockSQL(kind lockKind, k Key) (string, []any) {
 // CONCURRENTLY, DETACH PARTITION CONCURRENTLY, ...) of the holder, which
 // waits for old snapshots, to be reported a deadlock. A session that
 // holds nothing but its wait is in no genuine deadlock, so nothing is lost.
-func (m stmtMode) waitSQL(kind lockKind, k Key) (string, []any) {
+func (m stmtMode) waitSQL(kind lockKind, k Key, slice string) (string, []any) {
 	if m == bindKeys {
-		return bound.wait[sharedIndex(kind.shared())][formIndex(k)], bindArgs(k)
+		return bound.wait[sharedIndex(kind.shared())][formIndex(k)], bindArgs(k, slice)
 	}
-	return m.buildWaitSQL(kind, k)
+	return m.buildWaitSQL(kind, k, slice)
 }
 
-func (m stmtMode) buildWaitSQL(kind lockKind, k Key) (string, []any) {
+func (m stmtMode) buildWaitSQL(kind lockKind, k Key, slice string) (string, []any) {
 	a, args := m.keyArgs(k, 1)
-	return "SELECT true, pg_backend_pid(), pg_is_in_recovery() FROM (SELECT set_config('lock_timeout', " +
-		"greatest(1, (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::int8)::text || 'ms', true)) AS s(v), " +
+	timeout := "'" + slice + "'"
+	if m == bindKeys {
+		timeout = "$" + strconv.Itoa(len(args)+1)
+		args = append(args, slice)
+	}
+	return "SELECT true, pg_backend_pid(), pg_is_in_recovery() FROM (SELECT set_config('lock_timeout', " + timeout + ", true)) AS s(v), " +
 		"LATERAL (SELECT " + kind.fn() + "(" + a + ") WHERE s.v IS NOT NULL) AS l", args
 }
+
+// waitSliceSQL returns half the server's deadlock_timeout in
+// milliseconds (at least 1): the lock_timeout of a wait statement. (Asked
+// once, not in every wait: reading and converting the setting costs a
+// tenth of an uncontended lock statement.)
+const waitSliceSQL = "SELECT greatest(1, (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::int8)"
 
 // unlockSQL returns the statement that releases a session-level lock, but
 // only on the backend that was granted it: on any other backend it unlocks
