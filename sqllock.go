@@ -112,7 +112,7 @@ type Locker struct {
 	// See orphan.go.
 	settings string
 	tuned    connSet
-	pids     connSet // driver connection → its backend pid, as last seen
+	pids     connSet             // driver connection → its backend pid, as last seen
 	suffix   func(dc any) string // l.settingsFor, bound once
 	tunedAdd func(dc any)        // l.tuned.add, bound once
 

@@ -6,7 +6,7 @@ package testkit
 import (
 	"context"
 	"database/sql/driver"
-		"sync/atomic"
+	"sync/atomic"
 	"testing"
 	"time"
 
