@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/testkit"
 	"github.com/sqllock/sqllock/pgtest"
 )
 
@@ -26,16 +27,27 @@ func newEnv(tb testing.TB) *env {
 // checks the report's invariants.
 func TestEveryMeasurementRuns(t *testing.T) {
 	e := newEnv(t)
-	cycles, err := measureCycles(e, 1, 3, time.Second)
+	cycles, err := measureCycles(e, 3, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cycles) != 11 {
-		t.Fatalf("%d cycle variants, want 11 (9 Go, 2 pgbench)", len(cycles))
+	if len(cycles) != 15 {
+		t.Fatalf("%d cycle variants, want 15 (13 Go, 2 pgbench)", len(cycles))
 	}
 	for _, c := range cycles {
-		if c.median <= 0 {
-			t.Errorf("%s: median %v", c.name, c.median)
+		if c.Wall <= 0 || !c.external && (c.CPU <= 0 || c.Allocs <= 0) {
+			t.Errorf("%s: %+v", c.Name, c.Result)
+		}
+	}
+	hot, err := measureHotKey(e, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hot {
+		for _, x := range h.res {
+			if x.Handoffs == 0 || x.PerSec <= 0 || x.MaxWait <= 0 || x.ServerCPU <= 0 {
+				t.Errorf("hot key %s %s: %+v", h.driver, x.Name, x)
+			}
 		}
 	}
 	hs, err := measureHandoffs(e, 1)
@@ -49,12 +61,12 @@ func TestEveryMeasurementRuns(t *testing.T) {
 	if err != nil || s.locks != 5000 || s.roundTrips != 1 || s.keepAliveChecks < 5 || s.keepAliveChecks > 12 {
 		t.Fatalf("session %+v, %v", s, err)
 	}
-	g, err := measureGuard(e, 1, 3)
+	g, err := measureGuard(e, 3)
 	if err != nil || len(g) != 4 {
 		t.Fatalf("guard %+v, %v", g, err)
 	}
 	dir := t.TempDir()
-	r := report{cycles: cycles, rtt: time.Millisecond, hotRTT: time.Microsecond, handoffs: hs, session: s, guard: g,
+	r := report{cycles: cycles, hot: hot, rtt: time.Millisecond, hotRTT: time.Microsecond, handoffs: hs, session: s, guard: g,
 		scale: []scaleResult{{goroutines: 1, sqllock: 10, raw: 11}}}
 	if err := r.write(dir); err != nil {
 		t.Fatal(err)
@@ -66,31 +78,24 @@ func TestEveryMeasurementRuns(t *testing.T) {
 	}
 }
 
-// BenchmarkCycle runs a batch of 50 uncontended cycles of every variant
-// per iteration, rotating their order, and reports each variant's median:
+// BenchmarkCycle runs every variant of the uncontended cycle once per
+// iteration, in a random order, as bench/ does, and reports each one's
+// median wall time (see testkit.Compare):
 //
-//	cd bench && go test -run '^$' -bench Cycle -benchtime 40x
+//	cd bench && go test -run '^$' -bench Cycle -benchtime 2000x
 func BenchmarkCycle(b *testing.B) {
 	e := newEnv(b)
-	bs, closeAll, err := cycleBatches(e)
+	vs, ers, closeAll, err := cycleVariants(e)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer closeAll()
-	perRound := map[string]sample{}
-	i := 0
-	for b.Loop() {
-		i++
-		for j := range bs {
-			nb := bs[(i+j)%len(bs)]
-			s, err := nb.run(50)
-			if err != nil {
-				b.Fatal(err)
-			}
-			perRound[nb.name] = append(perRound[nb.name], s.median())
-		}
+	r := strings.NewReplacer(" ", "_", ",", "", "'", "", "(", "", ")", "")
+	for i := range vs {
+		vs[i].Name = r.Replace(vs[i].Name)
 	}
-	for _, nb := range bs {
-		b.ReportMetric(us(perRound[nb.name].median()), strings.NewReplacer(" ", "_", ",", "", "'", "", "(", "", ")", "").Replace(nb.name)+"-µs")
+	testkit.Compare(b, vs, testkit.Ratio{Name: "pgx-ratio", Of: "sqllock-pgx", Over: "raw-pgx"}, testkit.Ratio{Name: "pq-ratio", Of: "sqllock-pq", Over: "raw-pq"})
+	if ers.first != nil {
+		b.Fatal(ers.first)
 	}
 }

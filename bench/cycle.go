@@ -19,6 +19,7 @@ import (
 	gooselock "github.com/pressly/goose/v3/lock"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/testkit"
 	"github.com/sqllock/sqllock/pgtest"
 )
 
@@ -33,43 +34,20 @@ type env struct {
 
 const benchKey = 4242
 
-// A batch runs n cycles of one variant and returns each cycle's duration.
-// Whatever a variant pins (a connection) it takes before the batch and
-// gives back after it, untimed, so that every variant of a driver runs on
-// the one connection of a single-connection pool: the same backend, the same
-// caches. (On these machines two connections of one server can differ by a
-// fifth in speed; comparing variants on different backends measures that.)
-type batch func(n int) (sample, error)
+// errs keeps the first error of the variants of a comparison (a
+// testkit.Variant returns none).
+type errs struct{ first error }
 
-type namedBatch struct {
-	name string
-	run  batch
-}
-
-// timeEach runs cycle n times and returns the durations.
-func timeEach(n int, cycle func() error) (sample, error) {
-	s := make(sample, 0, n)
-	for i := 0; i < n; i++ {
-		t := time.Now()
-		if err := cycle(); err != nil {
-			return nil, err
+func (e *errs) do(f func() error) func() {
+	return func() {
+		if err := f(); err != nil && e.first == nil {
+			e.first = err
 		}
-		s = append(s, time.Since(t))
-	}
-	return s, nil
-}
-
-// pinned runs cycle(conn) on one connection pinned for the batch.
-func pinned(ctx context.Context, db *sql.DB, cycle func(conn *sql.Conn) error) batch {
-	return func(n int) (sample, error) {
-		conn, err := db.Conn(ctx)
-		if err != nil {
-			return nil, err
-		}
-		defer conn.Close()
-		return timeEach(n, func() error { return cycle(conn) })
 	}
 }
+
+// pin returns a connection of db held for the whole comparison.
+func pin(ctx context.Context, db *sql.DB) (*sql.Conn, error) { return db.Conn(ctx) }
 
 // rawStatements are the baseline: pg_try_advisory_lock and
 // pg_advisory_unlock with $1.
@@ -97,70 +75,38 @@ func ourStatements(ctx context.Context, conn *sql.Conn, key int64) error {
 	return conn.QueryRowContext(ctx, "SELECT CASE WHEN pg_backend_pid() = $2::int4 THEN pg_advisory_unlock($1) END, pg_backend_pid()", key, pid).Scan(&released, &pid)
 }
 
-// checkout runs the raw statements with a connection checked out of the
-// pool and returned every cycle, as a lock of one's own needs.
-func checkout(ctx context.Context, db *sql.DB) batch {
-	return func(n int) (sample, error) {
-		return timeEach(n, func() error {
-			conn, err := db.Conn(ctx)
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			return rawStatements(ctx, conn, benchKey+3)
-		})
-	}
-}
-
-func sqllockBatch(ctx context.Context, db *sql.DB) batch {
-	l := sqllock.New(db)
-	k := sqllock.Int64(benchKey)
-	return func(n int) (sample, error) {
-		return timeEach(n, func() error {
-			lk, err := l.TryLock(ctx, k)
-			if err != nil {
-				return err
-			}
-			return lk.Unlock(ctx)
-		})
-	}
-}
-
-// gooseBatch uses goose v3's session locker (its default lock id) on a
-// connection pinned for the batch.
-func gooseBatch(ctx context.Context, db *sql.DB) (batch, error) {
+// gooseCycle uses goose v3's session locker (its default lock id) on conn.
+func gooseCycle(ctx context.Context, conn *sql.Conn) (func() error, error) {
 	locker, err := gooselock.NewPostgresSessionLocker()
 	if err != nil {
 		return nil, err
 	}
-	return pinned(ctx, db, func(conn *sql.Conn) error {
+	return func() error {
 		if err := locker.SessionLock(ctx, conn); err != nil {
 			return err
 		}
 		return locker.SessionUnlock(ctx, conn)
-	}), nil
+	}, nil
 }
 
-// migrateBatch uses golang-migrate v4's postgres driver Lock and Unlock. The
+// migrateCycle uses golang-migrate v4's postgres driver Lock and Unlock. The
 // driver keeps a connection of its own for its life (and its Close closes
-// the pool), so it runs on a pool of its own: another backend.
-func migrateBatch(dsn string) (batch, func(), error) {
+// the pool), so it runs on a pool of its own.
+func migrateCycle(dsn string) (func() error, func(), error) {
 	drv, err := migratepg.WithInstance(open("postgres", dsn), &migratepg.Config{})
 	if err != nil {
 		return nil, nil, err
 	}
-	return func(n int) (sample, error) {
-		return timeEach(n, func() error {
-			if err := drv.Lock(); err != nil {
-				return err
-			}
-			return drv.Unlock()
-		})
+	return func() error {
+		if err := drv.Lock(); err != nil {
+			return err
+		}
+		return drv.Unlock()
 	}, func() { drv.Close() }, nil
 }
 
-// atlasBatch uses atlas's postgres driver Lock (try, then back off).
-func atlasBatch(ctx context.Context, db *sql.DB) (batch, error) {
+// atlasCycle uses atlas's postgres driver Lock (try, then back off).
+func atlasCycle(ctx context.Context, db *sql.DB) (func() error, error) {
 	drv, err := postgres.Open(db)
 	if err != nil {
 		return nil, err
@@ -169,93 +115,141 @@ func atlasBatch(ctx context.Context, db *sql.DB) (batch, error) {
 	if !ok {
 		return nil, errors.New("atlas driver is not a schema.Locker")
 	}
-	return func(n int) (sample, error) {
-		return timeEach(n, func() error {
-			unlock, err := locker.Lock(ctx, "bench", 0)
-			if err != nil {
-				return err
-			}
-			return unlock()
-		})
+	return func() error {
+		unlock, err := locker.Lock(ctx, "bench", 0)
+		if err != nil {
+			return err
+		}
+		return unlock()
 	}, nil
 }
 
 // cycleResult is one row of the uncontended-cycle table.
 type cycleResult struct {
-	name   string
-	median time.Duration
-	rounds sample // each round's median
+	testkit.Result
+	external bool // another process (pgbench): wall time only
 }
 
-// cycleBatches returns every variant of the uncontended cycle, each driver's
-// on a single-connection pool of its own, and a function that closes them.
-func cycleBatches(e *env) ([]namedBatch, func(), error) {
-	pq1, pgx1 := open("postgres", e.dsn), open("pgx", e.dsn)
-	closers := []func(){func() { pq1.Close() }, func() { pgx1.Close() }}
+// cycleVariants returns every variant of the uncontended cycle, and a
+// function that closes what they hold. Each pinned variant holds a
+// connection of its own; each sqllock variant has a pool of its own.
+func cycleVariants(e *env) ([]testkit.Variant, *errs, func(), error) {
+	ctx := e.ctx
+	cctx, cancel := context.WithCancel(ctx)
+	var closers []func()
+	closers = append(closers, cancel)
 	closeAll := func() {
-		for _, c := range closers {
-			c()
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
 		}
 	}
-	var bs []namedBatch
-	for _, d := range []struct {
-		name string
-		db   *sql.DB
-	}{{"pq", pq1}, {"pgx", pgx1}} {
-		d.db.SetMaxOpenConns(1)
-		bs = append(bs,
-			namedBatch{"raw-" + d.name, pinned(e.ctx, d.db, func(c *sql.Conn) error { return rawStatements(e.ctx, c, benchKey+1) })},
-			namedBatch{"sqllock-" + d.name, sqllockBatch(e.ctx, d.db)})
-	}
-	bs = append(bs,
-		namedBatch{"raw-pgx, pool checkout per cycle", checkout(e.ctx, pgx1)},
-		namedBatch{"raw-pgx, sqllock's statements, pinned", pinned(e.ctx, pgx1, func(c *sql.Conn) error { return ourStatements(e.ctx, c, benchKey+4) })})
-	goose, err := gooseBatch(e.ctx, pgx1)
-	if err != nil {
+	fail := func(err error) ([]testkit.Variant, *errs, func(), error) {
 		closeAll()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	mig, closeMig, err := migrateBatch(e.dsn)
+	ers := &errs{}
+	var vs []testkit.Variant
+	add := func(name string, f func() error) { vs = append(vs, testkit.Variant{Name: name, Run: ers.do(f)}) }
+	key := int64(benchKey)
+	for _, d := range []struct{ name, driver string }{{"pq", "postgres"}, {"pgx", "pgx"}} {
+		db := open(d.driver, e.dsn)
+		closers = append(closers, func() { db.Close() })
+		for _, c := range []struct {
+			suffix string
+			ctx    context.Context
+		}{{"", ctx}, {", cancellable ctx", cctx}} {
+			conn, err := pin(ctx, db)
+			if err != nil {
+				return fail(err)
+			}
+			closers = append(closers, func() { conn.Close() })
+			rctx, k := c.ctx, key
+			key++
+			add("raw-"+d.name+c.suffix, func() error { return rawStatements(rctx, conn, k) })
+			l := sqllock.New(open(d.driver, e.dsn))
+			lk := sqllock.Int64(key)
+			key++
+			add("sqllock-"+d.name+c.suffix, func() error {
+				h, err := l.TryLock(rctx, lk)
+				if err != nil {
+					return err
+				}
+				return h.Unlock(rctx)
+			})
+		}
+		if d.name != "pgx" {
+			continue
+		}
+		conn, err := pin(ctx, db)
+		if err != nil {
+			return fail(err)
+		}
+		closers = append(closers, func() { conn.Close() })
+		k := key
+		key++
+		add("raw-pgx, sqllock's statements", func() error { return ourStatements(ctx, conn, k) })
+		k2 := key
+		key++
+		add("raw-pgx, pool checkout per cycle", func() error {
+			c, err := db.Conn(ctx)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			return rawStatements(ctx, c, k2)
+		})
+		gconn, err := pin(ctx, db)
+		if err != nil {
+			return fail(err)
+		}
+		closers = append(closers, func() { gconn.Close() })
+		goose, err := gooseCycle(ctx, gconn)
+		if err != nil {
+			return fail(err)
+		}
+		add("goose-pgx", goose)
+		atlasDB := open("pgx", e.dsn)
+		atlasDB.SetMaxOpenConns(1)
+		closers = append(closers, func() { atlasDB.Close() })
+		atlas, err := atlasCycle(ctx, atlasDB)
+		if err != nil {
+			return fail(err)
+		}
+		add("atlas-pgx", atlas)
+	}
+	mig, closeMig, err := migrateCycle(e.dsn)
 	if err != nil {
-		closeAll()
-		return nil, nil, err
+		return fail(err)
 	}
 	closers = append(closers, closeMig)
-	atlas, err := atlasBatch(e.ctx, pgx1)
-	if err != nil {
-		closeAll()
-		return nil, nil, err
-	}
-	bs = append(bs, namedBatch{"goose-pgx", goose}, namedBatch{"golang-migrate-pq (own connection)", mig}, namedBatch{"atlas-pgx", atlas})
-	return bs, closeAll, nil
+	add("golang-migrate-pq", mig)
+	return vs, ers, closeAll, nil
 }
 
-func measureCycles(e *env, rounds, n int, pgbenchFor time.Duration) ([]cycleResult, error) {
-	bs, closeAll, err := cycleBatches(e)
+// measureCycles runs calls rounds of the uncontended cycle (every variant
+// once per round, in a random order), and pgbench for pgbenchFor.
+func measureCycles(e *env, calls int, pgbenchFor time.Duration) ([]cycleResult, error) {
+	vs, ers, closeAll, err := cycleVariants(e)
 	if err != nil {
 		return nil, err
 	}
 	defer closeAll()
-	// Each round runs a batch of every variant, in an order that rotates
-	// from round to round; the result is the median over rounds of each
-	// batch's median, so that a slow stretch of the machine weighs one
-	// round, not one variant.
-	perRound := map[string]sample{}
-	for r := 0; r < rounds; r++ {
-		for j := range bs {
-			b := bs[(r+j)%len(bs)]
-			s, err := b.run(n)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", b.name, err)
-			}
-			perRound[b.name] = append(perRound[b.name], s.median())
-		}
+	for _, v := range vs { // warm up: prepared statements, session settings
+		v.Run()
+	}
+	rec := testkit.NewRecorder(vs...)
+	for range calls {
+		rec.Round()
+	}
+	res := rec.Results(200)
+	if ers.first != nil {
+		return nil, ers.first
 	}
 	var out []cycleResult
-	for _, b := range bs {
-		out = append(out, cycleResult{name: b.name, median: perRound[b.name].median(), rounds: perRound[b.name]})
+	for _, r := range res {
+		out = append(out, cycleResult{Result: r})
 	}
-	for _, host := range []struct{ name, host string }{{"pgbench -M prepared, 127.0.0.1", "127.0.0.1"}, {"pgbench -M prepared, unix socket", e.srv.SocketDir()}} {
+	for _, host := range []struct{ name, host string }{{"pgbench -M prepared, 127.0.0.1 (another process)", "127.0.0.1"}, {"pgbench -M prepared, unix socket (another process)", e.srv.SocketDir()}} {
 		if host.host == "" {
 			continue
 		}
@@ -263,7 +257,7 @@ func measureCycles(e *env, rounds, n int, pgbenchFor time.Duration) ([]cycleResu
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, cycleResult{name: host.name, median: time.Duration(float64(time.Second) / tps)})
+		out = append(out, cycleResult{Result: testkit.Result{Name: host.name, Wall: time.Duration(float64(time.Second) / tps)}, external: true})
 	}
 	return out, nil
 }

@@ -5,9 +5,10 @@
 //
 //	cd bench && go run . -out ../docs
 //
-// Every comparison runs its variants in one process, in batches whose
-// order rotates round after round, and reports medians: single runs on a
-// shared machine swing by a third.
+// Every comparison uses the method of the module's go test benchmarks
+// (internal/testkit): its variants run one call each per round, in a
+// random order, in one process, and are summed up by their median wall
+// time, mean process CPU time and allocations per call.
 package main
 
 import (
@@ -29,8 +30,8 @@ import (
 
 func main() {
 	out := flag.String("out", "../docs", "directory for benchmarks.md and the charts")
-	rounds := flag.Int("rounds", 21, "rounds per comparison (each runs a batch of every variant)")
-	cycles := flag.Int("cycles", 100, "operations per variant per round")
+	calls := flag.Int("calls", 2000, "rounds per comparison (each runs one call of every variant, in a random order)")
+	hotRounds := flag.Int("hot", 8, "rounds of the hot-key comparison (each a 500 ms phase per contender)")
 	handoffs := flag.Int("handoffs", 40, "samples per handoff variant (goose: fewer, it polls in seconds)")
 	cpu := flag.Int("cpu", 0, "pin this process and the PostgreSQL server it starts to this CPU (-1: do not pin)")
 	flag.Parse()
@@ -47,13 +48,13 @@ func main() {
 		}
 		runtime.GOMAXPROCS(1)
 	}
-	if err := run(*out, *rounds, *cycles, *handoffs, *cpu); err != nil {
+	if err := run(*out, *calls, *hotRounds, *handoffs, *cpu); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(outDir string, rounds, cycles, handoffs, cpu int) error {
+func run(outDir string, calls, hotRounds, handoffs, cpu int) error {
 	ctx := context.Background()
 	srv, err := pgtest.Embedded(ctx)
 	if err != nil {
@@ -70,7 +71,7 @@ func run(outDir string, rounds, cycles, handoffs, cpu int) error {
 	var r report
 	r.when = time.Now().UTC()
 	r.machine = fmt.Sprintf("%d cores, %s, %s", runtime.NumCPU(), runtime.Version(), serverVersion(e))
-	r.args = fmt.Sprintf("-rounds %d -cycles %d -handoffs %d -cpu %d", rounds, cycles, handoffs, cpu)
+	r.args = fmt.Sprintf("-calls %d -hot %d -handoffs %d -cpu %d", calls, hotRounds, handoffs, cpu)
 	r.pinned = cpu >= 0
 	step := func(name string) func() {
 		t := time.Now()
@@ -79,7 +80,12 @@ func run(outDir string, rounds, cycles, handoffs, cpu int) error {
 	}
 
 	done := step("uncontended cycles")
-	if r.cycles, err = measureCycles(e, rounds, cycles, 5*time.Second); err != nil {
+	if r.cycles, err = measureCycles(e, calls, 5*time.Second); err != nil {
+		return err
+	}
+	done()
+	done = step("hot key")
+	if r.hot, err = measureHotKey(e, hotRounds); err != nil {
 		return err
 	}
 	done()
@@ -107,7 +113,7 @@ func run(outDir string, rounds, cycles, handoffs, cpu int) error {
 	}
 	done()
 	done = step("poolguard")
-	if r.guard, err = measureGuard(e, rounds, cycles); err != nil {
+	if r.guard, err = measureGuard(e, calls); err != nil {
 		return err
 	}
 	done()

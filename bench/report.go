@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/testkit"
 )
 
 // report holds every measurement of one run.
@@ -15,6 +17,7 @@ type report struct {
 	args     string
 	pinned   bool // client and server pinned to one CPU
 	cycles   []cycleResult
+	hot      []hotResult
 	rtt      time.Duration // SELECT 1 after 20 ms idle, as in a handoff
 	hotRTT   time.Duration // SELECT 1 back to back
 	handoffs []handoffResult
@@ -27,36 +30,13 @@ type report struct {
 // hand-written part after it, which write keeps.
 const keepMarker = "<!-- end of generated tables -->"
 
-func (r *report) cycle(name string) time.Duration {
+func (r *report) cycle(name string) testkit.Result {
 	for _, c := range r.cycles {
-		if c.name == name {
-			return c.median
+		if c.Name == name {
+			return c.Result
 		}
 	}
-	return 0
-}
-
-// roundRatios returns the lowest and highest per-round throughput ratio of
-// variant a to variant b.
-func (r *report) roundRatios(a, b string) (lo, hi float64, ok bool) {
-	var ra, rb sample
-	for _, c := range r.cycles {
-		switch c.name {
-		case a:
-			ra = c.rounds
-		case b:
-			rb = c.rounds
-		}
-	}
-	if len(ra) == 0 || len(ra) != len(rb) {
-		return 0, 0, false
-	}
-	lo, hi = 1e9, 0
-	for i := range ra {
-		x := float64(rb[i]) / float64(ra[i])
-		lo, hi = min(lo, x), max(hi, x)
-	}
-	return lo, hi, true
+	return testkit.Result{}
 }
 
 func (r *report) write(dir string) error {
@@ -67,13 +47,15 @@ func (r *report) write(dir string) error {
 	if r.pinned {
 		p("The benchmark process and the PostgreSQL server it starts (with pgbench) run pinned to one CPU: on this 2-core virtual machine a client and a server that ping-pong across two CPUs are served several times slower than on one, and the scheduler switches between the two regimes unpredictably, which made unpinned comparisons swing from 0.6× to 7× round by round. Pinned, every variant gets the same regime. `-cpu -1` runs unpinned.\n\n")
 	}
-	p("Each comparison runs its variants in one process, in batches whose order rotates from round to round, and reports the median over rounds of each batch's median, so that every variant sees the same machine. Single runs on these machines swing by a third, two connections to one server can differ by a fifth, and a process that runs without pause is served several times faster than one that waits between calls (compare pgbench, a separate process, below): ratios within one run are what to read.\n\n")
+	p("Every comparison uses one method, the one of the module's `go test` benchmarks (`internal/testkit`): its variants run in one process, one call each per round, in an order drawn at random every round, so that every variant sees the same machine and none always follows the same one; a variant is summed up by its median wall time per call, its mean process CPU time (user + system, `CLOCK_PROCESS_CPUTIME_ID`) per call and its allocations per call (counted in a separate pass). Ratios are throughputs (above 1: faster than the baseline).\n\n")
 
 	// Goals.
-	ratio := func(a, b time.Duration) float64 { return float64(b) / float64(a) } // throughput of a relative to b
+	ratio := func(a, b testkit.Result) float64 { return b.Wall.Seconds() / a.Wall.Seconds() } // throughput of a relative to b
+	cpuAdded := func(a, b testkit.Result) float64 { return us(a.CPU - b.CPU) }
 	rawPgx, libPgx := r.cycle("raw-pgx"), r.cycle("sqllock-pgx")
 	rawPq, libPq := r.cycle("raw-pq"), r.cycle("sqllock-pq")
-	bench := r.cycle("pgbench -M prepared, 127.0.0.1")
+	rawPgxC, libPgxC := r.cycle("raw-pgx, cancellable ctx"), r.cycle("sqllock-pgx, cancellable ctx")
+	rawPqC, libPqC := r.cycle("raw-pq, cancellable ctx"), r.cycle("sqllock-pq, cancellable ctx")
 	var hand handoffResult
 	if len(r.handoffs) > 0 {
 		hand = r.handoffs[0]
@@ -86,47 +68,78 @@ func (r *report) write(dir string) error {
 		}
 		verdict := "met"
 		if !ok {
-			verdict = fmt.Sprintf("missed by %.0f%%", 100*abs(got-want)/want)
+			verdict = fmt.Sprintf("missed by %.0f%%", 100*abs(got-want)/max(abs(want), 1e-9))
 		}
 		p("| %s | %.2f%s | %s |\n", name, got, unit, verdict)
 	}
-	goal("sqllock-pgx ≥ 0.95 × raw pgx (cycles/s)", ratio(libPgx, rawPgx), 0.95, "×", true)
-	goal("sqllock-pq ≥ 1.3 × raw parameterized lib/pq", ratio(libPq, rawPq), 1.3, "×", true)
-	goal("sqllock-pgx ≥ 0.7 × pgbench ceiling (127.0.0.1)", ratio(libPgx, bench), 0.7, "×", true)
-	goal("handoff p50 ≤ 2 round trips", float64(hand.p50)/float64(r.rtt), 2, " round trips", false)
+	goal("sqllock-pgx ≥ 0.95 × raw pgx (cycles/s, Background)", ratio(libPgx, rawPgx), 0.95, "×", true)
+	goal("sqllock-pq ≥ 1.3 × raw parameterized lib/pq (Background)", ratio(libPq, rawPq), 1.3, "×", true)
+	goal("pgx: client CPU sqllock adds per cycle ≤ 3 µs (Background)", cpuAdded(libPgx, rawPgx), 3, " µs", false)
+	goal("pgx: client CPU sqllock adds per cycle ≤ 3 µs (cancellable)", cpuAdded(libPgxC, rawPgxC), 3, " µs", false)
+	goal("lib/pq: client CPU sqllock adds per cycle ≤ 3 µs (Background)", cpuAdded(libPq, rawPq), 3, " µs", false)
+	goal("lib/pq: client CPU sqllock adds per cycle ≤ 3 µs (cancellable)", cpuAdded(libPqC, rawPqC), 3, " µs", false)
+	for _, h := range r.hot {
+		goal("hot key, "+h.driver+": sqllock ≥ 0.9 × by hand (handoffs/s)", h.res[1].PerSec/h.res[0].PerSec, 0.9, "×", true)
+		goal("hot key, "+h.driver+": longest wait < 1 s", h.res[1].MaxWait.Seconds(), 1, " s", false)
+	}
+	goal("handoff p50 ≤ 2 round trips (a unit of idle wake-ups: see below)", float64(hand.p50)/float64(r.rtt), 2, " round trips", false)
 	goal("5,000 locks held on ≤ 2 connections", 1, 2, " connection", false)
 	goal("TryLockMany of 5,000 keys in ≤ 3 round trips", float64(r.session.roundTrips), 3, " round trips", false)
 	goal("keep-alive for 5,000 locks: one query per interval (10 intervals)", float64(r.session.keepAliveChecks)/10, 1, " queries per interval", false)
 	for _, g := range r.guard {
 		if strings.Contains(g.name, "(clean)") {
-			goal("poolguard, "+strings.TrimSuffix(g.name, " (clean)")+": guarded ≥ 0.97 × plain", ratio(g.guarded, g.plain), 0.97, "×", true)
+			goal("poolguard, "+strings.TrimSuffix(g.name, " (clean)")+": guarded ≥ 0.97 × plain", g.plain.Seconds()/g.guarded.Seconds(), 0.97, "×", true)
 		}
 	}
 	p("\n")
 
 	// Cycles.
-	p("## Uncontended try-lock + unlock cycle\n\nOne goroutine, one key, `%s`. raw = `SELECT pg_try_advisory_lock($1)` and `SELECT pg_advisory_unlock($1)` on one pinned `*sql.Conn`; sqllock = `Locker.TryLock` + `Lock.Unlock` (which also checks a connection out of the pool and back, and confirms the unlock's backend). goose, golang-migrate and atlas as the module proxy serves them (goose v3 `lock.NewPostgresSessionLocker`, golang-migrate v4 `database/postgres` `Lock`/`Unlock`, atlas `sql/postgres` `Driver.Lock`). All variants of a driver run on the one connection of a single-connection pool (golang-migrate keeps a connection of its own); each round runs a batch of every variant, in a rotating order, and the table gives the median over rounds of each batch's median.\n\n![cycles](cycle.png)\n\n", r.args)
-	p("| variant | median µs/cycle | cycles/s | vs raw pgx |\n|---|---|---|---|\n")
+	p("## Uncontended try-lock + unlock cycle\n\nOne goroutine, one key per variant. raw = `SELECT pg_try_advisory_lock($1)` and `SELECT pg_advisory_unlock($1)` on one pinned `*sql.Conn`, with `context.Background()` or with a cancellable context (real callers pass one; database/sql then watches every query in a goroutine of its own); sqllock = `Locker.TryLock` + `Lock.Unlock`, which also checks a connection out of the pool and back, and confirms the unlock's backend (its unlock always runs under a bounded context of its own, on the driver's connection, which skips database/sql's watcher). goose v3 `lock.NewPostgresSessionLocker`, golang-migrate v4 `database/postgres` `Lock`/`Unlock` and atlas `sql/postgres` `Driver.Lock` as the module proxy serves them. pgbench is another process, run alone: its figure is not interleaved with the others, and a process that never waits between calls is served faster on this machine.\n\n![cycles](cycle.png)\n\n")
+	p("| variant | median µs/cycle | cycles/s | vs raw, same driver and context | client CPU µs/cycle | allocs/cycle |\n|---|---|---|---|---|---|\n")
 	var names []string
 	var vals []float64
 	for _, c := range r.cycles {
-		p("| %s | %.1f | %.0f | %.2f× |\n", c.name, us(c.median), opsPerSec(c.median), ratio(c.median, rawPgx))
-		names = append(names, c.name)
-		vals = append(vals, opsPerSec(c.median))
+		base := rawPgx
+		switch {
+		case strings.Contains(c.Name, "-pq") && strings.Contains(c.Name, "cancellable"):
+			base = rawPqC
+		case strings.Contains(c.Name, "-pq"):
+			base = rawPq
+		case strings.Contains(c.Name, "cancellable"):
+			base = rawPgxC
+		}
+		if c.external {
+			p("| %s | %.1f | %.0f | %.3f× | | |\n", c.Name, us(c.Wall), c.OpsPerSec(), ratio(c.Result, rawPgx))
+		} else {
+			p("| %s | %.1f | %.0f | %.3f× | %.1f | %.0f |\n", c.Name, us(c.Wall), c.OpsPerSec(), ratio(c.Result, base), us(c.CPU), c.Allocs)
+		}
+		names = append(names, c.Name)
+		vals = append(vals, c.OpsPerSec())
 	}
-	if lo, hi, ok := r.roundRatios("sqllock-pgx", "raw-pgx"); ok {
-		p("\nsqllock-pgx ÷ raw-pgx throughput, round by round, ranged from %.2f× to %.2f× in this run.\n", lo, hi)
-	}
-	if co, ours := r.cycle("raw-pgx, pool checkout per cycle"), r.cycle("raw-pgx, sqllock's statements, pinned"); co > 0 && ours > 0 {
-		p("\nWhere the gap to raw pgx comes from: sqllock's own statements, run by hand on a pinned connection, reach %.2f× raw (the lock statement also returns `pg_backend_pid()` and `pg_is_in_recovery()`, and the unlock checks the pid: the standby and pooler guards); a pool checkout per cycle, which every lock of its own needs, gives %.2f× (a `Session` holds many locks on one connection). sqllock-pgx against that checkout baseline: %.2f×.\n", ratio(ours, rawPgx), ratio(co, rawPgx), ratio(libPgx, co))
+	if co, ours := r.cycle("raw-pgx, pool checkout per cycle"), r.cycle("raw-pgx, sqllock's statements"); co.Wall > 0 && ours.Wall > 0 {
+		p("\nWhere the gap to raw pgx comes from: sqllock's own statements, written by hand on a pinned connection, reach %.3f× raw (the lock statement also returns `pg_backend_pid()` and `pg_is_in_recovery()`, and the unlock checks the pid: the standby and pooler guards, which cost the server work on every cycle); a pool checkout per cycle, which every lock of its own needs, gives %.3f× (a `Session` holds many locks on one connection). The rest is sqllock's client work: %.1f µs of CPU per cycle over the raw statements (Background).\n", ratio(ours, rawPgx), ratio(co, rawPgx), cpuAdded(libPgx, rawPgx))
 	}
 	p("\nlib/pq spends two round trips on every parameterized query (an unnamed prepare, then the execution); sqllock renders its integer keys into the SQL text for lib/pq (simple protocol, one round trip) and binds them for every other driver (pgx caches one prepared statement per text).\n\n")
 	if err := barChart(dir, "cycle.png", "Uncontended try-lock + unlock", "cycles/s", names, []series{{"cycles/s", vals}}, false); err != nil {
 		return err
 	}
 
+	// Hot key.
+	p("## Hot key under load\n\n50 goroutines over a pool of 10 connections contend for one key: `Lock`, no work, `Unlock`, in a loop. by hand = a pool checkout, `pg_advisory_lock($1)`, `pg_advisory_unlock($1)`, the connection back; sqllock = `Locker.Lock` + `Lock.Unlock`. The two run in alternating phases of 500 ms (%s), in a random order each round; handoffs/s is the median over phases, a wait runs from the call to holding the key (a goroutine still waiting when its phase ends finishes its wait, so a starved one shows), and the server CPU is that of every process of the server over the phases, per handoff.\n\n", r.args)
+	p("| driver | contender | handoffs/s | vs by hand | p99 wait | longest wait | server CPU per handoff |\n|---|---|---|---|---|---|---|\n")
+	for _, h := range r.hot {
+		for _, x := range h.res {
+			cpu := "n/a"
+			if x.ServerCPU > 0 {
+				cpu = fmt.Sprintf("%.0f µs", us(x.ServerCPU))
+			}
+			p("| %s | %s | %.0f | %.3f× | %s | %s | %s |\n", h.driver, x.Name, x.PerSec, x.PerSec/h.res[0].PerSec, fmtDur(x.P99Wait), fmtDur(x.MaxWait), cpu)
+		}
+	}
+	p("\nA waiting `Locker.Lock` on a connection whose backend it knows sends one statement, which waits at most half the server's `deadlock_timeout` (its `lock_timeout`, set with `set_config(..., true)` in the statement) and is sent again until granted: a holder's `CREATE INDEX CONCURRENTLY` never sees it as a deadlock. That `set_config` and the guards' columns are the server CPU over the hand-written loop. database/sql hands a returned connection to a waiting goroutine picked at random, so both contenders' longest waits come from the pool queue, not the lock's.\n\n")
+
 	// Handoffs.
-	p("## Contended handoff\n\nA holder holds the key, a waiter waits, and 20 ms later the holder unlocks: latency from just before the holder's unlock call to the waiter holding the lock. The unit is one round trip of the same connection under the same conditions: `SELECT 1` on a pinned pgx connection after 20 ms idle, %.1f µs here (back to back, without the idle gap, it is %.1f µs: this machine serves a busy process much faster than one that wakes up).\n\n![handoff](handoff.png)\n\n", us(r.rtt), us(r.hotRTT))
+	p("## Contended handoff (idle wake-ups)\n\nA holder holds the key, a waiter waits, and 20 ms later the holder unlocks: latency from just before the holder's unlock call to the waiter holding the lock. **These figures are mostly idle wake-ups**: every party has slept for 20 ms, and this machine takes far longer to wake a sleeping process than to serve a busy one. The unit is one round trip of the same connection under the same conditions: `SELECT 1` on a pinned pgx connection after 20 ms idle, %.1f µs here (back to back, without the idle gap, it is %.1f µs). Read the table as a comparison between the ways of waiting (in the server, or polling), not as what a handoff costs; the hot-key table above measures handoffs without idle gaps.\n\n![handoff](handoff.png)\n\n", us(r.rtt), us(r.hotRTT))
 	p("| variant | samples | p50 | p99 | p50 in round trips |\n|---|---|---|---|---|\n")
 	names, vals = nil, nil
 	var p99s []float64
@@ -168,16 +181,16 @@ func (r *report) write(dir string) error {
 	}
 
 	// poolguard.
-	p("## poolguard overhead\n\nA plain pool and a `poolguard` pool of the same driver, one connection each, renewed every round. Clean statements are never checked; a statement that mentions an advisory function makes the connection dirty, and it is checked (one extra round trip reading `pg_locks`) as it returns to the pool.\n\n![poolguard](poolguard.png)\n\n")
+	p("## poolguard overhead\n\nA plain pool and a `poolguard` pool of the same driver, one connection each, call by call. Clean statements are never checked; a statement that mentions an advisory function makes the connection dirty, and it is checked (one extra round trip reading `pg_locks`) as it returns to the pool.\n\n![poolguard](poolguard.png)\n\n")
 	p("| workload | plain µs | guarded µs | guarded throughput / plain |\n|---|---|---|---|\n")
 	names = nil
 	var pv, gv []float64
 	for _, g := range r.guard {
-		p("| %s | %.1f | %.1f | %.2f× |\n", g.name, us(g.plain), us(g.guarded), ratio(g.guarded, g.plain))
+		p("| %s | %.1f | %.1f | %.2f× |\n", g.name, us(g.plain), us(g.guarded), g.plain.Seconds()/g.guarded.Seconds())
 		names = append(names, shortName(g.name))
 		pv, gv = append(pv, us(g.plain)), append(gv, us(g.guarded))
 	}
-	p("\nThe clean-traffic ratio swung between 0.96× and 1.07× over repeated runs of this comparison: the guard's work on a clean statement (a scan of its text for \"advisory\") is below what this machine can resolve. A dirty return costs one extra round trip whose server side reads `pg_locks` (about three times a trivial statement here).\n")
+	p("\nThe guard's work on a clean statement is a scan of its text for \"advisory\". A dirty return costs one extra round trip whose server side reads `pg_locks` (about three times a trivial statement here).\n")
 	if err := barChart(dir, "poolguard.png", "poolguard overhead", "µs per operation", names, []series{{"plain", pv}, {"guarded", gv}}, false); err != nil {
 		return err
 	}

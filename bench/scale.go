@@ -147,11 +147,8 @@ type guardResult struct {
 }
 
 // measureGuard compares a plain and a guarded pool of each driver, one
-// connection each. A plain and a guarded pool cannot share a backend, so
-// both pools open a new connection every round (and the rounds' order of
-// the variants rotates): the median over rounds evens out the differences
-// between backends.
-func measureGuard(e *env, rounds, n int) ([]guardResult, error) {
+// connection each, call by call (see testkit.Recorder).
+func measureGuard(e *env, calls int) ([]guardResult, error) {
 	var out []guardResult
 	for _, drv := range []string{"postgres", "pgx"} {
 		plain := open(drv, e.dsn)
@@ -159,47 +156,68 @@ func measureGuard(e *env, rounds, n int) ([]guardResult, error) {
 		if err != nil {
 			return nil, err
 		}
-		pools := []*sql.DB{plain, guarded}
-		for _, db := range pools {
+		for _, db := range []*sql.DB{plain, guarded} {
 			db.SetMaxOpenConns(1)
 		}
-		clean := func(db *sql.DB) batch {
-			return func(n int) (sample, error) {
-				return timeEach(n, func() error { var x int; return db.QueryRowContext(e.ctx, "SELECT $1::int", 7).Scan(&x) })
-			}
+		ers := &errs{}
+		clean := func(db *sql.DB) func() {
+			return ers.do(func() error { var x int; return db.QueryRowContext(e.ctx, "SELECT $1::int", 7).Scan(&x) })
 		}
-		dirty := func(db *sql.DB) batch {
-			return func(n int) (sample, error) {
-				return timeEach(n, func() error {
-					var a, b bool
-					return db.QueryRowContext(e.ctx, "SELECT pg_try_advisory_lock(8), pg_advisory_unlock(8)").Scan(&a, &b)
-				})
-			}
+		dirty := func(db *sql.DB, key int) func() {
+			return ers.do(func() error {
+				var a, b bool
+				return db.QueryRowContext(e.ctx, "SELECT pg_try_advisory_lock($1), pg_advisory_unlock($1)", key).Scan(&a, &b)
+			})
 		}
-		bs := []namedBatch{{"plain", clean(plain)}, {"guarded", clean(guarded)}, {"plain-dirty", dirty(plain)}, {"guarded-dirty", dirty(guarded)}}
-		perRound := map[string]sample{}
-		for r := 0; r < rounds; r++ {
-			for _, db := range pools { // a new backend for every round
-				db.SetMaxIdleConns(0)
-				db.SetMaxIdleConns(1)
-			}
-			for j := range bs {
-				b := bs[(r+j)%len(bs)]
-				s, err := b.run(n)
-				if err != nil {
-					plain.Close()
-					guarded.Close()
-					return nil, err
-				}
-				perRound[b.name] = append(perRound[b.name], s.median())
-			}
+		rec := testkit.NewRecorder(testkit.Variant{Name: "plain", Run: clean(plain)}, testkit.Variant{Name: "guarded", Run: clean(guarded)},
+			testkit.Variant{Name: "plain-dirty", Run: dirty(plain, 8)}, testkit.Variant{Name: "guarded-dirty", Run: dirty(guarded, 9)})
+		for range calls {
+			rec.Round()
 		}
+		res := rec.Results(0)
 		plain.Close()
 		guarded.Close()
+		if ers.first != nil {
+			return nil, ers.first
+		}
 		name := map[string]string{"postgres": "lib/pq", "pgx": "pgx"}[drv]
 		out = append(out,
-			guardResult{name + ": SELECT $1::int (clean)", perRound["plain"].median(), perRound["guarded"].median()},
-			guardResult{name + ": lock+unlock in one statement (dirty return)", perRound["plain-dirty"].median(), perRound["guarded-dirty"].median()})
+			guardResult{name + ": SELECT $1::int (clean)", res[0].Wall, res[1].Wall},
+			guardResult{name + ": lock+unlock in one statement (dirty return)", res[2].Wall, res[3].Wall})
+	}
+	return out, nil
+}
+
+// hotResult is the hot-key comparison of one driver.
+type hotResult struct {
+	driver string
+	res    []testkit.HotResult // by hand, sqllock
+}
+
+// measureHotKey runs 50 goroutines over a pool of 10 connections that
+// contend for one key, with the statements by hand and with sqllock (see
+// testkit.HotKey), for each driver.
+func measureHotKey(e *env, rounds int) ([]hotResult, error) {
+	var out []hotResult
+	for _, drv := range []string{"postgres", "pgx"} {
+		pool := func() *sql.DB {
+			db := open(drv, e.dsn)
+			db.SetMaxOpenConns(10)
+			db.SetMaxIdleConns(10)
+			return db
+		}
+		hand, lib := pool(), pool()
+		cpu, err := testkit.ServerCPU(e.ctx, hand)
+		if err != nil {
+			cpu = nil // a server in a container: no server CPU figure
+		}
+		res, err := testkit.HotKey(e.ctx, []testkit.HotVariant{testkit.HandLock(hand, benchKey+20), testkit.LockerLock(sqllock.New(lib), benchKey+21)}, 50, 500*time.Millisecond, rounds, cpu)
+		hand.Close()
+		lib.Close()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, hotResult{driver: map[string]string{"postgres": "lib/pq", "pgx": "pgx"}[drv], res: res})
 	}
 	return out, nil
 }
