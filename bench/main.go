@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"syscall"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -35,18 +36,27 @@ func main() {
 	handoffs := flag.Int("handoffs", 40, "samples per handoff variant (goose: fewer, it polls in seconds)")
 	cpu := flag.Int("cpu", 0, "pin this process and the PostgreSQL server it starts to this CPU (-1: do not pin)")
 	flag.Parse()
-	if *cpu >= 0 {
+	if *cpu >= 0 && os.Getenv("SQLLOCK_BENCH_PINNED") == "" {
 		// On a small virtual machine, a client and a server that ping-pong
 		// between two CPUs are served several times slower than on one, and
 		// the scheduler moves them between the two regimes unpredictably:
-		// pinning both to one CPU gives every variant the same regime.
+		// pinning both to one CPU gives every variant the same regime. The
+		// affinity is set on this thread, and the program executes itself
+		// again, so that every thread of the process, and the server it
+		// starts, inherit it.
+		runtime.LockOSThread()
 		var set unix.CPUSet
 		set.Set(*cpu)
 		if err := unix.SchedSetaffinity(0, &set); err != nil {
 			fmt.Fprintln(os.Stderr, "bench: pin to CPU:", err)
 			os.Exit(1)
 		}
-		runtime.GOMAXPROCS(1)
+		self, err := os.Executable()
+		if err == nil {
+			err = syscall.Exec(self, os.Args, append(os.Environ(), "SQLLOCK_BENCH_PINNED=1", "GOMAXPROCS=1"))
+		}
+		fmt.Fprintln(os.Stderr, "bench: pin to CPU:", err)
+		os.Exit(1)
 	}
 	if err := run(*out, *calls, *hotRounds, *handoffs, *cpu); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
