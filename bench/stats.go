@@ -19,11 +19,3 @@ func (s sample) quantile(q float64) time.Duration {
 }
 
 func (s sample) median() time.Duration { return s.quantile(0.5) }
-
-// opsPerSec returns the throughput of one operation of median duration d.
-func opsPerSec(d time.Duration) float64 {
-	if d <= 0 {
-		return 0
-	}
-	return float64(time.Second) / float64(d)
-}

@@ -1,0 +1,136 @@
+package sqllock
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Bounding statements on a blind driver: one that does not give up a read
+// when its context ends (lib/pq), so that a call still returns by its
+// context's end when the server stopped answering.
+
+// errAbandoned reports a statement that outlived its context on a driver
+// that does not give up a read when its context ends (lib/pq, on a network
+// that stopped answering): the caller got its answer at the context's end,
+// and the connection is closed, as discarded, once the statement returns.
+// The caller must not use the connection again.
+var errAbandoned = errors.New("sqllock: no answer from the server by the end of the context; the connection is discarded when the statement returns")
+
+// abandonGrace is how long past its context's end a statement on a blind
+// driver gets before it is abandoned.
+const abandonGrace = 250 * time.Millisecond
+
+// abandonSet holds the connections whose statements were abandoned (see
+// boundedRaw) until they are closed; a Locker of a blind driver has one.
+type abandonSet struct{ conns sync.Map } // *sql.Conn → struct{}
+
+// has reports whether conn was abandoned and is not closed yet: it must
+// not be touched (a discard would wait for its statement).
+func (a *abandonSet) has(conn *sql.Conn) bool {
+	if a == nil {
+		return false
+	}
+	_, ok := a.conns.Load(conn)
+	return ok
+}
+
+// boundedRaw is onDriverConn, except that for a blind driver (blind is
+// non-nil: one that does not give up a read when ctx ends) it returns,
+// shortly after ctx ends, whether f has returned or not. Then it returns
+// an error wrapping errAbandoned and ctx's error, records conn in blind,
+// and f's connection is closed once f returns.
+func boundedRaw(ctx context.Context, blind *abandonSet, conn *sql.Conn, f func(dc any) error) error {
+	if blind == nil || ctx.Done() == nil {
+		return onDriverConn(conn, f)
+	}
+	_, err := leaveAtEnd(ctx,
+		func(left func() bool) (struct{}, error) {
+			return struct{}{}, onDriverConn(conn, func(dc any) error {
+				err := f(dc)
+				if left() {
+					return driver.ErrBadConn // database/sql closes the connection
+				}
+				return err
+			})
+		},
+		func() { blind.conns.Store(conn, struct{}{}) },
+		func(struct{}, error) {
+			conn.Close()
+			blind.conns.Delete(conn)
+		})
+	return err
+}
+
+// getConn is db.Conn, bounded like boundedRaw for a blind driver: lib/pq
+// opened with sql.Open dials and logs in with no context at all (about two
+// minutes of SYN retries when the server stopped answering). A connection
+// that comes after the caller left goes back to the pool.
+func getConn(ctx context.Context, blind *abandonSet, db *sql.DB) (*sql.Conn, error) {
+	if blind == nil || ctx.Done() == nil {
+		return db.Conn(ctx)
+	}
+	return leaveAtEnd(ctx,
+		func(func() bool) (*sql.Conn, error) { return db.Conn(ctx) },
+		func() {},
+		func(conn *sql.Conn, err error) {
+			if err == nil {
+				conn.Close()
+			}
+		})
+}
+
+// leaveAtEnd runs work in a goroutine and returns its result, or, when it
+// has not returned abandonGrace after ctx ended, an error wrapping
+// errAbandoned and ctx's error. Leaving calls onLeave; work can ask whether
+// its caller left (left); a result that comes after the caller left goes
+// to cleanup. onLeave and cleanup never overlap the decision to leave.
+func leaveAtEnd[T any](ctx context.Context, work func(left func() bool) (T, error), onLeave func(), cleanup func(T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	var mu sync.Mutex
+	gone := false // guarded by mu: the caller left
+	left := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return gone
+	}
+	res := make(chan result, 1)
+	go func() {
+		v, err := work(left)
+		mu.Lock()
+		defer mu.Unlock()
+		if gone {
+			cleanup(v, err)
+			return
+		}
+		res <- result{v, err}
+	}()
+	select {
+	case r := <-res:
+		return r.v, r.err
+	case <-ctx.Done():
+	}
+	select {
+	case r := <-res:
+		return r.v, r.err
+	case <-time.After(abandonGrace):
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case r := <-res:
+		return r.v, r.err
+	default:
+		gone = true
+		onLeave()
+		var zero T
+		return zero, fmt.Errorf("%w: %w", errAbandoned, ctx.Err())
+	}
+}
