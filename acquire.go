@@ -73,7 +73,8 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start ti
 		return nil, err
 	}
 	// A wait must know its backend's pid, which settles a cancelled wait
-	// (see cancelWait). On a connection whose pid was seen before (and
+	// (see cancelWait). On a connection that waited before (its pid is
+	// known, and
 	// whose session carries the orphan settings), a waiting call goes
 	// straight to waiting; otherwise every call starts with the non-waiting
 	// function, which returns the pid: an uncontended lock costs one round
@@ -87,7 +88,6 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start ti
 		q, args := l.mode.sessionLockSQL(kind|kindTry, k)
 		err = queryRowSuffix(ctx, l.abandoned, conn, q, l.suffix, l.tunedAdd, args, &ok, &pid, &standby)
 		if err == nil {
-			l.pids.set(dc, pid)
 			waitPID = pid
 		}
 	}

@@ -30,6 +30,7 @@ package sqllockmock
 import (
 	"database/sql/driver"
 	"regexp"
+	"strconv"
 
 	"github.com/DATA-DOG/go-sqlmock"
 
@@ -57,13 +58,16 @@ func ExpectLock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
 	return expectSessionLock(mock, "pg_try_advisory_lock", k, true)
 }
 
-// ExpectLockAfterWait expects Locker.Lock (and Do) to find k held, then to
-// wait for it, and grants it after the wait: two statements.
+// ExpectLockAfterWait expects a Locker's first wait: Locker.Lock (and Do)
+// finds k held, reads the server's deadlock_timeout (once per Locker), then
+// waits for k, and is granted it after the wait: three statements.
 func ExpectLockAfterWait(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
 	expectSessionLock(mock, "pg_try_advisory_lock", k, false)
+	mock.ExpectQuery(exact("SELECT greatest(1, (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::int8)")).
+		WillReturnRows(sqlmock.NewRows([]string{"slice"}).AddRow(int64(500)))
 	a, args := keyArgs(k, 1)
-	q := "SELECT true, pg_backend_pid(), pg_is_in_recovery() FROM (SELECT set_config('lock_timeout', " +
-		"greatest(1, (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::int8)::text || 'ms', true)) AS s(v), " +
+	args = append(args, "500ms")
+	q := "SELECT true, pg_backend_pid(), pg_is_in_recovery() FROM (SELECT set_config('lock_timeout', $" + strconv.Itoa(len(args)) + ", true)) AS s(v), " +
 		"LATERAL (SELECT pg_advisory_lock(" + a + ") WHERE s.v IS NOT NULL) AS l"
 	return mock.ExpectQuery(exact(q)).WithArgs(args...).
 		WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid", "in_recovery"}).AddRow(true, PID, false))
