@@ -74,14 +74,19 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start ti
 	}
 	// A wait must know its backend's pid, which settles a cancelled wait
 	// (see cancelWait). On a connection that waited before (its pid is
-	// known, and
-	// whose session carries the orphan settings), a waiting call goes
-	// straight to waiting; otherwise every call starts with the non-waiting
-	// function, which returns the pid: an uncontended lock costs one round
-	// trip either way, a contended one two the first time.
-	dc := driverConnOf(conn)
-	waitPID, known := l.pids.get(dc)
-	direct := !kind.try() && known && l.settingsFor(dc) == ""
+	// known, and its session carries the orphan settings), a waiting call
+	// goes straight to waiting; otherwise every call starts with the
+	// non-waiting function, which returns the pid: an uncontended lock costs
+	// one round trip either way, a contended one two the first time.
+	var dc any
+	var waitPID int64
+	direct := false
+	if !kind.try() {
+		dc = driverConnOf(conn)
+		var known bool
+		waitPID, known = l.pids.get(dc)
+		direct = known && l.settingsFor(dc) == ""
+	}
 	var ok, standby bool
 	var pid int64
 	if !direct {
