@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -153,9 +154,14 @@ func standbyError(what string) error {
 	return fmt.Errorf("%w (%s): its advisory locks do not conflict with the primary's; connect to the primary (or use WithAllowStandby)", ErrStandby, what)
 }
 
-// sessionChanged says what a changed backend means.
+// sessionChanged says what a changed backend means (now is 0 when the
+// new backend's pid is not known).
 func sessionChanged(was, now int64) error {
-	return fmt.Errorf("%w from backend %d to %d: a transaction-mode pooler (such as PgBouncer with pool_mode=transaction) is in the way; session locks are unsafe there, use LockTx or InTx", ErrSessionChanged, was, now)
+	to := "another"
+	if now != 0 {
+		to = strconv.FormatInt(now, 10)
+	}
+	return fmt.Errorf("%w from backend %d to %s: a transaction-mode pooler (such as PgBouncer with pool_mode=transaction) is in the way; session locks are unsafe there, use LockTx or InTx", ErrSessionChanged, was, to)
 }
 
 // HeldError is the error of a lock that could not be taken, from a Locker

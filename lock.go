@@ -242,10 +242,14 @@ func (lk *Lock) lose(cause error) {
 // releases whatever it held.
 func (l *Locker) release(conn *sql.Conn, k Key, shared bool, pid int64) error {
 	q, args := l.mode.unlockSQL(shared, k, pid)
-	var released sql.NullBool
-	var gotPID int64
-	err := queryRow(l.unlockContext(), l.abandoned, conn, q, args, &released, &gotPID)
+	var released bool
+	err := queryRow(l.unlockContext(), l.abandoned, conn, q, args, &released)
 	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		// No row: the statement ran on another backend than the one
+		// granted the lock.
+		l.discard(conn, k, "backend changed")
+		return fmt.Errorf("%w: lock %s: %w", ErrLockLost, l.name(k), sessionChanged(pid, 0))
 	case errors.Is(err, sql.ErrConnDone):
 		// Lock.Conn() was closed by the caller: the session went back to the
 		// pool holding the lock.
@@ -262,10 +266,7 @@ func (l *Locker) release(conn *sql.Conn, k Key, shared bool, pid int64) error {
 	case err != nil:
 		l.discard(conn, k, "unlock statement failed")
 		return fmt.Errorf("sqllock: unlock %s: %w (connection discarded; the server releases the lock as the session ends)", l.name(k), err)
-	case gotPID != pid:
-		l.discard(conn, k, "backend changed")
-		return fmt.Errorf("%w: lock %s: %w", ErrLockLost, l.name(k), sessionChanged(pid, gotPID))
-	case !released.Bool:
+	case !released:
 		l.discard(conn, k, "unlock found no lock")
 		return fmt.Errorf("%w: unlock of %s on backend %d found no such lock", ErrLockLost, l.name(k), pid)
 	}

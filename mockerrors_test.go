@@ -71,7 +71,7 @@ func TestServerCheckIsCached(t *testing.T) {
 }
 
 // unlockSQL matches sqllock's unlock statement for a bigint key.
-var unlockSQL = regexp.QuoteMeta("THEN pg_advisory_unlock($1) END, pg_backend_pid()")
+var unlockSQL = regexp.QuoteMeta("SELECT pg_advisory_unlock($1) WHERE pg_backend_pid() = $2::int4")
 
 func TestUnlockOutcomes(t *testing.T) {
 	k := sqllock.Int64(7)
@@ -82,13 +82,13 @@ func TestUnlockOutcomes(t *testing.T) {
 		errIsNil bool
 	}{
 		{"confirmed", func(q *sqlmock.ExpectedQuery) {
-			q.WillReturnRows(sqlmock.NewRows([]string{"r", "pid"}).AddRow(true, sqllockmock.PID))
+			q.WillReturnRows(sqlmock.NewRows([]string{"r"}).AddRow(true))
 		}, nil, true},
 		{"not held", func(q *sqlmock.ExpectedQuery) {
-			q.WillReturnRows(sqlmock.NewRows([]string{"r", "pid"}).AddRow(false, sqllockmock.PID))
+			q.WillReturnRows(sqlmock.NewRows([]string{"r"}).AddRow(false))
 		}, []error{sqllock.ErrLockLost}, false},
 		{"other backend", func(q *sqlmock.ExpectedQuery) {
-			q.WillReturnRows(sqlmock.NewRows([]string{"r", "pid"}).AddRow(nil, 999))
+			q.WillReturnRows(sqlmock.NewRows([]string{"r"})) // no row: another backend
 		}, []error{sqllock.ErrLockLost, sqllock.ErrSessionChanged}, false},
 		{"connection error", func(q *sqlmock.ExpectedQuery) {
 			q.WillReturnError(errors.New("read tcp: connection reset by peer"))

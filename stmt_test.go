@@ -48,11 +48,11 @@ func TestStatements(t *testing.T) {
 		}
 	}
 	q, args := inlineKeys.unlockSQL(false, Int64(7), 42)
-	if q != "SELECT CASE WHEN pg_backend_pid() = 42 THEN pg_advisory_unlock((7)::bigint) END, pg_backend_pid()" || len(args) != 0 {
+	if q != "SELECT pg_advisory_unlock((7)::bigint) WHERE pg_backend_pid() = 42" || len(args) != 0 {
 		t.Errorf("inline unlockSQL = %q, %v", q, args)
 	}
 	q, args = bindKeys.unlockSQL(true, Pair(3, 4), 42)
-	if q != "SELECT CASE WHEN pg_backend_pid() = $3::int4 THEN pg_advisory_unlock_shared($1, $2) END, pg_backend_pid()" || len(args) != 3 || args[2] != int64(42) {
+	if q != "SELECT pg_advisory_unlock_shared($1, $2) WHERE pg_backend_pid() = $3::int4" || len(args) != 3 || args[2] != int64(42) {
 		t.Errorf("bind unlockSQL = %q, %v", q, args)
 	}
 	if q, _ := bindKeys.xactLockSQL(kindTry|kindShared, Int64(1)); q != "SELECT pg_try_advisory_xact_lock_shared($1)" {

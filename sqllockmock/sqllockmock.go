@@ -153,9 +153,9 @@ func expectSessionLock(mock sqlmock.Sqlmock, fn string, k sqllock.Key, acquired 
 func expectUnlock(mock sqlmock.Sqlmock, fn string, k sqllock.Key) *sqlmock.ExpectedQuery {
 	a, args := keyArgs(k, 1)
 	n := "$" + string(rune('1'+len(args)))
-	q := "SELECT CASE WHEN pg_backend_pid() = " + n + "::int4 THEN " + fn + "(" + a + ") END, pg_backend_pid()"
+	q := "SELECT " + fn + "(" + a + ") WHERE pg_backend_pid() = " + n + "::int4"
 	return mock.ExpectQuery(exact(q)).WithArgs(append(args, int64(PID))...).
-		WillReturnRows(sqlmock.NewRows([]string{"released", "pid"}).AddRow(true, PID))
+		WillReturnRows(sqlmock.NewRows([]string{"released"}).AddRow(true))
 }
 
 // keyArgs returns the placeholders and bound values of k.
