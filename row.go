@@ -149,15 +149,19 @@ func queryRows(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string,
 		if err != nil {
 			return err
 		}
-		defer rows.Close()
+		// Rows are closed exactly once: lib/pq's Close, called twice under
+		// a cancellable context, can panic.
 		vals := make([]driver.Value, len(rows.Columns()))
 		for {
-			if err := rows.Next(vals); err == io.EOF {
+			err := rows.Next(vals)
+			if err == io.EOF {
 				return rows.Close()
-			} else if err != nil {
-				return err
 			}
-			if err := row(vals); err != nil {
+			if err == nil {
+				err = row(vals)
+			}
+			if err != nil {
+				rows.Close()
 				return err
 			}
 		}

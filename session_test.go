@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lib/pq"
+
 	"github.com/sqllock/sqllock/internal/testkit"
 
 	"github.com/sqllock/sqllock"
@@ -15,8 +17,18 @@ import (
 )
 
 func openCounting(t *testing.T, dsn string) (*sql.DB, *testkit.CountingConnector) {
-	probe := pgtest.Open(t, "pgx", dsn)
-	inner, err := probe.Driver().(driver.DriverContext).OpenConnector(dsn)
+	return openCountingDriver(t, "pgx", dsn)
+}
+
+func openCountingDriver(t *testing.T, drv, dsn string) (*sql.DB, *testkit.CountingConnector) {
+	probe := pgtest.Open(t, drv, dsn)
+	var inner driver.Connector
+	var err error
+	if d, ok := probe.Driver().(driver.DriverContext); ok {
+		inner, err = d.OpenConnector(dsn)
+	} else {
+		inner, err = pq.NewConnector(dsn) // lib/pq's Driver has no OpenConnector
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,4 +277,47 @@ func TestSessionUnlockRepeatedKey(t *testing.T) {
 		}
 		waitNoLocks(t, db, 5*time.Second)
 	})
+}
+
+// TestStatementRowsClosedOnce: sqllock closes the rows of every statement
+// it runs on a driver connection exactly once. lib/pq's Close, called a
+// second time under a cancellable context (the unlock's, always) before
+// its watcher goroutine has run, panics ("attempt to set nil err"): a
+// Session.UnlockMany did that with one processor.
+func TestStatementRowsClosedOnce(t *testing.T) {
+	srv := pgtest.Start(t)
+	dsn := srv.NewDatabase(t)
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			db, cc := openCountingDriver(t, drv, dsn)
+			l := sqllock.New(db, sqllock.WithKeepAlive(0))
+			s, err := l.Session(bg())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close(bg())
+			ctx, cancel := context.WithCancel(bg())
+			defer cancel()
+			keys := manyKeys(10, 94)
+			for i := range 5 {
+				got, err := s.TryLockMany(ctx, keys...)
+				if err != nil || len(got) != len(keys) {
+					t.Fatalf("round %d: TryLockMany = %v, %v", i, got, err)
+				}
+				if err := s.UnlockMany(ctx, got...); err != nil {
+					t.Fatalf("round %d: UnlockMany: %v", i, err)
+				}
+			}
+			lk, err := l.Lock(ctx, keys[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := lk.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := cc.DoubleCloses(); n != 0 {
+				t.Fatalf("%d rows closed twice", n)
+			}
+		})
+	}
 }

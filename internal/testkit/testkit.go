@@ -17,13 +17,19 @@ import (
 // QueryContext and ExecContext. For statements that each take one round
 // trip (sqllock's on pgx, whose extended protocol sends one Sync per
 // statement), the count is the number of round trips.
+//
+// It also counts rows closed more than once (DoubleCloses): lib/pq can
+// panic on a second Close under a cancellable context.
 type CountingConnector struct {
 	driver.Connector
-	n atomic.Int64
+	n, double atomic.Int64
 }
 
 // Count returns the statements run so far.
 func (c *CountingConnector) Count() int64 { return c.n.Load() }
+
+// DoubleCloses returns how many rows were closed more than once.
+func (c *CountingConnector) DoubleCloses() int64 { return c.double.Load() }
 
 // Connect implements driver.Connector.
 func (c *CountingConnector) Connect(ctx context.Context) (driver.Conn, error) {
@@ -31,21 +37,40 @@ func (c *CountingConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &countingConn{Conn: dc, n: &c.n}, nil
+	return &countingConn{Conn: dc, c: c}, nil
 }
 
 type countingConn struct {
 	driver.Conn
-	n *atomic.Int64
+	c *CountingConnector
 }
 
 func (c *countingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
-	c.n.Add(1)
-	return c.Conn.(driver.QueryerContext).QueryContext(ctx, q, args)
+	c.c.n.Add(1)
+	rows, err := c.Conn.(driver.QueryerContext).QueryContext(ctx, q, args)
+	if err != nil {
+		return nil, err
+	}
+	return &closeCounting{Rows: rows, double: &c.c.double}, nil
+}
+
+type closeCounting struct {
+	driver.Rows
+	closed bool
+	double *atomic.Int64
+}
+
+func (r *closeCounting) Close() error {
+	if r.closed {
+		r.double.Add(1)
+		return nil // not passed on: lib/pq would panic
+	}
+	r.closed = true
+	return r.Rows.Close()
 }
 
 func (c *countingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
-	c.n.Add(1)
+	c.c.n.Add(1)
 	return c.Conn.(driver.ExecerContext).ExecContext(ctx, q, args)
 }
 
