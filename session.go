@@ -6,7 +6,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"sort"
 	"strconv"
 	"sync"
 
@@ -166,7 +165,8 @@ func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
 	if len(want) == 0 {
 		return nil, nil
 	}
-	got := make([]Key, 0, len(want))
+	taken := make([]bool, len(want)) // by position in want: got comes in the order given
+	n := 0
 	q, args := s.l.mode.manySQL("pg_try_advisory_lock", "", want)
 	err := queryRows(ctx, s.l.abandoned, s.conn, q, args, func(v []driver.Value) error {
 		i, ok, pid := pglocks.Int(v[0]), v[1] == true, pglocks.Int(v[2])
@@ -176,22 +176,23 @@ func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
 		if i < 1 || int(i) > len(want) {
 			return errors.New("sqllock: answer out of range")
 		}
-		if ok {
-			got = append(got, want[i-1])
+		if ok && !taken[i-1] {
+			taken[i-1] = true
+			n++
 		}
 		return nil
 	})
 	if ctxEnded(ctx) || err != nil {
 		return nil, s.tryLockManyFailed(ctx, want, err)
 	}
+	got := make([]Key, 0, n)
+	for i, k := range want {
+		if taken[i] {
+			got = append(got, k)
+		}
+	}
 	s.add(got)
 	s.l.stats.contended.Add(int64(len(want) - len(got)))
-	// Report in the order given.
-	order := make(map[Key]int, len(want))
-	for i, k := range want {
-		order[k] = i
-	}
-	sort.Slice(got, func(i, j int) bool { return order[got[i]] < order[got[j]] })
 	return got, nil
 }
 
@@ -234,17 +235,9 @@ func (s *Session) UnlockMany(ctx context.Context, keys ...Key) error {
 		return err
 	}
 	defer s.end()
-	uniq := make([]Key, 0, len(keys))
-	seen := make(map[Key]bool, len(keys))
-	for _, k := range keys {
-		if seen[k] {
-			continue
-		}
-		if !s.holds(k) {
-			return fmt.Errorf("sqllock: unlock %s: not held by this session", s.l.name(k))
-		}
-		seen[k] = true
-		uniq = append(uniq, k)
+	uniq, missing := s.heldOnce(keys)
+	if missing != nil {
+		return fmt.Errorf("sqllock: unlock %s: not held by this session", s.l.name(*missing))
 	}
 	if err := s.unlockKeys(uniq); err != nil {
 		return err

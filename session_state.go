@@ -23,6 +23,26 @@ func (s *Session) holds(k Key) bool {
 	return s.held[k]
 }
 
+// heldOnce returns keys without repeats, or the first key the Session
+// does not hold.
+func (s *Session) heldOnce(keys []Key) ([]Key, *Key) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	uniq := make([]Key, 0, len(keys))
+	seen := make(map[Key]bool, len(keys))
+	for i, k := range keys {
+		if seen[k] {
+			continue
+		}
+		if !s.held[k] {
+			return nil, &keys[i]
+		}
+		seen[k] = true
+		uniq = append(uniq, k)
+	}
+	return uniq, nil
+}
+
 // notHeld returns keys without repeats and without those the Session holds.
 func (s *Session) notHeld(keys []Key) []Key {
 	s.mu.Lock()

@@ -255,23 +255,28 @@ const keepAliveSQL = `SELECT h.i FROM unnest($1::text::int4[], $2::text::int8[],
 // the function runs only on that backend (NULL elsewhere). Keys are passed
 // as array literals in text, which every driver can bind.
 func (m stmtMode) manySQL(fn, onlyPID string, keys []Key) (string, []any) {
-	var pair, v, c, d strings.Builder
+	// Four array literals, built without an allocation per key.
+	pair := make([]byte, 0, 2*len(keys)+2)
+	v := make([]byte, 0, 8*len(keys)+2)
+	c := make([]byte, 0, 4*len(keys)+2)
+	d := make([]byte, 0, 4*len(keys)+2)
 	for i, k := range keys {
-		sep := ","
+		sep := byte(',')
 		if i == 0 {
-			sep = "{"
+			sep = '{'
 		}
+		pair, v, c, d = append(pair, sep), append(v, sep), append(c, sep), append(d, sep)
 		if cl, id, ok := k.Pair(); ok {
-			pair.WriteString(sep + "t")
-			v.WriteString(sep + "0")
-			c.WriteString(sep + strconv.FormatInt(int64(cl), 10))
-			d.WriteString(sep + strconv.FormatInt(int64(id), 10))
+			pair = append(pair, 't')
+			v = append(v, '0')
+			c = strconv.AppendInt(c, int64(cl), 10)
+			d = strconv.AppendInt(d, int64(id), 10)
 		} else {
 			n, _ := k.Int64()
-			pair.WriteString(sep + "f")
-			v.WriteString(sep + strconv.FormatInt(n, 10))
-			c.WriteString(sep + "0")
-			d.WriteString(sep + "0")
+			pair = append(pair, 'f')
+			v = strconv.AppendInt(v, n, 10)
+			c = append(c, '0')
+			d = append(d, '0')
 		}
 	}
 	call := "CASE WHEN t.pair THEN " + fn + "(t.c, t.d) ELSE " + fn + "(t.v) END"
@@ -280,7 +285,7 @@ func (m stmtMode) manySQL(fn, onlyPID string, keys []Key) (string, []any) {
 	}
 	q := "SELECT t.i, " + call + ", pg_backend_pid() FROM unnest($1::text::bool[], $2::text::int8[], $3::text::int4[], $4::text::int4[])" +
 		" WITH ORDINALITY AS t(pair, v, c, d, i)"
-	return m.arrays(q, pair.String()+"}", v.String()+"}", c.String()+"}", d.String()+"}")
+	return m.arrays(q, string(append(pair, '}')), string(append(v, '}')), string(append(c, '}')), string(append(d, '}')))
 }
 
 // arrays returns q with its array parameters ($1, $2, ...: text literals
