@@ -49,8 +49,8 @@ type Session struct {
 	// that the keep-alive, Err and Held never wait for a call in progress
 	// (a blocking Lock can wait for a long time).
 	mu        sync.Mutex
-	held      map[Key]bool // keys held now
-	releasing map[Key]bool // keys whose unlock is under way
+	held      keySet // keys held now
+	releasing keySet // keys whose unlock is under way
 	state     lockState    // stateHeld while usable
 	err       error        // nil while usable
 	sorted    []Key        // cache of Held(), nil when stale
@@ -79,7 +79,7 @@ func (l *Locker) Session(ctx context.Context) (*Session, error) {
 		return nil, standbyError("session")
 	}
 	sctx, cancel := context.WithCancelCause(context.Background())
-	s := &Session{l: l, conn: conn, pid: pid, ctx: sctx, cancel: cancel, held: map[Key]bool{}, releasing: map[Key]bool{}}
+	s := &Session{l: l, conn: conn, pid: pid, ctx: sctx, cancel: cancel}
 	l.mon.add(s)
 	return s, nil
 }
@@ -290,10 +290,8 @@ func (s *Session) Close(ctx context.Context) error {
 	defer s.end()
 	s.mu.Lock()
 	state, err := s.state, s.err
-	keys := make([]Key, 0, len(s.held))
-	for k := range s.held {
-		keys = append(keys, k)
-	}
+	keys := make([]Key, 0, s.held.len())
+	s.held.each(func(k Key) { keys = append(keys, k) })
 	s.mu.Unlock()
 	switch state {
 	case stateReleased:

@@ -20,7 +20,7 @@ import (
 func (s *Session) holds(k Key) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.held[k]
+	return s.held.has(k)
 }
 
 // heldOnce returns keys without repeats, or the first key the Session
@@ -29,15 +29,15 @@ func (s *Session) heldOnce(keys []Key) ([]Key, *Key) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	uniq := make([]Key, 0, len(keys))
-	seen := make(map[Key]bool, len(keys))
+	var seen keySet
 	for i, k := range keys {
-		if seen[k] {
+		if seen.has(k) {
 			continue
 		}
-		if !s.held[k] {
+		if !s.held.has(k) {
 			return nil, &keys[i]
 		}
-		seen[k] = true
+		seen.add(k)
 		uniq = append(uniq, k)
 	}
 	return uniq, nil
@@ -48,10 +48,10 @@ func (s *Session) notHeld(keys []Key) []Key {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	want := make([]Key, 0, len(keys))
-	seen := make(map[Key]bool, len(keys))
+	var seen keySet
 	for _, k := range keys {
-		if !s.held[k] && !seen[k] {
-			seen[k] = true
+		if !s.held.has(k) && !seen.has(k) {
+			seen.add(k)
 			want = append(want, k)
 		}
 	}
@@ -92,7 +92,7 @@ func (s *Session) add(keys []Key) {
 	}
 	s.mu.Lock()
 	for _, k := range keys {
-		s.held[k] = true
+		s.held.add(k)
 	}
 	s.sorted = nil
 	s.mu.Unlock()
@@ -127,10 +127,10 @@ func (s *Session) markLost(cause error) bool {
 		s.mu.Unlock()
 		return false
 	}
-	n := int64(len(s.held))
+	n := int64(s.held.len())
 	s.state = stateLost
 	s.err = fmt.Errorf("%w: session on backend %d (%d locks): %w", ErrLockLost, s.pid, n, cause)
-	s.held, s.sorted = map[Key]bool{}, nil
+	s.held, s.sorted = keySet{}, nil
 	err := s.err
 	s.mu.Unlock()
 	s.l.stats.lostHeld(n)
@@ -153,9 +153,9 @@ func (s *Session) discardConn() {
 // releaseStray unlocks the keys of want that the session holds but the
 // Session did not (taken by a statement that then failed).
 func (s *Session) releaseStray(ctx context.Context, want []Key) error {
-	wanted := make(map[Key]bool, len(want))
+	var wanted keySet
 	for _, k := range want {
-		wanted[k] = true
+		wanted.add(k)
 	}
 	var stray []Key
 	err := queryRows(context.WithoutCancel(ctx), nil, s.conn, pglocks.OwnSQL, nil, func(v []driver.Value) error {
@@ -164,7 +164,7 @@ func (s *Session) releaseStray(ctx context.Context, want []Key) error {
 			return nil
 		}
 		k, ok := keyFromLockTag(r.Tag)
-		if ok && wanted[k] && !s.holds(k) {
+		if ok && wanted.has(k) && !s.holds(k) {
 			stray = append(stray, k)
 		}
 		return nil
@@ -188,11 +188,11 @@ func (s *Session) releaseStray(ctx context.Context, want []Key) error {
 func (s *Session) heldKeys(buf []heldKey) []heldKey {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for k := range s.held {
-		if !s.releasing[k] {
+	s.held.each(func(k Key) {
+		if !s.releasing.has(k) {
 			buf = append(buf, heldKey{pid: s.pid, key: k})
 		}
-	}
+	})
 	return buf
 }
 
@@ -201,7 +201,7 @@ func (s *Session) heldKeys(buf []heldKey) []heldKey {
 // run after an unlock that its snapshot of the keys did not know of.
 func (s *Session) loseKey(k Key, cause error) {
 	s.mu.Lock()
-	gone := s.held[k] && !s.releasing[k]
+	gone := s.held.has(k) && !s.releasing.has(k)
 	s.mu.Unlock()
 	if gone {
 		s.lose(fmt.Errorf("%s: %w", s.l.name(k), cause))
@@ -213,7 +213,7 @@ func (s *Session) markReleasing(keys []Key) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, k := range keys {
-		s.releasing[k] = true
+		s.releasing.add(k)
 	}
 }
 
@@ -224,9 +224,9 @@ func (s *Session) endRelease(keys []Key, released bool) {
 	s.mu.Lock()
 	n := int64(0)
 	for _, k := range keys {
-		delete(s.releasing, k)
-		if released && s.held[k] {
-			delete(s.held, k)
+		s.releasing.remove(k)
+		if released && s.held.has(k) {
+			s.held.remove(k)
 			n++
 		}
 	}
@@ -279,10 +279,8 @@ func (s *Session) Held() []Key {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.sorted == nil {
-		s.sorted = make([]Key, 0, len(s.held))
-		for k := range s.held {
-			s.sorted = append(s.sorted, k)
-		}
+		s.sorted = make([]Key, 0, s.held.len())
+		s.held.each(func(k Key) { s.sorted = append(s.sorted, k) })
 		sort.Slice(s.sorted, func(i, j int) bool { return s.sorted[i].less(s.sorted[j]) })
 	}
 	return append([]Key(nil), s.sorted...)
