@@ -49,11 +49,11 @@ type Session struct {
 	// that the keep-alive, Err and Held never wait for a call in progress
 	// (a blocking Lock can wait for a long time).
 	mu        sync.Mutex
-	held      keySet // keys held now
-	releasing keySet // keys whose unlock is under way
-	state     lockState    // stateHeld while usable
-	err       error        // nil while usable
-	sorted    []Key        // cache of Held(), nil when stale
+	held      keySet    // keys held now
+	releasing keySet    // keys whose unlock is under way
+	state     lockState // stateHeld while usable
+	err       error     // nil while usable
+	sorted    []Key     // cache of Held(), nil when stale
 }
 
 // Session pins a connection for a new Session. It checks that the server is
