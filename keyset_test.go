@@ -52,3 +52,29 @@ func TestKeySet(t *testing.T) {
 		t.Fatal("the zero Key is in the set")
 	}
 }
+
+func TestMarkPositions(t *testing.T) {
+	for _, tt := range []struct {
+		in   any
+		want []bool
+		ok   bool
+	}{
+		{"{}", []bool{false, false, false}, true},
+		{[]byte("{1,3}"), []bool{true, false, true}, true},
+		{"{2}", []bool{false, true, false}, true},
+		{"{4}", nil, false},
+		{"{0}", nil, false},
+		{"{x}", nil, false},
+		{int64(1), nil, false},
+	} {
+		marks := make([]bool, 3)
+		err := markPositions(tt.in, marks)
+		if (err == nil) != tt.ok {
+			t.Errorf("markPositions(%v) = %v", tt.in, err)
+			continue
+		}
+		if tt.ok && !slices.Equal(marks, tt.want) {
+			t.Errorf("markPositions(%v) = %v, want %v", tt.in, marks, tt.want)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/sqllock/sqllock/internal/pglocks"
@@ -165,29 +166,40 @@ func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
 	if len(want) == 0 {
 		return nil, nil
 	}
-	taken := make([]bool, len(want)) // by position in want: got comes in the order given
-	n := 0
-	q, args := s.l.mode.manySQL("pg_try_advisory_lock", "", want)
+	missed := make([]bool, len(want)) // by position in want: got comes in the order given
+	agg := ""
+	if len(want) > manyRowsMax {
+		agg = aggNotTaken
+	}
+	q, args := s.l.mode.manySQL("pg_try_advisory_lock", "", agg, want)
+	answered := 0
 	err := queryRows(ctx, s.l.abandoned, s.conn, q, args, func(v []driver.Value) error {
-		i, ok, pid := pglocks.Int(v[0]), v[1] == true, pglocks.Int(v[2])
-		if pid != s.pid {
+		answered++
+		if pid := pglocks.Int(v[len(v)-1]); pid != s.pid {
 			return sessionChanged(s.pid, pid)
 		}
+		if agg != "" {
+			return markPositions(v[0], missed)
+		}
+		i := pglocks.Int(v[0])
 		if i < 1 || int(i) > len(want) {
 			return errors.New("sqllock: answer out of range")
 		}
-		if ok && !taken[i-1] {
-			taken[i-1] = true
-			n++
-		}
+		missed[i-1] = v[1] != true
 		return nil
 	})
+	if err == nil && agg == "" && answered != len(want) {
+		err = fmt.Errorf("sqllock: TryLockMany: %d answers for %d keys", answered, len(want))
+	}
+	if err == nil && agg != "" && answered != 1 {
+		err = fmt.Errorf("sqllock: TryLockMany: %d answers, want 1", answered)
+	}
 	if ctxEnded(ctx) || err != nil {
 		return nil, s.tryLockManyFailed(ctx, want, err)
 	}
-	got := make([]Key, 0, n)
+	got := make([]Key, 0, len(want))
 	for i, k := range want {
-		if taken[i] {
+		if !missed[i] {
 			got = append(got, k)
 		}
 	}
@@ -255,10 +267,18 @@ func (s *Session) unlockKeys(keys []Key) error {
 	s.markReleasing(keys)
 	released := false
 	defer func() { s.endRelease(keys, released) }()
-	q, args := s.l.mode.manySQL("pg_advisory_unlock", strconv.FormatInt(s.pid, 10), keys)
-	confirmed := 0
+	agg := ""
+	if len(keys) > manyRowsMax {
+		agg = aggConfirmed
+	}
+	q, args := s.l.mode.manySQL("pg_advisory_unlock", strconv.FormatInt(s.pid, 10), agg, keys)
+	confirmed := int64(0)
 	err := queryRows(s.l.unlockContext(), s.l.abandoned, s.conn, q, args, func(v []driver.Value) error {
-		if v[1] == true && pglocks.Int(v[2]) == s.pid {
+		switch {
+		case pglocks.Int(v[len(v)-1]) != s.pid:
+		case agg != "":
+			confirmed = pglocks.Int(v[0])
+		case v[1] == true:
 			confirmed++
 		}
 		return nil
@@ -270,7 +290,7 @@ func (s *Session) unlockKeys(keys []Key) error {
 			return s.Err()
 		}
 		return fmt.Errorf("sqllock: session unlock: %w (connection discarded; the server releases its locks as the session ends)", err)
-	case confirmed != len(keys):
+	case confirmed != int64(len(keys)):
 		s.loseLocked(fmt.Errorf("unlock confirmed %d of %d keys", confirmed, len(keys)))
 		return s.Err()
 	}
@@ -309,4 +329,29 @@ func (s *Session) Close(ctx context.Context) error {
 	s.cancel(ErrReleased)
 	s.gone = true
 	return s.conn.Close()
+}
+
+// markPositions sets marks[i-1] for each position i (from 1) in v, a text
+// array literal of integers such as "{2,5}", as a driver gives it.
+func markPositions(v driver.Value, marks []bool) error {
+	var lit string
+	switch t := v.(type) {
+	case string:
+		lit = t
+	case []byte:
+		lit = string(t)
+	default:
+		return fmt.Errorf("sqllock: positions: %T", v)
+	}
+	lit = strings.TrimSuffix(strings.TrimPrefix(lit, "{"), "}")
+	for lit != "" {
+		num, rest, _ := strings.Cut(lit, ",")
+		i, err := strconv.Atoi(num)
+		if err != nil || i < 1 || i > len(marks) {
+			return fmt.Errorf("sqllock: position %q out of range", num)
+		}
+		marks[i-1] = true
+		lit = rest
+	}
+	return nil
 }

@@ -250,11 +250,29 @@ const keepAliveSQL = `SELECT h.i FROM unnest($1::text::int4[], $2::text::int8[],
   AND l.pid = h.pid AND l.classid::int8 = h.classid AND l.objid::int8 = h.objid AND l.objsubid = h.objsubid
   AND l.mode = CASE WHEN h.shared THEN 'ShareLock' ELSE 'ExclusiveLock' END)`
 
+const (
+	// aggNotTaken lists the positions of the keys not taken, as a text
+	// array literal ('{}' when every key was).
+	aggNotTaken = "coalesce(array_agg(t.i) FILTER (WHERE t.got IS NOT TRUE), '{}')::text"
+	// aggConfirmed counts the keys released.
+	aggConfirmed = "count(*) FILTER (WHERE t.got)"
+)
+
+// manyRowsMax is the most keys whose results manySQL returns as a row
+// each; for more it aggregates them into one row. Rows cost per key to send
+// and decode (5,000 keys: 10,000 rows for a TryLockMany and UnlockMany,
+// most of their time); the aggregate costs the server more to plan and run
+// (lib/pq's statements, which are planned every time: +25 µs for 1 key).
+// The two break even near 100 keys.
+const manyRowsMax = 64
+
 // manySQL returns a statement that calls fn (an exclusive lock or unlock
-// function) on every key, as rows of (position, result, pid). With onlyPID,
-// the function runs only on that backend (NULL elsewhere). Keys are passed
-// as array literals in text, which every driver can bind.
-func (m stmtMode) manySQL(fn, onlyPID string, keys []Key) (string, []any) {
+// function) on every key. With agg empty it answers a row per key:
+// (position from 1, result, pid); otherwise one row: (agg, pid), where agg
+// aggregates the rows t(i, got). With onlyPID, the function runs only on
+// that backend (NULL elsewhere). Keys are passed as array literals in
+// text, which every driver can bind.
+func (m stmtMode) manySQL(fn, onlyPID, agg string, keys []Key) (string, []any) {
 	// Four array literals, built without an allocation per key.
 	pair := make([]byte, 0, 2*len(keys)+2)
 	v := make([]byte, 0, 8*len(keys)+2)
@@ -279,12 +297,16 @@ func (m stmtMode) manySQL(fn, onlyPID string, keys []Key) (string, []any) {
 			d = append(d, '0')
 		}
 	}
-	call := "CASE WHEN t.pair THEN " + fn + "(t.c, t.d) ELSE " + fn + "(t.v) END"
+	call := "CASE WHEN u.pair THEN " + fn + "(u.c, u.d) ELSE " + fn + "(u.v) END"
 	if onlyPID != "" {
 		call = "CASE WHEN pg_backend_pid() = " + onlyPID + " THEN " + call + " END"
 	}
-	q := "SELECT t.i, " + call + ", pg_backend_pid() FROM unnest($1::text::bool[], $2::text::int8[], $3::text::int4[], $4::text::int4[])" +
-		" WITH ORDINALITY AS t(pair, v, c, d, i)"
+	rows := "SELECT u.i, " + call + " AS got, pg_backend_pid()" +
+		" FROM unnest($1::text::bool[], $2::text::int8[], $3::text::int4[], $4::text::int4[]) WITH ORDINALITY AS u(pair, v, c, d, i)"
+	q := rows
+	if agg != "" {
+		q = "SELECT " + agg + ", pg_backend_pid() FROM (" + rows + ") AS t"
+	}
 	return m.arrays(q, string(append(pair, '}')), string(append(v, '}')), string(append(c, '}')), string(append(d, '}')))
 }
 
