@@ -42,11 +42,24 @@ func supported(version string) error {
 			return fmt.Errorf("%w: %s", ErrUnsupportedServer, version)
 		}
 	}
-	if !strings.HasPrefix(version, "PostgreSQL") {
+	rest, ok := strings.CutPrefix(version, "PostgreSQL ")
+	if !ok {
 		return fmt.Errorf("%w: version() is %q", ErrUnsupportedServer, version)
+	}
+	end := strings.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' })
+	if end < 0 {
+		end = len(rest)
+	}
+	if major, err := strconv.Atoi(rest[:end]); err == nil && major < MinServerVersion {
+		return fmt.Errorf("%w: PostgreSQL %d; sqllock needs PostgreSQL %d or later (the orphan bound's tcp_user_timeout)", ErrUnsupportedServer, major, MinServerVersion)
 	}
 	return nil
 }
+
+// MinServerVersion is the oldest PostgreSQL major version sqllock takes
+// locks on: older servers are refused with [ErrUnsupportedServer]. The
+// tests run on PostgreSQL 13, 15, 17 and 18.
+const MinServerVersion = 12
 
 // waitSlice returns the lock_timeout of a wait statement (see waitSQL),
 // as "<n>ms": half the server's deadlock_timeout, asked on conn at the

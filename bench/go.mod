@@ -8,8 +8,7 @@ require (
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/lib/pq v1.12.3
 	github.com/pressly/goose/v3 v3.30.1
-	github.com/sqllock/sqllock v0.0.0
-	github.com/sqllock/sqllock/pgtest v0.0.0
+	github.com/sqllock/sqllock v0.1.0
 	golang.org/x/sys v0.50.0
 	gonum.org/v1/plot v0.17.0
 )
@@ -49,7 +48,3 @@ require (
 	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/text v0.44.0 // indirect
 )
-
-replace github.com/sqllock/sqllock => ../
-
-replace github.com/sqllock/sqllock/pgtest => ../pgtest

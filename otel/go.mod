@@ -4,8 +4,7 @@ go 1.26.0
 
 require (
 	github.com/jackc/pgx/v5 v5.13.0
-	github.com/sqllock/sqllock v0.0.0
-	github.com/sqllock/sqllock/pgtest v0.0.0
+	github.com/sqllock/sqllock v0.1.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
@@ -27,7 +26,3 @@ require (
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/sqllock/sqllock => ../
-
-replace github.com/sqllock/sqllock/pgtest => ../pgtest

@@ -17,27 +17,19 @@
 //     postgres on PATH or under /usr/lib/postgresql/*/bin) in a temporary
 //     directory, on a free loopback port, with fsync off; as root the server
 //     runs as the postgres (or nobody) user, since PostgreSQL refuses root;
-//  3. a container, through the docker command, when a Docker engine
-//     answers: of the image SQLLOCK_TEST_IMAGE, default [DefaultImage]
-//     (any image with the official postgres image's contract;
-//     pgtest/docker/build-image.sh builds one from Debian's packages, for
-//     machines without a registry). SQLLOCK_TEST_SERVER=docker takes this
-//     path even where local binaries exist (=local: never).
+//  3. a [Provider], with [StartWith] and [EmbeddedWith]: the module
+//     github.com/sqllock/sqllock/pgtest/pgdocker runs a Docker container
+//     (pgdocker.Start). SQLLOCK_TEST_SERVER=docker takes this path even
+//     where local binaries exist (=local: never).
 //
 // When none is available, the test is skipped with a message saying how to
 // get PostgreSQL, or fails when CI=true. Restart, standby and PgBouncer
 // ([Server.Restart], [Server.Standby], [Server.PgBouncer]) and network
 // namespaces ([StartIsolated]) need a local cluster.
 //
-// Containers are labelled as the harness's own, with the pid of their
-// owner: Close removes one, a reaper process removes it when the owner
-// exits without Close (a panic, os.Exit, a kill), and every start removes
-// those whose owner is gone ([RemoveStaleContainers]).
-//
-// pgtest is a module of its own, so that the Docker and test machinery
-// stays out of the module graph of programs that only use sqllock:
-//
-//	go get github.com/sqllock/sqllock/pgtest
+// pgtest is part of the sqllock module and depends on nothing but the pgx
+// driver: Docker's client libraries live in the pgdocker module, so that
+// they stay out of the module graph of programs that use sqllock.
 //
 // Tests connect as an ordinary role (not a superuser), so everything the
 // module does is proven to work with least privilege; [Server.AdminDSN] is a
@@ -59,7 +51,7 @@
 //
 // Outside Go tests, a throwaway server for a shell:
 //
-//	go run github.com/sqllock/sqllock/pgtest/cmd/pgtest
+//	go run github.com/sqllock/sqllock/pgtest/cmd/pgtest@latest
 //
 // prints its DATABASE_URL and keeps it running until interrupted.
 package pgtest

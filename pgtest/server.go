@@ -37,10 +37,10 @@ type Server struct {
 	adminUser     string
 	database      string // Role's default database
 
-	external  string // SQLLOCK_TEST_DSN, when that is what this is
-	local     *cluster
-	closer    func() error
-	container string // the Docker container's id, "" for other servers
+	external string // SQLLOCK_TEST_DSN, when that is what this is
+	local    *cluster
+	closer   func() error
+	id       string // what runs a Provider's server (a container's id), else ""
 
 	mu     sync.Mutex
 	dbSeq  int
@@ -111,9 +111,9 @@ func (s *Server) SocketDir() string {
 // Addr returns host:port.
 func (s *Server) Addr() string { return net.JoinHostPort(s.Host, strconv.Itoa(s.Port)) }
 
-// Container returns the id of the Docker container that runs the server,
-// or "" when it is not a container.
-func (s *Server) Container() string { return s.container }
+// ID returns what runs a server that a [Provider] started (a Docker
+// container's id, for package pgdocker's), or "" for other servers.
+func (s *Server) ID() string { return s.id }
 
 // Local reports whether the server is a throwaway cluster this package runs
 // itself (and so can restart, front with PgBouncer or follow with a standby).
@@ -202,17 +202,29 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
+// A Provider starts a server when neither SQLLOCK_TEST_DSN nor local
+// binaries give one, or when SQLLOCK_TEST_SERVER=docker asks for it: the
+// module github.com/sqllock/sqllock/pgtest/pgdocker provides Docker
+// containers. It builds its Server with [Attach].
+type Provider func(ctx context.Context) (*Server, error)
+
 // Embedded starts a throwaway server outside tests (for the examples): the
-// server of SQLLOCK_TEST_DSN, else a local cluster, else a Docker container.
-// The caller must Close it.
-func Embedded(ctx context.Context) (*Server, error) {
+// server of SQLLOCK_TEST_DSN, else a local cluster. The caller must Close
+// it. [EmbeddedWith] adds a Provider, such as Docker.
+func Embedded(ctx context.Context) (*Server, error) { return EmbeddedWith(ctx, nil) }
+
+// EmbeddedWith is [Embedded] with p as the last resort: the server of
+// SQLLOCK_TEST_DSN, else a local cluster, else p's. SQLLOCK_TEST_SERVER
+// picks one path: "local" only local binaries, "docker" only p.
+func EmbeddedWith(ctx context.Context, p Provider) (*Server, error) {
 	if d := os.Getenv("SQLLOCK_TEST_DSN"); d != "" {
 		return external(ctx, d)
 	}
-	var lerr, derr error = errNoLocal, errNoDocker
-	switch os.Getenv("SQLLOCK_TEST_SERVER") {
+	var lerr, derr error = errNoLocal, errNoProvider
+	mode := os.Getenv("SQLLOCK_TEST_SERVER")
+	switch mode {
 	case "docker":
-		// The Docker path, even where local binaries exist.
+		// The provider's path, even where local binaries exist.
 	case "local", "":
 		s, err := startLocal(ctx)
 		if err == nil {
@@ -220,21 +232,55 @@ func Embedded(ctx context.Context) (*Server, error) {
 		}
 		lerr = err
 	default:
-		return nil, fmt.Errorf("pgtest: SQLLOCK_TEST_SERVER=%q: want local or docker (or unset: local, else docker)", os.Getenv("SQLLOCK_TEST_SERVER"))
+		return nil, fmt.Errorf("pgtest: SQLLOCK_TEST_SERVER=%q: want local or docker (or unset: local, else docker)", mode)
 	}
-	if os.Getenv("SQLLOCK_TEST_SERVER") != "local" {
-		s, err := startDocker(ctx)
+	if mode != "local" && p != nil {
+		s, err := p(ctx)
 		if err == nil {
 			return s, nil
 		}
 		derr = err
 	}
 	return nil, fmt.Errorf("pgtest: no PostgreSQL available.\n  local binaries: %v\n  docker: %v\n"+
-		"Install PostgreSQL (Debian: apt-get install postgresql), or start a Docker engine, or set SQLLOCK_TEST_DSN to a server whose role may create databases", lerr, derr)
+		"Install PostgreSQL (Debian: apt-get install postgresql), or set SQLLOCK_TEST_DSN to a server whose role may create databases "+
+		"(with Docker: go run github.com/sqllock/sqllock/pgtest/pgdocker/cmd/pgdocker@latest -superuser prints one)", lerr, derr)
 }
 
 // errNoLocal reports why the local path was not taken.
 var errNoLocal = errors.New("pgtest: SQLLOCK_TEST_SERVER=docker")
+
+// errNoProvider reports why the Docker path was not taken.
+var errNoProvider = errors.New("not in this package: use github.com/sqllock/sqllock/pgtest/pgdocker (pgdocker.Start), or SQLLOCK_TEST_DSN")
+
+// Attach returns the Server of a fresh PostgreSQL cluster that a
+// [Provider] started: reachable at host:port as the superuser user with
+// password, run by id (a container's id, say). It creates the ordinary
+// role [Role] and its database there. Close calls closeFn, which stops and
+// removes what runs the server; Attach calls it too when it fails.
+func Attach(ctx context.Context, host string, port int, user, password, id string, closeFn func() error) (*Server, error) {
+	s := &Server{Host: host, Port: port, adminUser: user, adminPassword: password, database: Role, id: id, closer: closeFn}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		db, err := sql.Open("pgx", s.AdminDSN())
+		if err == nil {
+			err = db.PingContext(ctx)
+			db.Close()
+		}
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			s.Close()
+			return nil, fmt.Errorf("pgtest: the server at %s did not accept connections: %w", s.Addr(), err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err := s.bootstrap(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
 
 // DatabaseURL returns the DSN in DATABASE_URL when it is set; otherwise it
 // starts a throwaway server with Embedded, says so on w, and returns its

@@ -21,10 +21,17 @@ var shared struct {
 // stopped when the tests end.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
+	return StartWith(tb, nil)
+}
+
+// StartWith is [Start] with p as the last resort (see [EmbeddedWith]). The
+// shared server is started by the first call of Start or StartWith.
+func StartWith(tb testing.TB, p Provider) *Server {
+	tb.Helper()
 	shared.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		shared.srv, shared.err = Embedded(ctx)
+		shared.srv, shared.err = EmbeddedWith(ctx, p)
 	})
 	if shared.err != nil {
 		Unavailable(tb, "PostgreSQL", shared.err)

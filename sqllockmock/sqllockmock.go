@@ -7,7 +7,7 @@
 //
 //	db, mock, _ := sqlmock.New()
 //	locker := sqllock.New(db, sqllock.WithKeepAlive(0))
-//	sqllockmock.ExpectServerCheck(mock) // once per Locker, before its first lock
+//	sqllockmock.ExpectServerCheck(mock) // once per Locker, before its first session lock
 //	sqllockmock.ExpectTryLock(mock, key, true)
 //	// ... expectations of the code that runs under the lock ...
 //	sqllockmock.ExpectUnlock(mock, key)
@@ -45,7 +45,9 @@ const PID = 4242
 const ServerVersion = "PostgreSQL 16.4 on x86_64-pc-linux-gnu"
 
 // ExpectServerCheck expects the version() query a Locker sends once, before
-// its first lock, to refuse servers without real advisory locks.
+// its first session-level lock (Lock, TryLock, a Session, a Semaphore), to
+// refuse servers without real advisory locks. Transaction-level locks
+// (LockTx, InTx) send none: do not expect it for them.
 func ExpectServerCheck(mock sqlmock.Sqlmock) *sqlmock.ExpectedQuery {
 	return mock.ExpectQuery(exact("SELECT version()")).
 		WillReturnRows(sqlmock.NewRows([]string{"version"}).AddRow(ServerVersion))

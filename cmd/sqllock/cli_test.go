@@ -470,3 +470,29 @@ func long(t testing.TB) {
 		t.Skip("long test: skipped under -short (CI runs it)")
 	}
 }
+
+// TestRunHelp: run -h names each flag once (short and long together), and
+// gives the exit codes and examples; inspect -h's placeholders match its
+// text.
+func TestRunHelp(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"run", "-h"}, &out, &errb); code != 0 && code != exitUsage {
+		t.Fatalf("run -h = %d", code)
+	}
+	help := errb.String()
+	for _, want := range []string{"-n, --nonblock", "-w, --timeout DURATION", "-E, --conflict-exit-code INT", "Exit status:", "75 ", "Examples:"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("run -h lacks %q:\n%s", want, help)
+		}
+	}
+	if n := strings.Count(help, "nonblock"); n != 1 {
+		t.Errorf("run -h names --nonblock %d times, want once:\n%s", n, help)
+	}
+	errb.Reset()
+	run([]string{"inspect", "-h"}, &out, &errb)
+	for _, want := range []string{"-registry FILE", "-watch INTERVAL"} {
+		if !strings.Contains(errb.String(), want) {
+			t.Errorf("inspect -h lacks %q:\n%s", want, errb.String())
+		}
+	}
+}

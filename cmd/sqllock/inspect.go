@@ -26,8 +26,8 @@ func inspectCmd(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("sqllock inspect", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print JSON (one array per listing)")
-	watch := fs.Duration("watch", 0, "list again every INTERVAL (e.g. 2s) until interrupted")
-	regFile := fs.String("registry", "", "file of lock names: one `NAME [KEY]` per line (KEY defaults to the hash of NAME)")
+	watch := fs.Duration("watch", 0, "list again every `INTERVAL` (e.g. 2s) until interrupted")
+	regFile := fs.String("registry", "", "`FILE` of lock names: one NAME [KEY] per line (KEY defaults to the hash of NAME)")
 	dsnFlag := fs.String("dsn", "", "PostgreSQL connection string (default: DATABASE_URL, else PG* variables)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -49,13 +50,80 @@ const defaultConnectTimeout = 15 * time.Second
 
 const runUsage = "usage: sqllock run [flags] KEY -- COMMAND [ARGS...]"
 
+// runHelpTail is the end of run's -h: exit codes and examples.
+const runHelpTail = `
+Exit status:
+  COMMAND's  COMMAND ran, the lock held throughout
+  1          held elsewhere (-n) or the wait timed out (-w); see -E
+  64         usage: bad flag, KEY, missing COMMAND, settings that do not fit
+  69         the server cannot be reached
+  70         another lock error (standby, unsupported server, deadlock)
+  75         the lock was lost while COMMAND ran (COMMAND was stopped)
+  77         authentication failed
+  78         the DSN cannot be parsed
+  126, 127   COMMAND cannot be run, or is not found
+  128+N      COMMAND was killed by signal N, or run got signal N
+
+Examples:
+  sqllock run -n cron:reindex -- ./reindex.sh      # skip if another run holds it
+  sqllock run -w 5m migrate -- ./migrate up       # wait up to 5 minutes
+  sqllock run --slots 3 exports -- ./export.sh    # at most 3 at once, fleet-wide
+`
+
+// printRunUsage prints run's usage: each flag once, with its short and
+// long names together, then the exit codes and examples.
+func printRunUsage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprintln(w, runUsage)
+	fmt.Fprintln(w, "\nFlags:")
+	var order []string
+	names := map[string][]string{}
+	first := map[string]*flag.Flag{}
+	fs.VisitAll(func(f *flag.Flag) {
+		if _, ok := names[f.Usage]; !ok {
+			order = append(order, f.Usage)
+			first[f.Usage] = f
+		}
+		names[f.Usage] = append(names[f.Usage], f.Name)
+	})
+	sort.SliceStable(order, func(i, j int) bool { return longest(names[order[i]]) < longest(names[order[j]]) })
+	for _, u := range order {
+		ns := names[u]
+		sort.Slice(ns, func(i, j int) bool { return len(ns[i]) < len(ns[j]) })
+		for i, n := range ns {
+			if len(n) == 1 {
+				ns[i] = "-" + n
+			} else {
+				ns[i] = "--" + n
+			}
+		}
+		arg, usage := flag.UnquoteUsage(first[u])
+		line := "  " + strings.Join(ns, ", ")
+		if arg != "" {
+			line += " " + strings.ToUpper(arg)
+		}
+		if d := first[u].DefValue; d != "" && d != "0" && d != "0s" && d != "false" {
+			usage += " (default " + d + ")"
+		}
+		fmt.Fprintf(w, "%s\n      %s\n", line, usage)
+	}
+	fmt.Fprint(w, runHelpTail)
+}
+
+// longest returns the longest of names, which sorts a flag by its long name.
+func longest(names []string) string {
+	l := ""
+	for _, n := range names {
+		if len(n) > len(l) {
+			l = n
+		}
+	}
+	return l
+}
+
 func runFlagSet(f *runFlags, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("sqllock run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, runUsage)
-		fs.PrintDefaults()
-	}
+	fs.Usage = func() { printRunUsage(stderr, fs) }
 	for _, n := range []string{"n", "nonblock"} {
 		fs.BoolVar(&f.nonblock, n, false, "do not wait: if the lock is held elsewhere, exit with the conflict code")
 	}

@@ -5,8 +5,7 @@ go 1.26.0
 require (
 	github.com/go-co-op/gocron/v2 v2.21.2
 	github.com/jackc/pgx/v5 v5.13.0
-	github.com/sqllock/sqllock v0.0.0
-	github.com/sqllock/sqllock/pgtest v0.0.0
+	github.com/sqllock/sqllock v0.1.0
 )
 
 require (
@@ -19,7 +18,3 @@ require (
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/sqllock/sqllock => ../..
-
-replace github.com/sqllock/sqllock/pgtest => ../../pgtest

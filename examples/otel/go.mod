@@ -4,9 +4,9 @@ go 1.26.0
 
 require (
 	github.com/jackc/pgx/v5 v5.13.0
-	github.com/sqllock/sqllock v0.0.0
-	github.com/sqllock/sqllock/otel v0.0.0
-	github.com/sqllock/sqllock/pgtest v0.0.0
+	github.com/sqllock/sqllock v0.1.0
+	github.com/sqllock/sqllock/otel v0.1.0
+	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
 	go.opentelemetry.io/otel/sdk/metric v1.47.0
 )
@@ -20,7 +20,6 @@ require (
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
-	go.opentelemetry.io/otel v1.47.0 // indirect
 	go.opentelemetry.io/otel/log v1.47.0 // indirect
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
@@ -28,9 +27,3 @@ require (
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/sqllock/sqllock => ../..
-
-replace github.com/sqllock/sqllock/otel => ../../otel
-
-replace github.com/sqllock/sqllock/pgtest => ../../pgtest

@@ -1,6 +1,6 @@
-// Command leaver starts a throwaway server, prints its socket directory (or
-// its container) and exits without closing it: the reaper must remove what
-// it leaves.
+// Command leaver starts a throwaway server from the local binaries, prints
+// its socket directory and exits without closing it: the reaper must
+// remove what it leaves.
 package main
 
 import (
@@ -17,10 +17,6 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	if id := srv.Container(); id != "" {
-		fmt.Println("container", id)
-	} else {
-		fmt.Println("dir", srv.SocketDir())
-	}
+	fmt.Println("dir", srv.SocketDir())
 	os.Exit(0) // no Close
 }

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# build-image.sh [TAG] builds a PostgreSQL image with no container
+# build-image.sh [TAG [SUITE]] builds a PostgreSQL image with no container
 # registry: a Debian root file system made by debootstrap from the mirror
 # this machine's apt already uses, with Debian's postgresql package and
 # entrypoint.sh, imported with `docker import`. TAG defaults to
-# sqllock-postgres:local. It needs root, a Docker engine and network access
-# to that mirror; it caches nothing (about 2 to 4 minutes).
+# sqllock-postgres:local; SUITE to the suite apt uses here. Each suite
+# carries one PostgreSQL major: bullseye 13, bookworm 15, trixie 17, sid 18.
+# It needs root, a Docker engine and network access to that mirror; it
+# caches nothing (about 2 to 4 minutes).
 #
-#	SQLLOCK_TEST_IMAGE=sqllock-postgres:local SQLLOCK_TEST_SERVER=docker go test ./pgtest
+#	bash pgtest/docker/build-image.sh sqllock-postgres:17 trixie
 set -euo pipefail
 tag=${1:-sqllock-postgres:local}
+want_suite=${2:-}
 here=$(cd "$(dirname "$0")" && pwd)
 
 # The mirror and suite apt uses here (deb822 or one-line sources).
@@ -21,6 +24,7 @@ if [ -z "$mirror" ] && [ -f /etc/apt/sources.list ]; then
 	read -r mirror suite < <(awk '$1 == "deb" && $0 !~ /security/ {print $2, $3; exit}' /etc/apt/sources.list)
 fi
 [ -n "$mirror" ] && [ -n "$suite" ] || { echo "build-image.sh: no Debian mirror in the apt configuration" >&2; exit 1; }
+[ -z "$want_suite" ] || suite=$want_suite
 
 if ! command -v debootstrap >/dev/null; then
 	apt-get update -qq
