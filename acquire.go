@@ -38,7 +38,7 @@ func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (lk *Lock, e
 	if err := k.valid(); err != nil {
 		return nil, err
 	}
-	if end := l.observeAcquire(ctx, Acquisition{Key: k, Name: l.regName(k), Wait: !kind.try(), Shared: kind.shared()}); end != nil {
+	if end := l.startAcquire(ctx, Acquisition{Key: k, Name: l.regName(k), Wait: !kind.try(), Shared: kind.shared()}); end != nil {
 		defer func() { end(lk, err) }()
 	}
 	start := time.Now()
@@ -97,10 +97,7 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start ti
 		}
 	}
 	if direct || err == nil && !ok && !kind.try() && !(standby && !l.cfg.allowStandby) {
-		if l.cfg.logger.Enabled(ctx, slog.LevelDebug) {
-			l.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "sqllock: waiting", slog.String("key", l.name(k)),
-				slog.Bool("shared", shared), slog.Int64("pid", waitPID))
-		}
+		l.log(ctx, slog.LevelDebug, "sqllock: waiting", k, slog.Bool("shared", shared), slog.Int64("pid", waitPID))
 		for {
 			var slice string
 			if slice, err = l.waitSlice(ctx, conn); err != nil {
@@ -170,10 +167,6 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start ti
 	lk := newLock(l, k, shared, conn, pid)
 	l.stats.took(1)
 	l.mon.add(lk)
-	if l.cfg.logger.Enabled(ctx, slog.LevelDebug) {
-		l.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "sqllock: acquired", slog.String("key", l.name(k)),
-			slog.Bool("shared", shared), slog.Int64("pid", pid), slog.Duration("wait", time.Since(start)))
-	}
 	return lk, nil
 }
 

@@ -151,12 +151,12 @@ func (m *monitor) check(ws []watched) {
 	case <-time.After(timeout + checkGrace):
 		m.inflight = done
 		err := fmt.Errorf("no answer within %v", timeout)
-		m.l.observe(context.Background(), Event{Kind: EventKeepAlive, Duration: time.Since(began), Err: err})
+		m.l.emit(context.Background(), Event{Kind: EventKeepAlive, Duration: time.Since(began), Err: err}, 0)
 		m.failed(ws, err)
 		return
 	}
 	if !r.skipped {
-		m.l.observe(context.Background(), Event{Kind: EventKeepAlive, Duration: time.Since(began), Err: r.err})
+		m.l.emit(context.Background(), Event{Kind: EventKeepAlive, Duration: time.Since(began), Err: r.err}, 0)
 	}
 	switch {
 	case r.skipped:
@@ -164,8 +164,8 @@ func (m *monitor) check(ws []watched) {
 		if !m.starved {
 			m.starved = true
 			st := m.l.db.Stats()
-			m.l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
-				"sqllock: keep-alive skipped: the pool is at its SetMaxOpenConns limit, so held locks are not being watched; leave one connection free",
+			m.l.log(context.Background(), slog.LevelWarn,
+				"sqllock: keep-alive skipped: the pool is at its SetMaxOpenConns limit, so held locks are not being watched; leave one connection free", Key{},
 				slog.Int("max_open", st.MaxOpenConnections), slog.Int("in_use", st.InUse), slog.Int("locks", len(keys)))
 		}
 		return

@@ -6,7 +6,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"time"
 )
@@ -32,6 +31,7 @@ type Lock struct {
 	err       error         // guarded by mu: nil while held
 	ended     bool          // guarded by mu: Done fires (set last, after the stats and the log)
 	discarded chan struct{} // guarded by mu: set when lost, closed once the connection is discarded
+	window    *time.Timer   // guarded by mu: the open hold window's release (see UnlockAfter)
 
 	// ctx is cancelled with err once ended; made on first use (guarded by
 	// mu), because most locks are never watched.
@@ -155,6 +155,7 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 	state, lostErr, discarded := lk.state, lk.err, lk.discarded
 	if state == stateHeld {
 		lk.state = stateReleasing
+		lk.closeWindow()
 	}
 	lk.mu.Unlock()
 	if state == stateReleased {
@@ -175,29 +176,14 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 		err, final = lostErr, lostErr
 	default:
 		err = lk.l.release(lk.conn, lk.key, lk.shared, lk.pid)
-		switch {
-		case err == nil:
-			lk.l.stats.released(1)
-			// Nothing is built on the hot path unless someone listens.
-			if len(lk.l.cfg.observers) > 0 {
-				lk.l.observe(context.WithoutCancel(ctx), Event{Kind: EventReleased, Key: lk.key, Name: lk.l.regName(lk.key), Held: time.Since(lk.since)})
-			}
-			if lk.l.cfg.logger.Enabled(ctx, slog.LevelDebug) {
-				lk.l.log(context.WithoutCancel(ctx), slog.LevelDebug, "sqllock: released", lk.key,
-					slog.Int64("pid", lk.pid), slog.Duration("held", time.Since(lk.since)))
-			}
-		case errors.Is(err, ErrLockLost):
-			lctx := context.WithoutCancel(ctx) // for the observers and the logger
-			final = err
-			lk.l.stats.lostHeld(1)
-			lk.l.observe(lctx, Event{Kind: EventLost, Key: lk.key, Name: lk.l.regName(lk.key), Held: time.Since(lk.since), Err: err})
-			lk.l.log(lctx, slog.LevelWarn, "sqllock: lock lost", lk.key,
-				slog.Int64("pid", lk.pid), slog.String("found", "at unlock"), slog.Any("error", err))
-		default:
-			lk.l.stats.released(1) // the server releases it as the session ends
-			lk.l.log(context.WithoutCancel(ctx), slog.LevelWarn, "sqllock: unlock failed", lk.key,
-				slog.Int64("pid", lk.pid), slog.Any("error", err))
+		e := Event{Kind: EventReleased, Key: lk.key, PID: int(lk.pid), Err: err}
+		if errors.Is(err, ErrLockLost) {
+			e.Kind, final = EventLost, err
 		}
+		if len(lk.l.observers) > 0 { // nothing is built on the hot path unless someone listens
+			e.Name, e.Held = lk.l.regName(lk.key), time.Since(lk.since)
+		}
+		lk.l.emit(ctx, e, 1)
 	}
 	lk.mu.Lock()
 	lk.state = stateReleased
@@ -216,15 +202,13 @@ func (lk *Lock) lose(cause error) {
 		return
 	}
 	lk.state = stateLost
+	lk.closeWindow()
 	lk.err = fmt.Errorf("%w: %s: %w", ErrLockLost, lk.l.name(lk.key), cause)
 	err := lk.err
 	discarded := make(chan struct{})
 	lk.discarded = discarded
 	lk.mu.Unlock()
-	lk.l.stats.lostHeld(1)
-	lk.l.observe(context.Background(), Event{Kind: EventLost, Key: lk.key, Name: lk.l.regName(lk.key), Held: time.Since(lk.since), Err: err})
-	lk.l.log(context.Background(), slog.LevelWarn, "sqllock: lock lost", lk.key,
-		slog.Int64("pid", lk.pid), slog.String("found", "by the keep-alive"), slog.Any("error", err))
+	lk.l.emit(context.Background(), Event{Kind: EventLost, Key: lk.key, Name: lk.l.regName(lk.key), PID: int(lk.pid), Held: time.Since(lk.since), Err: err}, 1)
 	// End the session now, not at Unlock: if the network heals, the old
 	// session must not hold the lock again behind the back of a holder
 	// that was told it lost it. In a goroutine: a statement of the caller's
@@ -311,9 +295,7 @@ func (l *Locker) unlockContext() context.Context {
 
 // discard closes conn's session instead of returning it to the pool.
 func (l *Locker) discard(conn *sql.Conn, k Key, why string) {
-	l.stats.discarded.Add(1)
-	l.observe(context.Background(), Event{Kind: EventDiscarded, Key: k, Name: l.regName(k), Err: errors.New(why)})
-	l.log(context.Background(), slog.LevelWarn, "sqllock: connection discarded", k, slog.String("reason", why))
+	l.emit(context.Background(), Event{Kind: EventDiscarded, Key: k, Name: l.regName(k), Err: errors.New(why)}, 1)
 	if l.abandoned.has(conn) {
 		return // its abandoned statement closes it as it returns
 	}

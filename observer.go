@@ -7,9 +7,15 @@ import (
 
 // Observer receives a Locker's events: the hook that metrics and tracing
 // (the module github.com/sqllock/sqllock/otel), or a program's own code,
-// plug into, beside the logger of [WithLogger]. Its methods are called
+// plug into; the logger of [WithLogger] is one too. Its methods are called
 // synchronously, on the lock path: keep them fast, never block in them, and
 // make them safe for concurrent use.
+//
+// A panic in an Observer (or in the logger's handler) is recovered: it is
+// logged at Error level with its stack, counted in [Stats].ObserverPanics,
+// and the lock call or release goes on as if the Observer had returned, so
+// a lock is never left held or its handle in a false state because of
+// it. [Stats] are updated before the observers are told.
 type Observer interface {
 	// AcquireStart is called as a lock call (Lock, TryLock, RLock,
 	// TryRLock, Do, TryDo, a Semaphore's Acquire and TryAcquire) begins.
@@ -35,7 +41,9 @@ type EventKind uint8
 
 // The kinds of [Event].
 const (
-	// EventReleased: a held lock was released (Held says for how long).
+	// EventReleased: a held lock was released (Held says for how long),
+	// confirmed by the server, or by discarding its session when the
+	// unlock statement failed (Err says why).
 	EventReleased EventKind = iota + 1
 	// EventLost: a held lock was found lost (Err says why).
 	EventLost
@@ -52,43 +60,18 @@ type Event struct {
 	Kind     EventKind
 	Key      Key    // EventReleased, EventLost, EventDiscarded (the zero Key for a Session's)
 	Name     string // the key's registry name
+	PID      int // the backend of the lock or connection, when known
 	Held     time.Duration
 	Duration time.Duration
-	Err      error
+	// Err: why, for EventLost and EventDiscarded; the failed check for
+	// EventKeepAlive; for EventReleased, nil when the server confirmed the
+	// unlock, else why it could not (the connection was then discarded, and
+	// the server releases the lock as the session ends).
+	Err error
 }
 
 // WithObserver sends the Locker's events to o, as well as to its logger.
 // It may be given several times.
 func WithObserver(o Observer) Option {
 	return optionFunc(func(c *config) { c.observers = append(c.observers, o) })
-}
-
-// observeAcquire tells the observers that a lock call begins, and returns
-// the function to call as it ends (nil when there are none, so the lock
-// path pays nothing).
-func (l *Locker) observeAcquire(ctx context.Context, a Acquisition) func(*Lock, error) {
-	switch len(l.cfg.observers) {
-	case 0:
-		return nil
-	case 1:
-		return l.cfg.observers[0].AcquireStart(ctx, a)
-	}
-	ends := make([]func(*Lock, error), 0, len(l.cfg.observers))
-	for _, o := range l.cfg.observers {
-		if end := o.AcquireStart(ctx, a); end != nil {
-			ends = append(ends, end)
-		}
-	}
-	return func(lk *Lock, err error) {
-		for _, end := range ends {
-			end(lk, err)
-		}
-	}
-}
-
-// observe sends e to the observers.
-func (l *Locker) observe(ctx context.Context, e Event) {
-	for _, o := range l.cfg.observers {
-		o.Event(ctx, e)
-	}
 }

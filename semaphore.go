@@ -98,7 +98,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lock, error) {
 }
 
 func (s *Semaphore) acquire(ctx context.Context, try bool) (lk *Lock, err error) {
-	if end := s.l.observeAcquire(ctx, Acquisition{Name: s.name, Wait: !try}); end != nil {
+	if end := s.l.startAcquire(ctx, Acquisition{Name: s.name, Wait: !try}); end != nil {
 		defer func() { end(lk, err) }()
 	}
 	name := fmt.Sprintf("semaphore %q", s.name)

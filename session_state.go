@@ -6,7 +6,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sort"
 
 	"github.com/sqllock/sqllock/internal/pglocks"
@@ -133,11 +132,8 @@ func (s *Session) markLost(cause error) bool {
 	s.held, s.sorted = keySet{}, nil
 	err := s.err
 	s.mu.Unlock()
-	s.l.stats.lostHeld(n)
-	s.l.observe(context.Background(), Event{Kind: EventLost, Err: err})
 	s.l.mon.remove(s)
-	s.l.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "sqllock: session lost",
-		slog.Int64("pid", s.pid), slog.Any("error", err))
+	s.l.emit(context.Background(), Event{Kind: EventLost, PID: int(s.pid), Err: err}, n)
 	s.cancel(err) // last: whoever waits on Done sees the stats and the log entry
 	return true
 }

@@ -102,6 +102,10 @@ type Locker struct {
 	mode stmtMode
 	mon  *monitor
 
+	// observers are told of every lock call and event: the logger (when
+	// WithLogger was given), then those of WithObserver. See events.go.
+	observers []Observer
+
 	// abandoned is non-nil for drivers that do not give up a read when its
 	// context ends (lib/pq): their statements are bounded by boundedRaw,
 	// and it holds the connections left to finish alone.
@@ -144,10 +148,15 @@ func New(db *sql.DB, opts ...Option) *Locker {
 		o.apply(&cfg)
 	}
 	checkBounds(cfg.keepAlive, cfg.orphanBound)
-	if cfg.logger == nil {
+	logged := cfg.logger != nil
+	if !logged {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
 	l := &Locker{db: db, cfg: cfg, mode: detectMode(db.Driver())}
+	if logged {
+		l.observers = append(l.observers, logObserver{l})
+	}
+	l.observers = append(l.observers, cfg.observers...)
 	if l.mode == inlineKeys { // lib/pq (see detectMode)
 		l.abandoned = &abandonSet{}
 	}
@@ -226,18 +235,6 @@ func (l *Locker) TryDo(ctx context.Context, k Key, fn func(ctx context.Context) 
 		return false, err
 	}
 	return true, lk.run(ctx, fn)
-}
-
-// log sends an event about key k (the zero Key: none) to the logger, if it
-// takes events of that level.
-func (l *Locker) log(ctx context.Context, level slog.Level, msg string, k Key, attrs ...slog.Attr) {
-	if !l.cfg.logger.Enabled(ctx, level) {
-		return
-	}
-	if k.valid() == nil {
-		attrs = append([]slog.Attr{slog.String("key", l.name(k))}, attrs...)
-	}
-	l.cfg.logger.LogAttrs(ctx, level, msg, attrs...)
 }
 
 // regName returns k's registry name, or "".

@@ -24,10 +24,13 @@ type Stats struct {
 	// Windows is how many held locks wait for the end of their hold
 	// window (Lock.UnlockAfter, WithHoldAtLeast), their work done.
 	Windows int64
+	// ObserverPanics counts panics of observers and log handlers, which
+	// were recovered (see [Observer]).
+	ObserverPanics int64
 }
 
 type lockerStats struct {
-	held, acquired, contended, lost, discarded, keepAlive, keepAliveSkipped, snapshotWaits, windows atomic.Int64
+	held, acquired, contended, lost, discarded, keepAlive, keepAliveSkipped, snapshotWaits, windows, observerPanics atomic.Int64
 }
 
 // Stats returns the Locker's counters.
@@ -35,7 +38,7 @@ func (l *Locker) Stats() Stats {
 	return Stats{Held: l.stats.held.Load(), Acquired: l.stats.acquired.Load(), Contended: l.stats.contended.Load(),
 		Lost: l.stats.lost.Load(), Discarded: l.stats.discarded.Load(), KeepAliveChecks: l.stats.keepAlive.Load(),
 		KeepAliveSkipped: l.stats.keepAliveSkipped.Load(), SnapshotWaits: l.stats.snapshotWaits.Load(),
-		Windows: l.stats.windows.Load()}
+		Windows: l.stats.windows.Load(), ObserverPanics: l.stats.observerPanics.Load()}
 }
 
 // took counts n locks granted and now held.

@@ -25,7 +25,9 @@ import (
 // session ends and the server releases the lock then. UnlockAfter returns
 // ErrReleased, or the loss, for a lock that is no longer held, and
 // ErrReleased for a nil Lock; Unlock may still be called during the window,
-// to release it early.
+// to release it early (the window then ends). Calling UnlockAfter again
+// replaces the window: the release happens d after acquisition for the
+// last d given.
 func (lk *Lock) UnlockAfter(d time.Duration) error {
 	if lk == nil {
 		return ErrReleased
@@ -37,12 +39,31 @@ func (lk *Lock) UnlockAfter(d time.Duration) error {
 	if wait <= 0 {
 		return lk.Unlock(context.Background())
 	}
-	lk.l.stats.windows.Add(1)
-	time.AfterFunc(wait, func() {
-		defer lk.l.stats.windows.Add(-1)
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	if lk.state != stateHeld {
+		return lk.err
+	}
+	if lk.window != nil {
+		lk.window.Stop() // a second window replaces the first
+	} else {
+		lk.l.stats.windows.Add(1)
+	}
+	lk.window = time.AfterFunc(wait, func() {
 		if err := lk.Unlock(context.Background()); err != nil && !errors.Is(err, ErrReleased) {
 			lk.l.log(context.Background(), slog.LevelWarn, "sqllock: release after the hold window failed", lk.key, slog.Any("error", err))
 		}
 	})
 	return nil
+}
+
+// closeWindow ends the lock's hold window, if one is open: the lock is
+// being released (early, or at the window's end) or was lost. The caller
+// holds mu.
+func (lk *Lock) closeWindow() {
+	if lk.window != nil {
+		lk.window.Stop()
+		lk.window = nil
+		lk.l.stats.windows.Add(-1)
+	}
 }
