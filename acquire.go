@@ -178,19 +178,17 @@ const cancelWaitTimeout = 2 * time.Second
 // it has left. Some drivers (pgx) close the socket of a cancelled statement
 // without a cancel request; the backend then stays queued until it is
 // granted the lock, and holds it until it notices that its client is gone.
-// It is best effort: when no connection can be had in time, the server
-// still releases the lock as the abandoned session ends.
+// The wait statement may not even have started when the client gave up
+// (it sits in the backend's socket buffer): cancelWait then watches the
+// backend until it runs the statement (and cancels it), finishes it, or
+// ends. It is best effort: when no connection can be had in time, the
+// server still releases the lock as the abandoned session ends.
 func (l *Locker) cancelWait(pid int64, k Key) {
 	ctx, cancel := context.WithTimeout(context.Background(), cancelWaitTimeout)
 	defer cancel()
-	c, o, sub := k.lockTag()
-	var n int64
-	if err := l.db.QueryRowContext(ctx, cancelWaitSQL, pid, int64(c), int64(o), sub).Scan(&n); err != nil || n == 0 {
-		return
-	}
 	for ctx.Err() == nil {
-		var waiting bool
-		if err := l.db.QueryRowContext(ctx, waitingSQL, pid).Scan(&waiting); err != nil || !waiting {
+		var where int
+		if err := l.db.QueryRowContext(ctx, cancelWaitSQL, pid).Scan(&where); err != nil || where == 0 || where == 3 {
 			return
 		}
 		time.Sleep(time.Millisecond)

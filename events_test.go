@@ -30,8 +30,8 @@ type panicHandler struct{}
 
 func (panicHandler) Enabled(context.Context, slog.Level) bool  { return true }
 func (panicHandler) Handle(context.Context, slog.Record) error { panic("handler") }
-func (h panicHandler) WithAttrs([]slog.Attr) slog.Handler     { return h }
-func (h panicHandler) WithGroup(string) slog.Handler          { return h }
+func (h panicHandler) WithAttrs([]slog.Attr) slog.Handler      { return h }
+func (h panicHandler) WithGroup(string) slog.Handler           { return h }
 
 // TestObserverPanicsLeaveNoLock: an Observer (or a log handler) that
 // panics in AcquireStart's end and in Event leaves the lock path whole:

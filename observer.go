@@ -60,7 +60,7 @@ type Event struct {
 	Kind     EventKind
 	Key      Key    // EventReleased, EventLost, EventDiscarded (the zero Key for a Session's)
 	Name     string // the key's registry name
-	PID      int // the backend of the lock or connection, when known
+	PID      int    // the backend of the lock or connection, when known
 	Held     time.Duration
 	Duration time.Duration
 	// Err: why, for EventLost and EventDiscarded; the failed check for

@@ -341,17 +341,21 @@ LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory'
  AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())`
 
-// cancelWaitSQL cancels backend $1's statement if it still waits for the
-// advisory lock whose tag is ($2, $3, $4), and answers how many backends it
-// signalled (0 or 1). Matching the pid and the awaited key together keeps
-// it from cancelling anyone else's statement.
-const cancelWaitSQL = `SELECT count(pg_cancel_backend(l.pid)) FROM pg_catalog.pg_locks l
- WHERE l.locktype = 'advisory' AND NOT l.granted AND l.pid = $1::int4
-  AND l.classid::int8 = $2::int8 AND l.objid::int8 = $3::int8 AND l.objsubid = $4::int4`
-
-// waitingSQL reports whether backend $1 still waits for an advisory lock.
-const waitingSQL = `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
- WHERE l.locktype = 'advisory' AND NOT l.granted AND l.pid = $1::int4)`
+// cancelWaitSQL takes backend $1, whose client abandoned its wait for an
+// advisory lock, out of the wait, and answers where it is:
+//
+//	0  gone (its session ended)
+//	1  not yet at the wait statement (it may still read it from its socket)
+//	2  running the wait statement: cancelled now
+//	3  done with the wait statement (cancelled, or granted)
+//
+// The backend is the caller's own abandoned connection, which no one else
+// can be using: whatever it is running is that wait statement.
+const cancelWaitSQL = `SELECT coalesce((SELECT CASE
+   WHEN a.query NOT SIMILAR TO '%pg\_advisory\_(xact\_)?lock(\_shared)?\(%' THEN 1
+   WHEN a.state <> 'active' THEN 3
+   ELSE 2 + 0 * pg_cancel_backend(a.pid)::int END
+ FROM pg_catalog.pg_stat_activity a WHERE a.pid = $1::int4), 0)`
 
 // versionSQL asks which server this is (see supported).
 const versionSQL = "SELECT version()"
