@@ -2,6 +2,7 @@ package sqllock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
@@ -169,15 +170,28 @@ func (s *Semaphore) acquire(ctx context.Context, try bool) (lk *Lock, err error)
 			err = queryRow(ctx, l.abandoned, conn, q, args, &ok, &wpid, &standby)
 		}
 		switch {
+		case ctxEnded(ctx):
+			// Whatever the driver said: a cancelled wait can be granted,
+			// and some drivers report a cancelled statement as a success
+			// (the rule of Locker.Lock).
+			if !errors.Is(err, errAbandoned) {
+				l.cancelWait(pid, k)
+			}
+			l.discard(conn, k, "context ended during the semaphore wait")
+			return nil, notAcquired(name, ctxErr(ctx))
+		case err == nil && (!ok || wpid != pid):
+			l.discard(conn, k, "semaphore wait not confirmed")
+			return nil, fmt.Errorf("sqllock: %s: the wait for slot %v returned without the lock (backend %d, then %d)", name, k, pid, wpid)
+		case err == nil && standby && !l.cfg.allowStandby:
+			if rerr := l.release(conn, k, false, wpid); rerr != nil {
+				return nil, rerr
+			}
+			return nil, standbyError(name)
 		case err == nil:
 			lk = newLock(l, k, false, conn, wpid)
 			l.stats.took(1)
 			l.mon.add(lk)
 			return lk, nil
-		case ctxEnded(ctx):
-			l.cancelWait(pid, k)
-			l.discard(conn, k, "context ended during the semaphore wait")
-			return nil, notAcquired(name, ctxErr(ctx))
 		case sqlState(err) == "55P03" || sqlState(err) == "40P01":
 			if sqlState(err) == "40P01" {
 				l.slice.Store(nil)

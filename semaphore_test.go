@@ -2,6 +2,7 @@ package sqllock_test
 
 import (
 	"bytes"
+	"context"
 	"database/sql"
 	"errors"
 	"os"
@@ -138,4 +139,79 @@ func TestSemaphoreProcesses(t *testing.T) {
 			waitNoLocks(t, observer, 10*time.Second)
 		})
 	}
+}
+
+// TestSemaphoreCancelRace: Acquire calls with random short deadlines race
+// the grant of their wait. Every Lock returned is held in the server on its
+// own backend, and never more than N are held at once; a call that was not
+// granted leaves nothing held.
+func TestSemaphoreCancelRace(t *testing.T) {
+	calls := 10000
+	if testing.Short() && os.Getenv("CI") != "true" {
+		calls = 1000
+	}
+	const n, workers = 2, 8
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		db.SetMaxOpenConns(workers + 4)
+		l := sqllock.New(db, sqllock.WithKeepAlive(0))
+		sem := l.Semaphore("race", n)
+		observer := pgtest.Open(t, "pgx", dsn)
+		slots := sqllock.SemaphoreSlots("race", n)
+		var mu sync.Mutex
+		holding := 0
+		var acquired, refused, bad int64
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range calls / workers {
+					d := time.Duration((i*7919+w*104729)%20000) * time.Microsecond
+					ctx, cancel := context.WithTimeout(bg(), d)
+					lk, err := sem.Acquire(ctx)
+					cancel()
+					if err != nil {
+						if !errors.Is(err, sqllock.ErrNotAcquired) {
+							t.Errorf("Acquire = %v", err)
+						}
+						mu.Lock()
+						refused++
+						mu.Unlock()
+						continue
+					}
+					mu.Lock()
+					holding++
+					acquired++
+					if holding > n {
+						bad++
+					}
+					mu.Unlock()
+					if pids := holders(t, observer, lk.Key()); len(pids) != 1 || pids[0] != lk.PID() {
+						mu.Lock()
+						bad++
+						mu.Unlock()
+						t.Errorf("a returned permit on %v (backend %d) is held by %v in the server", lk.Key(), lk.PID(), pids)
+					}
+					mu.Lock()
+					holding--
+					mu.Unlock()
+					if err := lk.Unlock(bg()); err != nil {
+						t.Errorf("Unlock = %v", err)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		for _, k := range slots {
+			waitFree(t, observer, k, 10*time.Second)
+		}
+		t.Logf("%d calls: %d acquired, %d not (deadline), %d violations, %d connections discarded",
+			calls, acquired, refused, bad, l.Stats().Discarded)
+		if bad != 0 {
+			t.Fatalf("%d violations", bad)
+		}
+		if acquired < int64(calls)/20 || refused < int64(calls)/20 {
+			t.Fatalf("the race was not exercised: %d acquired, %d refused", acquired, refused)
+		}
+	})
 }
