@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // How a session-level lock is taken: the non-waiting function first (one
@@ -38,7 +40,7 @@ func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (lk *Lock, e
 	if err := k.valid(); err != nil {
 		return nil, err
 	}
-	if end := l.startAcquire(ctx, Acquisition{Key: k, Name: l.regName(k), Wait: !kind.try(), Shared: kind.shared()}); end != nil {
+	if end := l.startAcquire(ctx, Acquisition{Key: k, Name: l.regName(k), Wait: !kind.IsTry(), Shared: kind.IsShared()}); end != nil {
 		defer func() { end(lk, err) }()
 	}
 	start := time.Now()
@@ -57,7 +59,7 @@ func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (lk *Lock, e
 }
 
 func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start time.Time) (*Lock, error) {
-	shared := kind.shared()
+	shared := kind.IsShared()
 	conn, err := getConn(ctx, l.abandoned, l.db)
 	if err != nil {
 		if ctxEnded(ctx) {
@@ -74,36 +76,34 @@ func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start ti
 	}
 	// A wait must know its backend's pid, which settles a cancelled wait
 	// (see cancelWait). On a connection that waited before (its pid is
-	// known, and its session carries the orphan settings), a waiting call
-	// goes straight to waiting; otherwise every call starts with the
-	// non-waiting function, which returns the pid: an uncontended lock costs
-	// one round trip either way, a contended one two the first time.
+	// known), a waiting call goes straight to waiting; otherwise every call
+	// starts with the non-waiting function, which returns the pid: an
+	// uncontended lock costs one round trip either way, a contended one two
+	// the first time.
 	var dc any
 	var waitPID int64
 	direct := false
-	if !kind.try() {
+	if !kind.IsTry() {
 		dc = driverConnOf(conn)
-		var known bool
-		waitPID, known = l.pids.get(dc)
-		direct = known && l.settingsFor(dc) == ""
+		waitPID, direct = l.pids.get(dc)
 	}
 	var ok, standby bool
 	var pid int64
 	if !direct {
-		q, args := l.mode.sessionLockSQL(kind|kindTry, k)
-		err = queryRowSuffix(ctx, l.abandoned, conn, q, l.suffix, l.tunedAdd, args, &ok, &pid, &standby)
+		q, args := l.sql().TrySQL(kind|kindTry, k.sqlKey())
+		err = queryRow(ctx, l.abandoned, conn, q, args, &ok, &pid, &standby)
 		if err == nil {
 			waitPID = pid
 		}
 	}
-	if direct || err == nil && !ok && !kind.try() && !(standby && !l.cfg.allowStandby) {
+	if direct || err == nil && !ok && !kind.IsTry() && !(standby && !l.cfg.allowStandby) {
 		l.log(ctx, slog.LevelDebug, "sqllock: waiting", k, slog.Bool("shared", shared), slog.Int64("pid", waitPID))
 		for {
 			var slice string
 			if slice, err = l.waitSlice(ctx, conn); err != nil {
 				break
 			}
-			q, args := l.mode.waitSQL(kind&^kindTry, k, slice)
+			q, args := l.sql().WaitSQL(kind&^kindTry, k.sqlKey(), slice)
 			err = queryRow(ctx, l.abandoned, conn, q, args, &ok, &pid, &standby)
 			if err == nil || ctxEnded(ctx) {
 				break
@@ -188,7 +188,7 @@ func (l *Locker) cancelWait(pid int64, k Key) {
 	defer cancel()
 	for ctx.Err() == nil {
 		var where int
-		if err := l.db.QueryRowContext(ctx, cancelWaitSQL, pid).Scan(&where); err != nil || where == 0 || where == 3 {
+		if err := l.db.QueryRowContext(ctx, sqltext.CancelWaitSQL, pid).Scan(&where); err != nil || where == 0 || where == 3 {
 			return
 		}
 		time.Sleep(time.Millisecond)

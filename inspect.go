@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock/internal/pglocks"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // Querier runs a query: *sql.DB, *sql.Conn, *sql.Tx and *sqlx.DB satisfy it.
@@ -72,7 +74,7 @@ func Inspect(ctx context.Context, q Querier, opts ...InspectOption) ([]HeldLock,
 	for _, o := range opts {
 		o.applyInspect(&cfg)
 	}
-	rows, err := q.QueryContext(ctx, inspectSQL)
+	rows, err := q.QueryContext(ctx, sqltext.InspectSQL)
 	if err != nil {
 		return nil, fmt.Errorf("sqllock: inspect: %w", err)
 	}

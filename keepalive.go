@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // monitor is a Locker's keep-alive: while the Locker holds locks, one
@@ -265,7 +267,7 @@ func queryLost(ctx context.Context, mode stmtMode, conn *sql.Conn, keys []heldKe
 		subids.WriteString(sep + strconv.Itoa(s))
 		shared.WriteString(sep + strconv.FormatBool(h.shared))
 	}
-	q, args := mode.arrays(keepAliveSQL, pids.String()+"}", classids.String()+"}",
+	q, args := mode.Arrays(sqltext.KeepAliveSQL, pids.String()+"}", classids.String()+"}",
 		objids.String()+"}", subids.String()+"}", shared.String()+"}")
 	rows, err := conn.QueryContext(ctx, q, args...)
 	if err != nil {

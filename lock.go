@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // Lock is a held session-level advisory lock. It pins one connection of the
@@ -225,7 +227,7 @@ func (lk *Lock) lose(cause error) {
 // every other case it discards conn, so that the server ends the session and
 // releases whatever it held.
 func (l *Locker) release(conn *sql.Conn, k Key, shared bool, pid int64) error {
-	q, args := l.mode.unlockSQL(shared, k, pid)
+	q, args := l.sql().UnlockSQL(shared, k.sqlKey(), pid)
 	var released bool
 	err := queryRow(l.unlockContext(), l.abandoned, conn, q, args, &released)
 	switch {
@@ -265,7 +267,7 @@ func (l *Locker) release(conn *sql.Conn, k Key, shared bool, pid int64) error {
 // would have.
 func (l *Locker) reclaim(k Key, pid int64) error {
 	var ok bool
-	err := l.db.QueryRowContext(l.unlockContext(), reclaimSQL, pid).Scan(&ok)
+	err := l.db.QueryRowContext(l.unlockContext(), sqltext.ReclaimSQL, pid).Scan(&ok)
 	if err == nil && !ok {
 		err = errors.New("backend not found")
 	}

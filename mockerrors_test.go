@@ -70,8 +70,6 @@ func TestServerCheckIsCached(t *testing.T) {
 	}
 }
 
-// unlockSQL matches sqllock's unlock statement for a bigint key.
-var unlockSQL = regexp.QuoteMeta("SELECT pg_advisory_unlock($1) WHERE pg_backend_pid() = $2::int4")
 
 func TestUnlockOutcomes(t *testing.T) {
 	k := sqllock.Int64(7)
@@ -100,7 +98,7 @@ func TestUnlockOutcomes(t *testing.T) {
 			l := sqllock.New(db, sqllock.WithKeepAlive(0))
 			sqllockmock.ExpectServerCheck(mock)
 			sqllockmock.ExpectLock(mock, k)
-			tt.reply(mock.ExpectQuery(unlockSQL))
+			tt.reply(sqllockmock.ExpectUnlock(mock, k))
 			lk, err := l.Lock(bg(), k)
 			if err != nil {
 				t.Fatal(err)
@@ -132,8 +130,7 @@ func TestStandbyRefused(t *testing.T) {
 	db, mock := newMock(t)
 	k := sqllock.Pair(1, 2)
 	sqllockmock.ExpectServerCheck(mock)
-	mock.ExpectQuery(regexp.QuoteMeta("SELECT pg_try_advisory_lock($1, $2), pg_backend_pid(), pg_is_in_recovery()")).
-		WithArgs(int64(1), int64(2)).
+	sqllockmock.ExpectTryLock(mock, k, true).
 		WillReturnRows(sqlmock.NewRows([]string{"a", "p", "r"}).AddRow(true, sqllockmock.PID, true))
 	sqllockmock.ExpectUnlock(mock, k)
 	l := sqllock.New(db, sqllock.WithKeepAlive(0))

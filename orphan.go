@@ -3,11 +3,11 @@ package sqllock
 import (
 	"fmt"
 	"reflect"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // The orphan bound: when a lock's holder dies or is cut off, PostgreSQL
@@ -40,44 +40,17 @@ func (s keepaliveSettings) bound() time.Duration {
 	return time.Duration(s.idle+s.count*s.interval) * time.Second
 }
 
-// from returns the FROM clause that applies s to the session running the
-// statement, at the cost of no round trip: a one-row subquery of
-// set_config calls, kept for the session (the lock outlives any
-// transaction), made only on a session that does not have them yet. Keep-alive probes end an idle session whose client
-// vanished; tcp_user_timeout ends one whose client vanished before
-// acknowledging the server's last answer (there, probes never start, and
-// retransmissions last about 15 minutes); client_connection_check_interval
-// (PostgreSQL 14+) makes a waiting session notice a vanished client.
-func (s keepaliveSettings) from() string {
-	return settingsClause(s.exprs())
-}
-
-// exprs returns the set_config expressions of s, each a text value.
-func (s keepaliveSettings) exprs() []string {
-	i, n, c := strconv.Itoa(s.idle), strconv.Itoa(s.interval), strconv.Itoa(s.count)
-	u := strconv.Itoa(int(s.bound() / time.Millisecond))
-	return []string{
-		"set_config('tcp_keepalives_idle', '" + i + "', false)",
-		"set_config('tcp_keepalives_interval', '" + n + "', false)",
-		"set_config('tcp_keepalives_count', '" + c + "', false)",
-		"CASE WHEN current_setting('server_version_num')::int >= 140000 THEN set_config('client_connection_check_interval', '" + n + "s', false) ELSE '' END",
-		"set_config('tcp_user_timeout', '" + u + "', false)",
+// sessionSettings returns the settings of a lock session of a Locker
+// with orphan bound orphan and application name name, on a server of
+// major version major (see sqltext.Settings).
+func sessionSettings(orphan time.Duration, name string, major int) sqltext.Settings {
+	st := sqltext.Settings{AppName: name, Major: major}
+	if orphan > 0 {
+		s := settingsFor(orphan)
+		st.Idle, st.Interval, st.Count = s.idle, s.interval, s.count
+		st.UserTimeoutMs = int(s.bound() / time.Millisecond)
 	}
-}
-
-// settingsClause returns the FROM clause that evaluates exprs on the
-// session running the statement ("" for none).
-func settingsClause(exprs []string) string {
-	if len(exprs) == 0 {
-		return ""
-	}
-	return " FROM (SELECT " + strings.Join(exprs, " || ") + ") AS settings"
-}
-
-// appNameExpr sets application_name to name, unless the session has one
-// already (set on the DSN, say), which it never overwrites.
-func appNameExpr(name string) string {
-	return "CASE WHEN current_setting('application_name') = '' THEN set_config('application_name', '" + name + "', false) ELSE '' END"
+	return st
 }
 
 // validAppName reports whether name may be rendered into SQL: printable
@@ -148,14 +121,9 @@ func CheckOptions(opts ...Option) error {
 // next lock, harmlessly), so that connections closed long ago are not kept.
 const maxConns = 4096
 
-// connSet remembers a fact about driver connections, each an int64.
-// A Locker has two: the connections whose sessions already carry the
-// orphan bound's settings (tuned: only a connection's first lock pays for
-// them; set_config and its system calls cost about 6% of a pgx lock and
-// unlock cycle, and a quarter of a lib/pq one, whose statement text the
-// server parses each time), and each connection's backend pid (pids: a
-// wait for a lock on a connection whose pid is known needs no try first;
-// see acquireOnce).
+// connSet remembers each driver connection's backend pid (a wait for a
+// lock on a connection whose pid is known needs no try first; see
+// acquireOnce).
 type connSet struct {
 	conn sync.Map // driver connection → int64
 	n    atomic.Int64
@@ -176,12 +144,6 @@ func (t *connSet) get(dc any) (int64, bool) {
 	return v.(int64), true
 }
 
-// has reports whether the set knows dc.
-func (t *connSet) has(dc any) bool {
-	_, ok := t.get(dc)
-	return ok
-}
-
 // set records v for dc.
 func (t *connSet) set(dc any, v int64) {
 	if !comparableConn(dc) {
@@ -198,16 +160,4 @@ func (t *connSet) set(dc any, v int64) {
 		t.n.Store(1)
 	}
 	t.conn.Store(dc, v)
-}
-
-// add records that dc's session carries the settings.
-func (t *connSet) add(dc any) { t.set(dc, 0) }
-
-// settingsFor returns the settings clause for a statement on dc: empty
-// when dc's session carries them already (or the bound is off).
-func (l *Locker) settingsFor(dc any) string {
-	if l.settings == "" || l.tuned.has(dc) {
-		return ""
-	}
-	return l.settings
 }

@@ -16,11 +16,12 @@ func TestOrphanSettings(t *testing.T) {
 	if s := settingsFor(DefaultOrphanBound); s != (keepaliveSettings{idle: 10, interval: 5, count: 4}) {
 		t.Errorf("settingsFor(30s) = %+v, want idle 10, interval 5, count 4", s)
 	}
-	from := settingsFor(DefaultOrphanBound).from()
-	for _, want := range []string{"'tcp_keepalives_idle', '10'", "'tcp_keepalives_interval', '5'", "'tcp_keepalives_count', '4'", "'tcp_user_timeout', '30000'", "client_connection_check_interval"} {
-		if !strings.Contains(from, want) {
-			t.Errorf("settings clause lacks %s: %s", want, from)
-		}
+	st := sessionSettings(DefaultOrphanBound, "app", 16)
+	if st.Idle != 10 || st.Interval != 5 || st.Count != 4 || st.UserTimeoutMs != 30000 || st.AppName != "app" || st.Major != 16 {
+		t.Errorf("sessionSettings(30s) = %+v", st)
+	}
+	if st := sessionSettings(0, "", 16); st.Idle != 0 || st.UserTimeoutMs != 0 {
+		t.Errorf("sessionSettings(0) = %+v, want no TCP settings", st)
 	}
 }
 

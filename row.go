@@ -51,12 +51,10 @@ func driverConnOf(conn *sql.Conn) any {
 type call struct {
 	ctx    context.Context
 	q      string
-	suffix func(dc any) string
-	done   func(dc any)
 	args   []driver.NamedValue
 	vals   []driver.Value
 	argBuf [3]driver.NamedValue
-	valBuf [3]driver.Value
+	valBuf [4]driver.Value
 }
 
 // driverQuery runs q on a driver connection; errNoFastPath when the driver
@@ -84,12 +82,7 @@ func namedValues(buf []driver.NamedValue, args []any) []driver.NamedValue {
 
 // run runs the statement on the driver connection dc and reads its row.
 func (c *call) run(dc any) error {
-	q, suffix := c.q, ""
-	if c.suffix != nil {
-		suffix = c.suffix(dc)
-		q += suffix
-	}
-	rows, err := driverQuery(c.ctx, dc, q, c.args)
+	rows, err := driverQuery(c.ctx, dc, c.q, c.args)
 	if err != nil {
 		return err
 	}
@@ -106,32 +99,16 @@ func (c *call) run(dc any) error {
 	if err == nil {
 		err = cerr
 	}
-	if err != nil {
-		return err
-	}
-	if c.done != nil && suffix != "" {
-		c.done(dc)
-	}
-	return nil
+	return err
 }
 
 // queryRow runs q, which returns one row, on conn and stores its columns in
-// dest (each a *bool, *int64 or *sql.NullBool).
+// dest (each a *bool, *int64, *sql.NullBool, or skip).
 func queryRow(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string, args []any, dest ...any) error {
-	return queryRowSuffix(ctx, blind, conn, q, nil, nil, args, dest...)
-}
-
-// queryRowSuffix is queryRow with suffix(dc) appended to q for the driver
-// connection dc it runs on, and done called with dc when the statement,
-// with a non-empty suffix, succeeded (both may be nil). Without a fast path, suffix gets nil.
-func queryRowSuffix(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string, suffix func(dc any) string, done func(dc any), args []any, dest ...any) error {
-	c := &call{ctx: ctx, q: q, suffix: suffix, done: done}
+	c := &call{ctx: ctx, q: q}
 	c.args = namedValues(c.argBuf[:], args)
 	err := boundedRaw(ctx, blind, conn, c.run)
 	if errors.Is(err, errNoFastPath) {
-		if suffix != nil {
-			q += suffix(nil)
-		}
 		return conn.QueryRowContext(ctx, q, args...).Scan(dest...)
 	}
 	if err != nil {
@@ -139,6 +116,16 @@ func queryRowSuffix(ctx context.Context, blind *abandonSet, conn *sql.Conn, q st
 	}
 	return assign(dest, c.vals)
 }
+
+// skipColumn is a destination that ignores its column (the settings' text
+// of a lock statement).
+type skipColumn struct{}
+
+// Scan implements sql.Scanner, for drivers without the fast path.
+func (skipColumn) Scan(any) error { return nil }
+
+// skip is the destination of a column that is not read.
+var skip skipColumn
 
 // queryRows runs q on conn and calls row for each row's values (each an
 // int64, bool, nil, string or []byte as the driver gives them).
@@ -211,6 +198,7 @@ func assign(dest []any, vals []driver.Value) error {
 			if err := d.Scan(v); err != nil {
 				return err
 			}
+		case skipColumn:
 		case *int64:
 			switch n := v.(type) {
 			case int64:

@@ -7,8 +7,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
-	"strconv"
-	"strings"
+	"sync"
 )
 
 // Semaphore lets at most N holders, across every process that uses the
@@ -29,7 +28,16 @@ type Semaphore struct {
 	name  string
 	class int32
 	n     int
-	try   string // the statement that takes the first free slot
+
+	tryOnce sync.Once
+	try     string // the statement that takes the first free slot (see trySQL)
+}
+
+// trySQL returns the statement that takes the first free slot, made once
+// the server check has run.
+func (s *Semaphore) trySQL() string {
+	s.tryOnce.Do(func() { s.try = s.l.sql().SemaphoreTrySQL(s.class, s.n) })
+	return s.try
 }
 
 // maxSlots bounds N: each slot is one term of a statement.
@@ -42,16 +50,6 @@ func (l *Locker) Semaphore(name string, n int) *Semaphore {
 		panic(fmt.Sprintf("sqllock: Semaphore(%q, %d): n must be 1 to %d", name, n, maxSlots))
 	}
 	s := &Semaphore{l: l, name: name, class: semaphoreClass(name), n: n}
-	// CASE takes the first slot whose try succeeds and tries no further:
-	// one round trip, and never more than one slot.
-	var b strings.Builder
-	b.WriteString("SELECT CASE")
-	c := strconv.Itoa(int(s.class))
-	for i := range n {
-		fmt.Fprintf(&b, " WHEN pg_try_advisory_lock(%s, %d) THEN %d", c, i, i)
-	}
-	b.WriteString(" ELSE -1 END, pg_backend_pid(), pg_is_in_recovery()")
-	s.try = b.String()
 	return s
 }
 
@@ -124,7 +122,7 @@ func (s *Semaphore) acquire(ctx context.Context, try bool) (lk *Lock, err error)
 	for {
 		var slot, pid int64
 		var standby bool
-		err = queryRowSuffix(ctx, l.abandoned, conn, s.try, l.suffix, l.tunedAdd, nil, &slot, &pid, &standby)
+		err = queryRow(ctx, l.abandoned, conn, s.trySQL(), nil, &slot, &pid, &standby, skip)
 		if err == nil && standby && !l.cfg.allowStandby {
 			if slot >= 0 {
 				k := Pair(s.class, int32(slot))
@@ -166,7 +164,7 @@ func (s *Semaphore) acquire(ctx context.Context, try bool) (lk *Lock, err error)
 		var wpid int64
 		slice, err := l.waitSlice(ctx, conn)
 		if err == nil {
-			q, args := l.mode.waitSQL(0, k, slice)
+			q, args := l.sql().WaitSQL(0, k.sqlKey(), slice)
 			err = queryRow(ctx, l.abandoned, conn, q, args, &ok, &wpid, &standby)
 		}
 		switch {

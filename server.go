@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // The server guard: advisory locks only mean something on PostgreSQL
@@ -24,14 +26,43 @@ func (l *Locker) checkServer(ctx context.Context, conn *sql.Conn) error {
 		return nil
 	}
 	var v string
-	if err := conn.QueryRowContext(ctx, versionSQL).Scan(&v); err != nil {
+	if err := conn.QueryRowContext(ctx, sqltext.VersionSQL).Scan(&v); err != nil {
 		return fmt.Errorf("sqllock: check server version: %w", err)
 	}
 	if err := supported(v); err != nil {
 		return err
 	}
+	major := majorVersion(v)
+	st := sessionSettings(l.cfg.orphanBound, l.cfg.appName, major)
+	l.stmts.Store(sqltext.NewStatements(l.mode, st.Tune(), st.Untune()))
 	l.serverOK.Store(true)
 	return nil
+}
+
+// sql returns the Locker's session-level statements, made for the server's
+// major version by the server check, which every session-level call runs
+// first.
+func (l *Locker) sql() *statements {
+	if s := l.stmts.Load(); s != nil {
+		return s
+	}
+	st := sessionSettings(l.cfg.orphanBound, l.cfg.appName, 0)
+	return sqltext.NewStatements(l.mode, st.Tune(), st.Untune())
+}
+
+// majorVersion returns the major version of a version() string of
+// PostgreSQL ("PostgreSQL 16.4 on ...": 16), or 0.
+func majorVersion(version string) int {
+	rest, ok := strings.CutPrefix(version, "PostgreSQL ")
+	if !ok {
+		return 0
+	}
+	end := strings.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' })
+	if end < 0 {
+		end = len(rest)
+	}
+	n, _ := strconv.Atoi(rest[:end])
+	return n
 }
 
 // supported returns ErrUnsupportedServer for a version() string of a server
@@ -42,15 +73,10 @@ func supported(version string) error {
 			return fmt.Errorf("%w: %s", ErrUnsupportedServer, version)
 		}
 	}
-	rest, ok := strings.CutPrefix(version, "PostgreSQL ")
-	if !ok {
+	if !strings.HasPrefix(version, "PostgreSQL ") {
 		return fmt.Errorf("%w: version() is %q", ErrUnsupportedServer, version)
 	}
-	end := strings.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' })
-	if end < 0 {
-		end = len(rest)
-	}
-	if major, err := strconv.Atoi(rest[:end]); err == nil && major < MinServerVersion {
+	if major := majorVersion(version); major > 0 && major < MinServerVersion {
 		return fmt.Errorf("%w: PostgreSQL %d; sqllock needs PostgreSQL %d or later (the orphan bound's tcp_user_timeout)", ErrUnsupportedServer, major, MinServerVersion)
 	}
 	return nil
@@ -70,7 +96,7 @@ func (l *Locker) waitSlice(ctx context.Context, conn *sql.Conn) (string, error) 
 		return *s, nil
 	}
 	var ms int64
-	if err := queryRow(ctx, l.abandoned, conn, waitSliceSQL, nil, &ms); err != nil {
+	if err := queryRow(ctx, l.abandoned, conn, sqltext.WaitSliceSQL, nil, &ms); err != nil {
 		return "", err
 	}
 	s := strconv.FormatInt(ms, 10) + "ms"

@@ -11,6 +11,8 @@ import (
 	"sync"
 
 	"github.com/sqllock/sqllock/internal/pglocks"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // Session holds many exclusive session-level locks on one pinned
@@ -71,12 +73,12 @@ func (l *Locker) Session(ctx context.Context) (*Session, error) {
 	}
 	var pid int64
 	var standby bool
-	if err := queryRowSuffix(ctx, l.abandoned, conn, sessionSQL, l.suffix, l.tunedAdd, nil, &pid, &standby); err != nil {
+	if err := queryRow(ctx, l.abandoned, conn, l.sql().SessionSQL(), nil, &pid, &standby, skip); err != nil {
 		discardConn(conn)
 		return nil, fmt.Errorf("sqllock: session: %w", err)
 	}
 	if standby && !l.cfg.allowStandby {
-		conn.Close()
+		l.closeSession(conn, pid)
 		return nil, standbyError("session")
 	}
 	sctx, cancel := context.WithCancelCause(context.Background())
@@ -118,7 +120,9 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 	if err := ctx.Err(); err != nil { // nothing sent: the Session is intact
 		return notAcquired(s.l.name(k), err)
 	}
-	q, args := s.l.mode.sessionLockSQL(0, k)
+	// A wait with no time limit of its own ("0"), so that a lock_timeout
+	// of the role or the database does not end it: ctx does.
+	q, args := s.l.sql().WaitSQL(0, k.sqlKey(), "0")
 	var ok, standby bool
 	var pid int64
 	err := queryRow(ctx, s.l.abandoned, s.conn, q, args, &ok, &pid, &standby)
@@ -168,10 +172,10 @@ func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
 	}
 	missed := make([]bool, len(want)) // by position in want: got comes in the order given
 	agg := ""
-	if len(want) > manyRowsMax {
-		agg = aggNotTaken
+	if len(want) > sqltext.ManyRowsMax {
+		agg = sqltext.AggNotTaken
 	}
-	q, args := s.l.mode.manySQL("pg_try_advisory_lock", "", agg, want)
+	q, args := s.l.mode.ManySQL("pg_try_advisory_lock", "", agg, sqlKeys(want))
 	answered := 0
 	err := queryRows(ctx, s.l.abandoned, s.conn, q, args, func(v []driver.Value) error {
 		answered++
@@ -268,10 +272,10 @@ func (s *Session) unlockKeys(keys []Key) error {
 	released := false
 	defer func() { s.endRelease(keys, released) }()
 	agg := ""
-	if len(keys) > manyRowsMax {
-		agg = aggConfirmed
+	if len(keys) > sqltext.ManyRowsMax {
+		agg = sqltext.AggConfirmed
 	}
-	q, args := s.l.mode.manySQL("pg_advisory_unlock", strconv.FormatInt(s.pid, 10), agg, keys)
+	q, args := s.l.mode.ManySQL("pg_advisory_unlock", strconv.FormatInt(s.pid, 10), agg, sqlKeys(keys))
 	confirmed := int64(0)
 	err := queryRows(s.l.unlockContext(), s.l.abandoned, s.conn, q, args, func(v []driver.Value) error {
 		switch {
@@ -328,7 +332,19 @@ func (s *Session) Close(ctx context.Context) error {
 	s.setReleased(ErrReleased)
 	s.cancel(ErrReleased)
 	s.gone = true
-	return s.conn.Close()
+	return s.l.closeSession(s.conn, s.pid)
+}
+
+// closeSession sets the settings of a Session's connection back and gives
+// it back to the pool; when that is not confirmed on backend pid, it
+// discards the connection instead.
+func (l *Locker) closeSession(conn *sql.Conn, pid int64) error {
+	q, args := l.sql().ResetSQL(pid)
+	if err := queryRow(l.unlockContext(), l.abandoned, conn, q, args, skip); err != nil {
+		l.discard(conn, Key{}, "session settings not reset")
+		return nil
+	}
+	return conn.Close()
 }
 
 // markPositions sets marks[i-1] for each position i (from 1) in v, a text

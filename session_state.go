@@ -9,6 +9,7 @@ import (
 	"sort"
 
 	"github.com/sqllock/sqllock/internal/pglocks"
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // The Session's state and accounting: which keys it holds, whether it is
@@ -154,7 +155,7 @@ func (s *Session) releaseStray(ctx context.Context, want []Key) error {
 		wanted.add(k)
 	}
 	var stray []Key
-	err := queryRows(context.WithoutCancel(ctx), nil, s.conn, pglocks.OwnSQL, nil, func(v []driver.Value) error {
+	err := queryRows(context.WithoutCancel(ctx), nil, s.conn, sqltext.OwnSQL, nil, func(v []driver.Value) error {
 		r := pglocks.Scan(v)
 		if !r.Granted || r.Shared {
 			return nil

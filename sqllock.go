@@ -111,14 +111,11 @@ type Locker struct {
 	// and it holds the connections left to finish alone.
 	abandoned *abandonSet
 
-	// settings is the FROM clause that applies the orphan bound to a
-	// lock's session ("" when off); tuned, the connections that have it.
-	// See orphan.go.
-	settings string
-	tuned    connSet
-	pids     connSet             // driver connection → its backend pid, as last seen
-	suffix   func(dc any) string // l.settingsFor, bound once
-	tunedAdd func(dc any)        // l.tuned.add, bound once
+	// stmts are the session-level statements, with the settings a lock
+	// session needs (see orphan.go); pids, each connection's backend pid,
+	// as last seen.
+	stmts atomic.Pointer[statements] // set by the server check; see sql
+	pids  connSet
 
 	slice atomic.Pointer[string] // see waitSlice
 
@@ -159,16 +156,6 @@ func New(db *sql.DB, opts ...Option) *Locker {
 	l.observers = append(l.observers, cfg.observers...)
 	if l.mode == inlineKeys { // lib/pq (see detectMode)
 		l.abandoned = &abandonSet{}
-	}
-	var exprs []string
-	if cfg.orphanBound > 0 {
-		exprs = settingsFor(cfg.orphanBound).exprs()
-	}
-	if cfg.appName != "" {
-		exprs = append(exprs, appNameExpr(cfg.appName))
-	}
-	if l.settings = settingsClause(exprs); l.settings != "" {
-		l.suffix, l.tunedAdd = l.settingsFor, l.tuned.add
 	}
 	l.mon = newMonitor(l)
 	return l

@@ -63,7 +63,7 @@ func lockTx(ctx context.Context, tx Tx, k Key, kind lockKind) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, notAcquired(k.String(), err)
 	}
-	q, args := bindKeys.xactLockSQL(kind, k)
+	q, args := bindKeys.XactLockSQL(kind, k.sqlKey())
 	var ok bool
 	err := tx.QueryRowContext(ctx, q, args...).Scan(&ok)
 	if ctxEnded(ctx) {
@@ -153,12 +153,12 @@ func (l *Locker) lockInTx(ctx context.Context, tx Tx, k Key) error {
 	if err := ctx.Err(); err != nil {
 		return notAcquired(l.name(k), err)
 	}
-	q, args := l.mode.xactLockSQL(kindTry, k)
+	q, args := l.mode.XactTryPIDSQL(0, k.sqlKey())
 	var ok bool
 	var pid int64
-	err := tx.QueryRowContext(ctx, q+", pg_backend_pid()", args...).Scan(&ok, &pid)
+	err := tx.QueryRowContext(ctx, q, args...).Scan(&ok, &pid)
 	if err == nil && !ok {
-		q, args = l.mode.xactLockSQL(0, k)
+		q, args = l.mode.XactLockSQL(0, k.sqlKey())
 		err = tx.QueryRowContext(ctx, q, args...).Scan(&ok)
 		if ctxEnded(ctx) {
 			l.cancelWait(pid, k)

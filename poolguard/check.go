@@ -10,6 +10,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/pglocks"
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // Leak describes a connection that came back to the pool holding advisory
@@ -109,7 +110,7 @@ func ownLocks(ctx context.Context, dc driver.Conn) (int, []sqllock.HeldLock, err
 	if !ok {
 		return 0, nil, errNotQueryer
 	}
-	rows, err := q.QueryContext(ctx, pglocks.OwnSQL, nil)
+	rows, err := q.QueryContext(ctx, sqltext.OwnSQL, nil)
 	if err != nil {
 		return 0, nil, err
 	}

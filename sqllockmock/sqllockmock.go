@@ -30,11 +30,12 @@ package sqllockmock
 import (
 	"database/sql/driver"
 	"regexp"
-	"strconv"
+	"strings"
 
 	"github.com/DATA-DOG/go-sqlmock"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // PID is the backend process id the helpers report for a lock; the unlock
@@ -49,7 +50,7 @@ const ServerVersion = "PostgreSQL 16.4 on x86_64-pc-linux-gnu"
 // refuse servers without real advisory locks. Transaction-level locks
 // (LockTx, InTx) send none: do not expect it for them.
 func ExpectServerCheck(mock sqlmock.Sqlmock) *sqlmock.ExpectedQuery {
-	return mock.ExpectQuery(exact("SELECT version()")).
+	return mock.ExpectQuery(exact(sqltext.VersionSQL)).
 		WillReturnRows(sqlmock.NewRows([]string{"version"}).AddRow(ServerVersion))
 }
 
@@ -57,124 +58,132 @@ func ExpectServerCheck(mock sqlmock.Sqlmock) *sqlmock.ExpectedQuery {
 // waiting call starts with the non-waiting function, and a free lock is
 // granted by it: this is the statement ExpectLock expects.
 func ExpectLock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
-	return expectSessionLock(mock, "pg_try_advisory_lock", k, true)
+	return expectTry(mock, 0, k, true)
 }
 
 // ExpectLockAfterWait expects a Locker's first wait: Locker.Lock (and Do)
 // finds k held, reads the server's deadlock_timeout (once per Locker), then
 // waits for k, and is granted it after the wait: three statements.
 func ExpectLockAfterWait(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
-	expectSessionLock(mock, "pg_try_advisory_lock", k, false)
-	mock.ExpectQuery(exact("SELECT greatest(1, (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::int8)")).
+	expectTry(mock, 0, k, false)
+	mock.ExpectQuery(exact(sqltext.WaitSliceSQL)).
 		WillReturnRows(sqlmock.NewRows([]string{"slice"}).AddRow(int64(500)))
-	a, args := keyArgs(k, 1)
-	args = append(args, "500ms")
-	q := "SELECT true, pg_backend_pid(), pg_is_in_recovery() FROM (SELECT set_config('lock_timeout', $" + strconv.Itoa(len(args)) + ", true)) AS s(v), " +
-		"LATERAL (SELECT pg_advisory_lock(" + a + ") WHERE s.v IS NOT NULL) AS l"
-	return mock.ExpectQuery(exact(q)).WithArgs(args...).
+	q, args := statements.WaitSQL(0, key(k), "500ms")
+	return mock.ExpectQuery(pattern(q)).WithArgs(values(args)...).
 		WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid", "in_recovery"}).AddRow(true, PID, false))
 }
 
 // ExpectTryLock expects Locker.TryLock (and TryDo) to try k; acquired says
 // whether the mock server grants it.
 func ExpectTryLock(mock sqlmock.Sqlmock, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
-	return expectSessionLock(mock, "pg_try_advisory_lock", k, acquired)
+	return expectTry(mock, 0, k, acquired)
 }
 
 // ExpectRLock expects Locker.RLock to take k in shared mode, and grants it
 // (with the non-waiting function, as ExpectLock does).
 func ExpectRLock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
-	return expectSessionLock(mock, "pg_try_advisory_lock_shared", k, true)
+	return expectTry(mock, sqltext.Shared, k, true)
 }
 
 // ExpectTryRLock expects Locker.TryRLock to try k in shared mode.
 func ExpectTryRLock(mock sqlmock.Sqlmock, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
-	return expectSessionLock(mock, "pg_try_advisory_lock_shared", k, acquired)
+	return expectTry(mock, sqltext.Shared, k, acquired)
 }
 
 // ExpectUnlock expects Lock.Unlock of the exclusive lock k, and confirms
 // it.
 func ExpectUnlock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
-	return expectUnlock(mock, "pg_advisory_unlock", k)
+	return expectUnlock(mock, false, k)
 }
 
 // ExpectRUnlock expects Lock.Unlock of the shared lock k, and confirms it.
 func ExpectRUnlock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
-	return expectUnlock(mock, "pg_advisory_unlock_shared", k)
+	return expectUnlock(mock, true, k)
 }
 
 // ExpectLockTx expects LockTx to take k in the current transaction. For
 // InTx, use ExpectInTxLock.
 func ExpectLockTx(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
-	a, args := keyArgs(k, 1)
-	return mock.ExpectQuery(exact("SELECT true FROM pg_advisory_xact_lock(" + a + ")")).WithArgs(args...).
-		WillReturnRows(sqlmock.NewRows([]string{"bool"}).AddRow(true))
+	return expectXact(mock, 0, k, true)
 }
 
 // ExpectInTxLock expects Locker.InTx to take k in the transaction it began
 // (after ExpectBegin), and grants it. InTx starts with the non-waiting
 // function, which also reports the backend pid.
 func ExpectInTxLock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
-	a, args := keyArgs(k, 1)
-	return mock.ExpectQuery(exact("SELECT pg_try_advisory_xact_lock(" + a + "), pg_backend_pid()")).WithArgs(args...).
-		WillReturnRows(sqlmock.NewRows([]string{"pg_try_advisory_xact_lock", "pid"}).AddRow(true, PID))
+	q, args := sqltext.Bind.XactTryPIDSQL(0, key(k))
+	return mock.ExpectQuery(exact(q)).WithArgs(values(args)...).
+		WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid"}).AddRow(true, PID))
 }
 
 // ExpectTryLockTx expects TryLockTx to try k in the current transaction.
 func ExpectTryLockTx(mock sqlmock.Sqlmock, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
-	a, args := keyArgs(k, 1)
-	return mock.ExpectQuery(exact("SELECT pg_try_advisory_xact_lock(" + a + ")")).WithArgs(args...).
-		WillReturnRows(sqlmock.NewRows([]string{"pg_try_advisory_xact_lock"}).AddRow(acquired))
+	return expectXact(mock, sqltext.Try, k, acquired)
 }
 
 // ExpectRLockTx expects RLockTx to take k in shared mode in the current
 // transaction.
 func ExpectRLockTx(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
-	a, args := keyArgs(k, 1)
-	return mock.ExpectQuery(exact("SELECT true FROM pg_advisory_xact_lock_shared(" + a + ")")).WithArgs(args...).
-		WillReturnRows(sqlmock.NewRows([]string{"bool"}).AddRow(true))
+	return expectXact(mock, sqltext.Shared, k, true)
 }
 
 // ExpectTryRLockTx expects TryRLockTx to try k in shared mode in the
 // current transaction.
 func ExpectTryRLockTx(mock sqlmock.Sqlmock, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
-	a, args := keyArgs(k, 1)
-	return mock.ExpectQuery(exact("SELECT pg_try_advisory_xact_lock_shared(" + a + ")")).WithArgs(args...).
-		WillReturnRows(sqlmock.NewRows([]string{"pg_try_advisory_xact_lock_shared"}).AddRow(acquired))
+	return expectXact(mock, sqltext.Try|sqltext.Shared, k, acquired)
 }
 
-// expectSessionLock expects the non-waiting lock statement of fn, with
-// which every session-level lock call starts.
-func expectSessionLock(mock sqlmock.Sqlmock, fn string, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
-	a, args := keyArgs(k, 1)
-	q := "SELECT " + fn + "(" + a + "), pg_backend_pid(), pg_is_in_recovery()"
-	return mock.ExpectQuery(exactWithSettings(q)).WithArgs(args...).
+// settings stands, in the statements the helpers expect, for the
+// expression with which a Locker applies (or resets) the settings of a
+// lock session, which depend on its options (sqllock.WithOrphanBound,
+// WithApplicationName) and on the server's version: pattern matches it
+// with any text.
+const settings = "\x00"
+
+// statements are sqllock's own statements (bind mode: go-sqlmock is not
+// lib/pq), with settings in place of the session settings.
+var statements = sqltext.NewStatements(sqltext.Bind, settings, settings)
+
+// expectTry expects the non-waiting lock statement of kind, with which
+// every session-level lock call starts.
+func expectTry(mock sqlmock.Sqlmock, kind sqltext.Kind, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
+	q, args := statements.TrySQL(kind|sqltext.Try, key(k))
+	return mock.ExpectQuery(pattern(q)).WithArgs(values(args)...).
 		WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid", "in_recovery"}).AddRow(acquired, PID, false))
 }
 
-func expectUnlock(mock sqlmock.Sqlmock, fn string, k sqllock.Key) *sqlmock.ExpectedQuery {
-	a, args := keyArgs(k, 1)
-	n := "$" + string(rune('1'+len(args)))
-	q := "SELECT " + fn + "(" + a + ") WHERE pg_backend_pid() = " + n + "::int4"
-	return mock.ExpectQuery(exact(q)).WithArgs(append(args, int64(PID))...).
+func expectUnlock(mock sqlmock.Sqlmock, shared bool, k sqllock.Key) *sqlmock.ExpectedQuery {
+	q, args := statements.UnlockSQL(shared, key(k), PID)
+	return mock.ExpectQuery(pattern(q)).WithArgs(values(args)...).
 		WillReturnRows(sqlmock.NewRows([]string{"released"}).AddRow(true))
 }
 
-// keyArgs returns the placeholders and bound values of k.
-func keyArgs(k sqllock.Key, first int) (string, []driver.Value) {
-	p := func(i int) string { return "$" + string(rune('0'+first+i)) }
-	if c, id, ok := k.Pair(); ok {
-		return p(0) + ", " + p(1), []driver.Value{int64(c), int64(id)}
-	}
+func expectXact(mock sqlmock.Sqlmock, kind sqltext.Kind, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
+	q, args := sqltext.Bind.XactLockSQL(kind, key(k))
+	return mock.ExpectQuery(exact(q)).WithArgs(values(args)...).
+		WillReturnRows(sqlmock.NewRows([]string{"acquired"}).AddRow(acquired))
+}
+
+// key returns k as the statements take it.
+func key(k sqllock.Key) sqltext.Key {
+	c, i, pair := k.Pair()
 	v, _ := k.Int64()
-	return p(0), []driver.Value{v}
+	return sqltext.Key{Pair: pair, V: v, Class: c, ID: i}
+}
+
+// values returns a statement's bound values as go-sqlmock expects them.
+func values(args []any) []driver.Value {
+	vs := make([]driver.Value, len(args))
+	for i, a := range args {
+		vs[i] = a
+	}
+	return vs
 }
 
 func exact(q string) string { return "^" + regexp.QuoteMeta(q) + "$" }
 
-// exactWithSettings matches q, with or without the session settings that
-// a Locker appends to the statement of a connection's first lock
-// (sqllock.WithOrphanBound, WithApplicationName).
-func exactWithSettings(q string) string {
-	return "^" + regexp.QuoteMeta(q) + `( FROM \(SELECT .* AS settings)?$`
+// pattern matches q exactly, but for the settings expression, which
+// matches any text.
+func pattern(q string) string {
+	return "^" + strings.ReplaceAll(regexp.QuoteMeta(q), settings, ".*") + "$"
 }

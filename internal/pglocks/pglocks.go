@@ -1,6 +1,6 @@
-// Package pglocks reads advisory locks from pg_locks on a driver
-// connection: the one query and the one decoding of lock tags that the
-// sqllock and poolguard packages share.
+// Package pglocks decodes advisory locks read from pg_locks (with
+// sqltext.OwnSQL): the one decoding of lock tags that the sqllock and
+// poolguard packages share.
 package pglocks
 
 import (
@@ -8,12 +8,7 @@ import (
 	"strconv"
 )
 
-// OwnSQL lists the advisory locks, held or awaited, of the session that
-// runs it. Each row scans with Scan.
-const OwnSQL = `SELECT pg_backend_pid(), l.classid::int8, l.objid::int8, l.objsubid::int4, l.mode, l.granted
- FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid()`
-
-// Row is one row of OwnSQL.
+// Row is one row of sqltext.OwnSQL.
 type Row struct {
 	PID     int64
 	Tag     Tag
@@ -21,7 +16,7 @@ type Row struct {
 	Granted bool // false: still waiting
 }
 
-// Scan reads a row of OwnSQL from the values a driver returned.
+// Scan reads a row of sqltext.OwnSQL from the values a driver returned.
 func Scan(v []driver.Value) Row {
 	g, _ := v[5].(bool)
 	return Row{

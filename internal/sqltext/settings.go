@@ -1,0 +1,87 @@
+package sqltext
+
+import (
+	"strconv"
+	"strings"
+)
+
+// Settings are what a lock session needs of its own session: keep-alive
+// probes (Idle seconds, then Count probes every Interval seconds) and
+// UserTimeoutMs (tcp_user_timeout) for the orphan bound, 0 to leave them;
+// application_name AppName, "" to leave it; and, on PostgreSQL 14 and
+// later (Major), idle_session_timeout off and client_connection_check_interval.
+type Settings struct {
+	Idle, Interval, Count int
+	UserTimeoutMs         int
+	AppName               string
+	Major                 int
+}
+
+// Tune returns the SQL expression that applies s on the session that
+// evaluates it, as text. Keep-alive probes end an idle session whose client
+// vanished; tcp_user_timeout ends one whose client vanished before
+// acknowledging the server's last answer (there, probes never start);
+// client_connection_check_interval makes a waiting session notice a
+// vanished client; idle_session_timeout is turned off because a session
+// that holds a lock is idle by design. The settings that PostgreSQL 14
+// introduced are left out for older majors (a test of the version in the
+// statement would cost more than all the settings).
+func (s Settings) Tune() string {
+	var exprs []string
+	if s.Major >= 14 {
+		exprs = append(exprs, set("idle_session_timeout", "0"))
+	}
+	if s.Idle > 0 {
+		exprs = append(exprs,
+			set("tcp_keepalives_idle", strconv.Itoa(s.Idle)),
+			set("tcp_keepalives_interval", strconv.Itoa(s.Interval)),
+			set("tcp_keepalives_count", strconv.Itoa(s.Count)),
+			set("tcp_user_timeout", strconv.Itoa(s.UserTimeoutMs)))
+		if s.Major >= 14 {
+			exprs = append(exprs, set("client_connection_check_interval", strconv.Itoa(s.Interval)+"s"))
+		}
+	}
+	if s.AppName != "" {
+		// Only when the session has none (set on the DSN, say): it is never
+		// overwritten.
+		exprs = append(exprs, "CASE WHEN current_setting('application_name') = '' THEN "+set("application_name", s.AppName)+" END")
+	}
+	return concat(exprs)
+}
+
+// Untune returns the SQL expression that sets back what Tune applied:
+// set_config with a NULL value resets a setting to the value the session
+// started with (what RESET does).
+func (s Settings) Untune() string {
+	var exprs []string
+	if s.Major >= 14 {
+		exprs = append(exprs, reset("idle_session_timeout"))
+	}
+	if s.Idle > 0 {
+		exprs = append(exprs, reset("tcp_keepalives_idle"), reset("tcp_keepalives_interval"), reset("tcp_keepalives_count"), reset("tcp_user_timeout"))
+		if s.Major >= 14 {
+			exprs = append(exprs, reset("client_connection_check_interval"))
+		}
+	}
+	if s.AppName != "" {
+		exprs = append(exprs, reset("application_name"))
+	}
+	return concat(exprs)
+}
+
+// set renders a session-level set_config; value is this package's own
+// text (numbers, or an application name checked by the caller to hold no
+// quote or backslash).
+func set(name, value string) string {
+	return "set_config('" + name + "', '" + value + "', false)"
+}
+
+func reset(name string) string { return "set_config('" + name + "', NULL, false)" }
+
+// concat joins text expressions into one that is never NULL.
+func concat(exprs []string) string {
+	if len(exprs) == 0 {
+		return "''"
+	}
+	return "concat(" + strings.Join(exprs, ", ") + ")"
+}

@@ -1,0 +1,445 @@
+// Package sqltext holds every SQL text that sqllock sends: the Statements
+// are written once, here, and read by the sqllock package, by poolguard,
+// and by sqllockmock, whose expectations are built from the same
+// functions, so that the two cannot drift apart.
+package sqltext
+
+import (
+	"database/sql/driver"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// The Statements this package sends. Every statement reads its answer with
+// QueryRow (never Exec: some drivers report success for a statement that a
+// cancellation interrupted), and each lock statement returns the backend pid
+// and pg_is_in_recovery() in the same round trip.
+//
+// Keys reach the server either as bind parameters ($1), or, for drivers
+// whose parameterized queries cost two round trips (lib/pq), rendered into
+// the SQL text by this package. Keys are integers this package formats
+// itself, so no caller text ever becomes SQL.
+
+// Key is an advisory lock key as a statement takes it: the bigint form
+// (V), or the pair form (Class, ID) when Pair is set.
+type Key struct {
+	Pair      bool
+	V         int64
+	Class, ID int32
+}
+
+// Kind is what a lock call asks for; each combination of its bits is
+// one of PostgreSQL's eight advisory lock functions.
+type Kind uint8
+
+const (
+	Try    Kind = 1 << iota // do not wait: return whether the lock was taken
+	Shared                  // shared mode; otherwise exclusive
+	Xact                    // transaction-level; otherwise session-level
+
+	KindCount = 8
+)
+
+func (k Kind) IsTry() bool    { return k&Try != 0 }
+func (k Kind) IsShared() bool { return k&Shared != 0 }
+
+// sharedKind returns Shared when shared is true.
+func SharedKind(shared bool) Kind {
+	if shared {
+		return Shared
+	}
+	return 0
+}
+
+// lockFuncs names the function of every Kind.
+var lockFuncs = func() (t [KindCount]string) {
+	for k := range Kind(KindCount) {
+		var b strings.Builder
+		b.WriteString("pg_")
+		if k.IsTry() {
+			b.WriteString("try_")
+		}
+		b.WriteString("advisory_")
+		if k&Xact != 0 {
+			b.WriteString("xact_")
+		}
+		b.WriteString("lock")
+		if k.IsShared() {
+			b.WriteString("_shared")
+		}
+		t[k] = b.String()
+	}
+	return t
+}()
+
+func (k Kind) Fn() string { return lockFuncs[k] }
+
+func UnlockFn(shared bool) string {
+	if shared {
+		return "pg_advisory_unlock_shared"
+	}
+	return "pg_advisory_unlock"
+}
+
+// Mode selects how keys reach the server.
+type Mode uint8
+
+const (
+	Bind   Mode = iota // $1 or $1, $2
+	Inline             // literals in the SQL text
+)
+
+// keyArgs returns the argument list of k for a function call, and the bind
+// values, starting at parameter number first.
+func (m Mode) KeyArgs(k Key, first int) (string, []any) {
+	if k.Pair {
+		c, i := k.Class, k.ID
+		if m == Inline {
+			return strconv.FormatInt(int64(c), 10) + ", " + strconv.FormatInt(int64(i), 10), nil
+		}
+		return "$" + strconv.Itoa(first) + ", $" + strconv.Itoa(first+1), []any{int64(c), int64(i)}
+	}
+	v := k.V
+	if m == Inline {
+		// A negative literal needs the cast to stay a bigint argument.
+		return "(" + strconv.FormatInt(v, 10) + ")::bigint", nil
+	}
+	return "$" + strconv.Itoa(first), []any{v}
+}
+
+// bound caches the bind-mode transaction-level Statements, which do not
+// depend on the key's value: built once, they cost no allocation per lock.
+var bound = func() (c struct {
+	xact [KindCount][2]string // by kind (with Xact), then [bigint, pair]
+}) {
+	for kind := range Kind(KindCount) {
+		if kind&Xact == 0 {
+			continue
+		}
+		for f, k := range []Key{{}, {Pair: true}} {
+			c.xact[kind][f], _ = Bind.BuildXactLockSQL(kind, k)
+		}
+	}
+	return c
+}()
+
+// formIndex is 0 for the bigint form of k and 1 for the pair form.
+func formIndex(k Key) int {
+	if k.Pair {
+		return 1
+	}
+	return 0
+}
+
+// sharedIndex is 0 for exclusive and 1 for shared.
+func sharedIndex(shared bool) int { return int(SharedKind(shared) >> 1) }
+
+// bindArgs returns the bound values of k.
+func bindArgs(k Key, extra ...any) []any {
+	if k.Pair {
+		return append([]any{int64(k.Class), int64(k.ID)}, extra...)
+	}
+	return append([]any{k.V}, extra...)
+}
+
+// Statements are a Locker's session-level statements. A session leaves as
+// it came: the settings a lock session needs (Settings.Tune) are applied
+// by the statement that is granted the lock, only once it is (a refused
+// try changes nothing), and undone (Settings.Untune) by the statement that
+// releases it; so a connection goes back to the pool with the settings it
+// came with, at no extra round trip.
+type Statements struct {
+	mode   Mode
+	tune   string // an SQL expression that applies the settings
+	untune string // an SQL expression that sets them back (RESET)
+
+	// Bind mode: built once per Locker, no allocation per lock.
+	try    [2][2]string // [exclusive, shared][bigint, pair]
+	wait   [2][2]string
+	unlock [2][2]string
+}
+
+func NewStatements(mode Mode, tune, untune string) *Statements {
+	s := &Statements{mode: mode, tune: tune, untune: untune}
+	if mode == Bind {
+		for sh, shared := range []bool{false, true} {
+			for f, k := range []Key{{}, {Pair: true}} {
+				s.try[sh][f], _ = s.BuildTrySQL(Try|SharedKind(shared), k)
+				s.wait[sh][f], _ = s.BuildWaitSQL(SharedKind(shared), k, "")
+				s.unlock[sh][f], _ = s.BuildUnlockSQL(shared, k, 0)
+			}
+		}
+	}
+	return s
+}
+
+// trySQL returns the statement that tries a session-level lock (kind has
+// Try). Its single row is (acquired bool, pid int, in_recovery bool,
+// the settings' text), the settings applied only when acquired.
+func (s *Statements) TrySQL(kind Kind, k Key) (string, []any) {
+	if s.mode == Bind {
+		return s.try[sharedIndex(kind.IsShared())][formIndex(k)], bindArgs(k)
+	}
+	return s.BuildTrySQL(kind, k)
+}
+
+func (s *Statements) BuildTrySQL(kind Kind, k Key) (string, []any) {
+	a, args := s.mode.KeyArgs(k, 1)
+	// CASE evaluates the settings only when the try succeeded (concat
+	// never returns NULL).
+	return "SELECT CASE WHEN " + kind.Fn() + "(" + a + ") THEN " + s.tune + " IS NOT NULL ELSE false END, pg_backend_pid(), pg_is_in_recovery()", args
+}
+
+// waitSQL returns the statement with which a Locker waits for a
+// session-level lock (kind is exclusive or shared, not try). Its single row
+// is that of trySQL, acquired true. The wait lasts at most slice (a
+// lock_timeout local to the statement, error 55P03; "0": no limit, which
+// also overrides a lock_timeout of the role, the database or the session).
+// With slice half the server's deadlock_timeout, the caller waits again
+// until it is granted: the statement's snapshot never lives long enough
+// for a CREATE INDEX CONCURRENTLY (or REINDEX CONCURRENTLY, DETACH
+// PARTITION CONCURRENTLY, ...) of the holder, which waits for old
+// snapshots, to be reported a deadlock. A session that holds nothing but
+// its wait is in no genuine deadlock, so nothing is lost.
+func (s *Statements) WaitSQL(kind Kind, k Key, slice string) (string, []any) {
+	if s.mode == Bind {
+		return s.wait[sharedIndex(kind.IsShared())][formIndex(k)], bindArgs(k, slice)
+	}
+	return s.BuildWaitSQL(kind, k, slice)
+}
+
+func (s *Statements) BuildWaitSQL(kind Kind, k Key, slice string) (string, []any) {
+	a, args := s.mode.KeyArgs(k, 1)
+	timeout := "'" + slice + "'"
+	if s.mode == Bind {
+		timeout = "$" + strconv.Itoa(len(args)+1)
+		args = append(args, slice)
+	}
+	return "SELECT " + s.tune + " IS NOT NULL, pg_backend_pid(), pg_is_in_recovery()" +
+		" FROM (SELECT set_config('lock_timeout', " + timeout + ", true)) AS s(v), " +
+		"LATERAL (SELECT " + kind.Fn() + "(" + a + ") WHERE s.v IS NOT NULL) AS l", args
+}
+
+// unlockSQL returns the statement that releases a session-level lock, and
+// sets the session's settings back, but only on the backend that was
+// granted it: its single row is (released bool, the settings' text) on that
+// backend, and it returns no row (and changes nothing) on any other. (SQL
+// evaluates WHERE before the select list.)
+func (s *Statements) UnlockSQL(shared bool, k Key, pid int64) (string, []any) {
+	if s.mode == Bind {
+		return s.unlock[sharedIndex(shared)][formIndex(k)], bindArgs(k, pid)
+	}
+	return s.BuildUnlockSQL(shared, k, pid)
+}
+
+func (s *Statements) BuildUnlockSQL(shared bool, k Key, pid int64) (string, []any) {
+	a, args := s.mode.KeyArgs(k, 1)
+	q := "SELECT CASE WHEN " + UnlockFn(shared) + "(" + a + ") THEN " + s.untune + " IS NOT NULL ELSE false END WHERE pg_backend_pid() = "
+	if s.mode == Inline {
+		return q + strconv.FormatInt(pid, 10), nil
+	}
+	return q + "$" + strconv.Itoa(len(args)+1) + "::int4", append(args, pid)
+}
+
+// semaphoreTrySQL returns the statement that takes the first free slot of
+// the n slots of class: its single row is (slot or -1, pid, in_recovery,
+// the settings' text). CASE takes the first slot whose try succeeds and
+// tries no further: one round trip, and never more than one slot.
+func (s *Statements) SemaphoreTrySQL(class int32, n int) string {
+	var b strings.Builder
+	b.WriteString("SELECT l.slot, pg_backend_pid(), pg_is_in_recovery(), CASE WHEN l.slot >= 0 THEN " + s.tune + " END FROM (SELECT CASE")
+	c := strconv.Itoa(int(class))
+	for i := range n {
+		fmt.Fprintf(&b, " WHEN pg_try_advisory_lock(%s, %d) THEN %d", c, i, i)
+	}
+	b.WriteString(" ELSE -1 END AS slot OFFSET 0) AS l")
+	return b.String()
+}
+
+// sessionSQL returns the statement that starts a Session: its single row
+// is (pid, in_recovery, the settings' text); it applies the settings.
+func (s *Statements) SessionSQL() string {
+	return "SELECT pg_backend_pid(), pg_is_in_recovery(), " + s.tune
+}
+
+// resetSQL returns the statement that sets a Session's settings back as
+// it closes, on backend pid only: its single row is (the settings' text),
+// no row on another backend.
+func (s *Statements) ResetSQL(pid int64) (string, []any) {
+	if s.mode == Inline {
+		return "SELECT " + s.untune + " WHERE pg_backend_pid() = " + strconv.FormatInt(pid, 10), nil
+	}
+	return "SELECT " + s.untune + " WHERE pg_backend_pid() = $1::int4", []any{pid}
+}
+
+// WaitSliceSQL returns half the server's deadlock_timeout in
+// milliseconds (at least 1): the lock_timeout of a wait statement (asked
+// once per Locker, not in every wait).
+const WaitSliceSQL = "SELECT greatest(1, (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::int8)"
+
+// xactLockSQL returns the statement that takes a transaction-level lock. Its
+// single row is (acquired bool).
+func (m Mode) XactLockSQL(kind Kind, k Key) (string, []any) {
+	kind |= Xact
+	if m == Bind {
+		return bound.xact[kind][formIndex(k)], bindArgs(k)
+	}
+	return m.BuildXactLockSQL(kind, k)
+}
+
+func (m Mode) BuildXactLockSQL(kind Kind, k Key) (string, []any) {
+	a, args := m.KeyArgs(k, 1)
+	if kind.IsTry() {
+		return "SELECT " + kind.Fn() + "(" + a + ")", args
+	}
+	return "SELECT true FROM " + kind.Fn() + "(" + a + ")", args
+}
+
+// XactTryPIDSQL returns the statement with which InTx tries a
+// transaction-level lock in its own transaction: its single row is
+// (acquired bool, pid int), the pid settling a wait that follows.
+func (m Mode) XactTryPIDSQL(kind Kind, k Key) (string, []any) {
+	q, args := m.XactLockSQL(kind|Try, k)
+	return q + ", pg_backend_pid()", args
+}
+
+// DetectMode picks Inline for lib/pq, whose parameterized queries cost
+// an extra round trip (an unnamed prepare, then the execution), and Bind
+// for every other driver: pgx caches one prepared statement per SQL text, so
+// a text per key would churn its cache.
+func DetectMode(d driver.Driver) Mode {
+	if strings.HasPrefix(strings.TrimPrefix(fmt.Sprintf("%T", d), "*"), "pq.") {
+		return Inline
+	}
+	return Bind
+}
+
+// KeepAliveSQL returns, for lists of expected locks, the 1-based positions of
+// those that are not granted to their backend any more. The lists are passed
+// as array literals in text, which every driver can bind.
+const KeepAliveSQL = `SELECT h.i FROM unnest($1::text::int4[], $2::text::int8[], $3::text::int8[], $4::text::int4[], $5::text::bool[])
+ WITH ORDINALITY AS h(pid, classid, objid, objsubid, shared, i)
+ WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.granted
+  AND l.pid = h.pid AND l.classid::int8 = h.classid AND l.objid::int8 = h.objid AND l.objsubid = h.objsubid
+  AND l.mode = CASE WHEN h.shared THEN 'ShareLock' ELSE 'ExclusiveLock' END)`
+
+const (
+	// AggNotTaken lists the positions of the keys not taken, as a text
+	// array literal ('{}' when every key was).
+	AggNotTaken = "coalesce(array_agg(t.i) FILTER (WHERE t.got IS NOT TRUE), '{}')::text"
+	// AggConfirmed counts the keys released.
+	AggConfirmed = "count(*) FILTER (WHERE t.got)"
+)
+
+// ManyRowsMax is the most keys whose results manySQL returns as a row
+// each; for more it aggregates them into one row. Rows cost per key to send
+// and decode (5,000 keys: 10,000 rows for a TryLockMany and UnlockMany,
+// most of their time); the aggregate costs the server more to plan and run
+// (lib/pq's Statements, which are planned every time: +25 µs for 1 key).
+// The two break even near 100 keys.
+const ManyRowsMax = 64
+
+// manySQL returns a statement that calls fn (an exclusive lock or unlock
+// function) on every key. With agg empty it answers a row per key:
+// (position from 1, result, pid); otherwise one row: (agg, pid), where agg
+// aggregates the rows t(i, got). With onlyPID, the function runs only on
+// that backend (NULL elsewhere). Keys are passed as array literals in
+// text, which every driver can bind.
+func (m Mode) ManySQL(fn, onlyPID, agg string, keys []Key) (string, []any) {
+	// Four array literals, built without an allocation per key.
+	pair := make([]byte, 0, 2*len(keys)+2)
+	v := make([]byte, 0, 8*len(keys)+2)
+	c := make([]byte, 0, 4*len(keys)+2)
+	d := make([]byte, 0, 4*len(keys)+2)
+	for i, k := range keys {
+		sep := byte(',')
+		if i == 0 {
+			sep = '{'
+		}
+		pair, v, c, d = append(pair, sep), append(v, sep), append(c, sep), append(d, sep)
+		if k.Pair {
+			pair = append(pair, 't')
+			v = append(v, '0')
+			c = strconv.AppendInt(c, int64(k.Class), 10)
+			d = strconv.AppendInt(d, int64(k.ID), 10)
+		} else {
+			pair = append(pair, 'f')
+			v = strconv.AppendInt(v, k.V, 10)
+			c = append(c, '0')
+			d = append(d, '0')
+		}
+	}
+	call := "CASE WHEN u.pair THEN " + fn + "(u.c, u.d) ELSE " + fn + "(u.v) END"
+	if onlyPID != "" {
+		call = "CASE WHEN pg_backend_pid() = " + onlyPID + " THEN " + call + " END"
+	}
+	rows := "SELECT u.i, " + call + " AS got, pg_backend_pid()" +
+		" FROM unnest($1::text::bool[], $2::text::int8[], $3::text::int4[], $4::text::int4[]) WITH ORDINALITY AS u(pair, v, c, d, i)"
+	q := rows
+	if agg != "" {
+		q = "SELECT " + agg + ", pg_backend_pid() FROM (" + rows + ") AS t"
+	}
+	return m.Arrays(q, string(append(pair, '}')), string(append(v, '}')), string(append(c, '}')), string(append(d, '}')))
+}
+
+// arrays returns q with its array parameters ($1, $2, ...: text literals
+// of arrays of numbers and booleans that this package formats) bound, or,
+// in Inline mode, rendered into the text: lib/pq spends a round trip
+// preparing any statement with parameters.
+func (m Mode) Arrays(q string, lits ...string) (string, []any) {
+	if m != Inline {
+		args := make([]any, len(lits))
+		for i, l := range lits {
+			args[i] = l
+		}
+		return q, args
+	}
+	for i := len(lits); i >= 1; i-- { // $10 before $1
+		q = strings.ReplaceAll(q, "$"+strconv.Itoa(i)+"::text", "'"+lits[i-1]+"'::text")
+	}
+	return q, nil
+}
+
+// InspectSQL reads the advisory locks of the current database with their
+// sessions. Keys are decoded in Go from classid, objid and objsubid; the
+// wait start is read through to_jsonb so that servers older than 14, which
+// lack pg_locks.waitstart, answer too.
+const InspectSQL = `SELECT l.classid::int8, l.objid::int8, l.objsubid::int4, l.mode, l.granted,
+ coalesce(l.pid, 0), coalesce(a.application_name, ''), coalesce(a.state, ''), coalesce(a.query, ''),
+ coalesce(to_jsonb(l) ->> 'waitstart', ''), coalesce(host(a.client_addr), ''), coalesce(to_jsonb(a) ->> 'state_change', ''),
+ CASE WHEN l.granted OR l.pid IS NULL THEN '{}' ELSE pg_blocking_pids(l.pid)::text END
+FROM pg_catalog.pg_locks l
+LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory'
+ AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())`
+
+// CancelWaitSQL takes backend $1, whose client abandoned its wait for an
+// advisory lock, out of the wait, and answers where it is:
+//
+//	0  gone (its session ended)
+//	1  not yet at the wait statement (it may still read it from its socket)
+//	2  running the wait statement: cancelled now
+//	3  done with the wait statement (cancelled, or granted)
+//
+// The backend is the caller's own abandoned connection, which no one else
+// can be using: whatever it is running is that wait statement.
+const CancelWaitSQL = `SELECT coalesce((SELECT CASE
+   WHEN a.query NOT SIMILAR TO '%pg\_advisory\_(xact\_)?lock(\_shared)?\(%' THEN 1
+   WHEN a.state <> 'active' THEN 3
+   ELSE 2 + 0 * pg_cancel_backend(a.pid)::int END
+ FROM pg_catalog.pg_stat_activity a WHERE a.pid = $1::int4), 0)`
+
+// VersionSQL asks which server this is (see supported).
+const VersionSQL = "SELECT version()"
+
+// ReclaimSQL releases the advisory locks of backend $1 when it runs there,
+// and otherwise ends that backend (a role may end its own sessions). See
+// Locker.reclaim.
+const ReclaimSQL = `SELECT CASE WHEN pg_backend_pid() = $1::int4
+ THEN (SELECT true FROM pg_advisory_unlock_all()) ELSE pg_terminate_backend($1::int4) END`
+
+// OwnSQL lists the advisory locks, held or awaited, of the session that
+// runs it: (pid, classid, objid, objsubid, mode, granted) per lock.
+const OwnSQL = `SELECT pg_backend_pid(), l.classid::int8, l.objid::int8, l.objsubid::int4, l.mode, l.granted
+ FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid()`

@@ -1,0 +1,128 @@
+package sqltext
+
+import (
+	"database/sql/driver"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/lib/pq"
+)
+
+type otherDriver struct{ driver.Driver }
+
+func TestDetectMode(t *testing.T) {
+	tests := []struct {
+		name string
+		d    driver.Driver
+		want Mode
+	}{
+		{"lib/pq renders keys (one round trip instead of two)", &pq.Driver{}, Inline},
+		{"pgx binds keys (its statement cache)", stdlib.GetDefaultDriver(), Bind},
+		{"any other driver binds keys", otherDriver{}, Bind},
+	}
+	for _, tt := range tests {
+		if got := DetectMode(tt.d); got != tt.want {
+			t.Errorf("%s: detectMode = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestStatements(t *testing.T) {
+	bind, inline := NewStatements(Bind, "T", "U"), NewStatements(Inline, "T", "U")
+	tests := []struct {
+		q    string
+		args []any
+		want string
+		n    int
+	}{
+		{q: first(bind.TrySQL(Try, Key{V: 5})), args: second(bind.TrySQL(Try, Key{V: 5})),
+			want: "SELECT CASE WHEN pg_try_advisory_lock($1) THEN T IS NOT NULL ELSE false END, pg_backend_pid(), pg_is_in_recovery()", n: 1},
+		{q: first(inline.TrySQL(Try|Shared, Key{Pair: true, Class: -1, ID: 2})), args: second(inline.TrySQL(Try|Shared, Key{Pair: true, Class: -1, ID: 2})),
+			want: "SELECT CASE WHEN pg_try_advisory_lock_shared(-1, 2) THEN T IS NOT NULL ELSE false END, pg_backend_pid(), pg_is_in_recovery()"},
+		{q: first(inline.UnlockSQL(false, Key{V: 7}, 42)), args: second(inline.UnlockSQL(false, Key{V: 7}, 42)),
+			want: "SELECT CASE WHEN pg_advisory_unlock((7)::bigint) THEN U IS NOT NULL ELSE false END WHERE pg_backend_pid() = 42"},
+		{q: first(bind.UnlockSQL(true, Key{Pair: true, Class: 3, ID: 4}, 42)), args: second(bind.UnlockSQL(true, Key{Pair: true, Class: 3, ID: 4}, 42)),
+			want: "SELECT CASE WHEN pg_advisory_unlock_shared($1, $2) THEN U IS NOT NULL ELSE false END WHERE pg_backend_pid() = $3::int4", n: 3},
+		{q: first(bind.WaitSQL(0, Key{V: 1}, "0")), args: second(bind.WaitSQL(0, Key{V: 1}, "0")),
+			want: "SELECT T IS NOT NULL, pg_backend_pid(), pg_is_in_recovery() FROM (SELECT set_config('lock_timeout', $2, true)) AS s(v), LATERAL (SELECT pg_advisory_lock($1) WHERE s.v IS NOT NULL) AS l", n: 2},
+	}
+	for _, tt := range tests {
+		if tt.q != tt.want || len(tt.args) != tt.n {
+			t.Errorf("statement = %q, %v; want %q with %d args", tt.q, tt.args, tt.want, tt.n)
+		}
+	}
+	if q, _ := Bind.XactLockSQL(Try|Shared, Key{V: 1}); q != "SELECT pg_try_advisory_xact_lock_shared($1)" {
+		t.Errorf("xactLockSQL = %q", q)
+	}
+}
+
+func first(q string, _ []any) string { return q }
+func second(_ string, a []any) []any { return a }
+
+// TestLockFuncs: every kind names its PostgreSQL function, and the cached
+// bind-mode statements match the ones built on demand.
+func TestLockFuncs(t *testing.T) {
+	want := map[Kind]string{
+		0: "pg_advisory_lock", Try: "pg_try_advisory_lock", Shared: "pg_advisory_lock_shared",
+		Try | Shared: "pg_try_advisory_lock_shared", Xact: "pg_advisory_xact_lock",
+		Xact | Try: "pg_try_advisory_xact_lock", Xact | Shared: "pg_advisory_xact_lock_shared",
+		Xact | Try | Shared: "pg_try_advisory_xact_lock_shared",
+	}
+	for kind, fn := range want {
+		if kind.Fn() != fn {
+			t.Errorf("Kind(%d).Fn() = %q, want %q", kind, kind.Fn(), fn)
+		}
+		if kind&Xact == 0 {
+			continue
+		}
+		for _, k := range []Key{Key{V: 9}, Key{Pair: true, Class: 1, ID: 2}} {
+			cached, _ := Bind.XactLockSQL(kind, k)
+			built, _ := Bind.BuildXactLockSQL(kind, k)
+			if cached != built || !strings.Contains(cached, fn+"(") {
+				t.Errorf("kind %d, key %v: cached %q, built %q", kind, k, cached, built)
+			}
+		}
+	}
+	bind := NewStatements(Bind, "T", "U")
+	for _, shared := range []bool{false, true} {
+		for _, k := range []Key{Key{V: 9}, Key{Pair: true, Class: 1, ID: 2}} {
+			pairs := [][2]string{
+				{first(bind.UnlockSQL(shared, k, 1)), first(bind.BuildUnlockSQL(shared, k, 1))},
+				{first(bind.TrySQL(Try|SharedKind(shared), k)), first(bind.BuildTrySQL(Try|SharedKind(shared), k))},
+				{first(bind.WaitSQL(SharedKind(shared), k, "1ms")), first(bind.BuildWaitSQL(SharedKind(shared), k, "1ms"))},
+			}
+			for _, p := range pairs {
+				if p[0] != p[1] {
+					t.Errorf("shared=%v key %v: cached %q, built %q", shared, k, p[0], p[1])
+				}
+			}
+		}
+	}
+}
+
+// TestSettings: Tune sets what a lock session needs, for the server's
+// major version, and Untune resets exactly that.
+func TestSettings(t *testing.T) {
+	st := Settings{Idle: 10, Interval: 5, Count: 4, UserTimeoutMs: 30000, AppName: "app", Major: 16}
+	tune, untune := st.Tune(), st.Untune()
+	for _, want := range []string{"'tcp_keepalives_idle', '10'", "'tcp_keepalives_interval', '5'", "'tcp_keepalives_count', '4'", "'tcp_user_timeout', '30000'",
+		"'client_connection_check_interval', '5s'", "'idle_session_timeout', '0'", "'application_name', 'app'"} {
+		if !strings.Contains(tune, want) {
+			t.Errorf("Tune lacks %s: %s", want, tune)
+		}
+	}
+	for _, name := range []string{"tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count", "tcp_user_timeout",
+		"client_connection_check_interval", "idle_session_timeout", "application_name"} {
+		if !strings.Contains(untune, "set_config('"+name+"', NULL, false)") {
+			t.Errorf("Untune lacks %s: %s", name, untune)
+		}
+	}
+	old := Settings{Idle: 10, Interval: 5, Count: 4, UserTimeoutMs: 30000, Major: 13}
+	if s := old.Tune() + old.Untune(); strings.Contains(s, "idle_session_timeout") || strings.Contains(s, "client_connection_check_interval") {
+		t.Errorf("PostgreSQL 13 has no idle_session_timeout nor client_connection_check_interval: %s", s)
+	}
+	if s := (Settings{Major: 16}).Untune(); strings.Contains(s, "tcp_") || strings.Contains(s, "application_name") {
+		t.Errorf("Untune resets what Tune never set: %s", s)
+	}
+}
