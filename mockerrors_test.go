@@ -70,7 +70,6 @@ func TestServerCheckIsCached(t *testing.T) {
 	}
 }
 
-
 func TestUnlockOutcomes(t *testing.T) {
 	k := sqllock.Int64(7)
 	tests := []struct {
