@@ -174,10 +174,17 @@ type HeldError struct {
 	err     error
 }
 
-// Error implements error: the refusal, then the first holder.
+// Error implements error: the refusal, then the first holder. Of a
+// session of another role (one whose query the server hides from this
+// role), it gives only the backend: error strings end up in logs that
+// other people read, and what another role names its sessions is not
+// theirs to see there ([HeldError].Holders keeps every field).
 func (e *HeldError) Error() string {
 	for _, h := range e.Holders {
 		if h.Granted {
+			if h.Hidden {
+				return fmt.Sprintf("%s; held by backend %d, a session of another role", e.err, h.PID)
+			}
 			return e.err.Error() + "; held by " + h.String()
 		}
 	}

@@ -175,8 +175,18 @@ func (h HeldLock) String() string {
 		}
 	}
 	fmt.Fprintf(&b, " by pid %d", h.PID)
-	if h.ApplicationName != "" || h.State != "" {
-		fmt.Fprintf(&b, " (%s, %s)", strconv.Quote(h.ApplicationName), h.State)
+	var about []string
+	if h.ApplicationName != "" {
+		about = append(about, "application "+strconv.Quote(h.ApplicationName))
+	}
+	if h.State != "" {
+		about = append(about, h.State)
+	}
+	if h.Hidden {
+		about = append(about, "a session of another role")
+	}
+	if len(about) > 0 {
+		b.WriteString(" (" + strings.Join(about, ", ") + ")")
 	}
 	if h.ClientAddr != "" {
 		fmt.Fprintf(&b, " from %s", h.ClientAddr)

@@ -1,6 +1,7 @@
 package sqllock
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -8,6 +9,9 @@ import (
 
 type config struct {
 	keepAlive     time.Duration
+	keepAliveSet  bool // given with WithKeepAlive
+	orphanSet     bool // given with WithOrphanBound
+	errs          []error
 	unlockTimeout time.Duration
 	logger        *slog.Logger
 	registry      *Registry
@@ -32,6 +36,66 @@ const (
 	DefaultUnlockTimeout = 5 * time.Second
 )
 
+// Limits of a Locker's settings.
+const (
+	// MinKeepAlive is the shortest keep-alive interval: shorter ones are
+	// raised to it (a check per millisecond helps no one, and loads the
+	// server).
+	MinKeepAlive = 100 * time.Millisecond
+	// MinOrphanBound is the shortest orphan bound: TCP keep-alive settings
+	// count in seconds.
+	MinOrphanBound = 3 * time.Second
+	// MaxOrphanBound is the longest orphan bound: Linux takes at most
+	// 32,767 s for tcp_keepalives_idle, a third of the bound.
+	MaxOrphanBound = 27 * time.Hour
+)
+
+// newConfig applies opts over the defaults and validates the result in
+// one place: it returns the configuration, with the keep-alive and the
+// orphan bound adapted to each other when only one was given, and the
+// errors of values no Locker can use.
+func newConfig(opts []Option) (config, error) {
+	c := config{keepAlive: DefaultKeepAlive, unlockTimeout: DefaultUnlockTimeout, orphanBound: DefaultOrphanBound}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
+	}
+	if len(c.errs) > 0 {
+		return c, errors.Join(c.errs...)
+	}
+	if c.keepAlive > 0 && c.keepAlive < MinKeepAlive {
+		c.keepAlive = MinKeepAlive
+	}
+	if c.orphanBound > 0 && (c.orphanBound < MinOrphanBound || c.orphanBound > MaxOrphanBound) {
+		return c, fmt.Errorf("sqllock: WithOrphanBound(%v): the bound must be from %v to %v (TCP keep-alive settings count in seconds, and Linux takes at most 32767 s for the first probe)",
+			c.orphanBound, MinOrphanBound, MaxOrphanBound)
+	}
+	if boundsError(c.keepAlive, c.orphanBound) != nil {
+		switch {
+		case c.keepAliveSet && !c.orphanSet:
+			c.orphanBound = boundFor(c.keepAlive)
+			if c.orphanBound > MaxOrphanBound {
+				return c, fmt.Errorf("sqllock: WithKeepAlive(%v): no orphan bound up to %v lets the keep-alive tell a cut-off holder first; lower it", c.keepAlive, MaxOrphanBound)
+			}
+		case c.orphanSet && !c.keepAliveSet:
+			c.keepAlive = keepAliveFor(c.orphanBound)
+		}
+	}
+	return c, boundsError(c.keepAlive, c.orphanBound)
+}
+
+// CheckOptions returns the error of opts that [New] would panic with, or
+// nil: negative durations, an invalid application name, an orphan bound
+// out of range, or a keep-alive and an orphan bound, both given, that let
+// the server free a cut-off holder's lock before the holder is told.
+// Programs that read settings from their configuration call it first (the
+// sqllock command does).
+func CheckOptions(opts ...Option) error {
+	_, err := newConfig(opts)
+	return err
+}
+
 // WithKeepAlive sets how often the Locker checks that its held locks still
 // exist (default [DefaultKeepAlive]); 0 turns the check off. The check runs
 // on a connection of the pool (never on a lock's pinned connection), and covers all of the
@@ -49,24 +113,30 @@ const (
 // runs the checks while locks are held and ends within one interval of the
 // last release.
 //
-// WithKeepAlive panics if d is negative.
+// An interval below [MinKeepAlive] is raised to it. When WithOrphanBound is
+// not given, the orphan bound is raised, if need be, to fit the interval
+// (see [WithOrphanBound]). A negative d is an error (see [CheckOptions]).
 func WithKeepAlive(d time.Duration) Option {
-	if d < 0 {
-		panic("sqllock: WithKeepAlive: negative interval " + d.String() + " (0 turns the keep-alive off)")
-	}
-	return optionFunc(func(c *config) { c.keepAlive = d })
+	return optionFunc(func(c *config) {
+		if d < 0 {
+			c.errs = append(c.errs, fmt.Errorf("sqllock: WithKeepAlive(%v): negative interval (0 turns the keep-alive off)", d))
+		}
+		c.keepAlive, c.keepAliveSet = d, true
+	})
 }
 
 // WithUnlockTimeout bounds the unlock statement (default
 // [DefaultUnlockTimeout]): it is cancelled after between d and 1.25 d. Unlock
 // does not use its caller's cancellation: a cancelled context still
-// releases the lock. An unlock must be bounded: WithUnlockTimeout panics if
-// d is not positive.
+// releases the lock. An unlock must be bounded: d must be positive (see
+// [CheckOptions]).
 func WithUnlockTimeout(d time.Duration) Option {
-	if d <= 0 {
-		panic("sqllock: WithUnlockTimeout: the unlock must be bounded; got " + d.String())
-	}
-	return optionFunc(func(c *config) { c.unlockTimeout = d })
+	return optionFunc(func(c *config) {
+		if d <= 0 {
+			c.errs = append(c.errs, fmt.Errorf("sqllock: WithUnlockTimeout(%v): the unlock must be bounded", d))
+		}
+		c.unlockTimeout = d
+	})
 }
 
 // WithOrphanBound sets how long the server keeps the lock of a holder that
@@ -76,26 +146,30 @@ func WithUnlockTimeout(d time.Duration) Option {
 //
 // The statement that takes each session-level lock (and the one that
 // starts a Session) also sets, on its own session, tcp_keepalives_idle
-// (d/3), tcp_keepalives_interval (d/6), tcp_keepalives_count and, on
-// PostgreSQL 14 and later, client_connection_check_interval: settings any
-// role may change, at no extra round trip, and only on a connection's first
-// lock (the Locker remembers which connections carry them; code that runs
-// RESET ALL or DISCARD ALL on a pooled connection takes them away until the
-// Locker forgets it). They stay on the connection
-// when it returns to the pool; they only make the server notice a vanished
-// client sooner. They do not apply over Unix sockets or behind PgBouncer,
-// whose own connection to the server is what they would watch.
+// (d/3), tcp_keepalives_interval (d/6), tcp_keepalives_count,
+// tcp_user_timeout (d) and, on PostgreSQL 14 and later,
+// client_connection_check_interval: settings any role may change, at no
+// extra round trip. The unlock statement sets them back, so a connection
+// goes back to the pool as it came. They do not apply over Unix sockets or
+// behind PgBouncer, whose own connection to the server is what they would
+// watch.
 //
-// The holder must learn of the loss before the server frees the lock: New
-// panics when the keep-alive cannot tell a cut-off holder within three
-// quarters of the bound (keep-alive + 2 × max(keep-alive, 1 s), the time
-// for two failed checks). With the defaults: 15 s against 30 s. The bound
-// must be at least 3 s.
+// The holder must learn of the loss before the server frees the lock: the
+// keep-alive must tell a cut-off holder within three quarters of the bound
+// (keep-alive + 2 × max(keep-alive, 1 s), the time for two failed checks).
+// With the defaults: 15 s against 30 s. When only one of WithKeepAlive and
+// WithOrphanBound is given, the other adapts to it: the keep-alive is
+// lowered to fit the bound (to a fifth of it, or less below 5 s), or the
+// bound is raised to fit the keep-alive. When both are given and break the
+// rule, that is an error. The bound must be from [MinOrphanBound] to
+// [MaxOrphanBound]; a negative d is an error (see [CheckOptions]).
 func WithOrphanBound(d time.Duration) Option {
-	if d < 0 {
-		panic("sqllock: WithOrphanBound: negative bound " + d.String() + " (0 turns it off)")
-	}
-	return optionFunc(func(c *config) { c.orphanBound = d })
+	return optionFunc(func(c *config) {
+		if d < 0 {
+			c.errs = append(c.errs, fmt.Errorf("sqllock: WithOrphanBound(%v): negative bound (0 turns it off)", d))
+		}
+		c.orphanBound, c.orphanSet = d, true
+	})
 }
 
 // WithApplicationName gives the session of every lock the Locker takes the
@@ -104,12 +178,15 @@ func WithOrphanBound(d time.Duration) Option {
 // already (set on the DSN, for instance), which it never overwrites. It
 // costs nothing per lock: the setting rides on the statement of a
 // connection's first lock. name is printable ASCII without quotes or
-// backslashes, at most 63 bytes; WithApplicationName panics otherwise.
+// backslashes, at most 63 bytes; anything else is an error (see
+// [CheckOptions]).
 func WithApplicationName(name string) Option {
-	if !validAppName(name) {
-		panic(fmt.Sprintf("sqllock: WithApplicationName(%q): want 1 to 63 bytes of printable ASCII without quotes or backslashes", name))
-	}
-	return optionFunc(func(c *config) { c.appName = name })
+	return optionFunc(func(c *config) {
+		if !validAppName(name) {
+			c.errs = append(c.errs, fmt.Errorf("sqllock: WithApplicationName(%q): want 1 to 63 bytes of printable ASCII without quotes or backslashes", name))
+		}
+		c.appName = name
+	})
 }
 
 // WithHolders attaches who holds a key to the error of a lock that could
@@ -128,12 +205,14 @@ func WithHolders() Option {
 // same schedule, choose d between the largest skew of their clocks and
 // schedulers and the schedule's period (period minus a margin smaller than
 // period − skew): then exactly one machine runs each tick. 0 (the default)
-// releases as fn returns. WithHoldAtLeast panics if d is negative.
+// releases as fn returns. A negative d is an error (see [CheckOptions]).
 func WithHoldAtLeast(d time.Duration) Option {
-	if d < 0 {
-		panic("sqllock: WithHoldAtLeast: negative window " + d.String())
-	}
-	return optionFunc(func(c *config) { c.holdAtLeast = d })
+	return optionFunc(func(c *config) {
+		if d < 0 {
+			c.errs = append(c.errs, fmt.Errorf("sqllock: WithHoldAtLeast(%v): negative window", d))
+		}
+		c.holdAtLeast = d
+	})
 }
 
 // WithLogger sends the Locker's events to l: waiting, acquired (with the

@@ -96,24 +96,22 @@ func boundsError(keepAlive, orphan time.Duration) error {
 	return nil
 }
 
-// checkBounds panics with boundsError's message: options that break the
-// rule are a configuration error, found when New is called.
-func checkBounds(keepAlive, orphan time.Duration) {
-	if err := boundsError(keepAlive, orphan); err != nil {
-		panic(err.Error())
-	}
+// boundFor returns the shortest orphan bound, in whole seconds, that lets
+// keepAlive tell a cut-off holder first (see boundsError).
+func boundFor(keepAlive time.Duration) time.Duration {
+	b := clientBound(keepAlive)*4/3 + time.Second
+	return max(MinOrphanBound, b.Truncate(time.Second)+time.Second)
 }
 
-// CheckOptions returns the error for which [New] would panic on opts
-// (options that let the server free a cut-off holder's lock before the
-// holder is told), or nil. Programs that take settings from their users,
-// such as the sqllock command, call it first.
-func CheckOptions(opts ...Option) error {
-	cfg := config{keepAlive: DefaultKeepAlive, orphanBound: DefaultOrphanBound}
-	for _, o := range opts {
-		o.apply(&cfg)
+// keepAliveFor returns a keep-alive interval that tells a cut-off holder
+// within three quarters of orphan (see boundsError): a fifth of it, or, for
+// bounds below 5 s, whose checks must fail faster than their 1 s floor,
+// what is left of three quarters of it after two checks, with a margin.
+func keepAliveFor(orphan time.Duration) time.Duration {
+	if orphan >= 5*time.Second {
+		return orphan / 5
 	}
-	return boundsError(cfg.keepAlive, cfg.orphanBound)
+	return max(MinKeepAlive, (orphan*3/4-failedChecksBeforeLost*time.Second)*4/5)
 }
 
 // maxConns is how many driver connections a connSet remembers; past it,

@@ -1,9 +1,13 @@
 package sqllock
 
 import (
+	"database/sql"
+
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/DATA-DOG/go-sqlmock"
 )
 
 func TestOrphanSettings(t *testing.T) {
@@ -34,28 +38,78 @@ func TestCheckBounds(t *testing.T) {
 		{10 * time.Second, time.Minute}, // 30 s < 45 s
 	}
 	for _, c := range ok {
+		if err := boundsError(c.keepAlive, c.orphan); err != nil {
+			t.Errorf("boundsError(%v, %v) = %v", c.keepAlive, c.orphan, err)
+		}
+	}
+	if err := boundsError(10*time.Second, DefaultOrphanBound); err == nil || !strings.HasPrefix(err.Error(), "sqllock: ") {
+		t.Errorf("boundsError(10s, 30s) = %v, want the rule", err)
+	}
+}
+
+// TestOptionsAdapt: a single keep-alive or orphan bound never makes a
+// configuration invalid: the other setting adapts to it; only two given
+// values that break the rule, or values out of range, are errors (and
+// New panics with the same text); a tiny keep-alive is raised to its
+// floor.
+func TestOptionsAdapt(t *testing.T) {
+	single := []Option{WithKeepAlive(8 * time.Second), WithKeepAlive(time.Minute), WithKeepAlive(time.Hour),
+		WithOrphanBound(3 * time.Second), WithOrphanBound(4 * time.Second), WithOrphanBound(10 * time.Second),
+		WithOrphanBound(20 * time.Second), WithOrphanBound(27 * time.Hour)}
+	for _, o := range single {
+		c, err := newConfig([]Option{o})
+		if err != nil {
+			t.Errorf("newConfig(%+v) = %v, want the other setting adapted", o, err)
+			continue
+		}
+		if err := boundsError(c.keepAlive, c.orphanBound); err != nil || c.keepAlive < MinKeepAlive {
+			t.Errorf("adapted to keep-alive %v, bound %v: %v", c.keepAlive, c.orphanBound, err)
+		}
 		func() {
 			defer func() {
 				if p := recover(); p != nil {
-					t.Errorf("checkBounds(%v, %v) panicked: %v", c.keepAlive, c.orphan, p)
+					t.Errorf("New with one setting panicked: %v", p)
 				}
 			}()
-			checkBounds(c.keepAlive, c.orphan)
+			New(mockDB(t), o)
 		}()
 	}
-	bad := []struct{ keepAlive, orphan time.Duration }{
-		{10 * time.Second, DefaultOrphanBound}, // 30 s ≥ 22.5 s
-		{DefaultKeepAlive, 2 * time.Second},    // below 3 s
+	if c, _ := newConfig([]Option{WithKeepAlive(time.Nanosecond)}); c.keepAlive != MinKeepAlive {
+		t.Errorf("WithKeepAlive(1ns) = %v, want the floor %v", c.keepAlive, MinKeepAlive)
 	}
-	for _, c := range bad {
+	if c, _ := newConfig([]Option{WithKeepAlive(8 * time.Second)}); c.orphanBound <= DefaultOrphanBound {
+		t.Errorf("WithKeepAlive(8s) alone kept the bound at %v", c.orphanBound)
+	}
+	if c, _ := newConfig([]Option{WithOrphanBound(10 * time.Second)}); c.keepAlive >= DefaultKeepAlive {
+		t.Errorf("WithOrphanBound(10s) alone kept the keep-alive at %v", c.keepAlive)
+	}
+	bad := []struct {
+		opts []Option
+		want string
+	}{
+		{[]Option{WithKeepAlive(10 * time.Second), WithOrphanBound(DefaultOrphanBound)}, "told first"},
+		{[]Option{WithOrphanBound(2 * time.Second)}, "from 3s"},
+		{[]Option{WithOrphanBound(720 * time.Hour)}, "to 27h"},
+		{[]Option{WithOrphanBound(48 * time.Hour)}, "to 27h"},
+		{[]Option{WithKeepAlive(-time.Second)}, "negative"},
+		{[]Option{WithOrphanBound(-time.Second)}, "negative"},
+		{[]Option{WithUnlockTimeout(0)}, "bounded"},
+		{[]Option{WithHoldAtLeast(-time.Second)}, "negative"},
+		{[]Option{WithApplicationName("it's")}, "printable ASCII"},
+	}
+	for _, b := range bad {
+		err := CheckOptions(b.opts...)
+		if err == nil || !strings.Contains(err.Error(), b.want) || !strings.HasPrefix(err.Error(), "sqllock: ") {
+			t.Errorf("CheckOptions(%v) = %v, want an error saying %q", b.opts, err, b.want)
+			continue
+		}
 		func() {
 			defer func() {
-				p := recover()
-				if p == nil || !strings.HasPrefix(p.(string), "sqllock: ") {
-					t.Errorf("checkBounds(%v, %v) = %v, want a sqllock panic", c.keepAlive, c.orphan, p)
+				if p := recover(); p == nil || p.(string) != err.Error() {
+					t.Errorf("New(%v) panicked with %v, want %q", b.opts, p, err)
 				}
 			}()
-			checkBounds(c.keepAlive, c.orphan)
+			New(mockDB(t), b.opts...)
 		}()
 	}
 }
@@ -64,10 +118,20 @@ func TestCheckOptions(t *testing.T) {
 	if err := CheckOptions(); err != nil {
 		t.Fatalf("CheckOptions() of the defaults = %v", err)
 	}
-	if err := CheckOptions(WithKeepAlive(time.Hour)); err == nil || !strings.Contains(err.Error(), "told first") {
-		t.Fatalf("CheckOptions(WithKeepAlive(1h)) = %v, want the rule", err)
+	if err := CheckOptions(WithKeepAlive(time.Hour), WithOrphanBound(time.Minute)); err == nil || !strings.Contains(err.Error(), "told first") {
+		t.Fatalf("CheckOptions(WithKeepAlive(1h), WithOrphanBound(1m)) = %v, want the rule", err)
 	}
 	if err := CheckOptions(WithKeepAlive(time.Hour), WithOrphanBound(0)); err != nil {
 		t.Fatalf("with the bound off = %v", err)
 	}
+}
+
+// mockDB returns a *sql.DB that no test statement reaches.
+func mockDB(t *testing.T) *sql.DB {
+	db, _, err := sqlmock.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
 }

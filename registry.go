@@ -36,16 +36,30 @@ func NewRegistry() *Registry {
 // [Locker.Semaphore]), so that [Inspect] reports its slots as one
 // semaphore: [HeldLock].Semaphore is name, and Name is "name[i]" for slot
 // i. It returns an error wrapping [ErrDuplicate] when another semaphore
-// has the same slot class (a hash collision) or name.
+// has the same slot class (a hash collision), when name is registered
+// already with another n (registering the same name and n again is a
+// no-op), or when one of its slots is registered as a named key; and an
+// error wrapping [ErrInvalidKey] for an empty name or n out of 1 to 1024.
 func (r *Registry) RegisterSemaphore(name string, n int) error {
 	if name == "" || n < 1 || n > maxSlots {
-		return fmt.Errorf("%w: semaphore %q of %d slots", ErrInvalidKey, name, n)
+		return fmt.Errorf("%w: semaphore %q of %d slots (want 1 to %d)", ErrInvalidKey, name, n, maxSlots)
 	}
 	c := semaphoreClass(name)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if old, ok := r.sems[c]; ok && old.name != name {
-		return fmt.Errorf("%w: semaphore %q has the slots of %q", ErrDuplicate, name, old.name)
+	if old, ok := r.sems[c]; ok {
+		switch {
+		case old.name != name:
+			return fmt.Errorf("%w: semaphore %q has the slots of %q", ErrDuplicate, name, old.name)
+		case old.n != n:
+			return fmt.Errorf("%w: semaphore %q is registered with %d slots, not %d", ErrDuplicate, name, old.n, n)
+		}
+		return nil
+	}
+	for i := range n {
+		if other, ok := r.byKey[Pair(c, int32(i))]; ok {
+			return fmt.Errorf("%w: slot %d of semaphore %q is registered as %q", ErrDuplicate, i, name, other)
+		}
 	}
 	r.sems[c] = semaphoreRef{name: name, n: n}
 	return nil
@@ -69,7 +83,8 @@ func (r *Registry) semaphore(k Key) (name string, slot int, ok bool) {
 // Register records that name means key k. It returns an error wrapping
 // [ErrDuplicate] when name is already registered, or when k already belongs
 // to another name (a hash collision, or two teams picking the same number),
-// and an error wrapping [ErrInvalidKey] for the zero Key or an empty name.
+// or is a slot of a registered semaphore, and an error wrapping
+// [ErrInvalidKey] for the zero Key or an empty name.
 // Registering the same name with the same key again is a no-op.
 func (r *Registry) Register(name string, k Key) error {
 	if err := k.valid(); err != nil {
@@ -88,6 +103,11 @@ func (r *Registry) Register(name string, k Key) error {
 	}
 	if other, ok := r.byKey[k]; ok {
 		return fmt.Errorf("%w: key %s of %q is already registered as %q", ErrDuplicate, k, name, other)
+	}
+	if c, id, pair := k.Pair(); pair {
+		if s, ok := r.sems[c]; ok && id >= 0 && int(id) < s.n {
+			return fmt.Errorf("%w: key %s of %q is slot %d of semaphore %q", ErrDuplicate, k, name, id, s.name)
+		}
 	}
 	r.byName[name] = k
 	r.byKey[k] = name

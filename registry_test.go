@@ -96,3 +96,38 @@ func TestRegistryConcurrent(t *testing.T) {
 		t.Errorf("len(All()) = %d, want 9 (8 jobs and one racer)", got)
 	}
 }
+
+// TestRegistrySemaphores: a semaphore's slots and named keys never overlap
+// in a Registry, a semaphore's size cannot change silently, and bad sizes
+// are errors, not panics.
+func TestRegistrySemaphores(t *testing.T) {
+	r := NewRegistry()
+	slot := SemaphoreSlots("reports", 3)[0]
+	if err := r.Register("billing:job", slot); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.RegisterSemaphore("reports", 3); !errors.Is(err, ErrDuplicate) {
+		t.Fatalf("RegisterSemaphore over a named key's slot = %v, want ErrDuplicate", err)
+	}
+	r = NewRegistry()
+	if err := r.RegisterSemaphore("reports", 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Register("billing:job", slot); !errors.Is(err, ErrDuplicate) {
+		t.Fatalf("Register of a semaphore's slot = %v, want ErrDuplicate", err)
+	}
+	if err := r.RegisterSemaphore("reports", 5); !errors.Is(err, ErrDuplicate) {
+		t.Fatalf("RegisterSemaphore with another size = %v, want ErrDuplicate", err)
+	}
+	if err := r.RegisterSemaphore("reports", 3); err != nil {
+		t.Fatalf("RegisterSemaphore again, same size = %v, want nil", err)
+	}
+	for _, n := range []int{0, -1, 1025} {
+		if err := r.RegisterSemaphore("x", n); !errors.Is(err, ErrInvalidKey) {
+			t.Errorf("RegisterSemaphore(x, %d) = %v, want ErrInvalidKey", n, err)
+		}
+	}
+	if keys := SemaphoreSlots("x", -1); len(keys) != 0 {
+		t.Fatalf("SemaphoreSlots(x, -1) = %v, want none", keys)
+	}
+}

@@ -61,8 +61,12 @@ func semaphoreClass(name string) int32 {
 }
 
 // SemaphoreSlots returns the keys of the slots of the semaphore name of n
-// slots, as [Inspect] reports them (to name them in a [Registry], say).
+// slots, as [Inspect] reports them (to name them in a [Registry], say); none
+// for n below 1.
 func SemaphoreSlots(name string, n int) []Key {
+	if n < 1 {
+		return nil
+	}
 	c := semaphoreClass(name)
 	keys := make([]Key, n)
 	for i := range keys {

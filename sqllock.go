@@ -134,17 +134,21 @@ type Locker struct {
 // Defaults: keep-alive every 5 s, orphan bound 30 s, unlock bounded to
 // 5 s, no logging, no registry, standbys refused, keys bound as parameters
 // (rendered into the SQL text for lib/pq). New panics if db is nil, and on
-// options that break the rule that a cut-off holder is told before the
-// server frees its lock (see [WithOrphanBound]).
+// options that no Locker can use, with the error [CheckOptions] returns for
+// them (a negative duration, an orphan bound out of range, or a
+// keep-alive and an orphan bound, both given, that break the rule that a
+// cut-off holder is told before the server frees its lock: see
+// [WithOrphanBound]). A single setting never makes New panic: the other
+// adapts to it. A program that reads its settings from a configuration
+// calls CheckOptions first.
 func New(db *sql.DB, opts ...Option) *Locker {
 	if db == nil {
 		panic("sqllock: New called with a nil *sql.DB (was the error of sql.Open ignored? It fails when no driver of that name is registered: import one, such as _ \"github.com/jackc/pgx/v5/stdlib\")")
 	}
-	cfg := config{keepAlive: DefaultKeepAlive, unlockTimeout: DefaultUnlockTimeout, orphanBound: DefaultOrphanBound}
-	for _, o := range opts {
-		o.apply(&cfg)
+	cfg, err := newConfig(opts)
+	if err != nil {
+		panic(err.Error())
 	}
-	checkBounds(cfg.keepAlive, cfg.orphanBound)
 	logged := cfg.logger != nil
 	if !logged {
 		cfg.logger = slog.New(slog.DiscardHandler)
