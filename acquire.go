@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"time"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
@@ -16,17 +17,19 @@ import (
 // wait whose context ended is taken out of the server's queue.
 
 // withHolders wraps the refusal err of k in a HeldError that says who
-// holds k (one query, bounded to a second; without it on failure).
-func (l *Locker) withHolders(k Key, err error) error {
+// holds k, or the keys given (a semaphore's slots; k is then the zero
+// Key): one query, bounded to a second; without them on failure.
+func (l *Locker) withHolders(k Key, err error, keys ...Key) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	hs, herr := Holders(ctx, l.db, k)
+	if len(keys) == 0 {
+		keys = []Key{k}
+	}
+	hs, herr := Inspect(ctx, l.db, WithKeys(keys...), WithRegistry(l.cfg.registry))
 	if herr != nil {
 		hs = nil
 	}
-	for i := range hs {
-		hs[i].Name, _ = l.cfg.registry.Name(k)
-	}
+	sort.SliceStable(hs, func(i, j int) bool { return hs[i].Granted && !hs[j].Granted })
 	return &HeldError{Key: k, Holders: hs, err: err}
 }
 

@@ -160,7 +160,11 @@ func (s *Semaphore) acquire(ctx context.Context, try bool) (lk *Lock, err error)
 		if try {
 			l.stats.contended.Add(1)
 			conn.Close() // confirmed: this session holds nothing
-			return nil, fmt.Errorf("%w: all %d slots of %s are held", ErrNotAcquired, s.n, name)
+			err := fmt.Errorf("%w: all %d slots of %s are held", ErrNotAcquired, s.n, name)
+			if l.cfg.holders {
+				err = l.withHolders(Key{}, err, SemaphoreSlots(s.name, s.n)...)
+			}
+			return nil, err
 		}
 		// Wait on one slot, for one slice; then try them all again.
 		k := Pair(s.class, int32(rand.IntN(s.n)))

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -359,6 +360,9 @@ func TestShortAndPrintable(t *testing.T) {
 	if got := printable("a\tb\x1bc\x7f\u0085\xff"); got != `a\x09b\x1bc\x7f\u0085\xff` {
 		t.Fatalf("printable = %q", got)
 	}
+	if got := printable("job\u202etxt.exe\u2066"); got != `job\u202etxt.exe\u2066` {
+		t.Fatalf("printable of bidi controls = %q, want them escaped", got)
+	}
 	if got := clip(strings.Repeat("ü", 40), maxAppName); len(got) > maxAppName || !utf8Valid(got) {
 		t.Fatalf("clip = %q (%d bytes)", got, len(got))
 	}
@@ -533,5 +537,93 @@ func TestInspectSemaphore(t *testing.T) {
 	j := runCLI(t, dsn, "inspect", "--json", "--registry", reg)
 	if strings.Count(j.stdout, `"semaphore": "reports"`) != 2 {
 		t.Fatalf("inspect --json: %s", j.stdout)
+	}
+}
+
+// TestRunHoldWindowSignalsAndLoss: each row of the hold window's
+// behaviour. A signal while COMMAND runs stops COMMAND and run exits at
+// once with COMMAND's status (no window); a signal during the window
+// releases the lock and exits 128+N; a loss during the window, after
+// COMMAND ended, ends the window with a warning and COMMAND's status.
+func TestRunHoldWindowSignalsAndLoss(t *testing.T) {
+	srv := pgtest.Start(t)
+	dsn, db := database(t)
+	k := sqllock.Hash("window")
+	waitHeld := func() int {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			for _, h := range holders(t, db, k) {
+				if h.Granted {
+					return h.PID
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Fatal("run never took the lock")
+		return 0
+	}
+	start := func(command string) (*exec.Cmd, *bytes.Buffer) {
+		t.Helper()
+		var errb bytes.Buffer
+		cmd := sqllockCmd(dsn, "run", "--hold-at-least", "30s", "--keep-alive", "200ms", "window", "--", "sh", "-c", command)
+		cmd.Stderr = &errb
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd, &errb
+	}
+	// SIGTERM while COMMAND runs.
+	dir := t.TempDir()
+	cmd, _ := start("touch " + dir + "/running; sleep 30")
+	waitHeld()
+	waitFile(t, dir+"/running")
+	began := time.Now()
+	cmd.Process.Signal(syscall.SIGTERM)
+	cmd.Wait()
+	if code, took := cmd.ProcessState.ExitCode(), time.Since(began); code != 143 || took > 5*time.Second {
+		t.Fatalf("SIGTERM during COMMAND: exit %d after %v; want 143 at once (no window)", code, took)
+	}
+	waitNoLocks(t, db)
+	// SIGTERM during the window.
+	cmd, _ = start("exit 0")
+	waitHeld()
+	time.Sleep(300 * time.Millisecond) // COMMAND has ended; the window is open
+	began = time.Now()
+	cmd.Process.Signal(syscall.SIGTERM)
+	cmd.Wait()
+	if code, took := cmd.ProcessState.ExitCode(), time.Since(began); code != 143 || took > 5*time.Second {
+		t.Fatalf("SIGTERM during the window: exit %d after %v; want 143 at once", code, took)
+	}
+	waitNoLocks(t, db)
+	// A loss during the window, after COMMAND ended.
+	cmd, errb := start("exit 0")
+	pid := waitHeld()
+	time.Sleep(300 * time.Millisecond)
+	admin := pgtest.Open(t, "pgx", srv.AdminDSN())
+	if _, err := admin.Exec("SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	if code := cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(errb.String(), "during the hold window") || strings.Contains(errb.String(), "before sh ended") {
+		t.Fatalf("loss during the window: exit %d, stderr %q; want 0 and a warning about the window", code, errb.String())
+	}
+}
+
+// TestRunSlotsRefusals: --slots 0 is a usage error, and a run refused by a
+// full semaphore names a holder, as a plain run does.
+func TestRunSlotsRefusals(t *testing.T) {
+	dsn, db := database(t)
+	if r := runCLI(t, dsn, "run", "--slots", "0", "jobs", "--", "true"); r.code != exitUsage {
+		t.Fatalf("--slots 0: exit %d, %s; want %d", r.code, r.stderr, exitUsage)
+	}
+	p, err := sqllock.New(db, sqllock.WithApplicationName("slot-holder")).Semaphore("jobs", 1).TryAcquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Unlock(context.Background())
+	r := runCLI(t, dsn, "run", "-n", "--slots", "1", "jobs", "--", "true")
+	if r.code != 1 || !strings.Contains(r.stderr, fmt.Sprintf("by pid %d", p.PID())) {
+		t.Fatalf("a refused --slots run: exit %d, %q; want 1 naming pid %d", r.code, r.stderr, p.PID())
 	}
 }

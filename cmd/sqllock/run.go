@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -179,6 +180,8 @@ func parseRun(args []string, stderr io.Writer) (runSpec, error) {
 	}
 	sp.argv = rest
 	f := sp.f
+	slotsGiven := false
+	fs.Visit(func(fl *flag.Flag) { slotsGiven = slotsGiven || fl.Name == "slots" })
 	switch {
 	case f.conflictCode < 0 || f.conflictCode > 255:
 		return sp, fail(exitUsage, "run: --conflict-exit-code must be 0 to 255")
@@ -190,7 +193,7 @@ func parseRun(args []string, stderr io.Writer) (runSpec, error) {
 		return sp, fail(exitUsage, "run: --on-lost must not be negative (got %v)", f.onLost)
 	case f.connectTimeout <= 0:
 		return sp, fail(exitUsage, "run: --connect-timeout must be positive (got %v)", f.connectTimeout)
-	case f.slots < 0 || f.slots > 1024:
+	case f.slots < 0 || f.slots > 1024 || slotsGiven && f.slots == 0:
 		return sp, fail(exitUsage, "run: --slots must be 1 to 1024 (got %d)", f.slots)
 	case f.slots > 0 && f.shared:
 		return sp, fail(exitUsage, "run: --slots and --shared do not go together")
@@ -308,14 +311,19 @@ func runCmd(args []string, stderr io.Writer) error {
 
 	in.release() // from here on, signals are COMMAND's
 	in = nil
-	status, lost := supervise(lk, sp.argv, f, sigs, stderr)
-	if f.holdAtLeast > 0 && !lost {
-		// The window lives in this process: stay until it ends (a signal
-		// ends it early), then release.
+	status, lost, sig := supervise(lk, sp.argv, f, sigs, stderr)
+	// The hold window (--hold-at-least) lives in this process, and only
+	// after a COMMAND that ran to its end with the lock held throughout: a
+	// COMMAND stopped by a signal holds no window; a signal during the
+	// window ends it (released at once, exit 128+N); a loss during the
+	// window ends it too, but COMMAND's run was whole (its status, with a
+	// warning).
+	windowed := f.holdAtLeast > 0 && !lost && sig == nil && stillHeld(db, lk)
+	if windowed {
 		if err := lk.UnlockAfter(f.holdAtLeast); err == nil {
 			select {
 			case <-lk.Done():
-			case <-sigs:
+			case sig = <-sigs:
 			}
 		}
 	}
@@ -332,6 +340,11 @@ func runCmd(args []string, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "sqllock: lock %s was lost while %s ran (%s); it was stopped\n", keyText, cmdName, oneLine(lk.Err()))
 		}
 		return fail(exitLost, "")
+	case errors.Is(uerr, sqllock.ErrLockLost) && windowed:
+		if !f.quiet {
+			fmt.Fprintf(stderr, "sqllock: warning: lock %s was lost during the hold window, after %s ended (%s); another run may start before the window's end\n",
+				keyText, cmdName, oneLine(uerr))
+		}
 	case errors.Is(uerr, sqllock.ErrLockLost):
 		if !f.quiet {
 			fmt.Fprintf(stderr, "sqllock: lock %s was lost before %s ended (%s)\n", keyText, cmdName, oneLine(uerr))
@@ -340,10 +353,31 @@ func runCmd(args []string, stderr io.Writer) error {
 	case uerr != nil:
 		fmt.Fprintf(stderr, "sqllock: warning: unlock %s: %s\n", keyText, oneLine(uerr))
 	}
+	if windowed && sig != nil {
+		return fail(128+int(sig.(syscall.Signal)), "interrupted by %v during the hold window; the lock was released", sig)
+	}
 	if status != 0 {
 		return fail(status, "")
 	}
 	return nil
+}
+
+// stillHeld reports whether the server shows lk held by its backend now
+// (bounded to a few seconds): COMMAND has ended, and a hold window starts
+// only for a run whose lock was held to the end.
+func stillHeld(db *sql.DB, lk *sqllock.Lock) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	hs, err := sqllock.Inspect(ctx, db, sqllock.WithKeys(lk.Key()))
+	if err != nil {
+		return false
+	}
+	for _, h := range hs {
+		if h.Granted && h.PID == lk.PID() {
+			return true
+		}
+	}
+	return false
 }
 
 // heldBy describes the holder a refused lock's error carries: " (by pid
@@ -440,9 +474,10 @@ func acquire(ctx context.Context, l *sqllock.Locker, sp runSpec, f runFlags) (*s
 }
 
 // supervise runs COMMAND while the lock is held. It returns COMMAND's exit
-// status, and lost = true when the lock was lost (COMMAND was then stopped
-// with SIGTERM, and SIGKILL after the grace period).
-func supervise(lk *sqllock.Lock, argv []string, f runFlags, sigs <-chan os.Signal, stderr io.Writer) (status int, lost bool) {
+// status, lost = true when the lock was lost (COMMAND was then stopped
+// with SIGTERM, and SIGKILL after the grace period), and the last signal
+// run got and forwarded to COMMAND, if any.
+func supervise(lk *sqllock.Lock, argv []string, f runFlags, sigs <-chan os.Signal, stderr io.Writer) (status int, lost bool, sig os.Signal) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	// Outside a terminal (cron, systemd), COMMAND gets a process group of
@@ -458,9 +493,9 @@ func supervise(lk *sqllock.Lock, argv []string, f runFlags, sigs <-chan os.Signa
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintf(stderr, "sqllock: cannot run %s: %v\n", argv[0], err)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			return exitNotFound, false
+			return exitNotFound, false, nil
 		}
-		return exitCannotRun, false
+		return exitCannotRun, false, nil
 	}
 	signal := func(s os.Signal) {
 		if group {
@@ -479,8 +514,9 @@ func supervise(lk *sqllock.Lock, argv []string, f runFlags, sigs <-chan os.Signa
 			if lost && group {
 				syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // whatever COMMAND left behind
 			}
-			return exitStatus(cmd.ProcessState), lost
+			return exitStatus(cmd.ProcessState), lost, sig
 		case s := <-sigs:
+			sig = s
 			signal(s)
 		case <-lostC:
 			lostC = nil

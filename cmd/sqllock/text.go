@@ -14,7 +14,7 @@ import (
 func printable(s string) string {
 	clean := true
 	for _, r := range s {
-		if r == utf8.RuneError || unicode.IsControl(r) {
+		if r == utf8.RuneError || unicode.IsControl(r) || bidi(r) {
 			clean = false
 			break
 		}
@@ -30,7 +30,7 @@ func printable(s string) string {
 			fmt.Fprintf(&b, `\x%02x`, s[i])
 		case r < 0x80 && unicode.IsControl(r):
 			fmt.Fprintf(&b, `\x%02x`, r)
-		case unicode.IsControl(r):
+		case unicode.IsControl(r) || bidi(r):
 			fmt.Fprintf(&b, `\u%04x`, r)
 		default:
 			b.WriteString(s[i : i+n])
@@ -51,4 +51,17 @@ func clip(s string, n int) string {
 		i--
 	}
 	return s[:i] + "…"
+}
+
+// bidi reports whether r is a Unicode bidirectional formatting character
+// (U+202E RIGHT-TO-LEFT OVERRIDE and its kin), which reorders what a
+// terminal shows after it: text from the server could disguise itself.
+func bidi(r rune) bool {
+	switch {
+	case r == 0x061c, r == 0x200e, r == 0x200f:
+		return true
+	case r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069:
+		return true
+	}
+	return false
 }
