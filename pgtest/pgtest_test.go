@@ -92,3 +92,23 @@ func TestNoLeftoversWithoutClose(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestProxyToOwnServer: a server of SQLLOCK_TEST_DSN has an address, so a
+// Proxy can stand in front of it (the RTT benchmarks do).
+func TestProxyToOwnServer(t *testing.T) {
+	srv := pgtest.Start(t)
+	t.Setenv("SQLLOCK_TEST_DSN", srv.AdminDSN())
+	own, err := pgtest.Embedded(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close()
+	if own.Addr() != srv.Addr() {
+		t.Fatalf("the server of SQLLOCK_TEST_DSN has address %q, want %q", own.Addr(), srv.Addr())
+	}
+	proxy := pgtest.StartProxy(t, own.Addr(), 0)
+	db := pgtest.Open(t, "pgx", proxy.DSN(own.DSN()))
+	if err := db.Ping(); err != nil || proxy.RoundTrips() == 0 {
+		t.Fatalf("through the proxy: %v, %d round trips", err, proxy.RoundTrips())
+	}
+}

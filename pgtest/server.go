@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // the harness's own connections
 )
 
@@ -308,7 +309,12 @@ func external(ctx context.Context, d string) (*Server, error) {
 	if err := db.QueryRowContext(ctx, "SELECT current_database()").Scan(&cur); err != nil {
 		return nil, fmt.Errorf("pgtest: SQLLOCK_TEST_DSN: %w", err)
 	}
-	return &Server{external: d, database: cur}, nil
+	s := &Server{external: d, database: cur}
+	// Its address, for a Proxy in front of it (a TCP host only).
+	if cfg, err := pgconn.ParseConfig(d); err == nil && !strings.HasPrefix(cfg.Host, "/") {
+		s.Host, s.Port = cfg.Host, int(cfg.Port)
+	}
+	return s, nil
 }
 
 // cluster is a PostgreSQL data directory this package runs.
