@@ -64,7 +64,7 @@ func TestSemaphoreBasics(t *testing.T) {
 			}
 			got <- err
 		}()
-		time.Sleep(100 * time.Millisecond)
+		waitSemaphoreWaiter(t, db, "exports", 3)
 		start := time.Now()
 		if err := permits[1].Unlock(bg()); err != nil {
 			t.Fatal(err)
@@ -214,4 +214,26 @@ func TestSemaphoreCancelRace(t *testing.T) {
 			t.Fatalf("the race was not exercised: %d acquired, %d refused", acquired, refused)
 		}
 	})
+}
+
+// waitSemaphoreWaiter waits until a session waits for one of the slots of
+// the semaphore name of n slots.
+func waitSemaphoreWaiter(t *testing.T, db *sql.DB, name string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		locks, err := sqllock.Inspect(bg(), db, sqllock.WithKeys(sqllock.SemaphoreSlots(name, n)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range locks {
+			if !l.Granted {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no session waits for semaphore %q after 10 s", name)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/testkit"
 	"github.com/sqllock/sqllock/pgtest"
 )
 
@@ -117,7 +118,7 @@ func TestSharedLocks(t *testing.T) {
 			}
 			got <- err
 		}()
-		time.Sleep(50 * time.Millisecond)
+		testkit.WaitWaiters(t, db, k, 1) // the waiter is queued
 		for _, lk := range []*sqllock.Lock{a, b} {
 			if err := lk.Unlock(bg()); err != nil {
 				t.Fatal(err)
@@ -223,7 +224,7 @@ func TestLockWaitsAndHonoursContext(t *testing.T) {
 			}
 			granted <- lk
 		}()
-		time.Sleep(50 * time.Millisecond)
+		testkit.WaitWaiters(t, db, k, 1) // the waiter is queued
 		if err := held.Unlock(bg()); err != nil {
 			t.Fatal(err)
 		}

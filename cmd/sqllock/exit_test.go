@@ -91,14 +91,25 @@ type exitCase struct {
 // silentServer accepts TCP connections and never answers: a server that
 // hangs.
 func silentServer(t *testing.T) string {
+	addr, _ := silentServerAccepting(t)
+	return addr
+}
+
+// silentServerAccepting is silentServer, with a channel that receives once
+// per connection it accepted.
+func silentServerAccepting(t *testing.T) (string, <-chan struct{}) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var conns []net.Conn
+	var mu sync.Mutex
+	var conns []net.Conn // guarded by mu
+	accepted := make(chan struct{}, 100)
 	t.Cleanup(func() {
 		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
 		for _, c := range conns {
 			c.Close()
 		}
@@ -109,10 +120,16 @@ func silentServer(t *testing.T) string {
 			if err != nil {
 				return
 			}
+			mu.Lock()
 			conns = append(conns, c)
+			mu.Unlock()
+			select {
+			case accepted <- struct{}{}:
+			default:
+			}
 		}
 	}()
-	return ln.Addr().String()
+	return ln.Addr().String(), accepted
 }
 
 // exitCases are the cases of TestExitStatuses, run against dsn's database
@@ -200,9 +217,13 @@ func TestExitStatuses(t *testing.T) {
 		})
 	})
 	t.Run("interrupted while connecting", func(t *testing.T) {
-		addr := silentServer(t)
+		addr, accepted := silentServerAccepting(t)
 		assertInterrupted(t, "postgres://u@"+addr+"/db", []string{"run", "k", "--", "true"}, func() {
-			time.Sleep(300 * time.Millisecond)
+			select { // run is connecting
+			case <-accepted:
+			case <-time.After(10 * time.Second):
+				t.Fatal("run never connected to the silent server")
+			}
 		})
 	})
 }
