@@ -74,14 +74,12 @@ func TestHolders(t *testing.T) {
 
 func TestApplicationNameIsChecked(t *testing.T) {
 	for _, bad := range []string{"", "it's", `back\slash`, strings.Repeat("x", 64), "tab\there"} {
-		func() {
-			defer func() {
-				if recover() == nil {
-					t.Errorf("WithApplicationName(%q) did not panic", bad)
-				}
-			}()
-			sqllock.WithApplicationName(bad)
-		}()
+		if err := sqllock.CheckOptions(sqllock.WithApplicationName(bad)); err == nil {
+			t.Errorf("CheckOptions(WithApplicationName(%q)) = nil, want an error", bad)
+		}
+	}
+	if err := sqllock.CheckOptions(sqllock.WithApplicationName("billing-worker")); err != nil {
+		t.Errorf("CheckOptions(WithApplicationName(billing-worker)) = %v", err)
 	}
 }
 
