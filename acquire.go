@@ -2,6 +2,7 @@ package sqllock
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -38,6 +39,202 @@ func (l *Locker) withHolders(k Key, err error, keys ...Key) error {
 // are). Retrying is safe: a session whose connection broke holds nothing.
 const acquireAttempts = 3
 
+// The one acquisition engine. Every lock call goes through it, on one of
+// three kinds of session:
+//
+//   - a connection of the pool (Locker.Lock and kin, a Semaphore's
+//     permits): try, then wait in statements shorter than half the
+//     server's deadlock_timeout (sliced: the session holds nothing but its
+//     wait, so no deadlock is lost, and a holder's CREATE INDEX
+//     CONCURRENTLY never waits on an old snapshot of it);
+//   - a Session's connection (Session.Lock): one wait statement, since the
+//     Session holds other locks and its waits must stay visible to
+//     PostgreSQL's deadlock detector;
+//   - InTx's transaction: try, then one wait statement, for the same
+//     reason (the transaction may hold other locks).
+//
+// In every case a wait knows its backend's pid, and when ctx ends during
+// it, the backend is taken out of the queue (cancelWait); the owner then
+// applies the one rule for an uncertain outcome: ctx ended means the
+// session is discarded (settle, Session.loseLocked) or the transaction
+// rolled back (InTx).
+
+// waiter is a session the engine runs statements on.
+type waiter interface {
+	queryRow(ctx context.Context, q string, args []any, dest ...any) error
+}
+
+// connWaiter is a connection of the Locker's: statements run on the driver
+// connection, bounded for drivers that ignore their context (lib/pq).
+type connWaiter struct {
+	conn  *sql.Conn
+	blind *abandonSet
+}
+
+func (w connWaiter) queryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	return queryRow(ctx, w.blind, w.conn, q, args, dest...)
+}
+
+// txWaiter is a transaction.
+type txWaiter struct{ tx Tx }
+
+func (w txWaiter) queryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	return w.tx.QueryRowContext(ctx, q, args...).Scan(dest...)
+}
+
+// outcome is what the server answered to an acquisition.
+type outcome struct {
+	ok      bool  // granted
+	pid     int64 // the backend
+	standby bool  // the server is a standby (session-level statements)
+	err     error
+}
+
+// level is which of PostgreSQL's lock functions the engine calls.
+type level uint8
+
+const (
+	sessionLevel level = iota // pg_advisory_lock and kin, on a session
+	xactLevel                 // pg_advisory_xact_lock and kin, in a transaction
+)
+
+// tryOn runs the non-waiting statement of kind for k on w: one round trip,
+// which also reports the backend's pid.
+func (l *Locker) tryOn(ctx context.Context, w waiter, lv level, kind lockKind, k Key) outcome {
+	var o outcome
+	if lv == xactLevel {
+		q, args := l.mode.XactTryPIDSQL(kind, k.sqlKey())
+		o.err = w.queryRow(ctx, q, args, &o.ok, &o.pid)
+		return o
+	}
+	q, args := l.sql().TrySQL(kind|kindTry, k.sqlKey())
+	o.err = w.queryRow(ctx, q, args, &o.ok, &o.pid, &o.standby)
+	return o
+}
+
+// waitOn waits for k on w, backend pid, until the lock is granted, a
+// statement fails, or ctx ends; sliced waits statements shorter than half
+// the server's deadlock_timeout one after the other (once: only one of
+// them, returning its 55P03 when it ends), otherwise one statement waits
+// as long as ctx lets it (no lock_timeout of the role or database ends
+// it). When ctx ends during the wait, the backend leaves the queue before
+// waitOn returns.
+func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, k Key, pid int64, sliced, once bool) outcome {
+	o := outcome{pid: pid}
+	l.log(ctx, slog.LevelDebug, "sqllock: waiting", k, slog.Bool("shared", kind.IsShared()), slog.Int64("pid", pid))
+	for {
+		slice := "0"
+		if sliced {
+			if slice, o.err = l.waitSlice(ctx, w); o.err != nil {
+				break
+			}
+		}
+		if lv == xactLevel {
+			q, args := l.mode.XactLockSQL(kind&^kindTry, k.sqlKey())
+			o.err = w.queryRow(ctx, q, args, &o.ok)
+		} else {
+			q, args := l.sql().WaitSQL(kind&^kindTry, k.sqlKey(), slice)
+			o.err = w.queryRow(ctx, q, args, &o.ok, &o.pid, &o.standby)
+		}
+		if o.err == nil || ctxEnded(ctx) || !sliced {
+			break
+		}
+		if st := sqlState(o.err); st != "55P03" && st != "40P01" {
+			break
+		}
+		// The wait's slice ended (55P03), or, should the server's
+		// deadlock_timeout have been lowered since the Locker read it (it
+		// reads it again then), PostgreSQL reported the holder's CREATE
+		// INDEX CONCURRENTLY waiting for this statement's snapshot as a
+		// deadlock (40P01): this session holds nothing but its wait, so it
+		// is in no cycle of locks. Wait again, in a new statement with a
+		// new snapshot.
+		if sqlState(o.err) == "40P01" {
+			l.stats.snapshotWaits.Add(1)
+			l.slice.Store(nil)
+		}
+		if once {
+			break
+		}
+	}
+	if ctxEnded(ctx) && !errors.Is(o.err, errAbandoned) {
+		// The abandoned backend may still be queued for k (a driver that
+		// closes the socket sends no cancel request): take it out of the
+		// queue before anyone can grant it the lock. (Not when the server
+		// stopped answering: nothing would reach it.)
+		l.cancelWait(pid, k)
+	}
+	return o
+}
+
+// settle turns the outcome of an acquisition on conn, a connection of the
+// Locker's, into a Lock, or ends it: a ctx that ended, whatever the driver
+// said (a cancelled wait can be granted, and some drivers report a
+// cancelled statement as a success), or a failed statement, leave the
+// outcome uncertain, and the connection is discarded (PostgreSQL releases
+// every lock of a session that ends); a lock granted on a standby is
+// released; a refused one gives conn back to the pool. what names the call
+// in errors.
+func (l *Locker) settle(ctx context.Context, conn *sql.Conn, k Key, shared bool, o outcome, what string) (*Lock, error) {
+	switch {
+	case ctxEnded(ctx):
+		l.discard(conn, k, "context ended during the lock statement")
+		if errors.Is(o.err, errAbandoned) {
+			return nil, fmt.Errorf("%w (%w)", notAcquired(what, ctxErr(ctx)), errAbandoned)
+		}
+		return nil, notAcquired(what, ctxErr(ctx))
+	case o.err != nil:
+		l.discard(conn, k, "lock statement failed")
+		return nil, lockError(what, o.err)
+	case o.standby && !l.cfg.allowStandby:
+		if !o.ok {
+			conn.Close() // confirmed: this session holds nothing
+			return nil, standbyError("lock " + what)
+		}
+		if err := l.release(conn, k, shared, o.pid); err != nil {
+			return nil, errors.Join(standbyError("lock "+what), err)
+		}
+		return nil, standbyError("lock " + what)
+	case !o.ok:
+		l.stats.contended.Add(1)
+		conn.Close() // confirmed: this session holds nothing
+		return nil, fmt.Errorf("%w: %s is held by another session", ErrNotAcquired, what)
+	}
+	lk := newLock(l, k, shared, conn, o.pid)
+	l.stats.took(1)
+	l.mon.add(lk)
+	return lk, nil
+}
+
+// withConn runs take on a connection of the pool, checked against the
+// server, and again on a new connection (up to acquireAttempts) when the
+// one it got was dead. what names the call in errors.
+func (l *Locker) withConn(ctx context.Context, what string, take func(conn *sql.Conn) (*Lock, error)) (*Lock, error) {
+	for attempt := 1; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return nil, notAcquired(what, err)
+		}
+		conn, err := getConn(ctx, l.abandoned, l.db)
+		if err != nil {
+			if ctxEnded(ctx) {
+				return nil, notAcquired(what, ctxErr(ctx))
+			}
+			return nil, fmt.Errorf("sqllock: lock %s: get connection: %w", what, err)
+		}
+		if err := l.checkServer(ctx, conn); err != nil {
+			conn.Close() // no lock statement ran on it
+			if ctxEnded(ctx) {
+				return nil, notAcquired(what, ctxErr(ctx))
+			}
+			return nil, err
+		}
+		lk, err := take(conn)
+		if err == nil || attempt == acquireAttempts || !connectionBroken(err) || ctxEnded(ctx) {
+			return lk, err
+		}
+	}
+}
+
 // acquire implements the four session-level lock calls.
 func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (lk *Lock, err error) {
 	if err := k.valid(); err != nil {
@@ -46,131 +243,41 @@ func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (lk *Lock, e
 	if end := l.startAcquire(ctx, Acquisition{Key: k, Name: l.regName(k), Wait: !kind.IsTry(), Shared: kind.IsShared()}); end != nil {
 		defer func() { end(lk, err) }()
 	}
-	start := time.Now()
-	for attempt := 1; ; attempt++ {
-		if err := ctx.Err(); err != nil {
-			return nil, notAcquired(l.name(k), err)
-		}
-		lk, err := l.acquireOnce(ctx, k, kind, start)
-		if err == nil || attempt == acquireAttempts || !connectionBroken(err) || ctxEnded(ctx) {
-			if err != nil && l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, errAbandoned) {
-				err = l.withHolders(k, err)
-			}
-			return lk, err
-		}
+	lk, err = l.withConn(ctx, l.name(k), func(conn *sql.Conn) (*Lock, error) {
+		return l.acquireOn(ctx, conn, k, kind)
+	})
+	if err != nil && l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, errAbandoned) {
+		err = l.withHolders(k, err)
 	}
+	return lk, err
 }
 
-func (l *Locker) acquireOnce(ctx context.Context, k Key, kind lockKind, start time.Time) (*Lock, error) {
-	shared := kind.IsShared()
-	conn, err := getConn(ctx, l.abandoned, l.db)
-	if err != nil {
-		if ctxEnded(ctx) {
-			return nil, notAcquired(l.name(k), ctxErr(ctx))
+// acquireOn takes k on conn. A wait must know its backend's pid, which
+// settles a cancelled wait (see cancelWait). On a connection that waited
+// before (its pid is known), a waiting call goes straight to waiting;
+// otherwise every call starts with the non-waiting function, which returns
+// the pid: an uncontended lock costs one round trip either way, a contended
+// one two the first time.
+func (l *Locker) acquireOn(ctx context.Context, conn *sql.Conn, k Key, kind lockKind) (*Lock, error) {
+	w := connWaiter{conn, l.abandoned}
+	var o outcome
+	if kind.IsTry() {
+		o = l.tryOn(ctx, w, sessionLevel, kind, k)
+	} else {
+		dc := driverConnOf(conn)
+		pid, known := l.pids.get(dc)
+		if !known {
+			o = l.tryOn(ctx, w, sessionLevel, kind, k)
+			pid = o.pid
 		}
-		return nil, fmt.Errorf("sqllock: lock %s: get connection: %w", l.name(k), err)
-	}
-	if err := l.checkServer(ctx, conn); err != nil {
-		conn.Close() // no lock statement ran on it
-		if ctxEnded(ctx) {
-			return nil, notAcquired(l.name(k), ctxErr(ctx))
-		}
-		return nil, err
-	}
-	// A wait must know its backend's pid, which settles a cancelled wait
-	// (see cancelWait). On a connection that waited before (its pid is
-	// known), a waiting call goes straight to waiting; otherwise every call
-	// starts with the non-waiting function, which returns the pid: an
-	// uncontended lock costs one round trip either way, a contended one two
-	// the first time.
-	var dc any
-	var waitPID int64
-	direct := false
-	if !kind.IsTry() {
-		dc = driverConnOf(conn)
-		waitPID, direct = l.pids.get(dc)
-	}
-	var ok, standby bool
-	var pid int64
-	if !direct {
-		q, args := l.sql().TrySQL(kind|kindTry, k.sqlKey())
-		err = queryRow(ctx, l.abandoned, conn, q, args, &ok, &pid, &standby)
-		if err == nil {
-			waitPID = pid
-		}
-	}
-	if direct || err == nil && !ok && !kind.IsTry() && !(standby && !l.cfg.allowStandby) {
-		l.log(ctx, slog.LevelDebug, "sqllock: waiting", k, slog.Bool("shared", shared), slog.Int64("pid", waitPID))
-		for {
-			var slice string
-			if slice, err = l.waitSlice(ctx, conn); err != nil {
-				break
-			}
-			q, args := l.sql().WaitSQL(kind&^kindTry, k.sqlKey(), slice)
-			err = queryRow(ctx, l.abandoned, conn, q, args, &ok, &pid, &standby)
-			if err == nil || ctxEnded(ctx) {
-				break
-			}
-			if st := sqlState(err); st != "55P03" && st != "40P01" {
-				break
-			}
-			// The wait's slice ended (55P03), or, should the server's
-			// deadlock_timeout have been lowered since the Locker read it
-			// (it reads it again then), PostgreSQL reported the
-			// holder's CREATE INDEX CONCURRENTLY waiting for this statement's
-			// snapshot as a deadlock (40P01): this session holds nothing but
-			// its wait, so it is in no cycle of locks. Wait again, in a new
-			// statement with a new snapshot.
-			if sqlState(err) == "40P01" {
-				l.stats.snapshotWaits.Add(1)
-				l.slice.Store(nil)
+		if known || o.err == nil && !o.ok && !(o.standby && !l.cfg.allowStandby) {
+			o = l.waitOn(ctx, w, sessionLevel, kind, k, pid, true, false)
+			if o.err == nil {
+				l.pids.set(dc, o.pid)
 			}
 		}
-		if err == nil {
-			l.pids.set(dc, pid)
-		}
-		if ctxEnded(ctx) && !errors.Is(err, errAbandoned) {
-			// The abandoned backend may still be queued for k (a driver
-			// that closes the socket sends no cancel request): take it
-			// out of the queue before anyone can grant it the lock. (Not
-			// when the server stopped answering: nothing would reach it.)
-			l.cancelWait(waitPID, k)
-		}
 	}
-	if ctxEnded(ctx) {
-		// Whatever the driver said, the outcome is uncertain: a cancelled
-		// wait can be granted, and some drivers report a cancelled statement
-		// as a success. Ending the session settles it: PostgreSQL releases
-		// every lock of a session that ends.
-		l.discard(conn, k, "context ended during the lock statement")
-		if errors.Is(err, errAbandoned) {
-			return nil, fmt.Errorf("%w (%w)", notAcquired(l.name(k), ctxErr(ctx)), errAbandoned)
-		}
-		return nil, notAcquired(l.name(k), ctxErr(ctx))
-	}
-	if err != nil {
-		l.discard(conn, k, "lock statement failed")
-		return nil, lockError(l.name(k), err)
-	}
-	if standby && !l.cfg.allowStandby {
-		if !ok {
-			conn.Close() // confirmed: this session holds nothing
-			return nil, standbyError("lock " + l.name(k))
-		}
-		if err := l.release(conn, k, shared, pid); err != nil {
-			return nil, errors.Join(standbyError("lock "+l.name(k)), err)
-		}
-		return nil, standbyError("lock " + l.name(k))
-	}
-	if !ok {
-		l.stats.contended.Add(1)
-		conn.Close() // confirmed: this session holds nothing
-		return nil, fmt.Errorf("%w: %s is held by another session", ErrNotAcquired, l.name(k))
-	}
-	lk := newLock(l, k, shared, conn, pid)
-	l.stats.took(1)
-	l.mon.add(lk)
-	return lk, nil
+	return l.settle(ctx, conn, k, kind.IsShared(), o, l.name(k))
 }
 
 // cancelWaitTimeout bounds cancelWait.

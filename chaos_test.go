@@ -214,4 +214,3 @@ func maxOverlap(ss []section) int {
 	}
 	return most
 }
-

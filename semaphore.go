@@ -2,6 +2,7 @@ package sqllock
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -105,108 +106,44 @@ func (s *Semaphore) acquire(ctx context.Context, try bool) (lk *Lock, err error)
 		defer func() { end(lk, err) }()
 	}
 	name := fmt.Sprintf("semaphore %q", s.name)
-	if err := ctx.Err(); err != nil {
-		return nil, notAcquired(name, err)
+	lk, err = s.l.withConn(ctx, name, func(conn *sql.Conn) (*Lock, error) {
+		return s.acquireOn(ctx, conn, try, name)
+	})
+	if err != nil && s.l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, errAbandoned) {
+		err = s.l.withHolders(Key{}, err, SemaphoreSlots(s.name, s.n)...)
 	}
+	return lk, err
+}
+
+// acquireOn takes a slot on conn: it tries every slot in one statement,
+// then, for Acquire, waits on one slot chosen at random for one slice of
+// the engine's wait, and tries them all again.
+func (s *Semaphore) acquireOn(ctx context.Context, conn *sql.Conn, try bool, name string) (*Lock, error) {
 	l := s.l
-	conn, cerr := getConn(ctx, l.abandoned, l.db)
-	if cerr != nil {
-		if ctxEnded(ctx) {
-			return nil, notAcquired(name, ctxErr(ctx))
-		}
-		return nil, fmt.Errorf("sqllock: %s: get connection: %w", name, cerr)
-	}
-	if err := l.checkServer(ctx, conn); err != nil {
-		conn.Close() // no lock statement ran on it
-		if ctxEnded(ctx) {
-			return nil, notAcquired(name, ctxErr(ctx))
-		}
-		return nil, err
-	}
+	w := connWaiter{conn, l.abandoned}
 	for {
-		var slot, pid int64
-		var standby bool
-		err = queryRow(ctx, l.abandoned, conn, s.trySQL(), nil, &slot, &pid, &standby, skip)
-		if err == nil && standby && !l.cfg.allowStandby {
-			if slot >= 0 {
-				k := Pair(s.class, int32(slot))
-				if rerr := l.release(conn, k, false, pid); rerr != nil {
-					return nil, rerr
-				}
-			} else {
-				conn.Close()
+		var slot int64
+		var o outcome
+		o.err = w.queryRow(ctx, s.trySQL(), nil, &slot, &o.pid, &o.standby, skip)
+		o.ok = o.err == nil && slot >= 0
+		k := Key{}
+		if o.ok {
+			k = Pair(s.class, int32(slot))
+		}
+		if o.ok || o.err != nil || try || ctxEnded(ctx) || o.standby && !l.cfg.allowStandby {
+			lk, err := l.settle(ctx, conn, k, false, o, name)
+			if errors.Is(err, ErrNotAcquired) && !ctxEnded(ctx) {
+				err = fmt.Errorf("%w: all %d slots of %s are held", ErrNotAcquired, s.n, name)
 			}
-			return nil, standbyError(name)
-		}
-		if err == nil && slot >= 0 {
-			k := Pair(s.class, int32(slot))
-			if ctxEnded(ctx) {
-				l.discard(conn, k, "context ended during the semaphore statement")
-				return nil, notAcquired(name, ctxErr(ctx))
-			}
-			lk = newLock(l, k, false, conn, pid)
-			l.stats.took(1)
-			l.mon.add(lk)
-			return lk, nil
-		}
-		if ctxEnded(ctx) {
-			l.discard(conn, Key{}, "context ended during the semaphore statement")
-			return nil, notAcquired(name, ctxErr(ctx))
-		}
-		if err != nil {
-			l.discard(conn, Key{}, "semaphore statement failed")
-			return nil, lockError(name, err)
-		}
-		if try {
-			l.stats.contended.Add(1)
-			conn.Close() // confirmed: this session holds nothing
-			err := fmt.Errorf("%w: all %d slots of %s are held", ErrNotAcquired, s.n, name)
-			if l.cfg.holders {
-				err = l.withHolders(Key{}, err, SemaphoreSlots(s.name, s.n)...)
-			}
-			return nil, err
+			return lk, err
 		}
 		// Wait on one slot, for one slice; then try them all again.
-		k := Pair(s.class, int32(rand.IntN(s.n)))
-		var ok bool
-		var wpid int64
-		slice, err := l.waitSlice(ctx, conn)
-		if err == nil {
-			q, args := l.sql().WaitSQL(0, k.sqlKey(), slice)
-			err = queryRow(ctx, l.abandoned, conn, q, args, &ok, &wpid, &standby)
-		}
-		switch {
-		case ctxEnded(ctx):
-			// Whatever the driver said: a cancelled wait can be granted,
-			// and some drivers report a cancelled statement as a success
-			// (the rule of Locker.Lock).
-			if !errors.Is(err, errAbandoned) {
-				l.cancelWait(pid, k)
-			}
-			l.discard(conn, k, "context ended during the semaphore wait")
-			return nil, notAcquired(name, ctxErr(ctx))
-		case err == nil && (!ok || wpid != pid):
-			l.discard(conn, k, "semaphore wait not confirmed")
-			return nil, fmt.Errorf("sqllock: %s: the wait for slot %v returned without the lock (backend %d, then %d)", name, k, pid, wpid)
-		case err == nil && standby && !l.cfg.allowStandby:
-			if rerr := l.release(conn, k, false, wpid); rerr != nil {
-				return nil, rerr
-			}
-			return nil, standbyError(name)
-		case err == nil:
-			lk = newLock(l, k, false, conn, wpid)
-			l.stats.took(1)
-			l.mon.add(lk)
-			return lk, nil
-		case sqlState(err) == "55P03" || sqlState(err) == "40P01":
-			if sqlState(err) == "40P01" {
-				l.slice.Store(nil)
-			}
+		k = Pair(s.class, int32(rand.IntN(s.n)))
+		o = l.waitOn(ctx, w, sessionLevel, 0, k, o.pid, true, true)
+		if o.err != nil && sqlState(o.err) == "55P03" && !ctxEnded(ctx) {
 			l.log(ctx, slog.LevelDebug, "sqllock: semaphore: trying every slot again", Key{}, slog.String("semaphore", s.name))
 			continue
-		default:
-			l.discard(conn, k, "semaphore wait failed")
-			return nil, lockError(name, err)
 		}
+		return l.settle(ctx, conn, k, false, o, name)
 	}
 }

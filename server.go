@@ -88,15 +88,15 @@ func supported(version string) error {
 const MinServerVersion = 12
 
 // waitSlice returns the lock_timeout of a wait statement (see waitSQL),
-// as "<n>ms": half the server's deadlock_timeout, asked on conn at the
+// as "<n>ms": half the server's deadlock_timeout, asked on w at the
 // Locker's first wait and again after a wait was reported a deadlock
 // (which says the setting was lowered since).
-func (l *Locker) waitSlice(ctx context.Context, conn *sql.Conn) (string, error) {
+func (l *Locker) waitSlice(ctx context.Context, w waiter) (string, error) {
 	if s := l.slice.Load(); s != nil {
 		return *s, nil
 	}
 	var ms int64
-	if err := queryRow(ctx, l.abandoned, conn, sqltext.WaitSliceSQL, nil, &ms); err != nil {
+	if err := w.queryRow(ctx, sqltext.WaitSliceSQL, nil, &ms); err != nil {
 		return "", err
 	}
 	s := strconv.FormatInt(ms, 10) + "ms"

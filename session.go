@@ -120,26 +120,22 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 	if err := ctx.Err(); err != nil { // nothing sent: the Session is intact
 		return notAcquired(s.l.name(k), err)
 	}
-	// A wait with no time limit of its own ("0"), so that a lock_timeout
-	// of the role or the database does not end it: ctx does.
-	q, args := s.l.sql().WaitSQL(0, k.sqlKey(), "0")
-	var ok, standby bool
-	var pid int64
-	err := queryRow(ctx, s.l.abandoned, s.conn, q, args, &ok, &pid, &standby)
+	// The engine's wait for a Session: one statement, visible to
+	// PostgreSQL's deadlock detector (the Session holds other locks).
+	o := s.l.waitOn(ctx, connWaiter{s.conn, s.l.abandoned}, sessionLevel, 0, k, s.pid, false, false)
 	switch {
 	case ctxEnded(ctx):
-		s.l.cancelWait(s.pid, k)
 		s.loseLocked(fmt.Errorf("a blocking Lock of %s was cancelled: %w", s.l.name(k), ctxErr(ctx)))
 		return notAcquired(s.l.name(k), ctxErr(ctx))
-	case err != nil:
-		if st := sqlState(err); st != "40P01" && st != "53200" {
+	case o.err != nil:
+		if st := sqlState(o.err); st != "40P01" && st != "53200" {
 			// Only a deadlock victim or a full lock table is surely not
 			// granted; anything else leaves the session in doubt.
-			s.loseLocked(fmt.Errorf("lock %s failed: %w", s.l.name(k), err))
+			s.loseLocked(fmt.Errorf("lock %s failed: %w", s.l.name(k), o.err))
 		}
-		return lockError(s.l.name(k), err)
-	case pid != s.pid:
-		s.loseLocked(sessionChanged(s.pid, pid))
+		return lockError(s.l.name(k), o.err)
+	case o.pid != s.pid:
+		s.loseLocked(sessionChanged(s.pid, o.pid))
 		return s.Err()
 	}
 	s.add([]Key{k})

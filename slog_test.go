@@ -85,7 +85,7 @@ func TestLogEvents(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithTimeout(bg(), 50*time.Millisecond)
+		ctx, cancel := context.WithTimeout(bg(), 300*time.Millisecond)
 		defer cancel()
 		l.Lock(ctx, k)
 		held.Unlock(bg())

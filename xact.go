@@ -153,22 +153,16 @@ func (l *Locker) lockInTx(ctx context.Context, tx Tx, k Key) error {
 	if err := ctx.Err(); err != nil {
 		return notAcquired(l.name(k), err)
 	}
-	q, args := l.mode.XactTryPIDSQL(0, k.sqlKey())
-	var ok bool
-	var pid int64
-	err := tx.QueryRowContext(ctx, q, args...).Scan(&ok, &pid)
-	if err == nil && !ok {
-		q, args = l.mode.XactLockSQL(0, k.sqlKey())
-		err = tx.QueryRowContext(ctx, q, args...).Scan(&ok)
-		if ctxEnded(ctx) {
-			l.cancelWait(pid, k)
-		}
+	w := txWaiter{tx}
+	o := l.tryOn(ctx, w, xactLevel, 0, k)
+	if o.err == nil && !o.ok {
+		o = l.waitOn(ctx, w, xactLevel, 0, k, o.pid, false, false)
 	}
 	if ctxEnded(ctx) {
 		return notAcquired(l.name(k), ctxErr(ctx))
 	}
-	if err != nil {
-		return lockError(l.name(k), err)
+	if o.err != nil {
+		return lockError(l.name(k), o.err)
 	}
 	return nil
 }
