@@ -39,6 +39,7 @@ func (h panicHandler) WithGroup(string) slog.Handler           { return h }
 // the server), Done closes and Err says released, a second Unlock says
 // ErrReleased, Stats agree, and nothing stays held.
 func TestObserverPanicsLeaveNoLock(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		obs := &panicky{}
 		l := sqllock.New(db, sqllock.WithObserver(obs), sqllock.WithLogger(slog.New(panicHandler{})), sqllock.WithKeepAlive(0))
@@ -128,6 +129,7 @@ func (c *counting) gauge() int64 {
 // keep-alive, a loss found at unlock, and an unlock after the caller closed
 // Lock.Conn() (the reclaim path).
 func TestEveryEndIsEmitted(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		obs := &counting{}
@@ -221,6 +223,7 @@ func TestFailedUnlocksEndTheirLocks(t *testing.T) {
 // Unlock closes the window, a second UnlockAfter replaces it, and a lock
 // lost during its window leaves it.
 func TestWindowsCount(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		l := sqllock.New(db, sqllock.WithKeepAlive(100*time.Millisecond))

@@ -299,3 +299,87 @@ func ExampleRegistry_MustRegisterHash() {
 	// cron:reindex_posts true true
 	// 2 true
 }
+
+func runScheduler(context.Context, int64) error { return nil }
+
+// One replica of a fleet runs the scheduler: each campaigns with its name,
+// the elected one works until its term ends, then campaigns again.
+func ExampleElection() {
+	host := os.Getenv("HOSTNAME") // what names this replica
+	election := sqllock.New(db).Election(sqllock.Hash("leader:scheduler"))
+	for ctx.Err() == nil {
+		term, err := election.Campaign(ctx, host) // waits until elected
+		if err != nil {
+			continue // ctx ended, or the server is away: campaign again
+		}
+		if token, err := term.Token(ctx); err == nil { // the term's fencing token
+			workCtx, stop := context.WithCancel(ctx)
+			go func() { <-term.Done(); stop() }() // lost or resigned: stop working
+			if err := runScheduler(workCtx, token); err != nil {
+				log.Print(err)
+			}
+			stop()
+		}
+		term.Resign(ctx)
+	}
+}
+
+// Anyone can ask who leads, and watch the leadership change.
+func ExampleElection_Leader() {
+	election := sqllock.New(db).Election(sqllock.Hash("leader:scheduler"))
+	leader, err := election.Leader(ctx)
+	if err == nil && leader.PID != 0 {
+		fmt.Printf("%s leads (backend %d)\n", leader.Value, leader.PID)
+	}
+	for l := range election.Observe(ctx) { // until ctx ends
+		fmt.Println("now:", l)
+	}
+}
+
+// A write in the same PostgreSQL checks the token in the statement itself:
+// a holder that lost the lock without knowing it yet, whose successor has
+// written already, changes nothing.
+func ExampleLock_Token() {
+	lk, err := sqllock.New(db).Lock(ctx, sqllock.Hash("job:42"))
+	if err != nil {
+		return
+	}
+	defer lk.Unlock(ctx)
+	token, err := lk.Token(ctx)
+	if err != nil {
+		return
+	}
+	res, err := db.ExecContext(ctx, "UPDATE jobs SET state = 'done', fence = $1 WHERE id = 42 AND fence < $1", token)
+	if err != nil {
+		return
+	}
+	if n, err := res.RowsAffected(); err == nil && n == 0 {
+		log.Print("a later holder of job:42 has written: this one lost its lock")
+	}
+}
+
+// fencedStore is a store outside PostgreSQL that keeps, per object, the
+// largest token it has accepted, and refuses writes with smaller ones (an
+// object store's conditional write, a service's version check).
+type fencedStore interface {
+	Put(ctx context.Context, name string, data []byte, token int64) error
+}
+
+var store fencedStore
+
+// A write to a store outside PostgreSQL carries the token; the store
+// refuses it once it has seen a larger one.
+func ExampleLock_Token_outsideStore() {
+	lk, err := sqllock.New(db).Lock(ctx, sqllock.Hash("report:daily"))
+	if err != nil {
+		return
+	}
+	defer lk.Unlock(ctx)
+	token, err := lk.Token(ctx)
+	if err == nil {
+		err = store.Put(ctx, "reports/daily.csv", []byte("..."), token)
+	}
+	if err != nil {
+		log.Print(err)
+	}
+}

@@ -3,9 +3,10 @@ package sqllock_test
 import (
 	"context"
 	"database/sql"
-	"os"
 	"testing"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/testkit"
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/pgtest"
@@ -91,7 +92,5 @@ func waitNoLocks(t testing.TB, q sqllock.Querier, d time.Duration) {
 // in CI (CI=true), where every test runs.
 func long(t testing.TB) {
 	t.Helper()
-	if testing.Short() && os.Getenv("CI") != "true" {
-		t.Skip("long test: skipped under -short (CI runs it)")
-	}
+	testkit.Long(t)
 }

@@ -16,6 +16,7 @@ import (
 // TestHolders: who holds a key, from Holders and from a refused lock's
 // error, with the application name the Locker gave its sessions.
 func TestHolders(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		k := sqllock.Hash("report:nightly")
 		holder := sqllock.New(db, sqllock.WithApplicationName("billing-worker"))
@@ -87,6 +88,7 @@ func TestApplicationNameIsChecked(t *testing.T) {
 // which backend holds the key, and nothing that role named its session;
 // HeldLock's text has no empty fields.
 func TestHeldErrorOfAnotherRole(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	dsn := srv.NewDatabase(t)
 	admin := pgtest.Open(t, "pgx", srv.AdminDSNFor(pgtest.DatabaseOf(dsn)))

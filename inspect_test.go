@@ -26,6 +26,7 @@ func withAppName(t *testing.T, dsn, name string) string {
 }
 
 func TestInspect(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		reg := sqllock.NewRegistry()
 		big, neg, pair := sqllock.Int64(1<<40+5), sqllock.Int64(-7), sqllock.Pair(-1, 5)
@@ -125,6 +126,7 @@ func TestInspect(t *testing.T) {
 // not their queries, and Inspect says so (a role that may read all
 // statistics, as the superuser of a SQLLOCK_TEST_DSN may, sees them).
 func TestInspectHiddenSessions(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	dsn := srv.NewDatabase(t)
 	admin := pgtest.Open(t, "pgx", srv.AdminDSNFor(pgtest.DatabaseOf(dsn)))

@@ -27,6 +27,7 @@ func terminate(t testing.TB, srv *pgtest.Server, pid int) {
 }
 
 func TestLostLockIsReported(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	const keepAlive = 100 * time.Millisecond
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {

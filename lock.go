@@ -35,6 +35,8 @@ type Lock struct {
 	discarded chan struct{} // guarded by mu: set when lost, closed once the connection is discarded
 	window    *time.Timer   // guarded by mu: the open hold window's release (see UnlockAfter)
 
+	token int64 // guarded by mu: the fencing token, 0 until asked for
+
 	// ctx is cancelled with err once ended; made on first use (guarded by
 	// mu), because most locks are never watched.
 	ctx    context.Context
@@ -110,6 +112,59 @@ func (lk *Lock) PID() int {
 		return 0
 	}
 	return int(lk.pid)
+}
+
+// Token returns the lock's fencing token: a number that grows across the
+// successive holders of a key, so that a resource written under the lock
+// can refuse a write from a holder that lost the lock and does not know it
+// yet (a holder paused by a GC or a VM, then resumed after the lock went
+// to another). Pass it along with each write, and have the resource keep
+// the largest token it has seen and refuse smaller ones; in the same
+// PostgreSQL, in one statement:
+//
+//	UPDATE jobs SET ..., fence = $token WHERE id = $id AND fence < $token
+//
+// The token is the server's transaction counter (txid_current), read on
+// the lock's own session while it holds the lock, in one round trip the
+// first time Token is called, and cached: successive holders' tokens are
+// ordered because their holding intervals are. It needs no table. Its
+// limits: a failover to a standby that had not replayed the counter (with
+// asynchronous replication) can issue a smaller token again; a standby
+// cannot issue one at all; and each token uses up a transaction id. Token
+// returns an error wrapping [ErrLockLost] when the session does not hold
+// the lock any more, and [ErrReleased] after Unlock. ctx bounds the round
+// trip. Do not call it while a statement of yours on [Lock.Conn] still has
+// rows open.
+func (lk *Lock) Token(ctx context.Context) (int64, error) {
+	if lk == nil {
+		return 0, ErrReleased
+	}
+	lk.mu.Lock()
+	t, err := lk.token, lk.err
+	lk.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	if t != 0 {
+		return t, nil
+	}
+	c, o, sub := lk.key.lockTag()
+	qerr := queryRow(ctx, lk.l.abandoned, lk.conn, sqltext.TokenSQL, []any{int64(c), int64(o), int64(sub)}, &t)
+	switch {
+	case errors.Is(qerr, sql.ErrNoRows):
+		return 0, fmt.Errorf("%w: %s: its session no longer holds it", ErrLockLost, lk.l.name(lk.key))
+	case qerr != nil:
+		return 0, fmt.Errorf("sqllock: token of %s: %w", lk.l.name(lk.key), qerr)
+	}
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	if lk.err != nil {
+		return 0, lk.err
+	}
+	if lk.token == 0 {
+		lk.token = t
+	}
+	return lk.token, nil
 }
 
 // Done returns a channel that is closed when the lock is released or lost

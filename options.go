@@ -18,6 +18,7 @@ type config struct {
 	allowStandby  bool
 	orphanBound   time.Duration
 	appName       string
+	forceAppName  bool // an Election's candidates: their value is their name
 	holders       bool
 	holdAtLeast   time.Duration
 	observers     []Observer

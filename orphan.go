@@ -45,6 +45,11 @@ func (s keepaliveSettings) bound() time.Duration {
 // major version major (see sqltext.Settings).
 func sessionSettings(orphan time.Duration, name string, major int) sqltext.Settings {
 	st := sqltext.Settings{AppName: name, Major: major}
+	return withOrphan(st, orphan)
+}
+
+// withOrphan adds the orphan bound's TCP settings to st.
+func withOrphan(st sqltext.Settings, orphan time.Duration) sqltext.Settings {
 	if orphan > 0 {
 		s := settingsFor(orphan)
 		st.Idle, st.Interval, st.Count = s.idle, s.interval, s.count

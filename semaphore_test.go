@@ -14,11 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/testkit"
+
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/pgtest"
 )
 
 func TestSemaphoreBasics(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		l := sqllock.New(db)
 		sem := l.Semaphore("exports", 3)
@@ -85,8 +88,9 @@ func TestSemaphoreBasics(t *testing.T) {
 // than 3 inside (checked by the workers, and by pg_locks from here), every
 // worker gets in, and no slot stays held.
 func TestSemaphoreProcesses(t *testing.T) {
+	t.Parallel()
 	run := 10 * time.Second
-	if testing.Short() && os.Getenv("CI") != "true" {
+	if testkit.Short() {
 		run = 3 * time.Second
 	}
 	for _, drv := range drivers {
@@ -147,8 +151,9 @@ func TestSemaphoreProcesses(t *testing.T) {
 // own backend, and never more than N are held at once; a call that was not
 // granted leaves nothing held.
 func TestSemaphoreCancelRace(t *testing.T) {
+	t.Parallel()
 	calls := 10000
-	if testing.Short() && os.Getenv("CI") != "true" {
+	if testkit.Short() {
 		calls = 1000
 	}
 	const n, workers = 2, 8

@@ -34,6 +34,7 @@ func (l *Locker) checkServer(ctx context.Context, conn *sql.Conn) error {
 	}
 	major := majorVersion(v)
 	st := sessionSettings(l.cfg.orphanBound, l.cfg.appName, major)
+	st.ForceAppName = l.cfg.forceAppName
 	l.stmts.Store(sqltext.NewStatements(l.mode, st.Tune(), st.Untune()))
 	l.serverOK.Store(true)
 	return nil
@@ -47,6 +48,7 @@ func (l *Locker) sql() *statements {
 		return s
 	}
 	st := sessionSettings(l.cfg.orphanBound, l.cfg.appName, 0)
+	st.ForceAppName = l.cfg.forceAppName
 	return sqltext.NewStatements(l.mode, st.Tune(), st.Untune())
 }
 

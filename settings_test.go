@@ -37,6 +37,7 @@ func sessionSettings(t *testing.T, q querier) string {
 // came with, whatever the path: unlock, a refused try, a semaphore permit,
 // a Session.
 func TestSessionLeavesAsItCame(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		db.SetMaxOpenConns(1) // every statement below runs on the one connection
 		db.SetMaxIdleConns(1)
@@ -124,6 +125,7 @@ func setForRole(t *testing.T, srv *pgtest.Server, dsn, setting string) {
 // (PostgreSQL 14 and later; hosted services set it to reap idle sessions)
 // does not take a held lock: a session that holds one is idle by design.
 func TestIdleSessionTimeoutSparesHolders(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		if v := serverVersion(t, db); v < 140000 {
@@ -157,6 +159,7 @@ func TestIdleSessionTimeoutSparesHolders(t *testing.T) {
 // are statements of that transaction, and its lock_timeout ends them with
 // an error matching ErrNotAcquired.
 func TestLockTimeoutRule(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		setForRole(t, srv, dsn, "lock_timeout = '300ms'")

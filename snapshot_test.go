@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -35,9 +34,10 @@ func setDeadlockTimeout(t *testing.T, srv *pgtest.Server, dsn string, d time.Dur
 // the waiters must wait on, the build must finish, and each waiter must get
 // the lock in turn, none seeing an error.
 func TestWaitersDoNotBreakConcurrentIndexBuilds(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	deadlockTimeouts := []time.Duration{100 * time.Millisecond, time.Second} // scaled down, and the default
-	if testing.Short() && os.Getenv("CI") != "true" {
+	if testkit.Short() {
 		deadlockTimeouts = deadlockTimeouts[:1]
 	}
 	for _, dt := range deadlockTimeouts {

@@ -17,6 +17,7 @@ import (
 )
 
 func TestLockUnlock(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		l := sqllock.New(db)
 		other := sqllock.New(pgtest.Open(t, "pgx", dsn))
@@ -92,6 +93,7 @@ func TestLockUnlock(t *testing.T) {
 }
 
 func TestSharedLocks(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		l := sqllock.New(db)
 		k := sqllock.Pair(-3, 9)
@@ -243,6 +245,7 @@ func TestLockWaitsAndHonoursContext(t *testing.T) {
 
 // TestMutualExclusion: many goroutines contend for one key; never two inside.
 func TestMutualExclusion(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		l := sqllock.New(db)
 		k := sqllock.Pair(1, 1)

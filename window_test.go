@@ -3,10 +3,11 @@ package sqllock_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/testkit"
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/pgtest"
@@ -60,7 +61,7 @@ func TestHoldWindowOncePerTick(t *testing.T) {
 		ticks                int
 	}
 	settings := []setting{{500 * time.Millisecond, 400 * time.Millisecond, 50 * time.Millisecond, 20}}
-	if testing.Short() && os.Getenv("CI") != "true" {
+	if testkit.Short() {
 		settings[0].ticks = 8
 	} else {
 		settings = append(settings, setting{time.Second, 900 * time.Millisecond, 50 * time.Millisecond, 20})

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/testkit"
+
 	"database/sql/driver"
 
 	"github.com/jackc/pgx/v5/stdlib"
@@ -498,7 +500,7 @@ func TestEvasions(t *testing.T) {
 // in CI (CI=true), where every test runs.
 func long(t testing.TB) {
 	t.Helper()
-	if testing.Short() && os.Getenv("CI") != "true" {
+	if testkit.Short() {
 		t.Skip("long test: skipped under -short (CI runs it)")
 	}
 }

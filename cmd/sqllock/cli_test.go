@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/testkit"
+
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/pgtest"
 )
@@ -466,7 +468,7 @@ func TestLibpqEnvironment(t *testing.T) {
 // in CI (CI=true), where every test runs.
 func long(t testing.TB) {
 	t.Helper()
-	if testing.Short() && os.Getenv("CI") != "true" {
+	if testkit.Short() {
 		t.Skip("long test: skipped under -short (CI runs it)")
 	}
 }
@@ -494,5 +496,21 @@ func TestRunHelp(t *testing.T) {
 		if !strings.Contains(errb.String(), want) {
 			t.Errorf("inspect -h lacks %q:\n%s", want, errb.String())
 		}
+	}
+}
+
+// TestInspectElection: inspect shows an election's leader, with its value,
+// and its waiting candidates.
+func TestInspectElection(t *testing.T) {
+	dsn, db := database(t)
+	e := sqllock.New(db).Election(sqllock.Hash("leader:scheduler"))
+	term, err := e.Campaign(context.Background(), "host-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer term.Resign(context.Background())
+	r := runCLI(t, dsn, "inspect")
+	if r.code != 0 || !strings.Contains(r.stdout, "leader") || !strings.Contains(r.stdout, "sqllock-election:host-a") {
+		t.Fatalf("inspect of an election: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }

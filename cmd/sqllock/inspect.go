@@ -92,7 +92,7 @@ type jsonLock struct {
 	ID              *int32     `json:"id,omitempty"`
 	Name            string     `json:"name,omitempty"`
 	Mode            string     `json:"mode"`  // "exclusive" or "shared"
-	State           string     `json:"state"` // "held" or "waiting"
+	State           string     `json:"state"` // "held", "waiting", or an election's "leader" and "candidate"
 	WaitingSince    *time.Time `json:"waiting_since,omitempty"`
 	PID             int        `json:"pid"`
 	ApplicationName string     `json:"application_name"`
@@ -140,8 +140,14 @@ func mode(l sqllock.HeldLock) string {
 }
 
 func state(l sqllock.HeldLock) string {
-	if l.Granted {
+	_, candidate := strings.CutPrefix(l.ApplicationName, sqllock.ElectionPrefix)
+	switch {
+	case l.Granted && candidate:
+		return "leader" // an Election's: APPLICATION shows its value
+	case l.Granted:
 		return "held"
+	case candidate:
+		return "candidate"
 	}
 	return "waiting"
 }

@@ -1,7 +1,8 @@
-// Command leader shows leader election across processes with a session
-// lock: three candidate processes wait for one key; the holder leads. When
-// the leader's database session is killed, its Lock reports the loss
-// (Done), it steps down, and a waiting candidate takes over at once.
+// Command leader shows leader election across processes: three candidate
+// processes campaign in one Election; one leads, and each term's writes
+// carry its fencing token. When the leader's database session is killed,
+// its Leadership reports the loss (Done), it steps down, and a waiting
+// candidate is elected at once.
 //
 //	go run ./examples/leader
 package main
@@ -14,14 +15,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
-	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -31,7 +29,7 @@ import (
 	"github.com/sqllock/sqllock/pgtest"
 )
 
-var leaderKey = sqllock.HashPair(7, "leader:scheduler")
+var electionKey = sqllock.HashPair(7, "leader:scheduler")
 
 func main() {
 	candidate := flag.Int("candidate", 0, "run as candidate N (used by the demo itself)")
@@ -50,39 +48,42 @@ func main() {
 	}
 }
 
-// candidateMain campaigns for leadership until ctx ends.
+// candidateMain campaigns until ctx ends; as leader, it does fenced work
+// until its term ends.
 func candidateMain(ctx context.Context, n int, dsn string, w io.Writer) error {
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	locker := sqllock.New(db, sqllock.WithKeepAlive(200*time.Millisecond))
+	election := sqllock.New(db, sqllock.WithKeepAlive(200*time.Millisecond)).Election(electionKey)
 	for ctx.Err() == nil {
-		lk, err := locker.Lock(ctx, leaderKey) // waits in the server
+		term, err := election.Campaign(ctx, fmt.Sprintf("candidate-%d", n)) // waits in the server
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			fmt.Fprintf(w, "candidate %d: %v; retrying\n", n, err)
-			time.Sleep(200 * time.Millisecond)
+			continue // ctx ended, or the server is away: campaign again
+		}
+		token, err := term.Token(ctx)
+		if err == nil {
+			fmt.Fprintf(w, "candidate %d: I am the leader (token %d)\n", n, token)
+			// Every write of the term carries the token: a deposed leader
+			// that has not noticed yet cannot overwrite its successor's.
+			_, err = db.ExecContext(ctx, "UPDATE schedule SET leader = $1, fence = $2 WHERE fence < $2", n, token)
+		}
+		if err != nil {
+			term.Resign(context.Background())
 			continue
 		}
-		fmt.Fprintf(w, "candidate %d: I am the leader (backend %d)\n", n, lk.PID())
 		select {
-		case <-lk.Done(): // the lock is gone: stop leading at once
-			fmt.Fprintf(w, "candidate %d: lost leadership: %v\n", n, lk.Err())
-			lk.Unlock(context.Background())
+		case <-term.Done(): // the lock is gone: stop leading at once
+			fmt.Fprintf(w, "candidate %d: lost leadership: %v\n", n, term.Err())
 			time.Sleep(time.Second) // let a waiting candidate take over
 		case <-ctx.Done():
-			lk.Unlock(context.Background())
 			fmt.Fprintf(w, "candidate %d: stepping down\n", n)
 		}
+		term.Resign(context.Background())
 	}
 	return nil
 }
-
-var leaderLine = regexp.MustCompile(`^candidate (\d+): I am the leader \(backend (\d+)\)`)
 
 // run starts three candidate processes, kills the first leader's session,
 // and waits for another candidate to lead.
@@ -97,22 +98,14 @@ func run(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	defer db.Close()
-
-	lines := make(chan string, 16)
-	var children []*exec.Cmd
-	var readers sync.WaitGroup
-	defer func() {
-		for _, c := range children {
-			c.Process.Signal(syscall.SIGTERM)
-		}
-		for _, c := range children {
-			c.Wait()
-		}
-		readers.Wait()
-	}()
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schedule (leader int, fence bigint NOT NULL);
+		INSERT INTO schedule SELECT 0, 0 WHERE NOT EXISTS (SELECT FROM schedule)`); err != nil {
+		return err
+	}
+	lines := make(chan string, 64)
 	for i := 1; i <= 3; i++ {
 		cmd := exec.Command(os.Args[0], "-candidate", strconv.Itoa(i))
-		cmd.Env = append(os.Environ(), "DATABASE_URL="+withAppName(dsn, fmt.Sprintf("leader-candidate-%d", i)))
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+dsn)
 		out, err := cmd.StdoutPipe()
 		if err != nil {
 			return err
@@ -121,73 +114,53 @@ func run(ctx context.Context, w io.Writer) error {
 		if err := cmd.Start(); err != nil {
 			return err
 		}
-		children = append(children, cmd)
-		readers.Add(1)
+		defer func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }()
 		go func() {
-			defer readers.Done()
-			sc := bufio.NewScanner(out)
-			for sc.Scan() {
-				select {
-				case lines <- sc.Text():
-				default: // nobody listens any more
-				}
+			for sc := bufio.NewScanner(out); sc.Scan(); {
+				lines <- sc.Text()
 			}
 		}()
 	}
-
-	first, pid, err := waitLeader(w, lines)
+	// Anyone can ask who leads, without campaigning.
+	election := sqllock.New(db).Election(electionKey)
+	first, err := awaitLeader(ctx, election, 0, w, lines)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "demo: killing the leader's database session (backend %d)\n", pid)
-	if _, err := db.ExecContext(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+	fmt.Fprintf(w, "demo: %v leads; killing its database session\n", first)
+	if _, err := db.ExecContext(ctx, "SELECT pg_terminate_backend($1)", first.PID); err != nil {
 		return err
 	}
-	// Wait for both: the old leader noticing its loss, and a new leader.
-	lost := fmt.Sprintf("candidate %d: lost leadership", first)
-	second, sawLoss := 0, false
-	timeout := time.After(30 * time.Second)
-	for second == 0 || !sawLoss {
-		select {
-		case l := <-lines:
-			fmt.Fprintln(w, l)
-			sawLoss = sawLoss || strings.HasPrefix(l, lost)
-			if m := leaderLine.FindStringSubmatch(l); m != nil && m[1] != strconv.Itoa(first) {
-				second, _ = strconv.Atoi(m[1])
-			}
-		case <-timeout:
-			return errors.New("leadership did not move within 30s")
-		}
+	second, err := awaitLeader(ctx, election, first.PID, w, lines)
+	if err != nil {
+		return err
 	}
-	fmt.Fprintf(w, "demo: leadership moved from candidate %d to candidate %d\n", first, second)
-	return nil
-}
-
-// waitLeader echoes candidate output until a candidate announces it leads.
-func waitLeader(w io.Writer, lines <-chan string) (n, pid int, err error) {
-	timeout := time.After(30 * time.Second)
-	for {
+	for deadline := time.After(10 * time.Second); ; { // the old leader notices
 		select {
 		case l := <-lines:
 			fmt.Fprintln(w, l)
-			if m := leaderLine.FindStringSubmatch(l); m != nil {
-				n, _ = strconv.Atoi(m[1])
-				pid, _ = strconv.Atoi(m[2])
-				return n, pid, nil
+			if strings.HasPrefix(l, strings.Replace(first.Value, "-", " ", 1)+": lost leadership") {
+				fmt.Fprintf(w, "demo: leadership moved from %s to %s\n", strings.Replace(first.Value, "-", " ", 1), strings.Replace(second.Value, "-", " ", 1))
+				return nil
 			}
-		case <-timeout:
-			return 0, 0, errors.New("no leader within 30s")
+		case <-deadline:
+			return errors.New("the old leader did not notice its loss within 10s")
 		}
 	}
 }
 
-func withAppName(dsn, name string) string {
-	u, err := url.Parse(dsn)
-	if err != nil || u.Scheme == "" {
-		return dsn + " application_name=" + name
+// awaitLeader echoes the candidates' output until a leader other than
+// backend not leads.
+func awaitLeader(ctx context.Context, e *sqllock.Election, not int, w io.Writer, lines <-chan string) (sqllock.Leader, error) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		select {
+		case l := <-lines:
+			fmt.Fprintln(w, l)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if ld, err := e.Leader(ctx); err == nil && ld.PID != 0 && ld.PID != not {
+			return ld, nil
+		}
 	}
-	q := u.Query()
-	q.Set("application_name", name)
-	u.RawQuery = q.Encode()
-	return u.String()
+	return sqllock.Leader{}, errors.New("no new leader within 30s")
 }

@@ -14,6 +14,7 @@ type Settings struct {
 	Idle, Interval, Count int
 	UserTimeoutMs         int
 	AppName               string
+	ForceAppName          bool // set AppName even over one the session has
 	Major                 int
 }
 
@@ -41,7 +42,10 @@ func (s Settings) Tune() string {
 			exprs = append(exprs, set("client_connection_check_interval", strconv.Itoa(s.Interval)+"s"))
 		}
 	}
-	if s.AppName != "" {
+	switch {
+	case s.AppName != "" && s.ForceAppName:
+		exprs = append(exprs, set("application_name", s.AppName))
+	case s.AppName != "":
 		// Only when the session has none (set on the DSN, say): it is never
 		// overwritten.
 		exprs = append(exprs, "CASE WHEN current_setting('application_name') = '' THEN "+set("application_name", s.AppName)+" END")

@@ -443,3 +443,13 @@ const ReclaimSQL = `SELECT CASE WHEN pg_backend_pid() = $1::int4
 // runs it: (pid, classid, objid, objsubid, mode, granted) per lock.
 const OwnSQL = `SELECT pg_backend_pid(), l.classid::int8, l.objid::int8, l.objsubid::int4, l.mode, l.granted
  FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid()`
+
+// TokenSQL returns a fencing token for the session-level lock whose tag is
+// ($1, $2, $3), taken on the session that holds it, while it holds it: the
+// server's transaction counter (txid_current), which only grows, so the
+// tokens of successive holders of a key, each taken while it held it, grow
+// too. It returns no row when the session does not hold the lock (any
+// more).
+const TokenSQL = `SELECT txid_current() FROM pg_catalog.pg_locks l
+ WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_backend_pid()
+  AND l.classid::int8 = $1::int8 AND l.objid::int8 = $2::int8 AND l.objsubid = $3::int4`

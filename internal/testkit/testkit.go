@@ -6,6 +6,7 @@ package testkit
 import (
 	"context"
 	"database/sql/driver"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -97,5 +98,18 @@ func WaitWaiters(tb testing.TB, q sqllock.Querier, k sqllock.Key, n int) {
 			tb.Fatalf("%d sessions wait for %v after 10 s, want %d", waiting, k, n)
 		}
 		time.Sleep(200 * time.Microsecond)
+	}
+}
+
+// Short reports whether the quick run was asked for: go test -short, and
+// not in CI (CI=true), which always runs everything.
+func Short() bool { return testing.Short() && os.Getenv("CI") != "true" }
+
+// Long skips tb in the quick run (see Short): the long stress and fault
+// tests.
+func Long(tb testing.TB) {
+	tb.Helper()
+	if Short() {
+		tb.Skip("long test: skipped under -short (CI runs it)")
 	}
 }
