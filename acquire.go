@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sort"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
@@ -157,11 +160,22 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 			break
 		}
 	}
-	if ctxEnded(ctx) && !errors.Is(o.err, errAbandoned) {
+	switch {
+	case ctxEnded(ctx) && errors.Is(o.err, errAbandoned):
+		// The driver did not give the statement up in time: the server may
+		// be cut off, or only slow. Cancel as below, but wait for it no
+		// longer than the driver got: if nothing reaches the server, the
+		// call must still return by its deadline.
+		done := make(chan struct{})
+		go func() { l.cancelWait(pid, k); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(abandonGrace):
+		}
+	case ctxEnded(ctx):
 		// The abandoned backend may still be queued for k (a driver that
 		// closes the socket sends no cancel request): take it out of the
-		// queue before anyone can grant it the lock. (Not when the server
-		// stopped answering: nothing would reach it.)
+		// queue before anyone can grant it the lock.
 		l.cancelWait(pid, k)
 	}
 	return o
@@ -296,11 +310,68 @@ const cancelWaitTimeout = 2 * time.Second
 func (l *Locker) cancelWait(pid int64, k Key) {
 	ctx, cancel := context.WithTimeout(context.Background(), cancelWaitTimeout)
 	defer cancel()
+	// A connection and statements bounded like the lock's own: a server
+	// that stopped answering cannot hold this past its timeout.
+	conn, err := getConn(ctx, l.abandoned, l.db)
+	if err != nil {
+		return
+	}
 	for ctx.Err() == nil {
-		var where int
-		if err := l.db.QueryRowContext(ctx, sqltext.CancelWaitSQL, pid).Scan(&where); err != nil || where == 0 || where == 3 {
-			return
+		var where int64
+		err := queryRow(ctx, l.abandoned, conn, sqltext.CancelWaitSQL, []any{pid}, &where)
+		if errors.Is(err, errAbandoned) {
+			return // its connection is closed once the statement returns
+		}
+		if err != nil || where == 0 || where == 3 {
+			break
 		}
 		time.Sleep(time.Millisecond)
 	}
+	conn.Close()
+}
+
+// maxConns is how many driver connections a connSet remembers; past it,
+// it forgets them all (what it knew is learnt again on each connection's
+// next lock, harmlessly), so that connections closed long ago are not kept.
+const maxConns = 4096
+
+// connSet remembers each driver connection's backend pid (a wait for a
+// lock on a connection whose pid is known needs no try first; see
+// acquireOnce).
+type connSet struct {
+	conn sync.Map // driver connection → int64
+	n    atomic.Int64
+}
+
+// comparableConn reports whether dc can be a map key.
+func comparableConn(dc any) bool { return dc != nil && reflect.TypeOf(dc).Comparable() }
+
+// get returns what the set knows of dc.
+func (t *connSet) get(dc any) (int64, bool) {
+	if !comparableConn(dc) {
+		return 0, false
+	}
+	v, ok := t.conn.Load(dc)
+	if !ok {
+		return 0, false
+	}
+	return v.(int64), true
+}
+
+// set records v for dc.
+func (t *connSet) set(dc any, v int64) {
+	if !comparableConn(dc) {
+		return
+	}
+	if old, ok := t.conn.Load(dc); ok {
+		if old.(int64) != v {
+			t.conn.Store(dc, v)
+		}
+		return
+	}
+	if t.n.Add(1) > maxConns {
+		t.conn.Clear()
+		t.n.Store(1)
+	}
+	t.conn.Store(dc, v)
 }

@@ -1,10 +1,10 @@
 package sqllock
 
 // keySet is a set of keys kept in maps keyed by the key's int64 value, one
-// per key form: Go hashes an int64 several times faster than the Key
-// struct, and a Session looks each of its keys up several times per
-// TryLockMany and UnlockMany (5,000 keys: 1.3 ms of map work with
-// map[Key]bool). The zero value is an empty set.
+// per key form: Go hashes an int64 faster than the Key struct, and a
+// Session looks each of its keys up several times per TryLockMany and
+// UnlockMany (docs/benchmarks.md has the figures). The zero value is an
+// empty set.
 type keySet struct {
 	m [formPair + 1]map[int64]struct{} // by form
 	n int

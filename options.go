@@ -265,3 +265,18 @@ func WithKeys(keys ...Key) InspectOption {
 		}
 	})
 }
+
+// validAppName reports whether name may be rendered into SQL: printable
+// ASCII without quotes or backslashes, at most 63 bytes.
+func validAppName(name string) bool {
+	if name == "" || len(name) > 63 {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if c < 0x20 || c > 0x7e || c == '\'' || c == '\\' {
+			return false
+		}
+	}
+	return true
+}

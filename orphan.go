@@ -2,9 +2,6 @@ package sqllock
 
 import (
 	"fmt"
-	"reflect"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
@@ -58,21 +55,6 @@ func withOrphan(st sqltext.Settings, orphan time.Duration) sqltext.Settings {
 	return st
 }
 
-// validAppName reports whether name may be rendered into SQL: printable
-// ASCII without quotes or backslashes, at most 63 bytes.
-func validAppName(name string) bool {
-	if name == "" || len(name) > 63 {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if c < 0x20 || c > 0x7e || c == '\'' || c == '\\' {
-			return false
-		}
-	}
-	return true
-}
-
 // clientBound is how long after the server stops answering the keep-alive
 // reports a lock lost: the next tick, then two checks that time out.
 func clientBound(keepAlive time.Duration) time.Duration {
@@ -117,50 +99,4 @@ func keepAliveFor(orphan time.Duration) time.Duration {
 		return orphan / 5
 	}
 	return max(MinKeepAlive, (orphan*3/4-failedChecksBeforeLost*time.Second)*4/5)
-}
-
-// maxConns is how many driver connections a connSet remembers; past it,
-// it forgets them all (what it knew is learnt again on each connection's
-// next lock, harmlessly), so that connections closed long ago are not kept.
-const maxConns = 4096
-
-// connSet remembers each driver connection's backend pid (a wait for a
-// lock on a connection whose pid is known needs no try first; see
-// acquireOnce).
-type connSet struct {
-	conn sync.Map // driver connection → int64
-	n    atomic.Int64
-}
-
-// comparableConn reports whether dc can be a map key.
-func comparableConn(dc any) bool { return dc != nil && reflect.TypeOf(dc).Comparable() }
-
-// get returns what the set knows of dc.
-func (t *connSet) get(dc any) (int64, bool) {
-	if !comparableConn(dc) {
-		return 0, false
-	}
-	v, ok := t.conn.Load(dc)
-	if !ok {
-		return 0, false
-	}
-	return v.(int64), true
-}
-
-// set records v for dc.
-func (t *connSet) set(dc any, v int64) {
-	if !comparableConn(dc) {
-		return
-	}
-	if old, ok := t.conn.Load(dc); ok {
-		if old.(int64) != v {
-			t.conn.Store(dc, v)
-		}
-		return
-	}
-	if t.n.Add(1) > maxConns {
-		t.conn.Clear()
-		t.n.Store(1)
-	}
-	t.conn.Store(dc, v)
 }

@@ -332,12 +332,11 @@ const (
 	AggConfirmed = "count(*) FILTER (WHERE t.got)"
 )
 
-// ManyRowsMax is the most keys whose results manySQL returns as a row
+// ManyRowsMax is the most keys whose results ManySQL returns as a row
 // each; for more it aggregates them into one row. Rows cost per key to send
-// and decode (5,000 keys: 10,000 rows for a TryLockMany and UnlockMany,
-// most of their time); the aggregate costs the server more to plan and run
-// (lib/pq's Statements, which are planned every time: +25 µs for 1 key).
-// The two break even near 100 keys.
+// and decode; the aggregate costs the server more to plan and run (lib/pq's
+// statements are planned every time). The two break even near 100 keys
+// (docs/benchmarks.md).
 const ManyRowsMax = 64
 
 // manySQL returns a statement that calls fn (an exclusive lock or unlock

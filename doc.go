@@ -1,0 +1,80 @@
+// Package sqllock makes PostgreSQL advisory locks safe to use from any
+// database/sql application.
+//
+// An advisory lock is a lock on a number you choose (a [Key]): PostgreSQL
+// only records who holds it. It lets a team say "only one of us runs this
+// cron, migration or job" with nothing but PostgreSQL.
+//
+// # Lifecycle
+//
+// A [Locker] takes session-level locks through a *sql.DB:
+//
+//	locker := sqllock.New(db)
+//	lk, err := locker.Lock(ctx, sqllock.Hash("cron:reindex_posts"))
+//	if err != nil { ... }
+//	defer lk.Unlock(ctx)
+//
+// Each [Lock] pins one connection of the pool for its whole life and gives
+// it back only after pg_advisory_unlock returned true on the backend that
+// was granted the lock. When that cannot be confirmed (an error, a
+// cancellation, a false result, another backend) the connection is
+// discarded instead, and PostgreSQL releases the lock as the session ends.
+// [Lock.Done] and [Lock.Err] report a lock lost while held (the session
+// died, the server restarted), found by a keep-alive that checks pg_locks
+// from another connection. [Locker.Do] runs a function under the lock and
+// always releases it; [Locker.TryDo] is the cron pattern ("if another run
+// holds the lock, skip this one"). Both cancel the function's context when
+// the lock is lost.
+//
+// A [Session] holds many locks on one pinned connection, taking or releasing
+// any number of keys in one round trip ([Session.TryLockMany],
+// [Session.UnlockMany]): a lock per job in a job queue.
+//
+// Transaction-level locks ([LockTx], [TryLockTx], [Locker.InTx]) are
+// released by PostgreSQL when the transaction ends; they are the only
+// advisory locks that work behind a transaction-mode pooler. [Inspect] lists
+// the advisory locks of the current database with their keys decoded.
+//
+// # Not acquired
+//
+// Calls that return a handle ([Locker.Lock], [Locker.TryLock], ...) report
+// a lock held elsewhere, or a context that ended first, as an error that
+// matches [ErrNotAcquired] (and, for a context, ctx.Err() too). Calls that
+// return a bool ([TryLockTx], [TryRLockTx], [Session.TryLock],
+// [Locker.TryDo]'s ran) report a lock held elsewhere as false with a nil
+// error; their errors are failures.
+//
+// # Errors
+//
+// Every error matches one of the sentinels of errors.go with [errors.Is]
+// when it has a meaning a caller can act on ([ErrNotAcquired],
+// [ErrLockLost], [ErrDeadlock], ...); the message of the wrapping error says
+// the details (the key, its registry name, the backend).
+//
+// # The traps it prevents
+//
+//   - A forgotten unlock: Do and TryDo always release; Unlock is safe to
+//     defer and to call twice, on a nil Lock, and with a cancelled context.
+//   - A lock that rides back into the pool: a Lock pins its connection and
+//     returns it only after a confirmed unlock (the poolguard package catches
+//     locks taken by hand).
+//   - A cancelled wait that is granted anyway: the outcome is never guessed;
+//     the connection is discarded and the error matches both
+//     [ErrNotAcquired] and the context's error.
+//   - Scattered, colliding keys: [Hash] gives 64-bit keys from names, and a
+//     [Registry] refuses two names for one key.
+//   - Keys decoded wrongly from pg_locks: Inspect rebuilds bigint keys from
+//     classid and objid.
+//   - Standbys and transaction poolers: locks on a standby fail with
+//     [ErrStandby]; a backend that changes under a lock gives
+//     [ErrSessionChanged]; servers without real advisory locks give
+//     [ErrUnsupportedServer].
+//
+// A lock key is not a secret and not an authorization: any role in the
+// database can take or wait on any key. Use namespaced keys per application.
+//
+// PostgreSQL's own documentation of advisory locks:
+// https://www.postgresql.org/docs/current/explicit-locking.html#ADVISORY-LOCKS
+// and of their functions:
+// https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-ADVISORY-LOCKS
+package sqllock
