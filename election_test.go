@@ -182,8 +182,10 @@ func helperCandidate(db *sql.DB, dir, value string) int {
 }
 
 // TestElectionFailover: five candidate processes elect one leader after
-// another; a leader killed with SIGKILL, a leader's backend terminated, and
-// a server restart each bring a new leader soon; fencing tokens grow
+// another; a leader killed with SIGKILL, a leader's backend terminated, a
+// leader's connection cut off (its packets dropped, in a network
+// namespace), and a server restart each bring a new leader within the
+// keep-alive and the orphan bound (the restart: once the server is back); fencing tokens grow
 // strictly from term to term, across the restart too; and a term overlaps
 // the next, as its leader saw them, only when the server had taken its
 // lock (the paused-leader case that fencing tokens are for).
@@ -191,7 +193,7 @@ func TestElectionFailover(t *testing.T) {
 	long(t)
 	for _, drv := range drivers {
 		t.Run(drv, func(t *testing.T) {
-			srv := pgtest.Private(t)
+			srv := pgtest.StartIsolated(t) // a server of its own, behind a link the test can cut
 			dsn := srv.NewDatabase(t)
 			db := pgtest.Open(t, "pgx", dsn)
 			dir := t.TempDir()
@@ -233,13 +235,13 @@ func TestElectionFailover(t *testing.T) {
 				t.Fatal("no leader for 15 s")
 				return sqllock.Leader{}
 			}
-			// A new leader after each fault, and the time it took.
-			newLeaderAfter := func(what string, fault func(sqllock.Leader)) {
+			// A new leader after each fault, within bound.
+			newLeaderAfter := func(what string, bound time.Duration, fault func(sqllock.Leader)) {
 				t.Helper()
 				old := leader()
 				began := time.Now()
 				fault(old)
-				deadline := time.Now().Add(15 * time.Second)
+				deadline := time.Now().Add(bound)
 				for time.Now().Before(deadline) {
 					if ld, err := e.Leader(bg()); err == nil && ld.PID != 0 && ld.PID != old.PID {
 						t.Logf("%s of %v: new leader %v after %v", what, old, ld, time.Since(began).Round(time.Millisecond))
@@ -247,10 +249,13 @@ func TestElectionFailover(t *testing.T) {
 					}
 					time.Sleep(5 * time.Millisecond)
 				}
-				t.Fatalf("%s of %v: no new leader within 15 s", what, old)
+				t.Fatalf("%s of %v: no new leader within %v", what, old, bound)
 			}
 			time.Sleep(time.Second) // terms come and go
-			newLeaderAfter("kill -9", func(old sqllock.Leader) {
+			// The candidates' keep-alive (200 ms) and orphan bound (3 s):
+			// a dead or cut-off leader's lock is free within the bound.
+			const bound = 200*time.Millisecond + 3*time.Second + 2*time.Second
+			newLeaderAfter("kill -9", bound, func(old sqllock.Leader) {
 				// The leader's process: its value names it; a term may have
 				// ended meanwhile, so kill whoever leads by value.
 				if p := procs[old.Value]; p != nil {
@@ -260,19 +265,36 @@ func TestElectionFailover(t *testing.T) {
 					startCandidate(old.Value + "-again")
 				}
 			})
-			newLeaderAfter("pg_terminate_backend", func(old sqllock.Leader) { terminateQuietly(srv, old.PID) })
-			newLeaderAfter("server restart", func(sqllock.Leader) {
+			newLeaderAfter("pg_terminate_backend", bound, func(old sqllock.Leader) { terminateQuietly(srv.Server, old.PID) })
+			newLeaderAfter("network cut of the leader's connection", bound, func(old sqllock.Leader) {
+				var port int
+				if err := db.QueryRow("SELECT client_port FROM pg_stat_activity WHERE pid = $1", old.PID).Scan(&port); err != nil {
+					t.Fatal(err)
+				}
+				if err := srv.DropFlow(port); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if err := srv.Restore(); err != nil {
+				t.Fatal(err)
+			}
+			newLeaderAfter("server restart", 20*time.Second, func(sqllock.Leader) {
 				ctx, cancel := context.WithTimeout(bg(), time.Minute)
 				defer cancel()
 				if err := srv.Restart(ctx); err != nil {
 					t.Fatal(err)
 				}
 			})
-			time.Sleep(time.Second)
+			// At least 50 terms in all, the restart among them.
+			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+				if b, _ := os.ReadFile(filepath.Join(dir, "terms")); strings.Count(string(b), "start ") >= 50 {
+					break
+				}
+			}
 			os.WriteFile(filepath.Join(dir, "stop"), nil, 0o644)
 
 			terms := readTerms(t, filepath.Join(dir, "terms"))
-			if len(terms) < 20 {
+			if len(terms) < 50 {
 				t.Fatalf("%d terms: the election was not exercised", len(terms))
 			}
 			for i := 1; i < len(terms); i++ {
