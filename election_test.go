@@ -223,6 +223,19 @@ func TestElectionFailover(t *testing.T) {
 				}
 			}()
 			e := sqllock.New(db).Election(sqllock.Hash("election:failover"))
+			// An observer, asking every 20 ms: what it sees must follow the
+			// terms, in order.
+			octx, ostop := context.WithCancel(bg())
+			observed := make(chan []string, 1)
+			go func() {
+				var seen []string
+				for ld := range sqllock.New(db, sqllock.WithKeepAlive(20*time.Millisecond)).Election(sqllock.Hash("election:failover")).Observe(octx) {
+					if ld.Value != "" {
+						seen = append(seen, ld.Value)
+					}
+				}
+				observed <- seen
+			}()
 			leader := func() sqllock.Leader {
 				t.Helper()
 				deadline := time.Now().Add(15 * time.Second)
@@ -293,7 +306,23 @@ func TestElectionFailover(t *testing.T) {
 			}
 			os.WriteFile(filepath.Join(dir, "stop"), nil, 0o644)
 
+			ostop()
+			seen := <-observed
 			terms := readTerms(t, filepath.Join(dir, "terms"))
+			// The observed leaders are the terms' leaders, in the terms'
+			// order (some terms, shorter than 20 ms, unseen).
+			j := 0
+			for _, v := range seen {
+				for j < len(terms) && terms[j].value != v {
+					j++
+				}
+				if j == len(terms) {
+					t.Errorf("the observer saw %q out of the terms' order (seen: %v)", v, seen)
+					break
+				}
+				j++
+			}
+			t.Logf("the observer saw %d changes of leader", len(seen))
 			if len(terms) < 50 {
 				t.Fatalf("%d terms: the election was not exercised", len(terms))
 			}
