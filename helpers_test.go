@@ -94,3 +94,28 @@ func long(t testing.TB) {
 	t.Helper()
 	testkit.Long(t)
 }
+
+// heldByAnotherRole takes key k in a session of the superuser, named
+// appName, for t's life, and returns a pool of the ordinary test role on
+// the same database, and whether that role may read all statistics (the
+// superuser of a SQLLOCK_TEST_DSN may).
+func heldByAnotherRole(t *testing.T, k int64, appName string) (user *sql.DB, privileged bool) {
+	t.Helper()
+	srv := pgtest.Start(t)
+	dsn := srv.NewDatabase(t)
+	admin := pgtest.Open(t, "pgx", srv.AdminDSNFor(pgtest.DatabaseOf(dsn)))
+	conn, err := admin.Conn(bg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := conn.ExecContext(bg(), "SELECT set_config('application_name', $1, false), pg_advisory_lock($2)", appName, k); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.ExecContext(bg(), "SELECT pg_advisory_unlock_all()") })
+	user = pgtest.Open(t, "pgx", dsn)
+	if err := user.QueryRow(`SELECT current_setting('is_superuser') = 'on' OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER')`).Scan(&privileged); err != nil {
+		t.Fatal(err)
+	}
+	return user, privileged
+}

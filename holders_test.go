@@ -89,24 +89,8 @@ func TestApplicationNameIsChecked(t *testing.T) {
 // HeldLock's text has no empty fields.
 func TestHeldErrorOfAnotherRole(t *testing.T) {
 	t.Parallel()
-	srv := pgtest.Start(t)
-	dsn := srv.NewDatabase(t)
-	admin := pgtest.Open(t, "pgx", srv.AdminDSNFor(pgtest.DatabaseOf(dsn)))
-	conn, err := admin.Conn(bg())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(bg(), "SELECT set_config('application_name', 'secret-batch', false), pg_advisory_lock(321)"); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.ExecContext(bg(), "SELECT pg_advisory_unlock_all()")
-	user := pgtest.Open(t, "pgx", dsn)
-	var privileged bool
-	if err := user.QueryRow(`SELECT current_setting('is_superuser') = 'on' OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER')`).Scan(&privileged); err != nil {
-		t.Fatal(err)
-	}
-	_, err = sqllock.New(user, sqllock.WithHolders()).TryLock(bg(), sqllock.Int64(321))
+	user, privileged := heldByAnotherRole(t, 321, "secret-batch")
+	_, err := sqllock.New(user, sqllock.WithHolders()).TryLock(bg(), sqllock.Int64(321))
 	var held *sqllock.HeldError
 	if !errors.As(err, &held) || len(held.Holders) == 0 {
 		t.Fatalf("TryLock of a key held by another role = %v, want a HeldError", err)

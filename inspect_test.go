@@ -127,23 +127,7 @@ func TestInspect(t *testing.T) {
 // statistics, as the superuser of a SQLLOCK_TEST_DSN may, sees them).
 func TestInspectHiddenSessions(t *testing.T) {
 	t.Parallel()
-	srv := pgtest.Start(t)
-	dsn := srv.NewDatabase(t)
-	admin := pgtest.Open(t, "pgx", srv.AdminDSNFor(pgtest.DatabaseOf(dsn)))
-	conn, err := admin.Conn(bg())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(bg(), "SELECT pg_advisory_lock(123)"); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.ExecContext(bg(), "SELECT pg_advisory_unlock_all()")
-	user := pgtest.Open(t, "pgx", dsn)
-	var privileged bool
-	if err := user.QueryRow(`SELECT current_setting('is_superuser') = 'on' OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER')`).Scan(&privileged); err != nil {
-		t.Fatal(err)
-	}
+	user, privileged := heldByAnotherRole(t, 123, "")
 	locks, err := sqllock.Inspect(bg(), user)
 	if err != nil {
 		t.Fatal(err)
