@@ -20,66 +20,20 @@ import (
 // Done is closed and Err is non-nil; Unlock then returns an error and
 // never panics, so `defer lk.Unlock(ctx)` is always safe, even on a nil Lock.
 type Lock struct {
-	l      *Locker
+	pinned // the connection, its backend, state, err, Done (see pinned.go)
 	key    Key
 	shared bool
-	conn   *sql.Conn
-	pid    int64
 	since  time.Time
 
 	unlockMu sync.Mutex // serialises Unlock
 
-	mu        sync.Mutex
-	state     lockState     // guarded by mu
-	err       error         // guarded by mu: nil while held
-	ended     bool          // guarded by mu: Done fires (set last, after the stats and the log)
 	discarded chan struct{} // guarded by mu: set when lost, closed once the connection is discarded
 	window    *time.Timer   // guarded by mu: the open hold window's release (see UnlockAfter)
-
-	token int64 // guarded by mu: the fencing token, 0 until asked for
-
-	// ctx is cancelled with err once ended; made on first use (guarded by
-	// mu), because most locks are never watched.
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	token     int64         // guarded by mu: the fencing token, 0 until asked for
 }
-
-type lockState uint8
-
-const (
-	stateHeld lockState = iota
-	stateReleasing
-	stateLost
-	stateReleased
-)
 
 func newLock(l *Locker, k Key, shared bool, conn *sql.Conn, pid int64) *Lock {
-	return &Lock{l: l, key: k, shared: shared, conn: conn, pid: pid, since: time.Now()}
-}
-
-// context returns a context that is cancelled, with the lock's error as
-// its cause, once the lock is released or lost.
-func (lk *Lock) context() context.Context {
-	lk.mu.Lock()
-	defer lk.mu.Unlock()
-	if lk.ctx == nil {
-		lk.ctx, lk.cancel = context.WithCancelCause(context.Background())
-		if lk.ended {
-			lk.cancel(lk.err)
-		}
-	}
-	return lk.ctx
-}
-
-// end fires Done with the lock's error as the cause.
-func (lk *Lock) end() {
-	lk.mu.Lock()
-	lk.ended = true
-	cancel, err := lk.cancel, lk.err
-	lk.mu.Unlock()
-	if cancel != nil {
-		cancel(err)
-	}
+	return &Lock{pinned: pinned{l: l, conn: conn, pid: pid}, key: k, shared: shared, since: time.Now()}
 }
 
 // Key returns the lock's key (the zero Key for a nil Lock).
@@ -174,7 +128,7 @@ func (lk *Lock) Done() <-chan struct{} {
 	if lk == nil {
 		return closedChan
 	}
-	return lk.context().Done()
+	return lk.done()
 }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
@@ -186,9 +140,7 @@ func (lk *Lock) Err() error {
 	if lk == nil {
 		return ErrReleased
 	}
-	lk.mu.Lock()
-	defer lk.mu.Unlock()
-	return lk.err
+	return lk.error()
 }
 
 // Unlock releases the lock and returns the connection to the pool once
@@ -243,11 +195,7 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 		}
 		lk.l.emit(ctx, e, 1)
 	}
-	lk.mu.Lock()
-	lk.state = stateReleased
-	lk.err = final
-	lk.mu.Unlock()
-	lk.end()
+	lk.settle(stateReleased, final)
 	return err
 }
 

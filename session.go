@@ -36,27 +36,19 @@ import (
 // A Session is safe for concurrent use; its calls run one at a time. After
 // Close, its methods return [ErrReleased].
 type Session struct {
-	l    *Locker
-	conn *sql.Conn
-	pid  int64
-
-	ctx    context.Context // cancelled when the Session is closed or lost
-	cancel context.CancelCauseFunc
+	pinned // the connection, its backend, state, err, Done (see pinned.go)
 
 	// callMu serialises the Session's calls, and is held across their
 	// round trips. gone is guarded by callMu: the connection was discarded.
 	callMu sync.Mutex
 	gone   bool
 
-	// mu guards the fields below. It is never held across a round trip, so
-	// that the keep-alive, Err and Held never wait for a call in progress
-	// (a blocking Lock can wait for a long time).
-	mu        sync.Mutex
-	held      keySet    // keys held now
-	releasing keySet    // keys whose unlock is under way
-	state     lockState // stateHeld while usable
-	err       error     // nil while usable
-	sorted    []Key     // cache of Held(), nil when stale
+	// pinned's mu guards the fields below. It is never held across a round
+	// trip, so that the keep-alive, Err and Held never wait for a call in
+	// progress (a blocking Lock can wait for a long time).
+	held      keySet // keys held now
+	releasing keySet // keys whose unlock is under way
+	sorted    []Key  // cache of Held(), nil when stale
 }
 
 // Session pins a connection for a new Session. It checks that the server is
@@ -81,8 +73,7 @@ func (l *Locker) Session(ctx context.Context) (*Session, error) {
 		l.closeSession(conn, pid)
 		return nil, standbyError("session")
 	}
-	sctx, cancel := context.WithCancelCause(context.Background())
-	s := &Session{l: l, conn: conn, pid: pid, ctx: sctx, cancel: cancel}
+	s := &Session{pinned: pinned{l: l, conn: conn, pid: pid}}
 	l.mon.add(s)
 	return s, nil
 }
@@ -325,8 +316,7 @@ func (s *Session) Close(ctx context.Context) error {
 		return err
 	}
 	s.l.mon.remove(s)
-	s.setReleased(ErrReleased)
-	s.cancel(ErrReleased)
+	s.settle(stateReleased, ErrReleased)
 	s.gone = true
 	return s.l.closeSession(s.conn, s.pid)
 }

@@ -79,11 +79,7 @@ func (s *Session) end() {
 	s.callMu.Unlock()
 }
 
-func (s *Session) setReleased(err error) {
-	s.mu.Lock()
-	s.state, s.err = stateReleased, err
-	s.mu.Unlock()
-}
+func (s *Session) setReleased(err error) { s.settle(stateReleased, err) }
 
 // add records keys as held.
 func (s *Session) add(keys []Key) {
@@ -135,7 +131,7 @@ func (s *Session) markLost(cause error) bool {
 	s.mu.Unlock()
 	s.l.mon.remove(s)
 	s.l.emit(context.Background(), Event{Kind: EventLost, PID: int(s.pid), Err: err}, n)
-	s.cancel(err) // last: whoever waits on Done sees the stats and the log entry
+	s.pinned.end() // last: whoever waits on Done sees the stats and the events
 	return true
 }
 
@@ -255,7 +251,7 @@ func (s *Session) Done() <-chan struct{} {
 	if s == nil {
 		return closedChan
 	}
-	return s.ctx.Done()
+	return s.done()
 }
 
 // Err returns nil while the Session is usable, ErrReleased after Close, and
@@ -265,9 +261,7 @@ func (s *Session) Err() error {
 	if s == nil {
 		return ErrReleased
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.err
+	return s.error()
 }
 
 // Held returns the keys the Session holds, sorted. It never waits for a
