@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/interop"
 )
 
 // The examples without an "Output:" comment need a PostgreSQL server: the
@@ -94,7 +95,7 @@ func ExampleLocker_Do() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	// Migrations wait their turn; give up after a minute.
-	err := locker.Do(ctx, sqllock.Goose(), func(ctx context.Context) error {
+	err := locker.Do(ctx, interop.Goose(), func(ctx context.Context) error {
 		return nil // run the migrations
 	})
 	if errors.Is(err, sqllock.ErrNotAcquired) {
@@ -199,7 +200,7 @@ func ExampleParseKey() {
 func ExampleHash() {
 	fmt.Println(sqllock.Hash("cron:reindex_posts"))
 	fmt.Println(sqllock.HashPair(1, "reindex_posts"))
-	fmt.Println(sqllock.CRC32("cron:reindex_posts")) // Python's zlib.crc32(name)
+	fmt.Println(interop.CRC32("cron:reindex_posts")) // Python's zlib.crc32(name)
 	// Output:
 	// 4387803684103558220
 	// (1,-1722923160)
@@ -262,19 +263,6 @@ func ExampleInt64() {
 	// 42 -5
 	// (1,67890)
 	// 42 true
-}
-
-func ExampleGolangMigrateURL() {
-	// The key migrate.New("file://migrations", url) takes.
-	k, err := sqllock.GolangMigrateURL("postgres://app@db:5432/app?sslmode=disable")
-	if err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println(k)
-	fmt.Println(sqllock.GolangMigrate("/app", "public", "schema_migrations") == k)
-	// Output:
-	// 1726534663
-	// true
 }
 
 // Errors match sentinels with errors.Is; handles are safe to release twice

@@ -19,6 +19,7 @@ import (
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/interop"
 	"github.com/sqllock/sqllock/pgtest"
 )
 
@@ -34,12 +35,12 @@ func TestGolangMigrateKeysMatchTheTool(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := sqllock.GolangMigrate(tc.database, tc.schema, tc.table).String(); got != id {
+		if got := interop.GolangMigrate(tc.database, tc.schema, tc.table).String(); got != id {
 			t.Errorf("GolangMigrate(%q, %q, %q) = %s, golang-migrate says %s", tc.database, tc.schema, tc.table, got, id)
 		}
 	}
-	if sqllock.Goose() != sqllock.Int64(lock.DefaultLockID) {
-		t.Errorf("Goose() = %v, goose says %d", sqllock.Goose(), lock.DefaultLockID)
+	if interop.Goose() != sqllock.Int64(lock.DefaultLockID) {
+		t.Errorf("Goose() = %v, goose says %d", interop.Goose(), lock.DefaultLockID)
 	}
 }
 
@@ -77,7 +78,7 @@ func TestGolangMigrateWaitsForSqllock(t *testing.T) {
 		{"pgx URL", urlKey(with("pgx", "m_pgx")), func() (*migrate.Migrate, error) { return migrate.New(source, with("pgx", "m_pgx")) }},
 		{"pgx5 URL", urlKey(with("pgx5", "m_pgx5")), func() (*migrate.Migrate, error) { return migrate.New(source, with("pgx5", "m_pgx5")) }},
 		{"WithInstance", func(t *testing.T) sqllock.Key {
-			return sqllock.GolangMigrate(pgtest.DatabaseOf(dsn), "public", "m_inst")
+			return interop.GolangMigrate(pgtest.DatabaseOf(dsn), "public", "m_inst")
 		}, func() (*migrate.Migrate, error) {
 			sdb, err := sql.Open("postgres", dsn)
 			if err != nil {
@@ -130,7 +131,7 @@ func TestGolangMigrateWaitsForSqllock(t *testing.T) {
 
 func urlKey(u string) func(t *testing.T) sqllock.Key {
 	return func(t *testing.T) sqllock.Key {
-		k, err := sqllock.GolangMigrateURL(u)
+		k, err := interop.GolangMigrateURL(u)
 		if err != nil {
 			t.Fatal(err)
 		}

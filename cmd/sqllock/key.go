@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/interop"
 )
 
 func keyCmd(args []string, stdout, stderr io.Writer) error {
@@ -31,7 +32,7 @@ func keyCmd(args []string, stdout, stderr io.Writer) error {
 	if strings.TrimSpace(name) == "" {
 		return fail(exitUsage, "key: empty NAME (as run refuses an empty KEY)")
 	}
-	h, hp, c := sqllock.Hash(name), sqllock.HashPair(int32(*class), name), sqllock.CRC32(name)
+	h, hp, c := sqllock.Hash(name), sqllock.HashPair(int32(*class), name), interop.CRC32(name)
 	fmt.Fprintf(stdout, "name      %s\n", strconv.Quote(name))
 	rows := []struct {
 		label, what string
@@ -39,7 +40,7 @@ func keyCmd(args []string, stdout, stderr io.Writer) error {
 	}{
 		{"hash", "bigint, FNV-1a 64 (sqllock.Hash, the CLI's default)", h},
 		{"hashpair", "pair (class, FNV-1a low 32 bits) (sqllock.HashPair)", hp},
-		{"crc32", "bigint, zlib.crc32 (sqllock.CRC32, run --crc32)", c},
+		{"crc32", "bigint, zlib.crc32 (interop.CRC32, run --crc32)", c},
 	}
 	for _, r := range rows {
 		args := r.k.String()

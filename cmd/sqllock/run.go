@@ -19,6 +19,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/interop"
 )
 
 // runFlags are the flags of "sqllock run", after flock(1) where they fit.
@@ -552,7 +553,7 @@ func keyOf(text string, crc bool) (sqllock.Key, error) {
 		return sqllock.Key{}, errors.New(strings.TrimPrefix(err.Error(), "sqllock: "))
 	}
 	if crc {
-		return sqllock.CRC32(text), nil
+		return interop.CRC32(text), nil
 	}
 	return sqllock.Hash(text), nil
 }

@@ -4,7 +4,7 @@
 //
 //	go run ./examples/migrate
 //
-// The key is goose's (sqllock.Goose()), so these migrations also exclude a
+// The key is goose's (interop.Goose()), so these migrations also exclude a
 // concurrent `goose up` on the same database.
 package main
 
@@ -20,6 +20,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/interop"
 	"github.com/sqllock/sqllock/pgtest"
 )
 
@@ -84,7 +85,7 @@ func run(ctx context.Context, w io.Writer) error {
 func migrate(ctx context.Context, locker *sqllock.Locker, db *sql.DB) (applied int, err error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	err = locker.Do(ctx, sqllock.Goose(), func(ctx context.Context) error {
+	err = locker.Do(ctx, interop.Goose(), func(ctx context.Context) error {
 		if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (version int NOT NULL)`); err != nil {
 			return err
 		}

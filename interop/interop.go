@@ -1,4 +1,10 @@
-package sqllock
+// Package interop computes the advisory lock keys that other tools use for
+// the same resource, so that a Go program can take (or wait for) exactly
+// the lock a Ruby, Python or migration tool takes: Python's CRC-32 names,
+// Ruby's with_advisory_lock, Rails migrations, goose and golang-migrate.
+// Each function has a test vector computed from the other tool's
+// published algorithm.
+package interop
 
 import (
 	"fmt"
@@ -7,18 +13,16 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-)
 
-// Keys compatible with other tools. Each function computes the key another
-// ecosystem uses for the same resource, so a Go program can take (or wait
-// for) exactly the lock that a Ruby, Python or migration tool takes.
+	"github.com/sqllock/sqllock"
+)
 
 // CRC32 returns the bigint key zlib.crc32(name) & 0x7FFFFFFFFFFFFFFF, the
 // string-hash convention used by many Python code bases. Because CRC-32 has only 32
-// bits, names collide far more often than with [Hash]; prefer Hash for new
+// bits, names collide far more often than with [sqllock.Hash]; prefer Hash for new
 // code and use CRC32 to interoperate.
-func CRC32(name string) Key {
-	return Int64(int64(crc32.ChecksumIEEE([]byte(name))))
+func CRC32(name string) sqllock.Key {
+	return sqllock.Int64(int64(crc32.ChecksumIEEE([]byte(name))))
 }
 
 // RubyAdvisoryLock returns the pair key that the Ruby gem with_advisory_lock
@@ -26,15 +30,15 @@ func CRC32(name string) Key {
 // prefix & 0x7fffffff), where prefix is the integer value of the gem's
 // WITH_ADVISORY_LOCK_PREFIX environment variable (Ruby's String#to_i; 0 when
 // it is unset).
-func RubyAdvisoryLock(name string, prefix int64) Key {
-	return Pair(int32(crc32.ChecksumIEEE([]byte(name))&0x7fffffff), int32(prefix&0x7fffffff))
+func RubyAdvisoryLock(name string, prefix int64) sqllock.Key {
+	return sqllock.Pair(int32(crc32.ChecksumIEEE([]byte(name))&0x7fffffff), int32(prefix&0x7fffffff))
 }
 
 // RubyAdvisoryLockID returns the pair key with_advisory_lock uses for an
 // Integer lock name: the gem takes an Integer as is, without CRC-32:
 // (id & 0x7fffffff, prefix & 0x7fffffff).
-func RubyAdvisoryLockID(id, prefix int64) Key {
-	return Pair(int32(id&0x7fffffff), int32(prefix&0x7fffffff))
+func RubyAdvisoryLockID(id, prefix int64) sqllock.Key {
+	return sqllock.Pair(int32(id&0x7fffffff), int32(prefix&0x7fffffff))
 }
 
 // railsMigratorSalt is ActiveRecord::Migrator::MIGRATOR_SALT.
@@ -44,13 +48,13 @@ const railsMigratorSalt = 2053462845
 // runs migrations against the database named database:
 // MIGRATOR_SALT (2053462845) × crc32(database). The product always fits in a
 // bigint.
-func RailsMigration(database string) Key {
-	return Int64(railsMigratorSalt * int64(crc32.ChecksumIEEE([]byte(database))))
+func RailsMigration(database string) sqllock.Key {
+	return sqllock.Int64(railsMigratorSalt * int64(crc32.ChecksumIEEE([]byte(database))))
 }
 
 // Goose returns the bigint key of goose v3's session locker
 // (lock.DefaultLockID, 4097083626): the CRC-32 of the text "goose".
-func Goose() Key { return CRC32("goose") }
+func Goose() sqllock.Key { return CRC32("goose") }
 
 // golangMigrateSalt is advisoryLockIDSalt in golang-migrate's database
 // package.
@@ -67,9 +71,9 @@ const golangMigrateSalt = 1486364155
 // current_database(), such as "mydb"; one opened from a URL, as migrate.New
 // and the migrate command do, uses the URL's path with its leading slash,
 // "/mydb". For the second, use [GolangMigrateURL] with the same URL.
-func GolangMigrate(database, schema, table string) Key {
+func GolangMigrate(database, schema, table string) sqllock.Key {
 	s := strings.Join([]string{schema, table, database}, "\x00")
-	return Int64(int64(crc32.ChecksumIEEE([]byte(s)) * golangMigrateSalt))
+	return sqllock.Int64(int64(crc32.ChecksumIEEE([]byte(s)) * golangMigrateSalt))
 }
 
 // GolangMigrateURL returns the key that golang-migrate v4 takes when it is
@@ -82,10 +86,10 @@ func GolangMigrate(database, schema, table string) Key {
 // "public". golang-migrate itself reads current_schema() from the server:
 // if your role's search_path makes that something else, use
 // [GolangMigrate] with the exact values.
-func GolangMigrateURL(rawURL string) (Key, error) {
+func GolangMigrateURL(rawURL string) (sqllock.Key, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return Key{}, fmt.Errorf("sqllock: golang-migrate URL: %w", err)
+		return sqllock.Key{}, fmt.Errorf("sqllock: golang-migrate URL: %w", err)
 	}
 	q := u.Query()
 	table := q.Get("x-migrations-table")
@@ -107,7 +111,7 @@ func GolangMigrateURL(rawURL string) (Key, error) {
 		case 2:
 			schema, table = parts[0][1], parts[1][1]
 		default:
-			return Key{}, fmt.Errorf("sqllock: golang-migrate URL: x-migrations-table %q is not \"table\" or \"schema\".\"table\"", table)
+			return sqllock.Key{}, fmt.Errorf("sqllock: golang-migrate URL: x-migrations-table %q is not \"table\" or \"schema\".\"table\"", table)
 		}
 	}
 	return GolangMigrate(u.Path, schema, table), nil
