@@ -49,12 +49,6 @@ type HeldLock struct {
 	Semaphore string
 }
 
-// Holders returns the sessions that hold or wait for k in q's database,
-// holders first: [Inspect] for one key. It answers "who holds it" during an
-// incident, and [WithHolders] attaches it to a refused lock's error.
-func Holders(ctx context.Context, q Querier, k Key) ([]HeldLock, error) {
-	return Inspect(ctx, q, WithKeys(k))
-}
 
 // Inspect returns the advisory locks, held and awaited, in the current
 // database: pg_locks joined with pg_stat_activity, with keys decoded
