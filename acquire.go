@@ -316,19 +316,36 @@ func (l *Locker) cancelWait(pid int64, k Key) {
 	if err != nil {
 		return
 	}
+	var doneSince time.Time
 	for ctx.Err() == nil {
 		var where int64
 		err := queryRow(ctx, l.abandoned, conn, sqltext.CancelWaitSQL, []any{pid}, &where)
 		if errors.Is(err, errAbandoned) {
 			return // its connection is closed once the statement returns
 		}
-		if err != nil || where == 0 || where == 3 {
+		if err != nil || where == 0 {
 			break
+		}
+		// Done with a wait statement: this one, or, should the server not
+		// have read this one yet, an earlier one on the same connection.
+		// Watch a little longer before believing it.
+		if where == 3 {
+			if doneSince.IsZero() {
+				doneSince = time.Now()
+			} else if time.Since(doneSince) > cancelWaitSettle {
+				break
+			}
+		} else {
+			doneSince = time.Time{}
 		}
 		time.Sleep(time.Millisecond)
 	}
 	conn.Close()
 }
+
+// cancelWaitSettle is how long cancelWait keeps watching a backend that
+// seems done with its wait statement.
+const cancelWaitSettle = 50 * time.Millisecond
 
 // maxConns is how many driver connections a connSet remembers; past it,
 // it forgets them all (what it knew is learnt again on each connection's

@@ -103,13 +103,8 @@ func (lk *Lock) Token(ctx context.Context) (int64, error) {
 	if t != 0 {
 		return t, nil
 	}
-	c, o, sub := lk.key.lockTag()
-	qerr := queryRow(ctx, lk.l.abandoned, lk.conn, sqltext.TokenSQL, []any{int64(c), int64(o), int64(sub)}, &t)
-	switch {
-	case errors.Is(qerr, sql.ErrNoRows):
-		return 0, fmt.Errorf("%w: %s: its session no longer holds it", ErrLockLost, lk.l.name(lk.key))
-	case qerr != nil:
-		return 0, fmt.Errorf("sqllock: token of %s: %w", lk.l.name(lk.key), qerr)
+	if t, err = lk.onSession(ctx, sqltext.TokenSQL); err != nil {
+		return 0, err
 	}
 	lk.mu.Lock()
 	defer lk.mu.Unlock()
@@ -120,6 +115,25 @@ func (lk *Lock) Token(ctx context.Context) (int64, error) {
 		lk.token = t
 	}
 	return lk.token, nil
+}
+
+// onSession runs q, a statement about the lock's tag ($1, $2, $3) that
+// answers one integer on the session that holds it and no row otherwise,
+// on the lock's own session. No row is the server's word that the lock is
+// lost: the lock is then marked lost, and the error wraps ErrLockLost.
+func (lk *Lock) onSession(ctx context.Context, q string) (int64, error) {
+	c, o, sub := lk.key.lockTag()
+	var v int64
+	err := queryRow(ctx, lk.l.abandoned, lk.conn, q, []any{int64(c), int64(o), int64(sub)}, &v)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		err = fmt.Errorf("its session (backend %d) no longer holds it", lk.pid)
+		lk.lose(err)
+		return 0, lk.Err()
+	case err != nil:
+		return 0, fmt.Errorf("sqllock: %s: %w", lk.l.name(lk.key), err)
+	}
+	return v, nil
 }
 
 // Done returns a channel that is closed when the lock is released or lost
@@ -322,6 +336,13 @@ func (lk *Lock) run(ctx context.Context, fn func(context.Context) error) (err er
 		stop()
 		cancel(nil)
 		if w := lk.l.cfg.holdAtLeast; w > 0 && time.Since(lk.since) < w {
+			// The release comes later; the server confirms now that fn
+			// ran under the lock, as an unlock would.
+			if _, cerr := lk.onSession(lk.l.unlockContext(), sqltext.HeldSQL); cerr != nil {
+				err = runError(err, cerr)
+				lk.Unlock(ctx)
+				return
+			}
 			if uerr := lk.UnlockAfter(w); uerr != nil && !errors.Is(uerr, ErrReleased) {
 				err = runError(err, uerr)
 			}

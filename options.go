@@ -202,7 +202,10 @@ func WithHolders() Option {
 // WithHoldAtLeast makes [Locker.Do] and [Locker.TryDo] hold their lock
 // until at least d after it was acquired, even when fn returns sooner: the
 // release happens in the background (see [Lock.UnlockAfter]), and Do
-// returns fn's error at once. For a job that several machines fire on the
+// returns as soon as the server has confirmed, in one round trip on the
+// lock's session, that the lock was still held when fn returned (if it was
+// not, Do returns an error matching [ErrLockLost], as an unlock would have
+// found it). For a job that several machines fire on the
 // same schedule, choose d between the largest skew of their clocks and
 // schedulers and the schedule's period (period minus a margin smaller than
 // period − skew): then exactly one machine runs each tick. 0 (the default)

@@ -422,9 +422,12 @@ WHERE l.locktype = 'advisory'
 //	3  done with the wait statement (cancelled, or granted)
 //
 // The backend is the caller's own abandoned connection, which no one else
-// can be using: whatever it is running is that wait statement.
+// can be using: whatever it is running is that wait statement, recognised
+// by the text every wait statement has (WaitSQL's lock_timeout, or
+// XactLockSQL's function); the patterns are split so that this statement
+// does not match itself on a connection that ran it before.
 const CancelWaitSQL = `SELECT coalesce((SELECT CASE
-   WHEN a.query NOT SIMILAR TO '%pg\_advisory\_(xact\_)?lock(\_shared)?\(%' THEN 1
+   WHEN strpos(a.query, 'set_config(''lock' || '_timeout''') = 0 AND strpos(a.query, 'FROM pg_advisory_xact' || '_lock') = 0 THEN 1
    WHEN a.state <> 'active' THEN 3
    ELSE 2 + 0 * pg_cancel_backend(a.pid)::int END
  FROM pg_catalog.pg_stat_activity a WHERE a.pid = $1::int4), 0)`
@@ -450,5 +453,11 @@ const OwnSQL = `SELECT pg_backend_pid(), l.classid::int8, l.objid::int8, l.objsu
 // too. It returns no row when the session does not hold the lock (any
 // more).
 const TokenSQL = `SELECT txid_current() FROM pg_catalog.pg_locks l
+ WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_backend_pid()
+  AND l.classid::int8 = $1::int8 AND l.objid::int8 = $2::int8 AND l.objsubid = $3::int4`
+
+// HeldSQL answers one row when the session that runs it holds the
+// session-level lock whose tag is ($1, $2, $3), and none otherwise.
+const HeldSQL = `SELECT 1::int8 FROM pg_catalog.pg_locks l
  WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_backend_pid()
   AND l.classid::int8 = $1::int8 AND l.objid::int8 = $2::int8 AND l.objsubid = $3::int4`
