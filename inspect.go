@@ -49,7 +49,6 @@ type HeldLock struct {
 	Semaphore string
 }
 
-
 // Inspect returns the advisory locks, held and awaited, in the current
 // database: pg_locks joined with pg_stat_activity, with keys decoded
 // correctly (a bigint key is classid<<32 | objid; reading objid alone is
