@@ -53,22 +53,11 @@
 //
 // # The traps it prevents
 //
-//   - A forgotten unlock: Do and TryDo always release; Unlock is safe to
-//     defer and to call twice, on a nil Lock, and with a cancelled context.
-//   - A lock that rides back into the pool: a Lock pins its connection and
-//     returns it only after a confirmed unlock (the poolguard package catches
-//     locks taken by hand).
-//   - A cancelled wait that is granted anyway: the outcome is never guessed;
-//     the connection is discarded and the error matches both
-//     [ErrNotAcquired] and the context's error.
-//   - Scattered, colliding keys: [Hash] gives 64-bit keys from names, and a
-//     [Registry] refuses two names for one key.
-//   - Keys decoded wrongly from pg_locks: Inspect rebuilds bigint keys from
-//     classid and objid.
-//   - Standbys and transaction poolers: locks on a standby fail with
-//     [ErrStandby]; a backend that changes under a lock gives
-//     [ErrSessionChanged]; servers without real advisory locks give
-//     [ErrUnsupportedServer].
+// A forgotten unlock, a lock that rides back into the pool, a cancelled
+// wait granted anyway, colliding keys, keys misread from pg_locks, locks
+// on a standby or behind a transaction pooler: docs/traps.md in the
+// repository says what each trap is and what this package does about it,
+// in one place.
 //
 // A lock key is not a secret and not an authorization: any role in the
 // database can take or wait on any key. Use namespaced keys per application.
