@@ -123,8 +123,9 @@ func (lk *Lock) Token(ctx context.Context) (int64, error) {
 // lost: the lock is then marked lost, and the error wraps ErrLockLost.
 func (lk *Lock) onSession(ctx context.Context, q string) (int64, error) {
 	c, o, sub := lk.key.lockTag()
+	q, args := lk.l.mode.TagArgs(q, int64(c), int64(o), sub)
 	var v int64
-	err := queryRow(ctx, lk.l.abandoned, lk.conn, q, []any{int64(c), int64(o), int64(sub)}, &v)
+	err := queryRow(ctx, lk.l.abandoned, lk.conn, q, args, &v)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		err = fmt.Errorf("its session (backend %d) no longer holds it", lk.pid)

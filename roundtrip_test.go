@@ -81,6 +81,22 @@ func TestRoundTrips(t *testing.T) {
 			perOp("LockTx, in an open transaction", map[string]float64{"postgres": 2, "pgx": 1}[drv], func() error { return sqllock.LockTx(bg(), tx, k) })
 			tx.Rollback()
 			perOp("Inspect", 1, func() error { _, err := sqllock.Inspect(bg(), db); return err })
+			// A fencing token: one round trip on first use, none after.
+			perOp("Lock + Token + Token + Unlock", 3, func() error {
+				lk, err := l.Lock(bg(), k)
+				if err != nil {
+					return err
+				}
+				for range 2 {
+					if _, err := lk.Token(bg()); err != nil {
+						return err
+					}
+				}
+				return lk.Unlock(bg())
+			})
+			// Who leads an election: one query, whoever asks.
+			e := l.Election(k)
+			perOp("Election.Leader", 1, func() error { _, err := e.Leader(bg()); return err })
 			s, err := l.Session(bg())
 			if err != nil {
 				t.Fatal(err)

@@ -461,3 +461,16 @@ const TokenSQL = `SELECT txid_current() FROM pg_catalog.pg_locks l
 const HeldSQL = `SELECT 1::int8 FROM pg_catalog.pg_locks l
  WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_backend_pid()
   AND l.classid::int8 = $1::int8 AND l.objid::int8 = $2::int8 AND l.objsubid = $3::int4`
+
+// TagArgs returns q (TokenSQL, HeldSQL), whose parameters are a lock tag
+// ($1 classid, $2 objid, $3 objsubid), with the tag bound, or, in Inline
+// mode, rendered into the text (lib/pq spends a round trip preparing any
+// statement with parameters).
+func (m Mode) TagArgs(q string, classid, objid int64, objsubid int) (string, []any) {
+	if m != Inline {
+		return q, []any{classid, objid, int64(objsubid)}
+	}
+	r := strings.NewReplacer("$1::int8", "("+strconv.FormatInt(classid, 10)+")::int8",
+		"$2::int8", "("+strconv.FormatInt(objid, 10)+")::int8", "$3::int4", strconv.Itoa(objsubid)+"::int4")
+	return r.Replace(q), nil
+}
