@@ -132,6 +132,18 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 				break
 			}
 		}
+		// A driver's own cancel can reach the server before the statement
+		// starts, and be lost (lib/pq sends one on a connection of its
+		// own): should the statement still run abandonGrace after ctx
+		// ended, the backend is cancelled from here.
+		var returned atomic.Bool
+		stop := context.AfterFunc(ctx, func() {
+			time.AfterFunc(abandonGrace, func() {
+				if !returned.Load() {
+					l.cancelWait(pid, k)
+				}
+			})
+		})
 		if lv == xactLevel {
 			q, args := l.mode.XactLockSQL(kind&^kindTry, k.sqlKey())
 			o.err = w.queryRow(ctx, q, args, &o.ok)
@@ -139,6 +151,8 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 			q, args := l.sql().WaitSQL(kind&^kindTry, k.sqlKey(), slice)
 			o.err = w.queryRow(ctx, q, args, &o.ok, &o.pid, &o.standby)
 		}
+		returned.Store(true)
+		stop()
 		if o.err == nil || ctxEnded(ctx) || !sliced {
 			break
 		}
