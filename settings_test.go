@@ -202,8 +202,8 @@ func TestLockTimeoutRule(t *testing.T) {
 		hold()
 		start := time.Now()
 		err = l.InTx(ctx, k, nil, func(*sql.Tx) error { return nil })
-		if !errors.Is(err, sqllock.ErrNotAcquired) || time.Since(start) > 800*time.Millisecond {
-			t.Fatalf("InTx under a 300ms lock_timeout = %v after %v, want ErrNotAcquired at about 300ms", err, time.Since(start))
+		if !errors.Is(err, sqllock.ErrNotAcquired) || time.Since(start) > 5*time.Second {
+			t.Fatalf("InTx under a 300ms lock_timeout = %v after %v, want ErrNotAcquired from the 300ms lock_timeout (without it, the holder releases at 900ms and InTx succeeds)", err, time.Since(start))
 		}
 		waitFree(t, db, k, 5*time.Second)
 	})
