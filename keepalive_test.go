@@ -39,6 +39,7 @@ func (s *syncBuffer) String() string {
 // Session.Lock must not stop the keep-alive from reporting another lock of
 // the same Locker lost, nor make Session.Err wait.
 func TestKeepAliveNotBlockedBySessionWait(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	const keepAlive = 200 * time.Millisecond
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
@@ -208,6 +209,7 @@ func TestKeepAliveBusyPoolIsNotLoss(t *testing.T) {
 // noticed makes Unlock return an error matching ErrLockLost, not a bare
 // driver error.
 func TestUnlockAfterTerminateIsLost(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		l := sqllock.New(db, sqllock.WithKeepAlive(0))
@@ -247,6 +249,7 @@ func TestUnlockAfterTerminateIsLost(t *testing.T) {
 // TestOrphanBoundSettings: a lock's session carries the orphan bound's TCP
 // settings, and none when the bound is off.
 func TestOrphanBoundSettings(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		for _, tc := range []struct {
 			db        *sql.DB

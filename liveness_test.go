@@ -89,6 +89,7 @@ func TestLostLockIsReported(t *testing.T) {
 // Lock.Conn() while a 5 ms keep-alive checks; the lock is never reported
 // lost and its session never changes.
 func TestKeepAliveNeverTouchesThePinnedConn(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		l := sqllock.New(db, sqllock.WithKeepAlive(5*time.Millisecond))
 		lk, err := l.Lock(bg(), sqllock.Int64(8))

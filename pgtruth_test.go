@@ -16,6 +16,7 @@ import (
 // and reads back from pg_locks how PostgreSQL stores each one. It is the
 // ground truth the key decoding in Inspect is built on.
 func TestLockTagGroundTruth(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	db := pgtest.Open(t, "pgx", srv.NewDatabase(t))
 	ctx := context.Background()

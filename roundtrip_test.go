@@ -16,6 +16,7 @@ import (
 // messages each operation sends that wait for the server's answer (Sync,
 // simple Query): a regression in the number of round trips fails here.
 func TestRoundTrips(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	dsn := srv.NewDatabase(t)
 	for _, drv := range drivers {

@@ -91,7 +91,7 @@ func TestSemaphoreProcesses(t *testing.T) {
 	t.Parallel()
 	run := 10 * time.Second
 	if testkit.Short() {
-		run = 3 * time.Second
+		run = time.Second
 	}
 	for _, drv := range drivers {
 		t.Run(drv, func(t *testing.T) {
@@ -154,7 +154,7 @@ func TestSemaphoreCancelRace(t *testing.T) {
 	t.Parallel()
 	calls := 10000
 	if testkit.Short() {
-		calls = 1000
+		calls = 400
 	}
 	const n, workers = 2, 8
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {

@@ -51,6 +51,7 @@ func manyKeys(n int, class int32) []sqllock.Key {
 }
 
 func TestSessionManyLocks(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	dsn := srv.NewDatabase(t)
 	db, counter := openCounting(t, dsn)
@@ -143,6 +144,7 @@ func TestSessionManyLocks(t *testing.T) {
 }
 
 func TestSessionLost(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		l := sqllock.New(db, sqllock.WithKeepAlive(50*time.Millisecond))
@@ -247,6 +249,7 @@ func TestSessionLockTableFull(t *testing.T) {
 // TestSessionUnlockRepeatedKey: a key given twice to UnlockMany is released
 // once, and the Session keeps its other locks.
 func TestSessionUnlockRepeatedKey(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		l := sqllock.New(db, sqllock.WithKeepAlive(0))
 		s, err := l.Session(bg())
@@ -285,6 +288,7 @@ func TestSessionUnlockRepeatedKey(t *testing.T) {
 // its watcher goroutine has run, panics ("attempt to set nil err"): a
 // Session.UnlockMany did that with one processor.
 func TestStatementRowsClosedOnce(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	dsn := srv.NewDatabase(t)
 	for _, drv := range drivers {

@@ -125,6 +125,7 @@ func setForRole(t *testing.T, srv *pgtest.Server, dsn, setting string) {
 // (PostgreSQL 14 and later; hosted services set it to reap idle sessions)
 // does not take a held lock: a session that holds one is idle by design.
 func TestIdleSessionTimeoutSparesHolders(t *testing.T) {
+	long(t) // waits through server timeouts on purpose
 	t.Parallel()
 	srv := pgtest.Start(t)
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
@@ -159,6 +160,7 @@ func TestIdleSessionTimeoutSparesHolders(t *testing.T) {
 // are statements of that transaction, and its lock_timeout ends them with
 // an error matching ErrNotAcquired.
 func TestLockTimeoutRule(t *testing.T) {
+	long(t) // waits through server timeouts on purpose
 	t.Parallel()
 	srv := pgtest.Start(t)
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {

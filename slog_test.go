@@ -45,6 +45,7 @@ func (c *capture) find(msg string) (map[string]slog.Value, slog.Level, bool) {
 }
 
 func TestLogEvents(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		logs := &capture{}
@@ -102,6 +103,7 @@ func TestLogEvents(t *testing.T) {
 // TestRegistryNamesInErrors: a Locker given a registry names keys in its
 // errors, not only in its log events.
 func TestRegistryNamesInErrors(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	db := pgtest.Open(t, "pgx", srv.NewDatabase(t))
 	reg := sqllock.NewRegistry()

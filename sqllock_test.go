@@ -287,6 +287,7 @@ func TestMutualExclusion(t *testing.T) {
 }
 
 func TestTryDoExactlyOne(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		const callers = 8
 		k := sqllock.Hash("cron:reindex_posts")
@@ -334,6 +335,7 @@ func TestTryDoExactlyOne(t *testing.T) {
 }
 
 func TestSmallPool(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		for _, size := range []int{1, 2} {
 			db.SetMaxOpenConns(size)
@@ -360,6 +362,7 @@ func TestSmallPool(t *testing.T) {
 }
 
 func TestDoReturnsErrorsAndUnlocksOnPanic(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		l := sqllock.New(db)
 		k := sqllock.Int64(77)
@@ -385,6 +388,7 @@ func TestDoReturnsErrorsAndUnlocksOnPanic(t *testing.T) {
 // in the pool; Unlock then ends that session so that the lock is released,
 // and says why.
 func TestConnClosedByCaller(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		db.SetMaxOpenConns(2)
 		observer := pgtest.Open(t, "pgx", dsn)

@@ -13,6 +13,7 @@ import (
 )
 
 func TestLockTxReleasedAtCommitAndRollback(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		k := sqllock.Int64(-42)
 		for _, end := range []string{"commit", "rollback"} {
@@ -59,6 +60,7 @@ func TestLockTxReleasedAtCommitAndRollback(t *testing.T) {
 }
 
 func TestSharedLockTx(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		k := sqllock.Pair(5, 5)
 		a, _ := db.BeginTx(bg(), nil)
@@ -82,6 +84,7 @@ func TestSharedLockTx(t *testing.T) {
 }
 
 func TestLockTxSqlx(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		xdb := sqlx.NewDb(db, "postgres")
 		tx, err := xdb.BeginTxx(bg(), nil)
@@ -106,6 +109,7 @@ func TestLockTxSqlx(t *testing.T) {
 }
 
 func TestInTx(t *testing.T) {
+	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		l := sqllock.New(db)
 		k := sqllock.Int64(9)
