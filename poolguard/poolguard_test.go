@@ -500,7 +500,5 @@ func TestEvasions(t *testing.T) {
 // in CI (CI=true), where every test runs.
 func long(t testing.TB) {
 	t.Helper()
-	if testkit.Short() {
-		t.Skip("long test: skipped under -short (CI runs it)")
-	}
+	testkit.Long(t)
 }

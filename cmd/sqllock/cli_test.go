@@ -468,9 +468,7 @@ func TestLibpqEnvironment(t *testing.T) {
 // in CI (CI=true), where every test runs.
 func long(t testing.TB) {
 	t.Helper()
-	if testkit.Short() {
-		t.Skip("long test: skipped under -short (CI runs it)")
-	}
+	testkit.Long(t)
 }
 
 // TestRunHelp: run -h names each flag once (short and long together), and
