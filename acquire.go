@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"reflect"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,7 +30,7 @@ func (l *Locker) withHolders(k Key, err error, keys ...Key) error {
 	if len(keys) == 0 {
 		keys = []Key{k}
 	}
-	hs, herr := Inspect(ctx, l.db, WithKeys(keys...), WithRegistry(l.cfg.registry))
+	hs, herr := Inspect(ctx, l.db, WithKeys(keys...), l.cfg.registry)
 	if herr != nil {
 		hs = nil
 	}
@@ -53,8 +54,10 @@ const acquireAttempts = 3
 //   - a Session's connection (Session.Lock): one wait statement, since the
 //     Session holds other locks and its waits must stay visible to
 //     PostgreSQL's deadlock detector;
-//   - InTx's transaction: try, then one wait statement, for the same
-//     reason (the transaction may hold other locks).
+//   - a transaction: InTx's (try, then one wait statement, for the same
+//     reason: the transaction may hold other locks), or the caller's
+//     (LockTx and kin: one statement, without a pool to cancel from; the
+//     caller's rollback ends the wait).
 //
 // In every case a wait knows its backend's pid, and when ctx ends during
 // it, the backend is taken out of the queue (cancelWait); the owner then
@@ -132,6 +135,10 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 				break
 			}
 		}
+		byDeadline := false
+		if lv == sessionLevel {
+			slice, byDeadline = deadlineSlice(ctx, slice)
+		}
 		// A driver's own cancel can reach the server before the statement
 		// starts, and be lost (lib/pq sends one on a connection of its
 		// own): should the statement still run abandonGrace after ctx
@@ -153,6 +160,12 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		}
 		returned.Store(true)
 		stop()
+		if byDeadline && sqlState(o.err) == "55P03" && !ctxEnded(ctx) {
+			// The server ended the wait just before ctx's deadline: not
+			// granted, for sure, and the session is intact.
+			o.err = errDeadline
+			break
+		}
 		if o.err == nil || ctxEnded(ctx) || !sliced {
 			break
 		}
@@ -186,6 +199,9 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		case <-done:
 		case <-time.After(abandonGrace):
 		}
+	case ctxEnded(ctx) && (o.err == nil || sqlState(o.err) != ""):
+		// The server answered the statement (granted, or an error of its
+		// own): the backend is in no queue; the owner's discard ends it.
 	case ctxEnded(ctx):
 		// The abandoned backend may still be queued for k (a driver that
 		// closes the socket sends no cancel request): take it out of the
@@ -193,6 +209,42 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		l.cancelWait(pid, k)
 	}
 	return o
+}
+
+// deadlineMargin is how long before ctx's deadline, left away, a wait
+// bounded by it asks the server to end: time for the server's answer to
+// come back before the driver gives the statement up (a tenth of what is
+// left, from 10 to 100 ms).
+func deadlineMargin(left time.Duration) time.Duration {
+	return min(max(left/10, 10*time.Millisecond), 100*time.Millisecond)
+}
+
+// errDeadline is the outcome of a wait that the server ended (lock_timeout)
+// just before ctx's deadline: not granted, the session intact.
+var errDeadline = errors.New("the wait ended at the context's deadline")
+
+// deadlineSlice bounds a wait's lock_timeout, slice ("0": none), by ctx's
+// deadline less deadlineMargin, and reports whether the deadline is the
+// bound. A wait that runs into its deadline in the client leaves its
+// outcome uncertain, which costs the session (a driver that gives a
+// statement up may close the connection anyway); one that the server ends
+// first is a certain "not granted", and the connection stays usable.
+func deadlineSlice(ctx context.Context, slice string) (string, bool) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return slice, false
+	}
+	left := time.Until(dl)
+	left -= deadlineMargin(left)
+	if left < time.Millisecond {
+		return slice, false
+	}
+	if slice != "0" {
+		if d, err := time.ParseDuration(slice); err == nil && d <= left {
+			return slice, false
+		}
+	}
+	return strconv.FormatInt(left.Milliseconds(), 10) + "ms", true
 }
 
 // settle turns the outcome of an acquisition on conn, a connection of the
@@ -205,6 +257,9 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 // in errors.
 func (l *Locker) settle(ctx context.Context, conn *sql.Conn, k Key, shared bool, o outcome, what string) (*Lock, error) {
 	switch {
+	case errors.Is(o.err, errDeadline):
+		conn.Close() // confirmed: this session holds nothing
+		return nil, notAcquired(what, context.DeadlineExceeded)
 	case ctxEnded(ctx):
 		l.discard(conn, k, "context ended during the lock statement")
 		if errors.Is(o.err, errAbandoned) {
@@ -242,7 +297,7 @@ func (l *Locker) withConn(ctx context.Context, what string, take func(conn *sql.
 		if err := ctx.Err(); err != nil {
 			return nil, notAcquired(what, err)
 		}
-		conn, err := getConn(ctx, l.abandoned, l.db)
+		conn, err := getConn(ctx, l.db)
 		if err != nil {
 			if ctxEnded(ctx) {
 				return nil, notAcquired(what, ctxErr(ctx))
@@ -322,11 +377,14 @@ const cancelWaitTimeout = 2 * time.Second
 // ends. It is best effort: when no connection can be had in time, the
 // server still releases the lock as the abandoned session ends.
 func (l *Locker) cancelWait(pid int64, k Key) {
+	if l.db == nil || pid == 0 {
+		return // the engine without a pool (LockTx), or no backend known
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), cancelWaitTimeout)
 	defer cancel()
 	// A connection and statements bounded like the lock's own: a server
 	// that stopped answering cannot hold this past its timeout.
-	conn, err := getConn(ctx, l.abandoned, l.db)
+	conn, err := getConn(ctx, l.db)
 	if err != nil {
 		return
 	}

@@ -66,23 +66,61 @@ func boundedRaw(ctx context.Context, blind *abandonSet, conn *sql.Conn, f func(d
 	return err
 }
 
-// getConn is db.Conn, bounded like boundedRaw for a blind driver: lib/pq
-// opened with sql.Open dials and logs in with no context at all (about two
-// minutes of SYN retries when the server stopped answering). A connection
-// that comes after the caller left goes back to the pool.
-func getConn(ctx context.Context, blind *abandonSet, db *sql.DB) (*sql.Conn, error) {
-	if blind == nil || ctx.Done() == nil {
+// getConn is db.Conn, except that a connection being set up for the
+// caller is not thrown away when ctx ends: the setup goes on (bounded by
+// connectTimeout), in the background, and the connection goes to the pool
+// for the next call. Under deadlines shorter than a connection's setup
+// (password authentication on a busy server), calls that abort their own
+// setups would otherwise never get a connection at all. It also bounds a
+// driver that dials with no context (lib/pq opened with sql.Open: about two
+// minutes of SYN retries when the server stopped answering). When the pool
+// has an idle connection, it is db.Conn.
+func getConn(ctx context.Context, db *sql.DB) (*sql.Conn, error) {
+	if ctx.Done() == nil || db.Stats().Idle > 0 {
 		return db.Conn(ctx)
 	}
-	return leaveAtEnd(ctx,
-		func(func() bool) (*sql.Conn, error) { return db.Conn(ctx) },
-		func() {},
-		func(conn *sql.Conn, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	type result struct {
+		conn *sql.Conn
+		err  error
+	}
+	res := make(chan result, 1)
+	var mu sync.Mutex
+	gone := false // guarded by mu: the caller left
+	go func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), connectTimeout)
+		defer cancel()
+		conn, err := db.Conn(cctx)
+		mu.Lock()
+		defer mu.Unlock()
+		if gone {
 			if err == nil {
 				conn.Close()
 			}
-		})
+			return
+		}
+		res <- result{conn, err}
+	}()
+	select {
+	case r := <-res:
+		return r.conn, r.err
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case r := <-res:
+		return r.conn, r.err
+	default:
+		gone = true
+		return nil, ctx.Err()
+	}
 }
+
+// connectTimeout bounds the setup of a connection whose caller left.
+const connectTimeout = 30 * time.Second
 
 // leaveAtEnd runs work in a goroutine and returns its result, or, when it
 // has not returned abandonGrace after ctx ended, an error wrapping

@@ -42,7 +42,7 @@ func TestChaos(t *testing.T) {
 			dsn := srv.NewDatabase(t)
 			db := pgtest.Open(t, drv, dsn)
 			l := sqllock.New(db, sqllock.WithKeepAlive(100*time.Millisecond), sqllock.WithOrphanBound(4*time.Second))
-			windowed := sqllock.New(db, sqllock.WithKeepAlive(100*time.Millisecond), sqllock.WithHoldAtLeast(30*time.Millisecond))
+			windowed := sqllock.New(db, sqllock.WithKeepAlive(100*time.Millisecond))
 			sem := l.Semaphore("chaos", 2)
 			keys := []sqllock.Key{sqllock.Int64(1), sqllock.Int64(2), sqllock.Pair(3, 4)}
 
@@ -97,7 +97,7 @@ func TestChaos(t *testing.T) {
 							}
 						case 2:
 							s.on = k.String()
-							err = windowed.Do(ctx, k, body)
+							err = windowed.Do(ctx, k, body, sqllock.WithHoldAtLeast(30*time.Millisecond))
 						case 3:
 							s.on = "semaphore"
 							var p *sqllock.Lock

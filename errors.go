@@ -25,7 +25,7 @@ var (
 
 	// ErrReleased is returned by the methods of a Lock (or Session) that was
 	// already released, and by Unlock on a nil Lock.
-	ErrReleased = errors.New("sqllock: lock already released")
+	ErrReleased = errors.New("sqllock: lock released")
 
 	// ErrLockLost is wrapped by Lock.Err, and by Unlock, when the lock is no
 	// longer held although it was never released: the session died, the
@@ -52,12 +52,12 @@ var (
 	// ErrLockTableFull is returned when the server's shared lock table is
 	// exhausted (SQLSTATE 53200, "out of shared memory"); raise
 	// max_locks_per_transaction or hold fewer locks at once.
-	ErrLockTableFull = errors.New("sqllock: server lock table is full")
+	ErrLockTableFull = errors.New("sqllock: lock table full")
 
 	// ErrUnsupportedServer is returned when the server does not implement
 	// PostgreSQL advisory locks (for example CockroachDB, whose advisory
 	// lock functions do not lock anything).
-	ErrUnsupportedServer = errors.New("sqllock: server does not support PostgreSQL advisory locks")
+	ErrUnsupportedServer = errors.New("sqllock: unsupported server")
 
 	// ErrInvalidKey is returned by ParseKey for malformed text and by every
 	// call given the zero Key.
@@ -135,6 +135,9 @@ func lockError(k string, err error) error {
 // exposes one (lib/pq and pgx both do), and otherwise recognises the two
 // messages this package cares about.
 func sqlState(err error) string {
+	if err == nil {
+		return ""
+	}
 	var s interface{ SQLState() string }
 	if errors.As(err, &s) {
 		return s.SQLState()

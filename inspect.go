@@ -22,7 +22,7 @@ type Querier interface {
 // HeldLock is one advisory lock, held or awaited, as [Inspect] reports it.
 type HeldLock struct {
 	Key             Key
-	Name            string // from the registry given with WithRegistry, else ""
+	Name            string // from the Registry given to Inspect, else ""
 	Shared          bool
 	Granted         bool // false: still waiting
 	PID             int  // 0 for a lock of a prepared transaction
@@ -45,7 +45,7 @@ type HeldLock struct {
 	// Waiters is, for a held lock, how many sessions wait for its key.
 	Waiters int
 	// Semaphore names the semaphore whose slot the key is, when the
-	// registry given with WithRegistry knows it (RegisterSemaphore).
+	// Registry given to Inspect knows it (RegisterSemaphore).
 	Semaphore string
 }
 

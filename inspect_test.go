@@ -57,7 +57,7 @@ func TestInspect(t *testing.T) {
 		}()
 		testkit.WaitWaiters(t, db, neg, 1)
 
-		locks, err := sqllock.Inspect(bg(), db, sqllock.WithRegistry(reg))
+		locks, err := sqllock.Inspect(bg(), db, reg)
 		if err != nil {
 			t.Fatal(err)
 		}

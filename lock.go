@@ -329,14 +329,15 @@ func discardConn(conn *sql.Conn) {
 }
 
 // run calls fn with a context that ends when ctx does or the lock is lost,
-// then unlocks, even if fn panics.
-func (lk *Lock) run(ctx context.Context, fn func(context.Context) error) (err error) {
+// then unlocks, even if fn panics; with a hold window w, no sooner than w
+// after the lock was taken.
+func (lk *Lock) run(ctx context.Context, fn func(context.Context) error, w time.Duration) (err error) {
 	fctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(lk.context(), func() { cancel(lk.Err()) })
 	defer func() {
 		stop()
 		cancel(nil)
-		if w := lk.l.cfg.holdAtLeast; w > 0 && time.Since(lk.since) < w {
+		if w > 0 && time.Since(lk.since) < w {
 			// The release comes later; the server confirms now that fn
 			// ran under the lock, as an unlock would.
 			if _, cerr := lk.onSession(lk.l.unlockContext(), sqltext.HeldSQL); cerr != nil {

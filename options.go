@@ -20,7 +20,6 @@ type config struct {
 	appName       string
 	forceAppName  bool // an Election's candidates: their value is their name
 	holders       bool
-	holdAtLeast   time.Duration
 	observers     []Observer
 }
 
@@ -199,43 +198,12 @@ func WithHolders() Option {
 	return optionFunc(func(c *config) { c.holders = true })
 }
 
-// WithHoldAtLeast makes [Locker.Do] and [Locker.TryDo] hold their lock
-// until at least d after it was acquired, even when fn returns sooner: the
-// release happens in the background (see [Lock.UnlockAfter]), and Do
-// returns as soon as the server has confirmed, in one round trip on the
-// lock's session, that the lock was still held when fn returned (if it was
-// not, Do returns an error matching [ErrLockLost], as an unlock would have
-// found it). For a job that several machines fire on the
-// same schedule, choose d between the largest skew of their clocks and
-// schedulers and the schedule's period (period minus a margin smaller than
-// period − skew): then exactly one machine runs each tick. 0 (the default)
-// releases as fn returns. A negative d is an error (see [CheckOptions]).
-func WithHoldAtLeast(d time.Duration) Option {
-	return optionFunc(func(c *config) {
-		if d < 0 {
-			c.errs = append(c.errs, fmt.Errorf("sqllock: WithHoldAtLeast(%v): negative window", d))
-		}
-		c.holdAtLeast = d
-	})
-}
-
 // WithLogger sends the Locker's events to l: waiting, acquired (with the
 // wait), released (with the hold time) at Debug level; lost locks and
 // discarded connections at Warn level. The default logs nothing.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(c *config) { c.logger = l })
 }
-
-// WithRegistry names keys with r: for a Locker (given to [New]), in log
-// events and errors; for [Inspect], in [HeldLock].Name.
-func WithRegistry(r *Registry) RegistryOption { return RegistryOption{r} }
-
-// RegistryOption is the option [WithRegistry] returns: both an [Option]
-// and an [InspectOption].
-type RegistryOption struct{ r *Registry }
-
-func (o RegistryOption) apply(c *config)               { c.registry = o.r }
-func (o RegistryOption) applyInspect(c *inspectConfig) { c.registry = o.r }
 
 // WithAllowStandby lets the Locker take locks on a hot standby. This is
 // dangerous: a standby's advisory locks do not conflict with the primary's,
@@ -245,7 +213,7 @@ func WithAllowStandby() Option {
 	return optionFunc(func(c *config) { c.allowStandby = true })
 }
 
-// InspectOption configures [Inspect]: [WithRegistry] and [WithKeys].
+// InspectOption configures [Inspect]: [WithKeys], or a [*Registry].
 type InspectOption interface{ applyInspect(*inspectConfig) }
 
 type inspectConfig struct {
@@ -282,4 +250,47 @@ func validAppName(name string) bool {
 		}
 	}
 	return true
+}
+
+// DoOption configures one call of [Locker.Do] or [Locker.TryDo]: a task's
+// own settings, such as its hold window.
+type DoOption interface{ applyDo(*doConfig) }
+
+type doConfig struct {
+	holdAtLeast time.Duration
+}
+
+type doOptionFunc func(*doConfig)
+
+func (f doOptionFunc) applyDo(c *doConfig) { f(c) }
+
+// WithHoldAtLeast makes this call of [Locker.Do] or [Locker.TryDo] hold
+// its lock until at least d after it was acquired, even when fn returns
+// sooner: the release happens in the background (see [Lock.UnlockAfter]),
+// and Do returns as soon as the server has confirmed, in one round trip on
+// the lock's session, that the lock was still held when fn returned (if it
+// was not, Do returns an error matching [ErrLockLost], as an unlock would
+// have found it). For a job that several machines fire on the same
+// schedule, choose d between the largest skew of their clocks and
+// schedulers and the schedule's period (period minus a margin smaller than
+// period − skew): then exactly one machine runs each tick. The window
+// belongs to the task, so tasks of different schedules share one Locker.
+// 0 (the default) releases as fn returns; a negative d makes Do return an
+// error before taking the lock.
+func WithHoldAtLeast(d time.Duration) DoOption {
+	return doOptionFunc(func(c *doConfig) { c.holdAtLeast = d })
+}
+
+// newDoConfig applies opts, or says which value it refuses.
+func newDoConfig(opts []DoOption) (doConfig, error) {
+	var c doConfig
+	for _, o := range opts {
+		if o != nil {
+			o.applyDo(&c)
+		}
+	}
+	if c.holdAtLeast < 0 {
+		return c, fmt.Errorf("sqllock: WithHoldAtLeast(%v): negative window", c.holdAtLeast)
+	}
+	return c, nil
 }

@@ -94,7 +94,6 @@ func TestOptionsAdapt(t *testing.T) {
 		{[]Option{WithKeepAlive(-time.Second)}, "negative"},
 		{[]Option{WithOrphanBound(-time.Second)}, "negative"},
 		{[]Option{WithUnlockTimeout(0)}, "bounded"},
-		{[]Option{WithHoldAtLeast(-time.Second)}, "negative"},
 		{[]Option{WithApplicationName("it's")}, "printable ASCII"},
 	}
 	for _, b := range bad {

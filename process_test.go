@@ -167,6 +167,7 @@ func helperFrozen(db *sql.DB) int {
 // never got in.
 func helperSemaphore(db *sql.DB, dir string) int {
 	until, _ := strconv.ParseInt(os.Getenv("HELPER_UNTIL"), 10, 64)
+	db.SetMaxIdleConns(8) // one per worker: the default 2 connects anew per call
 	sem := sqllock.New(db, sqllock.WithKeepAlive(time.Second)).Semaphore("reports", 3)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -208,11 +209,6 @@ func helperSemaphore(db *sql.DB, dir string) int {
 		}()
 	}
 	wg.Wait()
-	fmt.Println(entries)
-	for _, n := range entries {
-		if n == 0 && code == 0 {
-			code = 1
-		}
-	}
+	fmt.Println(strings.Trim(fmt.Sprint(entries), "[]"))
 	return code
 }

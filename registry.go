@@ -9,8 +9,12 @@ import (
 // Registry is a team's list of named locks: one place that says which key
 // means what. Register refuses a second use of a name and, more
 // importantly, a second name for the same key, so two jobs can never share a
-// lock by accident. Inspect and the sqllock command use a Registry to print
-// names next to keys.
+// lock by accident.
+//
+// A *Registry is also an option of [New] and of [Inspect]: given to New
+// (sqllock.New(db, reg)), the Locker names keys with it in errors, events
+// and logs; given to Inspect, it fills [HeldLock].Name and the semaphore
+// fields.
 //
 // A Registry is safe for concurrent use. The zero value is not usable; call
 // [NewRegistry].
@@ -26,6 +30,12 @@ type semaphoreRef struct {
 	name string
 	n    int
 }
+
+// apply makes r an [Option] of [New].
+func (r *Registry) apply(c *config) { c.registry = r }
+
+// applyInspect makes r an [InspectOption].
+func (r *Registry) applyInspect(c *inspectConfig) { c.registry = r }
 
 // NewRegistry returns an empty Registry.
 func NewRegistry() *Registry {

@@ -50,7 +50,7 @@ func TestSemaphoreBasics(t *testing.T) {
 		if err := reg.RegisterSemaphore("exports", 3); err != nil {
 			t.Fatal(err)
 		}
-		locks, err := sqllock.Inspect(bg(), db, sqllock.WithRegistry(reg))
+		locks, err := sqllock.Inspect(bg(), db, reg)
 		if err != nil || len(locks) != 3 {
 			t.Fatalf("Inspect = %v, %v", locks, err)
 		}
@@ -86,7 +86,8 @@ func TestSemaphoreBasics(t *testing.T) {
 // TestSemaphoreProcesses: 3 OS processes × 8 goroutines share a semaphore
 // of 3 slots, with waits whose deadlines race the releases: never more
 // than 3 inside (checked by the workers, and by pg_locks from here), every
-// worker gets in, and no slot stays held.
+// worker gets in (every process, in the one-second run of -short), and
+// no slot stays held.
 func TestSemaphoreProcesses(t *testing.T) {
 	t.Parallel()
 	run := 10 * time.Second
@@ -135,6 +136,22 @@ func TestSemaphoreProcesses(t *testing.T) {
 				t.Logf("process %d: %s", i, bytes.TrimSpace(outs[i].Bytes()))
 				if err != nil {
 					t.Errorf("process %d: %v: %s", i, err, outs[i].String())
+					continue
+				}
+				lines := strings.Split(strings.TrimSpace(outs[i].String()), "\n")
+				got := 0
+				for j, f := range strings.Fields(lines[len(lines)-1]) {
+					n, err := strconv.Atoi(f)
+					if err != nil {
+						t.Fatalf("process %d: entries %q: %v", i, lines[len(lines)-1], err)
+					}
+					got += n
+					if n == 0 && !testkit.Short() {
+						t.Errorf("process %d: worker %d never got in", i, j)
+					}
+				}
+				if got == 0 {
+					t.Errorf("process %d: no worker got in", i)
 				}
 			}
 			t.Logf("most slots held at once, as pg_locks showed them: %d", most)

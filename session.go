@@ -55,7 +55,7 @@ type Session struct {
 // not a standby (unless WithAllowStandby) in the same round trip that learns
 // the backend pid. ctx bounds only this call.
 func (l *Locker) Session(ctx context.Context) (*Session, error) {
-	conn, err := getConn(ctx, l.abandoned, l.db)
+	conn, err := getConn(ctx, l.db)
 	if err != nil {
 		return nil, fmt.Errorf("sqllock: session: get connection: %w", err)
 	}
@@ -89,11 +89,14 @@ func (s *Session) TryLock(ctx context.Context, k Key) (bool, error) {
 }
 
 // Lock takes k, waiting while another session holds it; a key the Session
-// already holds is not taken twice (Lock returns nil). Because a
-// cancelled wait may still be granted, a ctx that ends during the wait ends
-// the whole Session (all its locks are released by the server) and Lock
-// returns an error matching [ErrNotAcquired] and ctx.Err(). Prefer TryLock
-// in a Session whose other locks matter.
+// already holds is not taken twice (Lock returns nil). A ctx with a
+// deadline bounds the wait in the server, which ends it just before the
+// deadline: Lock then returns an error matching [ErrNotAcquired] and
+// context.DeadlineExceeded, and the Session keeps its locks. Because a
+// wait the client gives up may still be granted, a ctx cancelled during the
+// wait (or a deadline too close to call) ends the whole Session (all its
+// locks are released by the server), with the same error. Prefer TryLock,
+// or a deadline, in a Session whose other locks matter.
 //
 // While Lock waits, the keep-alive keeps watching the Session's other
 // locks, and Err, Held and Done answer at once.
@@ -115,6 +118,8 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 	// PostgreSQL's deadlock detector (the Session holds other locks).
 	o := s.l.waitOn(ctx, connWaiter{s.conn, s.l.abandoned}, sessionLevel, 0, k, s.pid, false, false)
 	switch {
+	case errors.Is(o.err, errDeadline):
+		return notAcquired(s.l.name(k), context.DeadlineExceeded)
 	case ctxEnded(ctx):
 		s.loseLocked(fmt.Errorf("a blocking Lock of %s was cancelled: %w", s.l.name(k), ctxErr(ctx)))
 		return notAcquired(s.l.name(k), ctxErr(ctx))

@@ -51,7 +51,7 @@ func TestLogEvents(t *testing.T) {
 		logs := &capture{}
 		reg := sqllock.NewRegistry()
 		k := reg.MustRegister("cron:reindex_posts", sqllock.Int64(11))
-		l := sqllock.New(db, sqllock.WithLogger(slog.New(logs)), sqllock.WithRegistry(reg), sqllock.WithKeepAlive(50*time.Millisecond))
+		l := sqllock.New(db, sqllock.WithLogger(slog.New(logs)), reg, sqllock.WithKeepAlive(50*time.Millisecond))
 		lk, err := l.Lock(bg(), k)
 		if err != nil {
 			t.Fatal(err)
@@ -108,13 +108,13 @@ func TestRegistryNamesInErrors(t *testing.T) {
 	db := pgtest.Open(t, "pgx", srv.NewDatabase(t))
 	reg := sqllock.NewRegistry()
 	k := reg.MustRegisterHash("cron:nightly_export")
-	l := sqllock.New(db, sqllock.WithRegistry(reg), sqllock.WithKeepAlive(0))
+	l := sqllock.New(db, reg, sqllock.WithKeepAlive(0))
 	lk, err := l.Lock(bg(), k)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lk.Unlock(bg())
-	l2 := sqllock.New(db, sqllock.WithRegistry(reg))
+	l2 := sqllock.New(db, reg)
 	if _, err := l2.TryLock(bg(), k); !errors.Is(err, sqllock.ErrNotAcquired) || !strings.Contains(err.Error(), `"cron:nightly_export"`) {
 		t.Fatalf("TryLock of a held key = %v, want ErrNotAcquired naming cron:nightly_export", err)
 	}

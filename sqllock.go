@@ -125,20 +125,29 @@ func (l *Locker) TryRLock(ctx context.Context, k Key) (*Lock, error) {
 // lock is lost while fn runs: fn should then stop and return ctx.Err() (or
 // context.Cause(ctx), which is the loss itself). Do returns the error of
 // acquiring the lock, or fn's error combined with the unlock's in one error
-// that matches both (a lost lock matches [ErrLockLost]).
-func (l *Locker) Do(ctx context.Context, k Key, fn func(ctx context.Context) error) error {
+// that matches both (a lost lock matches [ErrLockLost]). opts are this
+// task's own settings ([WithHoldAtLeast]).
+func (l *Locker) Do(ctx context.Context, k Key, fn func(ctx context.Context) error, opts ...DoOption) error {
+	c, err := newDoConfig(opts)
+	if err != nil {
+		return err
+	}
 	lk, err := l.Lock(ctx, k)
 	if err != nil {
 		return err
 	}
-	return lk.run(ctx, fn)
+	return lk.run(ctx, fn, c.holdAtLeast)
 }
 
 // TryDo runs fn while holding the exclusive lock k if it is free, the cron
 // pattern: when another session holds k it returns
 // (false, nil) at once without running fn. Otherwise it behaves like
 // [Locker.Do] and returns ran = true.
-func (l *Locker) TryDo(ctx context.Context, k Key, fn func(ctx context.Context) error) (ran bool, err error) {
+func (l *Locker) TryDo(ctx context.Context, k Key, fn func(ctx context.Context) error, opts ...DoOption) (ran bool, err error) {
+	c, err := newDoConfig(opts)
+	if err != nil {
+		return false, err
+	}
 	lk, err := l.TryLock(ctx, k)
 	if err != nil {
 		if errors.Is(err, ErrNotAcquired) && ctx.Err() == nil {
@@ -146,7 +155,7 @@ func (l *Locker) TryDo(ctx context.Context, k Key, fn func(ctx context.Context) 
 		}
 		return false, err
 	}
-	return true, lk.run(ctx, fn)
+	return true, lk.run(ctx, fn, c.holdAtLeast)
 }
 
 // regName returns k's registry name, or "".

@@ -3,6 +3,7 @@ package sqllock_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,7 +17,7 @@ import (
 // runTicks runs schedulers that fire the same 10 ms job with TryDo every
 // period, each at its own offset, for ticks ticks, and returns how many
 // schedulers ran each tick.
-func runTicks(t *testing.T, drv, dsn string, offsets []time.Duration, period time.Duration, ticks int, opts ...sqllock.Option) []int {
+func runTicks(t *testing.T, drv, dsn string, offsets []time.Duration, period time.Duration, ticks int, opts ...sqllock.DoOption) []int {
 	t.Helper()
 	k := sqllock.Hash("cron:every-tick")
 	runs := make([]int, ticks)
@@ -24,7 +25,7 @@ func runTicks(t *testing.T, drv, dsn string, offsets []time.Duration, period tim
 	start := time.Now().Add(200 * time.Millisecond).Truncate(10 * time.Millisecond)
 	var wg sync.WaitGroup
 	for _, off := range offsets {
-		l := sqllock.New(pgtest.Open(t, drv, dsn), opts...)
+		l := sqllock.New(pgtest.Open(t, drv, dsn))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -33,7 +34,7 @@ func runTicks(t *testing.T, drv, dsn string, offsets []time.Duration, period tim
 				ran, err := l.TryDo(bg(), k, func(context.Context) error {
 					time.Sleep(10 * time.Millisecond)
 					return nil
-				})
+				}, opts...)
 				if err != nil {
 					t.Errorf("tick %d: TryDo: %v", tick, err)
 				}
@@ -133,5 +134,29 @@ func TestUnlockAfter(t *testing.T) {
 	}
 	if err := lk.UnlockAfter(time.Second); err == nil {
 		t.Fatal("UnlockAfter of a released lock = nil")
+	}
+}
+
+// TestHoldWindowRefused: a negative window is an error of the call, before
+// any lock is taken or fn runs.
+func TestHoldWindowRefused(t *testing.T) {
+	srv := pgtest.Start(t)
+	db := pgtest.Open(t, "pgx", srv.NewDatabase(t))
+	l := sqllock.New(db)
+	ran := false
+	fn := func(context.Context) error { ran = true; return nil }
+	err := l.Do(bg(), sqllock.Int64(1), fn, sqllock.WithHoldAtLeast(-time.Second))
+	if err == nil || !strings.Contains(err.Error(), "negative window") {
+		t.Errorf("Do(WithHoldAtLeast(-1s)) = %v, want a negative-window error", err)
+	}
+	did, err := l.TryDo(bg(), sqllock.Int64(1), fn, sqllock.WithHoldAtLeast(-time.Second))
+	if did || err == nil || !strings.Contains(err.Error(), "negative window") {
+		t.Errorf("TryDo(WithHoldAtLeast(-1s)) = %v, %v, want false and a negative-window error", did, err)
+	}
+	if ran {
+		t.Errorf("fn ran")
+	}
+	if st := l.Stats(); st.Acquired != 0 {
+		t.Errorf("Stats().Acquired = %d, want 0", st.Acquired)
 	}
 }

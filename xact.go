@@ -51,8 +51,12 @@ func TryRLockTx(ctx context.Context, tx Tx, k Key) (bool, error) {
 	return lockTx(ctx, tx, k, kindTry|kindShared)
 }
 
-// lockTx takes a transaction-level lock of kind in tx. It binds the key as
-// a parameter, which every driver accepts.
+// lockTx takes a transaction-level lock of kind in tx, through the engine
+// without a Locker: with no pool to cancel an abandoned wait from, a wait
+// is one statement (no try first: its pid would serve nothing), ended by
+// ctx through the driver; the caller's rollback, which the doc requires
+// after a ctx that ended, takes the backend out of the queue. The key is
+// bound as a parameter, which every driver accepts.
 func lockTx(ctx context.Context, tx Tx, k Key, kind lockKind) (bool, error) {
 	if err := k.valid(); err != nil {
 		return false, err
@@ -63,16 +67,21 @@ func lockTx(ctx context.Context, tx Tx, k Key, kind lockKind) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, notAcquired(k.String(), err)
 	}
-	q, args := bindKeys.XactLockSQL(kind, k.sqlKey())
-	var ok bool
-	err := tx.QueryRowContext(ctx, q, args...).Scan(&ok)
-	if ctxEnded(ctx) {
-		return false, notAcquired(k.String(), ctxErr(ctx))
+	e := poolless()
+	var o outcome
+	if kind.IsTry() {
+		o = e.tryOn(ctx, txWaiter{tx}, xactLevel, kind, k)
+	} else {
+		o = e.waitOn(ctx, txWaiter{tx}, xactLevel, kind, k, 0, false, false)
 	}
-	if err != nil {
-		return false, lockError(k.String(), err)
-	}
-	return ok, nil
+	return o.ok, e.settleTx(ctx, k, o)
+}
+
+// poolless is the engine for the calls that have no Locker (LockTx and
+// kin): binding keys, logging nothing, and cancelling no wait.
+func poolless() *Locker {
+	cfg, _ := newConfig(nil)
+	return &Locker{cfg: cfg, mode: bindKeys}
 }
 
 // isNil reports whether v is nil, or an interface holding a nil pointer
@@ -158,6 +167,13 @@ func (l *Locker) lockInTx(ctx context.Context, tx Tx, k Key) error {
 	if o.err == nil && !o.ok {
 		o = l.waitOn(ctx, w, xactLevel, 0, k, o.pid, false, false)
 	}
+	return l.settleTx(ctx, k, o)
+}
+
+// settleTx turns the outcome of a transaction-level acquisition into the
+// call's error: a ctx that ended is "not acquired" whatever the driver said
+// (the caller rolls the transaction back, which releases what it holds).
+func (l *Locker) settleTx(ctx context.Context, k Key, o outcome) error {
 	if ctxEnded(ctx) {
 		return notAcquired(l.name(k), ctxErr(ctx))
 	}

@@ -159,6 +159,11 @@ func expectUnlock(mock sqlmock.Sqlmock, shared bool, k sqllock.Key) *sqlmock.Exp
 }
 
 func expectXact(mock sqlmock.Sqlmock, kind sqltext.Kind, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
+	if kind.IsTry() {
+		q, args := sqltext.Bind.XactTryPIDSQL(kind, key(k))
+		return mock.ExpectQuery(exact(q)).WithArgs(values(args)...).
+			WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid"}).AddRow(acquired, PID))
+	}
 	q, args := sqltext.Bind.XactLockSQL(kind, key(k))
 	return mock.ExpectQuery(exact(q)).WithArgs(values(args)...).
 		WillReturnRows(sqlmock.NewRows([]string{"acquired"}).AddRow(acquired))

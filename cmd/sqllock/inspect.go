@@ -44,7 +44,7 @@ func inspectCmd(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return fail(exitUsage, "inspect: %v", err)
 		}
-		opts = append(opts, sqllock.WithRegistry(reg))
+		opts = append(opts, reg)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

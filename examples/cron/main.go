@@ -48,7 +48,7 @@ func run(ctx context.Context, w io.Writer, work time.Duration) error {
 		return err
 	}
 	defer db.Close()
-	locker := sqllock.New(db, sqllock.WithRegistry(locks))
+	locker := sqllock.New(db, locks)
 
 	// Three cron runs start at the same moment, as if on three machines.
 	results := make([]bool, 3)

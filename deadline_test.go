@@ -1,0 +1,89 @@
+package sqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/pgtest"
+)
+
+// TestDeadlineKeptByServer: a wait that reaches its context's deadline is
+// ended by the server just before it, so its outcome is certain: the call
+// returns ErrNotAcquired and DeadlineExceeded, the Locker's connection goes
+// back to the pool (the next lock runs on the same backend), and a Session
+// keeps the locks it held.
+func TestDeadlineKeptByServer(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		db.SetMaxOpenConns(1)
+		db.SetMaxIdleConns(1)
+		l := sqllock.New(db, sqllock.WithKeepAlive(0))
+		holder := sqllock.New(pgtest.Open(t, "pgx", dsn))
+		busy := sqllock.Int64(77)
+		hl, err := holder.Lock(bg(), busy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer hl.Unlock(bg())
+
+		first, err := l.TryLock(bg(), sqllock.Int64(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid := first.PID()
+		if err := first.Unlock(bg()); err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range []time.Duration{30 * time.Millisecond, 300 * time.Millisecond} {
+			ctx, cancel := context.WithTimeout(bg(), d)
+			start := time.Now()
+			_, err := l.Lock(ctx, busy)
+			took := time.Since(start)
+			cancel()
+			if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Lock(deadline %v) = %v, want ErrNotAcquired and DeadlineExceeded", d, err)
+			}
+			if took > d+time.Second {
+				t.Errorf("Lock(deadline %v) returned after %v", d, took)
+			}
+			next, err := l.TryLock(bg(), sqllock.Int64(2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if next.PID() != pid {
+				t.Errorf("after a wait ended at its deadline (%v), the next lock ran on backend %d, want %d (the connection was discarded)", d, next.PID(), pid)
+			}
+			if err := next.Unlock(bg()); err != nil {
+				t.Fatal(err)
+			}
+		}
+
+		db.SetMaxOpenConns(0)
+		s, err := l.Session(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(bg())
+		mine := sqllock.Int64(5)
+		if err := s.Lock(bg(), mine); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(bg(), 200*time.Millisecond)
+		err = s.Lock(ctx, busy)
+		cancel()
+		if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Session.Lock(deadline) = %v, want ErrNotAcquired and DeadlineExceeded", err)
+		}
+		if err := s.Err(); err != nil {
+			t.Fatalf("Session.Err() = %v after a wait ended at its deadline, want nil", err)
+		}
+		if !slices.Contains(s.Held(), mine) || !slices.Contains(holders(t, db, mine), s.PID()) {
+			t.Errorf("the Session no longer holds %v: Held() = %v", mine, s.Held())
+		}
+	})
+}
