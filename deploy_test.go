@@ -151,7 +151,7 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 
 	t.Run("session locks: swap detected", func(t *testing.T) {
 		db := pgtest.Open(t, "postgres", bdsn)
-		l := sqllock.New(db, sqllock.WithKeepAlive(0))
+		l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0))
 		var ok, detected, other atomic.Int64
 		var wg sync.WaitGroup
 		for g := 0; g < 8; g++ {

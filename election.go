@@ -63,6 +63,7 @@ func (e *Election) candidate(value string) *Locker {
 	c := New(e.l.db)
 	c.cfg = e.l.cfg
 	c.cfg.appName, c.cfg.forceAppName = ElectionPrefix+value, true
+	c.cfg.dedicated = true // the value is the session's own name
 	c.observers = e.l.observers
 	return c
 }

@@ -133,7 +133,7 @@ func TestEveryEndIsEmitted(t *testing.T) {
 	srv := pgtest.Start(t)
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		obs := &counting{}
-		l := sqllock.New(db, sqllock.WithObserver(obs), sqllock.WithKeepAlive(100*time.Millisecond))
+		l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithObserver(obs), sqllock.WithKeepAlive(100*time.Millisecond))
 		check := func(step string) {
 			t.Helper()
 			if g, h := obs.gauge(), l.Stats().Held; g != h || h != 0 {
@@ -195,7 +195,7 @@ func TestFailedUnlocksEndTheirLocks(t *testing.T) {
 	var held, discarded int64
 	for i := range 3 {
 		db, mock := newMock(t) // one connection each: a discarded one is gone
-		l := sqllock.New(db, sqllock.WithObserver(obs), sqllock.WithKeepAlive(0))
+		l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithObserver(obs), sqllock.WithKeepAlive(0))
 		sqllockmock.ExpectServerCheck(mock)
 		k := sqllock.Int64(int64(100 + i))
 		sqllockmock.ExpectTryLock(mock, k, true)

@@ -120,7 +120,10 @@ func ExampleLocker_Lock() {
 }
 
 func ExampleLocker_TryLock() {
-	locker := sqllock.New(db)
+	// Dedicated sessions: a statement of ours will run in the locking
+	// session (lk.Conn); by default, locks share a few sessions and Conn
+	// is nil.
+	locker := sqllock.New(db, sqllock.WithDedicatedSessions())
 	lk, err := locker.TryLock(context.Background(), sqllock.Int64(1001))
 	switch {
 	case errors.Is(err, sqllock.ErrNotAcquired):

@@ -259,7 +259,7 @@ func TestOrphanBoundSettings(t *testing.T) {
 			{db, sqllock.WithOrphanBound(sqllock.DefaultOrphanBound), "10", "30000"},
 			{pgtest.Open(t, "pgx", dsn), sqllock.WithOrphanBound(0), "", "0"}, // the server's own
 		} {
-			l := sqllock.New(tc.db, tc.opt)
+			l := sqllock.New(tc.db, tc.opt, sqllock.WithDedicatedSessions())
 			lk, err := l.Lock(bg(), sqllock.Int64(55))
 			if err != nil {
 				t.Fatal(err)

@@ -91,7 +91,7 @@ func TestLostLockIsReported(t *testing.T) {
 func TestKeepAliveNeverTouchesThePinnedConn(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
-		l := sqllock.New(db, sqllock.WithKeepAlive(5*time.Millisecond))
+		l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(5*time.Millisecond))
 		lk, err := l.Lock(bg(), sqllock.Int64(8))
 		if err != nil {
 			t.Fatal(err)

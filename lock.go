@@ -30,6 +30,10 @@ type Lock struct {
 	discarded chan struct{} // guarded by mu: set when lost, closed once the connection is discarded
 	window    *time.Timer   // guarded by mu: the open hold window's release (see UnlockAfter)
 	token     int64         // guarded by mu: the fencing token, 0 until asked for
+
+	// c is the shared session that carries the lock (see share.go), or nil
+	// when the lock pinned a session of its own (conn).
+	c *carrier
 }
 
 func newLock(l *Locker, k Key, shared bool, conn *sql.Conn, pid int64) *Lock {
@@ -47,12 +51,18 @@ func (lk *Lock) Key() Key {
 // Shared reports whether the lock is held in shared mode.
 func (lk *Lock) Shared() bool { return lk != nil && lk.shared }
 
-// Conn returns the pinned connection: the session that holds the lock. Run
-// statements on it when they must happen in the locking session. Do not
-// close it; Unlock does. (Closing it puts the locked session back in the
-// pool; Unlock then releases that session's advisory locks, or ends the
-// session if someone else has it, and returns an error saying so.) After
-// Unlock, its methods return sql.ErrConnDone. It returns nil for a nil Lock.
+// Conn returns the pinned connection of a lock on a session of its own: the
+// session that holds the lock. Run statements on it when they must happen
+// in the locking session. Do not close it; Unlock does. (Closing it puts
+// the locked session back in the pool; Unlock then releases that session's
+// advisory locks, or ends the session if someone else has it, and returns
+// an error saying so.) After Unlock, its methods return sql.ErrConnDone.
+//
+// It returns nil for a nil Lock and for a lock on a shared session (the
+// default for exclusive locks; see [Locker.Lock]): that session carries
+// other callers' locks, and a statement of yours there could end them all.
+// Take such locks with a Locker made [WithDedicatedSessions], or use a
+// [Session].
 func (lk *Lock) Conn() *sql.Conn {
 	if lk == nil {
 		return nil
@@ -125,7 +135,16 @@ func (lk *Lock) onSession(ctx context.Context, q string) (int64, error) {
 	c, o, sub := lk.key.lockTag()
 	q, args := lk.l.mode.TagArgs(q, int64(c), int64(o), sub)
 	var v int64
-	err := queryRow(ctx, lk.l.abandoned, lk.conn, q, args, &v)
+	var err error
+	if lk.c != nil {
+		var ok bool
+		v, ok, err = lk.c.onTag(ctx, q, args)
+		if err == nil && !ok {
+			err = sql.ErrNoRows
+		}
+	} else {
+		err = queryRow(ctx, lk.l.abandoned, lk.conn, q, args, &v)
+	}
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		err = fmt.Errorf("its session (backend %d) no longer holds it", lk.pid)
@@ -200,7 +219,11 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 		}
 		err, final = lostErr, lostErr
 	default:
-		err = lk.l.release(lk.conn, lk.key, lk.shared, lk.pid)
+		if lk.c != nil {
+			err = lk.c.release(lk)
+		} else {
+			err = lk.l.release(lk.conn, lk.key, lk.shared, lk.pid)
+		}
 		e := Event{Kind: EventReleased, Key: lk.key, PID: int(lk.pid), Err: err}
 		if errors.Is(err, ErrLockLost) {
 			e.Kind, final = EventLost, err
@@ -230,6 +253,17 @@ func (lk *Lock) lose(cause error) {
 	lk.discarded = discarded
 	lk.mu.Unlock()
 	lk.l.emit(context.Background(), Event{Kind: EventLost, Key: lk.key, Name: lk.l.regName(lk.key), PID: int(lk.pid), Held: time.Since(lk.since), Err: err}, 1)
+	if lk.c != nil {
+		// The shared session no longer holds the key (or was discarded,
+		// which ends it): forget the lock there; a carrier whose lock
+		// vanished takes no new one.
+		lk.c.retire()
+		lk.l.share.free(lk.key)
+		lk.c.detach(lk)
+		close(discarded)
+		lk.end()
+		return
+	}
 	// End the session now, not at Unlock: if the network heals, the old
 	// session must not hold the lock again behind the back of a holder
 	// that was told it lost it. In a goroutine: a statement of the caller's

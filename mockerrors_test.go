@@ -40,7 +40,7 @@ func TestUnsupportedServer(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			db, mock := newMock(t)
-			l := sqllock.New(db, sqllock.WithKeepAlive(0))
+			l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0))
 			mock.ExpectQuery(regexp.QuoteMeta("SELECT version()")).
 				WillReturnRows(sqlmock.NewRows([]string{"version"}).AddRow(tt.version))
 			if _, err := l.TryLock(bg(), sqllock.Int64(1)); !errors.Is(err, sqllock.ErrUnsupportedServer) {
@@ -55,7 +55,7 @@ func TestUnsupportedServer(t *testing.T) {
 
 func TestServerCheckIsCached(t *testing.T) {
 	db, mock := newMock(t)
-	l := sqllock.New(db, sqllock.WithKeepAlive(0))
+	l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0))
 	sqllockmock.ExpectServerCheck(mock)
 	for i := 0; i < 3; i++ {
 		sqllockmock.ExpectTryLock(mock, sqllock.Int64(1), true)
@@ -94,7 +94,7 @@ func TestUnlockOutcomes(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			db, mock := newMock(t)
-			l := sqllock.New(db, sqllock.WithKeepAlive(0))
+			l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0))
 			sqllockmock.ExpectServerCheck(mock)
 			sqllockmock.ExpectLock(mock, k)
 			tt.reply(sqllockmock.ExpectUnlock(mock, k))
@@ -132,7 +132,7 @@ func TestStandbyRefused(t *testing.T) {
 	sqllockmock.ExpectTryLock(mock, k, true).
 		WillReturnRows(sqlmock.NewRows([]string{"a", "p", "r"}).AddRow(true, sqllockmock.PID, true))
 	sqllockmock.ExpectUnlock(mock, k)
-	l := sqllock.New(db, sqllock.WithKeepAlive(0))
+	l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0))
 	if _, err := l.TryLock(bg(), k); !errors.Is(err, sqllock.ErrStandby) {
 		t.Fatalf("TryLock() on a standby = %v, want ErrStandby", err)
 	}
@@ -158,7 +158,7 @@ func TestLockErrorsClassified(t *testing.T) {
 			db, mock := newMock(t)
 			sqllockmock.ExpectServerCheck(mock)
 			sqllockmock.ExpectLock(mock, k).WillReturnError(tt.err)
-			l := sqllock.New(db, sqllock.WithKeepAlive(0))
+			l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0))
 			_, err := l.Lock(bg(), k)
 			if !errors.Is(err, tt.want) || !errors.Is(err, tt.err) {
 				t.Fatalf("Lock() = %v, want %v wrapping the cause", err, tt.want)
@@ -181,7 +181,7 @@ func TestUnlockIsBounded(t *testing.T) {
 	sqllockmock.ExpectServerCheck(mock)
 	sqllockmock.ExpectLock(mock, k)
 	sqllockmock.ExpectUnlock(mock, k).WillDelayFor(time.Minute)
-	l := sqllock.New(db, sqllock.WithKeepAlive(0), sqllock.WithUnlockTimeout(200*time.Millisecond))
+	l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0), sqllock.WithUnlockTimeout(200*time.Millisecond))
 	lk, err := l.Lock(bg(), k)
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ type config struct {
 	appName       string
 	forceAppName  bool // an Election's candidates: their value is their name
 	holders       bool
+	dedicated     bool
 	observers     []Observer
 }
 
@@ -203,6 +204,16 @@ func WithHolders() Option {
 // discarded connections at Warn level. The default logs nothing.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(c *config) { c.logger = l })
+}
+
+// WithDedicatedSessions makes every lock of the Locker pin a session of its
+// own, as [Locker.Session] does for many keys, instead of sharing a few
+// sessions among its exclusive locks (the default; see [Locker.Lock]).
+// Use it when the program runs statements in the locking session with
+// [Lock.Conn], which is nil for a lock on a shared session. A server
+// session per lock: a Locker holding N locks uses N connections.
+func WithDedicatedSessions() Option {
+	return optionFunc(func(c *config) { c.dedicated = true })
 }
 
 // WithAllowStandby lets the Locker take locks on a hot standby. This is

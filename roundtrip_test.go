@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,7 +24,7 @@ func TestRoundTrips(t *testing.T) {
 		t.Run(drv, func(t *testing.T) {
 			proxy := pgtest.StartProxy(t, srv.Addr(), 0)
 			db := pgtest.Open(t, drv, proxy.DSN(dsn))
-			l := sqllock.New(db, sqllock.WithKeepAlive(0))
+			l := sqllock.New(db, sqllock.WithKeepAlive(0), sqllock.WithDedicatedSessions())
 			perOp := func(name string, want float64, op func() error) {
 				t.Helper()
 				for range 3 { // warm up: prepared statements, session settings
@@ -98,6 +99,82 @@ func TestRoundTrips(t *testing.T) {
 			// Who leads an election: one query, whoever asks.
 			e := l.Election(k)
 			perOp("Election.Leader", 1, func() error { _, err := e.Leader(bg()); return err })
+
+			// Shared sessions: the same counts. A lock held throughout keeps
+			// the carrier pinned (an empty one is reset and pooled a second
+			// later, in a round trip of its own).
+			sl := sqllock.New(db, sqllock.WithKeepAlive(0))
+			pin, err := sl.TryLock(bg(), sqllock.Int64(39))
+			if err != nil {
+				t.Fatal(err)
+			}
+			sk := sqllock.Int64(38)
+			perOp("shared: TryLock + Unlock", 2, func() error {
+				lk, err := sl.TryLock(bg(), sk)
+				if err != nil {
+					return err
+				}
+				return lk.Unlock(bg())
+			})
+			perOp("shared: Lock + Token + Token + Unlock", 3, func() error {
+				lk, err := sl.Lock(bg(), sk)
+				if err != nil {
+					return err
+				}
+				for range 2 {
+					if _, err := lk.Token(bg()); err != nil {
+						return err
+					}
+				}
+				return lk.Unlock(bg())
+			})
+			// Concurrent callers share round trips: each takes a distinct
+			// key, all hold, then all unlock. A first round opens the
+			// carriers; the second is counted.
+			for _, n := range []int{1, 100, 1000} {
+				var trips int64
+				for round := range 2 {
+					before := proxy.RoundTrips()
+					locks := make([]*sqllock.Lock, n)
+					var wg sync.WaitGroup
+					errs := make(chan error, n)
+					for i := range n {
+						wg.Go(func() {
+							lk, err := sl.TryLock(bg(), sqllock.Pair(34, int32(i)))
+							locks[i] = lk
+							if err != nil {
+								errs <- err
+							}
+						})
+					}
+					wg.Wait()
+					for _, lk := range locks {
+						wg.Go(func() {
+							if err := lk.Unlock(bg()); err != nil {
+								errs <- err
+							}
+						})
+					}
+					wg.Wait()
+					close(errs)
+					for err := range errs {
+						t.Fatalf("%d concurrent callers: %v", n, err)
+					}
+					if round == 1 {
+						trips = proxy.RoundTrips() - before
+					}
+				}
+				per := float64(trips) / float64(n)
+				t.Logf("shared: TryLock + Unlock by %d concurrent callers: %.3f round trips per lock (%d sessions)", n, per, sl.Stats().SharedSessions)
+				if n == 1 && per != 2 || n > 1 && per >= 2 {
+					t.Errorf("shared: %d concurrent callers: %.3f round trips per lock, want 2 alone and fewer together", n, per)
+				}
+			}
+			pin.Unlock(bg())
+			for deadline := time.Now().Add(5 * time.Second); sl.Stats().SharedSessions > 0 && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond) // the carriers' resets: not in the counts below
+			}
+
 			s, err := l.Session(bg())
 			if err != nil {
 				t.Fatal(err)
@@ -153,6 +230,14 @@ func TestRoundTrips(t *testing.T) {
 				t.Logf("contended Lock + Unlock #%d: %d round trips", i+1, trips)
 				if i >= 2 && trips != want {
 					t.Errorf("contended Lock + Unlock #%d: %d round trips, want %d", i+1, trips, want)
+				}
+				if i == 0 {
+					// The waiter's first try ran on a shared session, which
+					// goes back to the pool a second after, in a round trip
+					// of its own: not in the count below.
+					for deadline := time.Now().Add(5 * time.Second); wl.Stats().SharedSessions > 0 && time.Now().Before(deadline); {
+						time.Sleep(10 * time.Millisecond)
+					}
 				}
 				if holder, err = l.Lock(bg(), k); err != nil {
 					t.Fatal(err)

@@ -42,7 +42,7 @@ func TestSessionLeavesAsItCame(t *testing.T) {
 		db.SetMaxOpenConns(1) // every statement below runs on the one connection
 		db.SetMaxIdleConns(1)
 		before := sessionSettings(t, db)
-		l := sqllock.New(db, sqllock.WithOrphanBound(4*time.Second), sqllock.WithKeepAlive(0), sqllock.WithApplicationName("leaves-as-it-came"))
+		l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithOrphanBound(4*time.Second), sqllock.WithKeepAlive(0), sqllock.WithApplicationName("leaves-as-it-came"))
 		other := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithKeepAlive(0))
 		k := sqllock.Int64(81)
 		lk, err := l.Lock(bg(), k)

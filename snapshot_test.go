@@ -51,7 +51,7 @@ func testConcurrentIndexBuilds(t *testing.T, srv *pgtest.Server, deadlockTimeout
 		if _, err := db.Exec("CREATE TABLE items AS SELECT g AS id, md5(g::text) AS name FROM generate_series(1, 20000) g"); err != nil {
 			t.Fatal(err)
 		}
-		holderL := sqllock.New(pgtest.Open(t, "pgx", dsn))
+		holderL := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithDedicatedSessions()) // the DDL runs on Lock.Conn
 		waiterL := sqllock.New(db)
 		k := sqllock.Hash("migrations")
 		for _, ddl := range []string{

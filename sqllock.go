@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // Locker takes session-level advisory locks through a *sql.DB. Each lock
@@ -37,6 +39,11 @@ type Locker struct {
 	// as last seen.
 	stmts atomic.Pointer[statements] // set by the server check; see sql
 	pids  connSet
+
+	// share is the sessions shared by the Locker's exclusive locks, and
+	// plain their statements (the settings are applied once per session).
+	share sharing
+	plain *statements
 
 	slice atomic.Pointer[string] // see waitSlice
 
@@ -83,6 +90,7 @@ func New(db *sql.DB, opts ...Option) *Locker {
 		l.abandoned = &abandonSet{}
 	}
 	l.mon = newMonitor(l)
+	l.plain = sqltext.NewStatements(l.mode, "''", "''")
 	return l
 }
 

@@ -19,7 +19,7 @@ import (
 func TestLockUnlock(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
-		l := sqllock.New(db)
+		l := sqllock.New(db, sqllock.WithDedicatedSessions()) // Lock.Conn below
 		other := sqllock.New(pgtest.Open(t, "pgx", dsn))
 		k := sqllock.Int64(1<<40 + 7)
 		lk, err := l.Lock(bg(), k)
@@ -392,7 +392,7 @@ func TestConnClosedByCaller(t *testing.T) {
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		db.SetMaxOpenConns(2)
 		observer := pgtest.Open(t, "pgx", dsn)
-		l := sqllock.New(db)
+		l := sqllock.New(db, sqllock.WithDedicatedSessions())
 		k := sqllock.Int64(404)
 		lk, err := l.Lock(bg(), k)
 		if err != nil {

@@ -27,6 +27,10 @@ type Stats struct {
 	// ObserverPanics counts panics of observers and log handlers, which
 	// were recovered (see [Observer]).
 	ObserverPanics int64
+	// SharedSessions is the number of server sessions the Locker shares
+	// among its exclusive locks now (see [Locker.Lock]); a lock on a session
+	// of its own adds one session that this does not count.
+	SharedSessions int
 }
 
 type lockerStats struct {
@@ -38,7 +42,8 @@ func (l *Locker) Stats() Stats {
 	return Stats{Held: l.stats.held.Load(), Acquired: l.stats.acquired.Load(), Contended: l.stats.contended.Load(),
 		Lost: l.stats.lost.Load(), Discarded: l.stats.discarded.Load(), KeepAliveChecks: l.stats.keepAlive.Load(),
 		KeepAliveSkipped: l.stats.keepAliveSkipped.Load(), SnapshotWaits: l.stats.snapshotWaits.Load(),
-		Windows: l.stats.windows.Load(), ObserverPanics: l.stats.observerPanics.Load()}
+		Windows: l.stats.windows.Load(), ObserverPanics: l.stats.observerPanics.Load(),
+		SharedSessions: l.share.sessions()}
 }
 
 // took counts n locks granted and now held.

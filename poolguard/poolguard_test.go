@@ -356,7 +356,7 @@ func TestSqllockCooperation(t *testing.T) {
 		t.Run(drv, func(t *testing.T) {
 			db, observer, rec, g := guarded(t, drv)
 			db.SetMaxOpenConns(3)
-			l := sqllock.New(db)
+			l := sqllock.New(db, sqllock.WithDedicatedSessions())
 			for i := 0; i < 20; i++ {
 				lk, err := l.Lock(bg, sqllock.Int64(5))
 				if err != nil {

@@ -440,7 +440,7 @@ func TestRunWaitsThroughConcurrentIndexBuild(t *testing.T) {
 	if _, err := holderDB.Exec("CREATE TABLE items AS SELECT g AS id FROM generate_series(1, 10000) g"); err != nil {
 		t.Fatal(err)
 	}
-	lk, err := sqllock.New(holderDB).Lock(context.Background(), sqllock.Hash("migrate"))
+	lk, err := sqllock.New(holderDB, sqllock.WithDedicatedSessions()).Lock(context.Background(), sqllock.Hash("migrate"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -216,7 +216,8 @@ func parseRun(args []string, stderr io.Writer) (runSpec, error) {
 
 // lockerOptions are the Locker's options the flags ask for.
 func (f runFlags) lockerOptions() []sqllock.Option {
-	return []sqllock.Option{sqllock.WithKeepAlive(f.keepAlive), sqllock.WithOrphanBound(f.orphanBound), sqllock.WithHolders()}
+	// One lock per process: a session of its own (nothing to share).
+	return []sqllock.Option{sqllock.WithKeepAlive(f.keepAlive), sqllock.WithOrphanBound(f.orphanBound), sqllock.WithHolders(), sqllock.WithDedicatedSessions()}
 }
 
 // errHelp reports that -h was asked for (usage already printed).

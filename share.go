@@ -1,0 +1,696 @@
+package sqllock
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sqllock/sqllock/internal/pglocks"
+	"github.com/sqllock/sqllock/internal/sqltext"
+)
+
+// Shared sessions. A Locker takes its exclusive locks (Lock, TryLock, Do,
+// TryDo) on a few sessions of its own, carriers, each holding the locks of
+// many callers, instead of pinning one session per lock: thousands of
+// locks on at most maxCarriers server sessions.
+//
+// The rules that keep sharing safe:
+//
+//   - An advisory lock is re-entrant within a session, so a Locker never
+//     takes on a carrier a key that it holds, or is taking, on any carrier
+//     (sharing.keys, checked before a statement is sent): such a call takes
+//     a session of its own, where the server decides.
+//   - Only non-waiting statements run on a carrier. A waiting call tries on
+//     a carrier first; when the key is held elsewhere, it waits on a
+//     session of its own (the engine's sliced wait: CIC-safe, cancelled
+//     cleanly), and keeps that session when it is granted.
+//   - A carrier's statements run one at a time; calls that arrive while one
+//     runs are sent together in the next (one round trip for many tries or
+//     unlocks).
+//   - A certain answer touches one lock: an unlock the server says found
+//     no lock loses that Lock only. An uncertain one (a statement failed or
+//     did not return) discards the carrier, which loses every lock on it:
+//     the server releases them as the session ends.
+//   - The keep-alive checks each Lock as before (one query for all).
+
+// maxCarriers is the most sessions a Locker shares among its locks.
+const maxCarriers = 16
+
+// carrierLinger is how long a carrier that holds nothing stays pinned for
+// the next lock before its settings are reset and it goes back to the pool.
+const carrierLinger = time.Second
+
+// sharing is a Locker's carriers and the keys they hold.
+type sharing struct {
+	mu      sync.Mutex
+	all     []*carrier       // guarded by mu: carriers that take locks
+	opening int              // guarded by mu: carriers being opened
+	keys    map[Key]struct{} // guarded by mu: held, or being taken or released, on a carrier
+	hot     map[Key]struct{} // guarded by mu: keys a waiting call found held (see acquireShared)
+	opened  chan struct{}    // guarded by mu: closed (and replaced) when a carrier opening ends
+}
+
+// maxHot is how many contended keys sharing remembers; past it, it forgets
+// them all (and learns them again).
+const maxHot = 4096
+
+// isHot reports whether a waiting call found k held before.
+func (s *sharing) isHot(k Key) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.hot[k]
+	return ok
+}
+
+// markHot remembers that a waiting call found k held.
+func (s *sharing) markHot(k Key) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.hot == nil || len(s.hot) >= maxHot {
+		s.hot = map[Key]struct{}{}
+	}
+	s.hot[k] = struct{}{}
+}
+
+// reserve claims k for a carrier; false when a carrier holds or handles k.
+func (s *sharing) reserve(k Key) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.keys[k]; ok {
+		return false
+	}
+	if s.keys == nil {
+		s.keys = map[Key]struct{}{}
+	}
+	s.keys[k] = struct{}{}
+	return true
+}
+
+// free gives up the claim on k.
+func (s *sharing) free(k Key) {
+	s.mu.Lock()
+	delete(s.keys, k)
+	s.mu.Unlock()
+}
+
+// sessions returns the number of carriers.
+func (s *sharing) sessions() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.all)
+}
+
+// carrier is a session shared by many Locks of one Locker.
+type carrier struct {
+	l    *Locker
+	conn *sql.Conn
+	pid  int64
+
+	mu      sync.Mutex
+	held    map[*Lock]struct{} // guarded by mu: the Locks it carries
+	users   int                // guarded by mu: calls that picked it and have not finished
+	queue   []*shareOp         // guarded by mu: operations waiting for the runner
+	running bool               // guarded by mu: a runner is sending the queue
+	retired bool               // guarded by mu: takes no new lock; closed once empty
+	dead    error              // guarded by mu: the session is lost or discarded
+	closed  bool               // guarded by mu: gone back to the pool
+	linger  *time.Timer        // guarded by mu
+}
+
+type shareOpKind uint8
+
+const (
+	opTry    shareOpKind = iota // pg_try_advisory_lock
+	opUnlock                    // pg_advisory_unlock
+	opTag                       // a statement about one lock's tag (Token, HeldSQL)
+)
+
+// shareOp is one operation on a carrier.
+type shareOp struct {
+	kind  shareOpKind
+	key   Key
+	q     string // opTag
+	args  []any  // opTag
+	state atomic.Uint32
+	done  chan struct{} // closed when the outcome is known
+
+	ok  bool  // opTry: granted; opUnlock: released; opTag: a row came
+	v   int64 // opTag's answer
+	err error // the statement failed (the carrier is then discarded)
+
+	after func() // run by the runner once the outcome is known (nil: none)
+}
+
+// A try's state: pending until the runner decides it, or abandoned by a
+// caller whose ctx ended first (a grant is then undone by the runner).
+const (
+	opPending uint32 = iota
+	opAbandoned
+	opDecided
+)
+
+func newOp(kind shareOpKind, k Key) *shareOp {
+	return &shareOp{kind: kind, key: k, done: make(chan struct{})}
+}
+
+// acquireShared takes the exclusive lock k on a carrier. It reports
+// handled = false when the call must take a session of its own instead: k
+// is held or handled on a carrier, no carrier could be had, or (for a
+// waiting call) k is held elsewhere.
+func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, err error, handled bool) {
+	if !try && l.share.isHot(k) {
+		// Found held before: wait on a session of its own at once, which
+		// is granted there at no extra round trip when k is free now.
+		return nil, nil, false
+	}
+	if !l.share.reserve(k) {
+		return nil, nil, false
+	}
+	c, err := l.carrierFor(ctx)
+	if err != nil {
+		l.share.free(k)
+		if ctxEnded(ctx) {
+			return nil, notAcquired(l.name(k), ctxErr(ctx)), true
+		}
+		return nil, nil, false // a session of its own will say what is wrong
+	}
+	left := false
+	defer func() {
+		if !left {
+			c.leave()
+		}
+	}()
+	op := newOp(opTry, k)
+	c.submit(op)
+	select {
+	case <-op.done:
+	case <-ctx.Done():
+		if op.state.CompareAndSwap(opPending, opAbandoned) {
+			// The runner undoes a grant that comes now, and frees k.
+			return nil, notAcquired(l.name(k), ctxErr(ctx)), true
+		}
+		<-op.done // decided: the outcome is a moment away
+	}
+	switch {
+	case op.err != nil:
+		l.share.free(k)
+		if ctxEnded(ctx) {
+			return nil, notAcquired(l.name(k), ctxErr(ctx)), true
+		}
+		if connectionBroken(op.err) {
+			return nil, nil, false // the carrier died: a session of its own
+		}
+		return nil, lockError(l.name(k), op.err), true
+	case !op.ok:
+		l.share.free(k)
+		if ctxEnded(ctx) {
+			return nil, notAcquired(l.name(k), ctxErr(ctx)), true
+		}
+		if !try {
+			// Wait on a session of its own; a carrier that holds nothing
+			// goes back to the pool now, for the wait to use.
+			l.share.markHot(k)
+			left = true
+			c.leave()
+			c.closeIfEmpty()
+			return nil, nil, false
+		}
+		l.stats.contended.Add(1)
+		return nil, fmt.Errorf("%w: %s is held by another session", ErrNotAcquired, l.name(k)), true
+	}
+	lk = &Lock{pinned: pinned{l: l, pid: c.pid}, key: k, since: time.Now(), c: c}
+	if ctxEnded(ctx) || !c.attach(lk) {
+		c.unlockAsync(k)
+		if ctxEnded(ctx) {
+			return nil, notAcquired(l.name(k), ctxErr(ctx)), true
+		}
+		return nil, lockError(l.name(k), c.err()), true
+	}
+	l.stats.took(1)
+	l.mon.add(lk)
+	return lk, nil, true
+}
+
+// carrierFor returns a carrier for one operation: an idle one, else a new
+// one while there are fewer than the limit, else the least busy (or, when
+// every one is still opening, the first to open). The caller must call
+// leave when its operation is done.
+func (l *Locker) carrierFor(ctx context.Context) (*carrier, error) {
+	s := &l.share
+	s.mu.Lock()
+	for {
+		var best *carrier
+		bestLoad := 0
+		for _, c := range s.all {
+			c.mu.Lock()
+			usable := c.dead == nil && !c.retired && !c.closed
+			load := len(c.queue)
+			if c.running {
+				load++
+			}
+			if usable && (best == nil || load < bestLoad) {
+				best, bestLoad = c, load
+			}
+			c.mu.Unlock()
+			if usable && load == 0 {
+				break
+			}
+		}
+		room := len(s.all)+s.opening < l.carrierLimit()
+		switch {
+		case room && (best == nil || bestLoad > 0):
+			s.opening++
+			s.mu.Unlock()
+			c, err := l.openCarrier(ctx)
+			s.mu.Lock()
+			s.opening--
+			if s.opened != nil {
+				close(s.opened)
+				s.opened = nil
+			}
+			if err != nil {
+				s.mu.Unlock()
+				return nil, err
+			}
+			c.users++
+			s.all = append(s.all, c)
+			s.mu.Unlock()
+			return c, nil
+		case best != nil:
+			best.mu.Lock()
+			best.users++
+			if best.linger != nil {
+				best.linger.Stop()
+				best.linger = nil
+			}
+			best.mu.Unlock()
+			s.mu.Unlock()
+			return best, nil
+		}
+		// Every carrier is opening: wait for one.
+		if s.opened == nil {
+			s.opened = make(chan struct{})
+		}
+		opened := s.opened
+		s.mu.Unlock()
+		select {
+		case <-opened:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		s.mu.Lock()
+	}
+}
+
+// carrierLimit is maxCarriers, or a quarter of the pool's limit when it
+// has one, so that waits and the keep-alive still get connections.
+func (l *Locker) carrierLimit() int {
+	if n := l.db.Stats().MaxOpenConnections; n > 0 {
+		return max(1, min(maxCarriers, n/4))
+	}
+	return maxCarriers
+}
+
+// openCarrier pins a connection as a carrier: the server checked, its pid
+// known and the lock session's settings applied in one round trip.
+func (l *Locker) openCarrier(ctx context.Context) (*carrier, error) {
+	conn, err := getConn(ctx, l.db)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.checkServer(ctx, conn); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	var pid int64
+	var standby bool
+	if err := queryRow(ctx, l.abandoned, conn, l.sql().SessionSQL(), nil, &pid, &standby, skip); err != nil {
+		discardConn(conn)
+		return nil, err
+	}
+	if standby && !l.cfg.allowStandby {
+		l.closeSession(conn, pid)
+		return nil, standbyError("lock")
+	}
+	l.pids.set(driverConnOf(conn), pid) // for a wait on it once it is back in the pool
+	return &carrier{l: l, conn: conn, pid: pid, held: map[*Lock]struct{}{}}, nil
+}
+
+// err returns why the carrier is dead.
+func (c *carrier) err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead != nil {
+		return c.dead
+	}
+	return errors.New("shared session closed")
+}
+
+// attach records lk as carried; false when the carrier died meanwhile.
+func (c *carrier) attach(lk *Lock) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead != nil {
+		return false
+	}
+	c.held[lk] = struct{}{}
+	return true
+}
+
+// detach forgets lk, and frees its key once the server no longer holds it
+// for this carrier.
+func (c *carrier) detach(lk *Lock) {
+	c.mu.Lock()
+	_, ok := c.held[lk]
+	delete(c.held, lk)
+	c.mu.Unlock()
+	if ok {
+		c.maybeLinger()
+	}
+}
+
+// leave ends a call's use of the carrier.
+func (c *carrier) leave() {
+	c.mu.Lock()
+	c.users--
+	c.mu.Unlock()
+	c.maybeLinger()
+}
+
+// maybeLinger starts the countdown that closes a carrier holding nothing.
+func (c *carrier) maybeLinger() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead != nil || c.closed || c.users > 0 || len(c.held) > 0 || c.running || len(c.queue) > 0 || c.linger != nil {
+		return
+	}
+	c.linger = time.AfterFunc(carrierLinger, c.closeIfEmpty)
+}
+
+// closeIfEmpty resets a carrier that still holds nothing and gives it
+// back to the pool.
+func (c *carrier) closeIfEmpty() {
+	s := &c.l.share
+	s.mu.Lock()
+	c.mu.Lock()
+	c.linger = nil
+	if c.dead != nil || c.closed || c.users > 0 || len(c.held) > 0 || c.running || len(c.queue) > 0 {
+		c.mu.Unlock()
+		s.mu.Unlock()
+		return
+	}
+	c.closed = true
+	c.mu.Unlock()
+	s.remove(c)
+	s.mu.Unlock()
+	c.l.closeSession(c.conn, c.pid)
+}
+
+// remove drops c from the carriers. The caller holds s.mu.
+func (s *sharing) remove(c *carrier) {
+	for i, x := range s.all {
+		if x == c {
+			s.all = append(s.all[:i:i], s.all[i+1:]...)
+			return
+		}
+	}
+}
+
+// submit queues op; the first caller to find the carrier idle becomes its
+// runner and sends the queue, batch after batch, until it is empty.
+func (c *carrier) submit(op *shareOp) {
+	c.mu.Lock()
+	if c.dead != nil {
+		op.err = c.dead
+		c.mu.Unlock()
+		c.finish(op)
+		return
+	}
+	c.queue = append(c.queue, op)
+	if c.running {
+		c.mu.Unlock()
+		return
+	}
+	c.running = true
+	for len(c.queue) > 0 && c.dead == nil {
+		batch := c.queue
+		c.queue = nil
+		c.mu.Unlock()
+		c.run(batch)
+		c.mu.Lock()
+	}
+	rest := c.queue
+	c.queue = nil
+	c.running = false
+	dead := c.dead
+	c.mu.Unlock()
+	for _, o := range rest {
+		o.err = dead
+		c.finish(o)
+	}
+	c.maybeLinger()
+}
+
+// finish reports op's outcome.
+func (c *carrier) finish(op *shareOp) {
+	if op.kind == opTry {
+		if op.state.CompareAndSwap(opPending, opDecided) {
+			// The caller takes the outcome.
+		} else if op.ok {
+			// Its caller left: undo the grant.
+			op.ok = false
+			c.unlockAsync(op.key)
+		} else {
+			c.l.share.free(op.key)
+		}
+	}
+	if op.after != nil {
+		op.after()
+	}
+	close(op.done)
+}
+
+// unlockAsync releases k, which this carrier holds for no Lock, without
+// waiting; k is freed once the server confirmed it (or the carrier is gone).
+func (c *carrier) unlockAsync(k Key) {
+	op := newOp(opUnlock, k)
+	op.after = func() { c.l.share.free(k) }
+	go c.submit(op)
+}
+
+// run sends one batch: the tag statements one by one, then the unlocks,
+// then the tries, each kind in as few statements as possible.
+func (c *carrier) run(batch []*shareOp) {
+	var tries, unlocks []*shareOp
+	for _, op := range batch {
+		switch {
+		case op.kind == opTag:
+			c.runTag(op)
+		case op.kind == opUnlock:
+			unlocks = append(unlocks, op)
+		case op.state.Load() == opAbandoned:
+			c.finish(op) // never sent
+		default:
+			tries = append(tries, op)
+		}
+	}
+	c.runMany(unlocks, true)
+	c.runMany(tries, false)
+}
+
+// runMany sends ops (all unlocks, or all tries) in statements of up to
+// ManyRowsMax keys.
+func (c *carrier) runMany(ops []*shareOp, unlock bool) {
+	for len(ops) > 0 {
+		n := min(len(ops), sqltext.ManyRowsMax)
+		if c.isDead() {
+			for _, op := range ops {
+				op.err = c.err()
+				c.finish(op)
+			}
+			return
+		}
+		if n == 1 {
+			c.runOne(ops[0], unlock)
+		} else {
+			c.runBatch(ops[:n], unlock)
+		}
+		ops = ops[n:]
+	}
+}
+
+func (c *carrier) isDead() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.dead != nil
+}
+
+// runOne sends one try or unlock: the single-key statements, the cheapest.
+func (c *carrier) runOne(op *shareOp, unlock bool) {
+	var err error
+	if unlock {
+		q, args := c.l.plain.UnlockSQL(false, op.key.sqlKey(), c.pid)
+		err = queryRow(c.l.unlockContext(), c.l.abandoned, c.conn, q, args, &op.ok)
+		if errors.Is(err, sql.ErrNoRows) {
+			err = sessionChanged(c.pid, 0)
+		}
+	} else {
+		q, args := c.l.plain.TrySQL(sqltext.Try, op.key.sqlKey())
+		var pid int64
+		var standby bool
+		err = queryRow(c.l.unlockContext(), c.l.abandoned, c.conn, q, args, &op.ok, &pid, &standby)
+		switch {
+		case err == nil && pid != c.pid:
+			err = sessionChanged(c.pid, pid)
+		case err == nil && standby && !c.l.cfg.allowStandby:
+			err = standbyError("lock")
+		}
+	}
+	if err != nil {
+		op.ok = false
+		op.err = err
+		c.fail(err)
+	}
+	c.finish(op)
+}
+
+// runBatch sends many tries or unlocks in one statement.
+func (c *carrier) runBatch(ops []*shareOp, unlock bool) {
+	keys := make([]sqltext.Key, len(ops))
+	for i, op := range ops {
+		keys[i] = op.key.sqlKey()
+	}
+	fn, only := "pg_try_advisory_lock", ""
+	if unlock {
+		fn, only = "pg_advisory_unlock", strconv.FormatInt(c.pid, 10)
+	}
+	q, args := c.l.mode.ManySQL(fn, only, "", keys)
+	answered := 0
+	err := queryRows(c.l.unlockContext(), c.l.abandoned, c.conn, q, args, func(v []driver.Value) error {
+		if pid := pglocks.Int(v[len(v)-1]); pid != c.pid {
+			return sessionChanged(c.pid, pid)
+		}
+		i := pglocks.Int(v[0])
+		if i < 1 || int(i) > len(ops) {
+			return errors.New("sqllock: answer out of range")
+		}
+		ops[i-1].ok = v[1] == true
+		answered++
+		return nil
+	})
+	if err == nil && answered != len(ops) {
+		err = fmt.Errorf("sqllock: %d answers for %d keys", answered, len(ops))
+	}
+	if err != nil {
+		for _, op := range ops {
+			op.ok, op.err = false, err
+		}
+		c.fail(err)
+	}
+	for _, op := range ops {
+		c.finish(op)
+	}
+}
+
+// runTag runs a statement about one lock's tag.
+func (c *carrier) runTag(op *shareOp) {
+	err := queryRow(c.l.unlockContext(), c.l.abandoned, c.conn, op.q, op.args, &op.v)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+	case err != nil:
+		op.err = err
+		if connectionBroken(err) || errors.Is(err, errAbandoned) {
+			c.fail(err)
+		}
+	default:
+		op.ok = true
+	}
+	c.finish(op)
+}
+
+// fail marks the carrier dead after an uncertain outcome, discards its
+// connection (the server releases everything it held as the session
+// ends), and loses every Lock on it.
+func (c *carrier) fail(cause error) {
+	s := &c.l.share
+	s.mu.Lock()
+	c.mu.Lock()
+	if c.dead != nil {
+		c.mu.Unlock()
+		s.mu.Unlock()
+		return
+	}
+	c.dead = fmt.Errorf("shared session (backend %d) discarded: %w", c.pid, cause)
+	locks := make([]*Lock, 0, len(c.held))
+	for lk := range c.held {
+		locks = append(locks, lk)
+	}
+	if c.linger != nil {
+		c.linger.Stop()
+		c.linger = nil
+	}
+	dead := c.dead
+	c.mu.Unlock()
+	s.remove(c)
+	s.mu.Unlock()
+	c.l.discard(c.conn, Key{}, "shared session: "+cause.Error())
+	for _, lk := range locks {
+		lk.lose(dead)
+	}
+}
+
+// retire stops c from taking new locks: one of its locks vanished from
+// the server, which its session no longer explains. It goes back to the
+// pool (reset) once its other locks are released, or is discarded should
+// one of them turn out lost too.
+func (c *carrier) retire() {
+	c.mu.Lock()
+	c.retired = true
+	c.mu.Unlock()
+}
+
+// release unlocks lk's key on its carrier: nil when the server confirmed
+// it, an error wrapping ErrLockLost when the server says the carrier did
+// not hold it (that Lock only), or the error that discarded the carrier.
+func (c *carrier) release(lk *Lock) error {
+	op := newOp(opUnlock, lk.key)
+	c.submit(op)
+	<-op.done
+	switch {
+	case op.err != nil:
+		c.l.share.free(lk.key)
+		c.detach(lk)
+		if connectionBroken(op.err) {
+			return fmt.Errorf("%w: %s: the shared session ended before the unlock: %w", ErrLockLost, c.l.name(lk.key), op.err)
+		}
+		return fmt.Errorf("sqllock: unlock %s: %w (the server releases the lock as the session ends)", c.l.name(lk.key), op.err)
+	case !op.ok:
+		c.l.share.free(lk.key)
+		c.detach(lk)
+		c.retire()
+		return fmt.Errorf("%w: unlock of %s on shared backend %d found no such lock", ErrLockLost, c.l.name(lk.key), c.pid)
+	}
+	c.l.share.free(lk.key)
+	c.detach(lk)
+	return nil
+}
+
+// onTag runs q, a statement about lk's tag, on lk's carrier: ok reports
+// whether it answered a row.
+func (c *carrier) onTag(ctx context.Context, q string, args []any) (v int64, ok bool, err error) {
+	op := newOp(opTag, Key{})
+	op.q, op.args = q, args
+	c.submit(op)
+	select {
+	case <-op.done:
+	case <-ctx.Done():
+		return 0, false, ctx.Err()
+	}
+	return op.v, op.ok, op.err
+}

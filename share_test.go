@@ -1,0 +1,358 @@
+package sqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/testkit"
+	"github.com/sqllock/sqllock/pgtest"
+)
+
+// limitConnections caps dsn's database at n connections, as a server with
+// max_connections = n + 3 (its reserved slots) would.
+func limitConnections(t *testing.T, srv *pgtest.Server, dsn string, n int) {
+	t.Helper()
+	admin, err := srv.Admin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	var name string
+	if err := pgtest.Open(t, "pgx", dsn).QueryRowContext(bg(), "SELECT current_database()").Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.ExecContext(bg(), fmt.Sprintf("ALTER DATABASE %q CONNECTION LIMIT %d", name, n)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// backends returns how many sessions of dsn's database hold advisory
+// locks.
+func lockingBackends(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRowContext(bg(), "SELECT count(DISTINCT pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestManyLocksFewSessions: one Locker, N goroutines each taking a
+// distinct free key (half Lock, half TryLock), against a database that
+// admits 97 connections (a default server's 100 less its reserved ones):
+// every lock is granted, on at most 16 sessions; every Unlock is confirmed;
+// nothing is left held. With a session per lock (WithDedicatedSessions)
+// the same load runs the database out of connections.
+func TestManyLocksFewSessions(t *testing.T) {
+	t.Parallel()
+	n := 5000
+	if testkit.Short() {
+		n = 1000
+	}
+	srv := pgtest.Private(t) // the baseline exhausts connections: not the shared server's
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			dsn := srv.NewDatabase(t)
+			limitConnections(t, srv, dsn, 97)
+			observer := pgtest.Open(t, "pgx", dsn)
+			observer.SetMaxOpenConns(1)
+
+			// The baseline: a session per lock.
+			dedicated := sqllock.New(pgtest.Open(t, drv, dsn), sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0))
+			var refused atomic.Int64
+			var held []*sqllock.Lock
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			for i := range 150 {
+				wg.Go(func() {
+					ctx, cancel := context.WithTimeout(bg(), 3*time.Second)
+					defer cancel()
+					lk, err := dedicated.Lock(ctx, sqllock.Pair(40, int32(i)))
+					if err != nil {
+						refused.Add(1)
+						return
+					}
+					mu.Lock()
+					held = append(held, lk)
+					mu.Unlock()
+				})
+			}
+			wg.Wait()
+			t.Logf("a session per lock: %d of 150 locks held, %d refused", len(held), refused.Load())
+			if refused.Load() == 0 {
+				t.Errorf("a session per lock: all 150 locks held in a database that admits 97 connections")
+			}
+			for _, lk := range held {
+				if err := lk.Unlock(bg()); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			// Shared sessions.
+			l := sqllock.New(pgtest.Open(t, drv, dsn))
+			locks := make([]*sqllock.Lock, n)
+			errs := make(chan error, n)
+			start := time.Now()
+			for i := range n {
+				wg.Go(func() {
+					ctx, cancel := context.WithTimeout(bg(), time.Minute)
+					defer cancel()
+					k := sqllock.Pair(41, int32(i))
+					var err error
+					if i%2 == 0 {
+						locks[i], err = l.Lock(ctx, k)
+					} else {
+						locks[i], err = l.TryLock(ctx, k)
+					}
+					if err != nil {
+						errs <- fmt.Errorf("lock %d: %w", i, err)
+					}
+				})
+			}
+			wg.Wait()
+			took := time.Since(start)
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			sessions, st := lockingBackends(t, observer), l.Stats()
+			t.Logf("%d locks held in %v on %d sessions (Stats: %d held, %d shared sessions)", n, took, sessions, st.Held, st.SharedSessions)
+			if sessions > 16 || st.SharedSessions > 16 {
+				t.Errorf("%d locks on %d sessions (%d shared), want at most 16", n, sessions, st.SharedSessions)
+			}
+			if got := advisoryCount(t, observer); got != n || st.Held != int64(n) {
+				t.Errorf("server shows %d advisory locks, Stats().Held = %d; want %d", got, st.Held, n)
+			}
+			for i, lk := range locks {
+				if lk.Conn() != nil {
+					t.Fatalf("lock %d: Conn() = %v on a shared session, want nil", i, lk.Conn())
+				}
+			}
+			for _, lk := range locks {
+				wg.Go(func() {
+					if err := lk.Unlock(bg()); err != nil {
+						t.Errorf("Unlock(%v) = %v", lk.Key(), err)
+					}
+				})
+			}
+			wg.Wait()
+			waitNoLocks(t, observer, 10*time.Second)
+			if st := l.Stats(); st.Held != 0 || st.Lost != 0 || st.Discarded != 0 {
+				t.Errorf("after every Unlock: %+v", st)
+			}
+		})
+	}
+}
+
+// TestSharedExclusive: goroutines of one Locker take one key over and over
+// (Lock, TryLock, Do): an advisory lock is re-entrant within a session, so
+// two holders on one shared session would both be granted it; never more
+// than one is inside, and every call that took it got in.
+func TestSharedExclusive(t *testing.T) {
+	t.Parallel()
+	rounds := 40
+	if testkit.Short() {
+		rounds = 10
+	}
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		l := sqllock.New(db, sqllock.WithKeepAlive(50*time.Millisecond))
+		k := sqllock.Int64(4242)
+		var inside, most, entries atomic.Int64
+		enter := func() {
+			now := inside.Add(1)
+			for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+			}
+			time.Sleep(100 * time.Microsecond)
+			inside.Add(-1)
+			entries.Add(1)
+		}
+		var wg sync.WaitGroup
+		for g := range 32 {
+			wg.Go(func() {
+				for r := range rounds {
+					switch (g + r) % 4 {
+					case 0:
+						lk, err := l.Lock(bg(), k)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						enter()
+						if err := lk.Unlock(bg()); err != nil {
+							t.Error(err)
+						}
+					case 1:
+						lk, err := l.TryLock(bg(), k)
+						if errors.Is(err, sqllock.ErrNotAcquired) {
+							continue
+						}
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						enter()
+						if err := lk.Unlock(bg()); err != nil {
+							t.Error(err)
+						}
+					case 2:
+						if err := l.Do(bg(), k, func(context.Context) error { enter(); return nil }); err != nil {
+							t.Error(err)
+						}
+					default:
+						// Other keys on the same sessions.
+						lk, err := l.TryLock(bg(), sqllock.Pair(4243, int32(g*1000+r)))
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if err := lk.Unlock(bg()); err != nil {
+							t.Error(err)
+						}
+					}
+				}
+			})
+		}
+		wg.Wait()
+		t.Logf("%d entries, at most %d inside at once, %d shared sessions", entries.Load(), most.Load(), l.Stats().SharedSessions)
+		if most.Load() != 1 {
+			t.Errorf("at most %d inside at once, want 1", most.Load())
+		}
+		if entries.Load() == 0 {
+			t.Errorf("no entries")
+		}
+		waitNoLocks(t, db, 10*time.Second)
+	})
+}
+
+// TestSharedSessionLoss: a Locker's locks spread over its shared sessions;
+// one session is terminated: every Lock on it reports the loss (Done, Err
+// wrapping ErrLockLost, Unlock returning it), no other Lock does, and the
+// Locker goes on taking locks.
+func TestSharedSessionLoss(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			dsn := srv.NewDatabase(t)
+			l := sqllock.New(pgtest.Open(t, drv, dsn), sqllock.WithKeepAlive(100*time.Millisecond))
+			observer := pgtest.Open(t, "pgx", dsn)
+			const n = 1200
+			locks := make([]*sqllock.Lock, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					lk, err := l.TryLock(bg(), sqllock.Pair(42, int32(i)))
+					if err != nil {
+						t.Error(err)
+					}
+					locks[i] = lk
+				})
+			}
+			wg.Wait()
+			if t.Failed() {
+				t.FailNow()
+			}
+			byPID := map[int][]*sqllock.Lock{}
+			for _, lk := range locks {
+				byPID[lk.PID()] = append(byPID[lk.PID()], lk)
+			}
+			pids := make([]int, 0, len(byPID))
+			for pid := range byPID {
+				pids = append(pids, pid)
+			}
+			sort.Slice(pids, func(i, j int) bool { return len(byPID[pids[i]]) > len(byPID[pids[j]]) })
+			if len(pids) < 2 {
+				t.Fatalf("%d locks on %d session: want several", n, len(pids))
+			}
+			victim := pids[0]
+			t.Logf("%d locks on %d sessions; terminating backend %d, which carries %d", n, len(pids), victim, len(byPID[victim]))
+			start := time.Now()
+			terminate(t, srv, victim)
+			for _, lk := range byPID[victim] {
+				select {
+				case <-lk.Done():
+				case <-time.After(10 * time.Second):
+					t.Fatalf("lock %v on the terminated session: not reported lost after 10 s", lk.Key())
+				}
+				if !errors.Is(lk.Err(), sqllock.ErrLockLost) {
+					t.Fatalf("lock %v: Err() = %v, want ErrLockLost", lk.Key(), lk.Err())
+				}
+			}
+			t.Logf("all %d locks of the terminated session reported lost in %v", len(byPID[victim]), time.Since(start))
+			time.Sleep(300 * time.Millisecond) // more keep-alive checks: no other loss
+			survivors := 0
+			for _, pid := range pids[1:] {
+				for _, lk := range byPID[pid] {
+					if err := lk.Err(); err != nil {
+						t.Errorf("lock %v on backend %d: Err() = %v after another session was terminated", lk.Key(), pid, err)
+					}
+					survivors++
+				}
+			}
+			if got := advisoryCount(t, observer); got != survivors {
+				t.Errorf("server shows %d advisory locks, want the %d survivors", got, survivors)
+			}
+			// The Locker goes on: a new lock on a session that lives.
+			fresh, err := l.TryLock(bg(), sqllock.Int64(4244))
+			if err != nil || fresh.PID() == victim {
+				t.Fatalf("TryLock after the loss = %v on backend %d", err, fresh.PID())
+			}
+			for _, lk := range append(locks, fresh) {
+				err := lk.Unlock(bg())
+				switch {
+				case lk.PID() == victim && !errors.Is(err, sqllock.ErrLockLost):
+					t.Errorf("Unlock of a lost lock = %v, want ErrLockLost", err)
+				case lk.PID() != victim && err != nil:
+					t.Errorf("Unlock of %v = %v", lk.Key(), err)
+				}
+			}
+			waitNoLocks(t, observer, 10*time.Second)
+		})
+	}
+}
+
+// TestSharedSessionsGoBack: shared sessions that hold nothing go back to
+// the pool (their settings reset) a second after their last lock.
+func TestSharedSessionsGoBack(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		l := sqllock.New(db)
+		lk, err := l.TryLock(bg(), sqllock.Int64(7))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := l.Stats().SharedSessions; n != 1 {
+			t.Fatalf("SharedSessions = %d with one lock, want 1", n)
+		}
+		if err := lk.Unlock(bg()); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for l.Stats().SharedSessions != 0 && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if n := l.Stats().SharedSessions; n != 0 {
+			t.Fatalf("SharedSessions = %d five seconds after the last unlock, want 0", n)
+		}
+		if st := l.Stats(); st.Discarded != 0 {
+			t.Errorf("Discarded = %d: the shared session did not go back to the pool", st.Discarded)
+		}
+		dl := sqllock.New(db, sqllock.WithDedicatedSessions())
+		dk, err := dl.TryLock(bg(), sqllock.Int64(8))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dk.Unlock(bg())
+		if dk.Conn() == nil {
+			t.Errorf("Conn() = nil with WithDedicatedSessions")
+		}
+	})
+}
