@@ -13,8 +13,10 @@ import (
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
-// Lock is a held session-level advisory lock. It pins one connection of the
-// pool, the session that holds the lock, until [Lock.Unlock].
+// Lock is a held session-level advisory lock, on a server session that the
+// Locker keeps out of the pool until [Lock.Unlock]: a session shared with
+// the Locker's other exclusive locks, or one of its own (see
+// [Locker.Lock]).
 //
 // A Lock is safe for concurrent use. After Unlock, or once the lock is lost,
 // Done is closed and Err is non-nil; Unlock then returns an error and

@@ -198,3 +198,64 @@ func TestUnlockIsBounded(t *testing.T) {
 		t.Fatalf("Stats() = %+v, want the connection discarded", st)
 	}
 }
+
+// TestSharedUnlockOutcomes: on a shared session, a certain answer touches
+// one lock and an uncertain one takes the session's every lock. An unlock
+// the server says found no lock loses that Lock only; an unlock statement
+// that fails discards the session, and every Lock on it reports the loss.
+// (A real server cannot be made to drop one lock of a live session.)
+func TestSharedUnlockOutcomes(t *testing.T) {
+	db, mock := newMock(t)
+	l := sqllock.New(db, sqllock.WithKeepAlive(0))
+	sqllockmock.ExpectServerCheck(mock)
+	mock.ExpectQuery(`^SELECT pg_backend_pid\(\), pg_is_in_recovery\(\), `).
+		WillReturnRows(sqlmock.NewRows([]string{"pid", "in_recovery", "settings"}).AddRow(sqllockmock.PID, false, "on"))
+	keys := []sqllock.Key{sqllock.Int64(1), sqllock.Int64(2), sqllock.Int64(3)}
+	for _, k := range keys {
+		v, _ := k.Int64()
+		mock.ExpectQuery(`pg_try_advisory_lock\(\$1\)`).WithArgs(v).
+			WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid", "in_recovery"}).AddRow(true, sqllockmock.PID, false))
+	}
+	locks := make([]*sqllock.Lock, len(keys))
+	for i, k := range keys {
+		lk, err := l.TryLock(bg(), k)
+		if err != nil {
+			t.Fatalf("TryLock(%v) = %v", k, err)
+		}
+		if lk.PID() != sqllockmock.PID || lk.Conn() != nil {
+			t.Fatalf("TryLock(%v): PID %d, Conn %v; want the shared session, no Conn", k, lk.PID(), lk.Conn())
+		}
+		locks[i] = lk
+	}
+	// Certain: the server says the session did not hold key 2.
+	mock.ExpectQuery(`pg_advisory_unlock\(\$1\).*WHERE pg_backend_pid\(\) = \$2`).WithArgs(int64(2), int64(sqllockmock.PID)).
+		WillReturnRows(sqlmock.NewRows([]string{"released"}).AddRow(false))
+	if err := locks[1].Unlock(bg()); !errors.Is(err, sqllock.ErrLockLost) {
+		t.Fatalf("Unlock of a lock the server did not hold = %v, want ErrLockLost", err)
+	}
+	for _, i := range []int{0, 2} {
+		if err := locks[i].Err(); err != nil {
+			t.Fatalf("lock %v after its neighbour's certain loss: Err() = %v, want nil", locks[i].Key(), err)
+		}
+	}
+	// Uncertain: the unlock statement of key 1 fails.
+	mock.ExpectQuery(`pg_advisory_unlock\(\$1\)`).WithArgs(int64(1), int64(sqllockmock.PID)).
+		WillReturnError(errors.New("canceling statement due to statement timeout"))
+	if err := locks[0].Unlock(bg()); err == nil {
+		t.Fatalf("Unlock with a failed statement = nil, want an error")
+	}
+	select {
+	case <-locks[2].Done():
+	case <-time.After(5 * time.Second):
+		t.Fatalf("lock %v on the discarded session: Done not closed", locks[2].Key())
+	}
+	if err := locks[2].Err(); !errors.Is(err, sqllock.ErrLockLost) {
+		t.Fatalf("lock %v on the discarded session: Err() = %v, want ErrLockLost", locks[2].Key(), err)
+	}
+	if err := locks[2].Unlock(bg()); !errors.Is(err, sqllock.ErrLockLost) {
+		t.Fatalf("Unlock of a lock on the discarded session = %v, want ErrLockLost", err)
+	}
+	if st := l.Stats(); st.Held != 0 || st.Discarded != 1 || st.SharedSessions != 0 {
+		t.Errorf("Stats() = %+v; want nothing held, one connection discarded, no shared session", st)
+	}
+}
