@@ -20,12 +20,15 @@ import (
 // each variant's median wall time, mean process CPU and allocations per
 // cycle, the throughput ratios sqllock ÷ raw ("ratio": both with
 // Background, "ratio-ctx": both cancellable) and the client CPU sqllock
-// adds per cycle ("cpu-added-ns", Background; "cpu-added-ctx-ns").
+// adds per cycle ("cpu-added-ns", Background; "cpu-added-ctx-ns"). sqllock
+// is a default Locker (locks on a shared session); "dedicated" a Locker
+// made WithDedicatedSessions (a pool checkout and a session per lock), with
+// its ratio to raw ("ratio-dedicated").
 func BenchmarkTryLockUnlock(b *testing.B) {
 	srv := pgtest.Start(b)
 	dsn := srv.NewDatabase(b)
 	for _, drv := range drivers {
-		b.Run(drv, func(b *testing.B) { compareCycles(b, pgtest.Open(b, drv, dsn)) })
+		b.Run(drv, func(b *testing.B) { compareCycles(b, func() *sql.DB { return pgtest.Open(b, drv, dsn) }) })
 	}
 }
 
@@ -37,13 +40,17 @@ func BenchmarkTryLockUnlockRTT(b *testing.B) {
 	for _, drv := range drivers {
 		b.Run(drv, func(b *testing.B) {
 			proxy := pgtest.StartProxy(b, srv.Addr(), 250*time.Microsecond)
-			compareCycles(b, pgtest.Open(b, drv, proxy.DSN(dsn)))
+			compareCycles(b, func() *sql.DB { return pgtest.Open(b, drv, proxy.DSN(dsn)) })
 		})
 	}
 }
 
-// compareCycles runs the interleaved cycle comparison on db.
-func compareCycles(b *testing.B, db *sql.DB) {
+// compareCycles runs the interleaved cycle comparison on pools from open:
+// one for raw and the default Locker, one for the dedicated Locker (a pool
+// of its own, so that the shared session the other pins does not change
+// its pool's behaviour).
+func compareCycles(b *testing.B, open func() *sql.DB) {
+	db := open()
 	bg := context.Background()
 	cctx, cancel := context.WithCancel(bg)
 	defer cancel()
@@ -53,6 +60,7 @@ func compareCycles(b *testing.B, db *sql.DB) {
 	}
 	defer conn.Close()
 	l := sqllock.New(db)
+	dl := sqllock.New(open(), sqllock.WithDedicatedSessions())
 	raw := func(ctx context.Context, key int64) func() {
 		return func() {
 			var ok bool
@@ -64,7 +72,7 @@ func compareCycles(b *testing.B, db *sql.DB) {
 			}
 		}
 	}
-	lib := func(ctx context.Context, key int64) func() {
+	lib := func(ctx context.Context, l *sqllock.Locker, key int64) func() {
 		k := sqllock.Int64(key)
 		return func() {
 			lk, err := l.TryLock(ctx, k)
@@ -79,9 +87,11 @@ func compareCycles(b *testing.B, db *sql.DB) {
 	res := testkit.Compare(b, []testkit.Variant{
 		{Name: "raw", Run: raw(bg, 4241)},
 		{Name: "raw-ctx", Run: raw(cctx, 4242)},
-		{Name: "sqllock", Run: lib(bg, 4243)},
-		{Name: "sqllock-ctx", Run: lib(cctx, 4244)},
-	}, testkit.Ratio{Name: "ratio", Of: "sqllock", Over: "raw"}, testkit.Ratio{Name: "ratio-ctx", Of: "sqllock-ctx", Over: "raw-ctx"})
+		{Name: "sqllock", Run: lib(bg, l, 4243)},
+		{Name: "sqllock-ctx", Run: lib(cctx, l, 4244)},
+		{Name: "dedicated", Run: lib(bg, dl, 4245)},
+	}, testkit.Ratio{Name: "ratio", Of: "sqllock", Over: "raw"}, testkit.Ratio{Name: "ratio-ctx", Of: "sqllock-ctx", Over: "raw-ctx"},
+		testkit.Ratio{Name: "ratio-dedicated", Of: "dedicated", Over: "raw"})
 	b.ReportMetric(float64(res[2].CPU-res[0].CPU), "cpu-added-ns")
 	b.ReportMetric(float64(res[3].CPU-res[1].CPU), "cpu-added-ctx-ns")
 }

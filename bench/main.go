@@ -35,7 +35,11 @@ func main() {
 	hotRounds := flag.Int("hot", 8, "rounds of the hot-key comparison (each a 500 ms phase per contender)")
 	handoffs := flag.Int("handoffs", 40, "samples per handoff variant (goose: fewer, it polls in seconds)")
 	cpu := flag.Int("cpu", 0, "pin this process and the PostgreSQL server it starts to this CPU (-1: do not pin)")
+	sharing := flag.Bool("sharing", false, "measure only the sessions-per-locks curve: its chart to -out, its table to stdout")
 	flag.Parse()
+	if *sharing {
+		*cpu = -1 // thousands of goroutines: every CPU
+	}
 	if *cpu >= 0 && os.Getenv("SQLLOCK_BENCH_PINNED") == "" {
 		// On a small virtual machine, a client and a server that ping-pong
 		// between two CPUs are served several times slower than on one, and
@@ -57,6 +61,13 @@ func main() {
 		}
 		fmt.Fprintln(os.Stderr, "bench: pin to CPU:", err)
 		os.Exit(1)
+	}
+	if *sharing {
+		if err := runSharingOnly(*out); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
 	}
 	if err := run(*out, *calls, *hotRounds, *handoffs, *cpu); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -128,6 +139,20 @@ func run(outDir string, calls, hotRounds, handoffs, cpu int) error {
 	}
 	done()
 	return r.write(outDir)
+}
+
+// runSharingOnly is the -sharing mode.
+func runSharingOnly(outDir string) error {
+	ctx := context.Background()
+	srv, err := pgtest.Embedded(ctx)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	e := &env{ctx: ctx, srv: srv, dsn: srv.DSN(), pq: open("postgres", srv.DSN()), pgx: open("pgx", srv.DSN())}
+	defer e.pq.Close()
+	defer e.pgx.Close()
+	return runSharing(e, outDir, os.Stdout)
 }
 
 func warmUp(e *env) error {
