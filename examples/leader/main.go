@@ -125,6 +125,7 @@ func run(ctx context.Context, w io.Writer) error {
 	election := sqllock.New(db).Election(electionKey)
 	var first, second sqllock.Leader
 	sawLoss := false
+	announced := map[string]bool{} // candidates that said they lead
 	for deadline := time.Now().Add(60 * time.Second); second.PID == 0 || !sawLoss; {
 		if time.Now().After(deadline) {
 			return errors.New("leadership did not move within 60s")
@@ -133,11 +134,15 @@ func run(ctx context.Context, w io.Writer) error {
 		case l := <-lines:
 			fmt.Fprintln(w, l)
 			sawLoss = sawLoss || first.PID != 0 && strings.HasPrefix(l, name(first)+": lost leadership")
+			if who, _, ok := strings.Cut(l, ": I am the leader ("); ok {
+				announced[who] = true
+			}
 		case <-time.After(20 * time.Millisecond):
 		}
 		ld, err := election.Leader(ctx)
 		switch {
 		case err != nil || ld.PID == 0:
+		case first.PID == 0 && !announced[name(ld)]: // granted, not yet told
 		case first.PID == 0:
 			first = ld
 			fmt.Fprintf(w, "demo: %v leads; killing its database session\n", first)
