@@ -237,29 +237,30 @@ func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, 
 	return lk, nil, true
 }
 
-// carrierFor returns a carrier for one operation: an idle one, else a new
-// one while there are fewer than the limit, else the least busy (or, when
-// every one is still opening, the first to open). The caller must call
+// carrierFor returns a carrier for one operation: an idle one (the one
+// that carries fewest locks), else a new one while there are fewer than
+// the limit, else the least busy (or, when every one is still opening, the
+// first to open). The caller must call
 // leave when its operation is done.
 func (l *Locker) carrierFor(ctx context.Context) (*carrier, error) {
 	s := &l.share
 	s.mu.Lock()
 	for {
+		// The least busy, and of those the one that carries fewest locks:
+		// the locks spread over the carriers, so that losing one session
+		// loses as few as can be.
 		var best *carrier
-		bestLoad := 0
+		bestLoad, bestHeld := 0, 0
 		for _, c := range s.all {
 			c.mu.Lock()
 			usable := c.dead == nil && !c.retired && !c.closed
-			load := len(c.queue)
+			load, held := len(c.queue), len(c.held)
 			if c.running {
 				load++
 			}
-			if usable && (best == nil || load < bestLoad) {
-				best, bestLoad = c, load
-			}
 			c.mu.Unlock()
-			if usable && load == 0 {
-				break
+			if usable && (best == nil || load < bestLoad || load == bestLoad && held < bestHeld) {
+				best, bestLoad, bestHeld = c, load, held
 			}
 		}
 		room := len(s.all)+s.opening < l.carrierLimit()

@@ -54,52 +54,27 @@ func lockingBackends(t *testing.T, db *sql.DB) int {
 func TestManyLocksFewSessions(t *testing.T) {
 	t.Parallel()
 	n := 5000
+	var srv *pgtest.Server
 	if testkit.Short() {
-		n = 1000
+		n = 500 // and no baseline
+		srv = pgtest.Start(t)
+	} else {
+		srv = pgtest.Private(t) // the baseline exhausts connections: not the shared server's
 	}
-	srv := pgtest.Private(t) // the baseline exhausts connections: not the shared server's
 	for _, drv := range drivers {
 		t.Run(drv, func(t *testing.T) {
 			dsn := srv.NewDatabase(t)
 			limitConnections(t, srv, dsn, 97)
 			observer := pgtest.Open(t, "pgx", dsn)
 			observer.SetMaxOpenConns(1)
-
-			// The baseline: a session per lock.
-			dedicated := sqllock.New(pgtest.Open(t, drv, dsn), sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0))
-			var refused atomic.Int64
-			var held []*sqllock.Lock
-			var mu sync.Mutex
-			var wg sync.WaitGroup
-			for i := range 150 {
-				wg.Go(func() {
-					ctx, cancel := context.WithTimeout(bg(), 3*time.Second)
-					defer cancel()
-					lk, err := dedicated.Lock(ctx, sqllock.Pair(40, int32(i)))
-					if err != nil {
-						refused.Add(1)
-						return
-					}
-					mu.Lock()
-					held = append(held, lk)
-					mu.Unlock()
-				})
-			}
-			wg.Wait()
-			t.Logf("a session per lock: %d of 150 locks held, %d refused", len(held), refused.Load())
-			if refused.Load() == 0 {
-				t.Errorf("a session per lock: all 150 locks held in a database that admits 97 connections")
-			}
-			for _, lk := range held {
-				if err := lk.Unlock(bg()); err != nil {
-					t.Fatal(err)
-				}
+			if !testkit.Short() {
+				sessionPerLockRefused(t, drv, dsn)
 			}
 
-			// Shared sessions.
 			l := sqllock.New(pgtest.Open(t, drv, dsn))
 			locks := make([]*sqllock.Lock, n)
 			errs := make(chan error, n)
+			var wg sync.WaitGroup
 			start := time.Now()
 			for i := range n {
 				wg.Go(func() {
@@ -136,6 +111,12 @@ func TestManyLocksFewSessions(t *testing.T) {
 					t.Fatalf("lock %d: Conn() = %v on a shared session, want nil", i, lk.Conn())
 				}
 			}
+			// Inspect names each lock's holder: its shared session.
+			for _, lk := range locks[:10] {
+				if pids := holders(t, observer, lk.Key()); len(pids) != 1 || pids[0] != lk.PID() {
+					t.Errorf("Inspect: %v held by %v, want backend %d", lk.Key(), pids, lk.PID())
+				}
+			}
 			for _, lk := range locks {
 				wg.Go(func() {
 					if err := lk.Unlock(bg()); err != nil {
@@ -149,6 +130,42 @@ func TestManyLocksFewSessions(t *testing.T) {
 				t.Errorf("after every Unlock: %+v", st)
 			}
 		})
+	}
+}
+
+// sessionPerLockRefused: with a session per lock, 150 goroutines taking
+// distinct free keys run a database that admits 97 connections out of
+// them.
+func sessionPerLockRefused(t *testing.T, drv, dsn string) {
+	t.Helper()
+	dedicated := sqllock.New(pgtest.Open(t, drv, dsn), sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0))
+	var refused atomic.Int64
+	var held []*sqllock.Lock
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := range 150 {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(bg(), 3*time.Second)
+			defer cancel()
+			lk, err := dedicated.Lock(ctx, sqllock.Pair(40, int32(i)))
+			if err != nil {
+				refused.Add(1)
+				return
+			}
+			mu.Lock()
+			held = append(held, lk)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	t.Logf("a session per lock: %d of 150 locks held, %d refused", len(held), refused.Load())
+	if refused.Load() == 0 {
+		t.Errorf("a session per lock: all 150 locks held in a database that admits 97 connections")
+	}
+	for _, lk := range held {
+		if err := lk.Unlock(bg()); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -232,31 +249,47 @@ func TestSharedExclusive(t *testing.T) {
 	})
 }
 
-// TestSharedSessionLoss: a Locker's locks spread over its shared sessions;
-// one session is terminated: every Lock on it reports the loss (Done, Err
-// wrapping ErrLockLost, Unlock returning it), no other Lock does, and the
-// Locker goes on taking locks.
+// TestSharedSessionLoss: a Locker's locks spread over its shared sessions
+// (two, for a pool of 8 connections: hundreds of locks each); one session
+// is terminated: every Lock on it reports the loss (Done, Err wrapping
+// ErrLockLost, Unlock returning it), no other Lock does, and the Locker
+// goes on taking locks.
 func TestSharedSessionLoss(t *testing.T) {
 	t.Parallel()
 	srv := pgtest.Start(t)
 	for _, drv := range drivers {
 		t.Run(drv, func(t *testing.T) {
 			dsn := srv.NewDatabase(t)
-			l := sqllock.New(pgtest.Open(t, drv, dsn), sqllock.WithKeepAlive(100*time.Millisecond))
+			db := pgtest.Open(t, drv, dsn)
+			db.SetMaxOpenConns(8) // shared sessions: a quarter of it
+			l := sqllock.New(db, sqllock.WithKeepAlive(100*time.Millisecond))
 			observer := pgtest.Open(t, "pgx", dsn)
 			const n = 1200
 			locks := make([]*sqllock.Lock, n)
 			var wg sync.WaitGroup
-			for i := range n {
-				wg.Go(func() {
-					lk, err := l.TryLock(bg(), sqllock.Pair(42, int32(i)))
-					if err != nil {
-						t.Error(err)
+			// A first wave opens both shared sessions (it queues on the
+			// first while the second connects); the second wave, within
+			// the second they stay open empty, spreads over both.
+			for round := range 2 {
+				for i := range n {
+					wg.Go(func() {
+						lk, err := l.TryLock(bg(), sqllock.Pair(42, int32(i)))
+						if err != nil {
+							t.Error(err)
+						}
+						locks[i] = lk
+					})
+				}
+				wg.Wait()
+				if round == 1 {
+					break
+				}
+				for _, lk := range locks {
+					if err := lk.Unlock(bg()); err != nil {
+						t.Fatal(err)
 					}
-					locks[i] = lk
-				})
+				}
 			}
-			wg.Wait()
 			if t.Failed() {
 				t.FailNow()
 			}
@@ -269,8 +302,8 @@ func TestSharedSessionLoss(t *testing.T) {
 				pids = append(pids, pid)
 			}
 			sort.Slice(pids, func(i, j int) bool { return len(byPID[pids[i]]) > len(byPID[pids[j]]) })
-			if len(pids) < 2 {
-				t.Fatalf("%d locks on %d session: want several", n, len(pids))
+			if len(pids) != 2 || len(byPID[pids[0]]) < 300 || len(byPID[pids[1]]) < 100 {
+				t.Fatalf("%d locks on %d sessions (the most loaded carries %d, the least %d): want 2, carrying 300 or more and 100 or more", n, len(pids), len(byPID[pids[0]]), len(byPID[pids[len(pids)-1]]))
 			}
 			victim := pids[0]
 			t.Logf("%d locks on %d sessions; terminating backend %d, which carries %d", n, len(pids), victim, len(byPID[victim]))
