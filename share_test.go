@@ -302,8 +302,8 @@ func TestSharedSessionLoss(t *testing.T) {
 				pids = append(pids, pid)
 			}
 			sort.Slice(pids, func(i, j int) bool { return len(byPID[pids[i]]) > len(byPID[pids[j]]) })
-			if len(pids) != 2 || len(byPID[pids[0]]) < 300 || len(byPID[pids[1]]) < 100 {
-				t.Fatalf("%d locks on %d sessions (the most loaded carries %d, the least %d): want 2, carrying 300 or more and 100 or more", n, len(pids), len(byPID[pids[0]]), len(byPID[pids[len(pids)-1]]))
+			if len(pids) != 2 || len(byPID[pids[0]]) < 300 || len(byPID[pids[1]]) < 10 {
+				t.Fatalf("%d locks on %d sessions (the most loaded carries %d, the least %d): want 2, carrying 300 or more and 10 or more", n, len(pids), len(byPID[pids[0]]), len(byPID[pids[len(pids)-1]]))
 			}
 			victim := pids[0]
 			t.Logf("%d locks on %d sessions; terminating backend %d, which carries %d", n, len(pids), victim, len(byPID[victim]))
