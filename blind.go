@@ -48,7 +48,7 @@ func boundedRaw(ctx context.Context, blind *abandonSet, conn *sql.Conn, f func(d
 	if blind == nil || ctx.Done() == nil {
 		return onDriverConn(conn, f)
 	}
-	_, err := leaveAtEnd(ctx,
+	_, err := leaveAtEnd(ctx, abandonGrace,
 		func(left func() bool) (struct{}, error) {
 			return struct{}{}, onDriverConn(conn, func(dc any) error {
 				err := f(dc)
@@ -82,52 +82,33 @@ func getConn(ctx context.Context, db *sql.DB) (*sql.Conn, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	type result struct {
-		conn *sql.Conn
-		err  error
-	}
-	res := make(chan result, 1)
-	var mu sync.Mutex
-	gone := false // guarded by mu: the caller left
-	go func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), connectTimeout)
-		defer cancel()
-		conn, err := db.Conn(cctx)
-		mu.Lock()
-		defer mu.Unlock()
-		if gone {
+	conn, err := leaveAtEnd(ctx, 0,
+		func(func() bool) (*sql.Conn, error) {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), connectTimeout)
+			defer cancel()
+			return db.Conn(cctx)
+		},
+		func() {},
+		func(conn *sql.Conn, err error) {
 			if err == nil {
-				conn.Close()
+				conn.Close() // to the pool, for the next call
 			}
-			return
-		}
-		res <- result{conn, err}
-	}()
-	select {
-	case r := <-res:
-		return r.conn, r.err
-	case <-ctx.Done():
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	select {
-	case r := <-res:
-		return r.conn, r.err
-	default:
-		gone = true
+		})
+	if errors.Is(err, errAbandoned) {
 		return nil, ctx.Err()
 	}
+	return conn, err
 }
 
 // connectTimeout bounds the setup of a connection whose caller left.
 const connectTimeout = 30 * time.Second
 
 // leaveAtEnd runs work in a goroutine and returns its result, or, when it
-// has not returned abandonGrace after ctx ended, an error wrapping
+// has not returned grace after ctx ended, an error wrapping
 // errAbandoned and ctx's error. Leaving calls onLeave; work can ask whether
 // its caller left (left); a result that comes after the caller left goes
 // to cleanup. onLeave and cleanup never overlap the decision to leave.
-func leaveAtEnd[T any](ctx context.Context, work func(left func() bool) (T, error), onLeave func(), cleanup func(T, error)) (T, error) {
+func leaveAtEnd[T any](ctx context.Context, grace time.Duration, work func(left func() bool) (T, error), onLeave func(), cleanup func(T, error)) (T, error) {
 	type result struct {
 		v   T
 		err error
@@ -158,7 +139,7 @@ func leaveAtEnd[T any](ctx context.Context, work func(left func() bool) (T, erro
 	select {
 	case r := <-res:
 		return r.v, r.err
-	case <-time.After(abandonGrace):
+	case <-time.After(grace):
 	}
 	mu.Lock()
 	defer mu.Unlock()

@@ -55,23 +55,9 @@ type Session struct {
 // not a standby (unless WithAllowStandby) in the same round trip that learns
 // the backend pid. ctx bounds only this call.
 func (l *Locker) Session(ctx context.Context) (*Session, error) {
-	conn, err := getConn(ctx, l.db)
+	conn, pid, err := l.pinSession(ctx, "session")
 	if err != nil {
-		return nil, fmt.Errorf("sqllock: session: get connection: %w", err)
-	}
-	if err := l.checkServer(ctx, conn); err != nil {
-		conn.Close()
 		return nil, err
-	}
-	var pid int64
-	var standby bool
-	if err := queryRow(ctx, l.abandoned, conn, l.sql().SessionSQL(), nil, &pid, &standby, skip); err != nil {
-		discardConn(conn)
-		return nil, fmt.Errorf("sqllock: session: %w", err)
-	}
-	if standby && !l.cfg.allowStandby {
-		l.closeSession(conn, pid)
-		return nil, standbyError("session")
 	}
 	s := &Session{pinned: pinned{l: l, conn: conn, pid: pid}}
 	l.mon.add(s)
@@ -324,6 +310,32 @@ func (s *Session) Close(ctx context.Context) error {
 	s.settle(stateReleased, ErrReleased)
 	s.gone = true
 	return s.l.closeSession(s.conn, s.pid)
+}
+
+// pinSession takes a connection of the pool for a session that will hold
+// many locks (a Session, or a shared session): the server checked, the
+// backend's pid learnt, and the lock session's settings applied, in one
+// round trip once the server is known. what names the caller in errors.
+func (l *Locker) pinSession(ctx context.Context, what string) (*sql.Conn, int64, error) {
+	conn, err := getConn(ctx, l.db)
+	if err != nil {
+		return nil, 0, fmt.Errorf("sqllock: %s: get connection: %w", what, err)
+	}
+	if err := l.checkServer(ctx, conn); err != nil {
+		conn.Close()
+		return nil, 0, err
+	}
+	var pid int64
+	var standby bool
+	if err := queryRow(ctx, l.abandoned, conn, l.sql().SessionSQL(), nil, &pid, &standby, skip); err != nil {
+		discardConn(conn)
+		return nil, 0, fmt.Errorf("sqllock: %s: %w", what, err)
+	}
+	if standby && !l.cfg.allowStandby {
+		l.closeSession(conn, pid)
+		return nil, 0, standbyError(what)
+	}
+	return conn, pid, nil
 }
 
 // closeSession sets the settings of a Session's connection back and gives

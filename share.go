@@ -321,23 +321,9 @@ func (l *Locker) carrierLimit() int {
 // openCarrier pins a connection as a carrier: the server checked, its pid
 // known and the lock session's settings applied in one round trip.
 func (l *Locker) openCarrier(ctx context.Context) (*carrier, error) {
-	conn, err := getConn(ctx, l.db)
+	conn, pid, err := l.pinSession(ctx, "shared session")
 	if err != nil {
 		return nil, err
-	}
-	if err := l.checkServer(ctx, conn); err != nil {
-		conn.Close()
-		return nil, err
-	}
-	var pid int64
-	var standby bool
-	if err := queryRow(ctx, l.abandoned, conn, l.sql().SessionSQL(), nil, &pid, &standby, skip); err != nil {
-		discardConn(conn)
-		return nil, err
-	}
-	if standby && !l.cfg.allowStandby {
-		l.closeSession(conn, pid)
-		return nil, standbyError("lock")
 	}
 	l.pids.set(driverConnOf(conn), pid) // for a wait on it once it is back in the pool
 	return &carrier{l: l, conn: conn, pid: pid, held: map[*Lock]struct{}{}}, nil
