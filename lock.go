@@ -255,14 +255,21 @@ func (lk *Lock) lose(cause error) {
 	lk.discarded = discarded
 	lk.mu.Unlock()
 	lk.l.emit(context.Background(), Event{Kind: EventLost, Key: lk.key, Name: lk.l.regName(lk.key), PID: int(lk.pid), Held: time.Since(lk.since), Err: err}, 1)
-	if lk.c != nil {
-		// The shared session no longer holds the key (or was discarded,
-		// which ends it): forget the lock there; a carrier whose lock
-		// vanished takes no new one.
-		lk.c.retire()
-		lk.l.share.free(lk.key)
-		lk.c.detach(lk)
-		close(discarded)
+	if c := lk.c; c != nil {
+		// As below, for the shared session: it is discarded, and every
+		// lock on it is lost with it. Whatever the keep-alive saw (the key
+		// gone, or no answer at all), only the end of the session makes
+		// sure that it holds nothing should the network heal; a session
+		// that ended anyway loses nothing more. It takes no new lock from
+		// now on.
+		c.retire()
+		go func() {
+			c.fail(cause)
+			<-c.gone
+			lk.l.share.free(lk.key)
+			c.detach(lk)
+			close(discarded)
+		}()
 		lk.end()
 		return
 	}

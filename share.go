@@ -121,6 +121,8 @@ type carrier struct {
 	dead    error              // guarded by mu: the session is lost or discarded
 	closed  bool               // guarded by mu: gone back to the pool
 	linger  *time.Timer        // guarded by mu
+
+	gone chan struct{} // closed once a dead carrier's connection is discarded
 }
 
 type shareOpKind uint8
@@ -326,7 +328,7 @@ func (l *Locker) openCarrier(ctx context.Context) (*carrier, error) {
 		return nil, err
 	}
 	l.pids.set(driverConnOf(conn), pid) // for a wait on it once it is back in the pool
-	return &carrier{l: l, conn: conn, pid: pid, held: map[*Lock]struct{}{}}, nil
+	return &carrier{l: l, conn: conn, pid: pid, held: map[*Lock]struct{}{}, gone: make(chan struct{})}, nil
 }
 
 // err returns why the carrier is dead.
@@ -601,9 +603,10 @@ func (c *carrier) runTag(op *shareOp) {
 	c.finish(op)
 }
 
-// fail marks the carrier dead after an uncertain outcome, discards its
-// connection (the server releases everything it held as the session
-// ends), and loses every Lock on it.
+// fail marks the carrier dead after an uncertain outcome (or a lost lock),
+// tells every Lock on it that it is lost, then discards its connection (the
+// server releases everything it held as the session ends): the holders are
+// told first.
 func (c *carrier) fail(cause error) {
 	s := &c.l.share
 	s.mu.Lock()
@@ -626,16 +629,17 @@ func (c *carrier) fail(cause error) {
 	c.mu.Unlock()
 	s.remove(c)
 	s.mu.Unlock()
-	c.l.discard(c.conn, Key{}, "shared session: "+cause.Error())
 	for _, lk := range locks {
 		lk.lose(dead)
 	}
+	c.l.discard(c.conn, Key{}, "shared session: "+cause.Error())
+	close(c.gone)
 }
 
-// retire stops c from taking new locks: one of its locks vanished from
-// the server, which its session no longer explains. It goes back to the
-// pool (reset) once its other locks are released, or is discarded should
-// one of them turn out lost too.
+// retire stops c from taking new locks: one of its locks was lost, or an
+// unlock found a lock the server says it did not hold. It goes back to
+// the pool (reset) once its other locks are released, unless it was
+// discarded meanwhile.
 func (c *carrier) retire() {
 	c.mu.Lock()
 	c.retired = true
