@@ -414,8 +414,11 @@ func TestRunShared(t *testing.T) {
 	long(t)
 	dsn, db := database(t)
 	dir := t.TempDir()
-	ready := filepath.Join(dir, "ready")
-	holder := sqllockCmd(dsn, "run", "-s", "report:read", "--", "sh", "-c", fmt.Sprintf("touch %s; sleep 1", ready))
+	ready, done := filepath.Join(dir, "ready"), filepath.Join(dir, "done")
+	// The holder holds until the checks are done (a fixed sleep is too
+	// short on a loaded machine).
+	holder := sqllockCmd(dsn, "run", "-s", "report:read", "--", "sh", "-c",
+		fmt.Sprintf("touch %s; i=0; while [ ! -e %s ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done", ready, done))
 	if err := holder.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -426,6 +429,9 @@ func TestRunShared(t *testing.T) {
 	}
 	if r := runCLI(t, dsn, "run", "-n", "-E", "4", "report:read", "--", "true"); r.code != 4 {
 		t.Fatalf("exclusive run against a shared holder: exit %d, want 4: %s", r.code, r.stderr)
+	}
+	if err := os.WriteFile(done, nil, 0o644); err != nil {
+		t.Fatal(err)
 	}
 	if err := holder.Wait(); err != nil {
 		t.Fatal(err)
