@@ -86,13 +86,13 @@ func TestSemaphoreBasics(t *testing.T) {
 // TestSemaphoreProcesses: 3 OS processes × 8 goroutines share a semaphore
 // of 3 slots, with waits whose deadlines race the releases: never more
 // than 3 inside (checked by the workers, and by pg_locks from here), every
-// worker gets in (every process, in the one-second run of -short), and
+// worker gets in (every process, in the two-second run of -short), and
 // no slot stays held.
 func TestSemaphoreProcesses(t *testing.T) {
 	t.Parallel()
 	run := 10 * time.Second
 	if testkit.Short() {
-		run = time.Second
+		run = 2 * time.Second
 	}
 	for _, drv := range drivers {
 		t.Run(drv, func(t *testing.T) {

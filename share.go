@@ -394,11 +394,13 @@ func (c *carrier) closeIfEmpty() {
 		s.mu.Unlock()
 		return
 	}
-	c.closed = true
+	c.closed = true // no call picks it now
 	c.mu.Unlock()
-	s.remove(c)
 	s.mu.Unlock()
 	c.l.closeSession(c.conn, c.pid)
+	s.mu.Lock()
+	s.remove(c) // counted until its reset is done
+	s.mu.Unlock()
 }
 
 // remove drops c from the carriers. The caller holds s.mu.

@@ -56,7 +56,7 @@ func TestManyLocksFewSessions(t *testing.T) {
 	n := 5000
 	var srv *pgtest.Server
 	if testkit.Short() {
-		n = 500 // and no baseline
+		n = 300 // and no baseline
 		srv = pgtest.Start(t)
 	} else {
 		srv = pgtest.Private(t) // the baseline exhausts connections: not the shared server's
