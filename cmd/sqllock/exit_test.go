@@ -142,7 +142,7 @@ func exitCases(t *testing.T, dsn string) []exitCase {
 	return []exitCase{
 		{name: "command status", dsn: dsn, args: []string{"run", "k1", "--", "sh", "-c", "exit 7"}, code: 7},
 		{name: "held elsewhere -n", dsn: dsn, args: []string{"run", "-n", "held", "--", "true"}, code: 1, want: "held elsewhere (by pid "},
-		{name: "held elsewhere -w", dsn: dsn, args: []string{"run", "-w", "100ms", "held", "--", "true"}, code: 1, want: "still held elsewhere after 100ms"},
+		{name: "held elsewhere -w", dsn: dsn, args: []string{"run", "-w", "1s", "held", "--", "true"}, code: 1, want: "still held elsewhere after 1s"},
 		{name: "conflict code -E", dsn: dsn, args: []string{"run", "-n", "-E", "9", "held", "--", "true"}, code: 9},
 		{name: "bad flag", dsn: dsn, args: []string{"run", "--bogus", "k", "--", "true"}, code: exitUsage, want: "flag provided but not defined"},
 		{name: "flag after KEY", dsn: dsn, args: []string{"run", "k", "-n", "--", "true"}, code: exitUsage, want: "flags go before KEY"},
