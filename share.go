@@ -416,19 +416,39 @@ func (s *sharing) remove(c *carrier) {
 // submit queues op; the first caller to find the carrier idle becomes its
 // runner and sends the queue, batch after batch, until it is empty.
 func (c *carrier) submit(op *shareOp) {
+	if c.enqueue(op) {
+		c.drain()
+	}
+}
+
+// enqueue queues op and reports whether the caller must run the queue
+// (drain): no runner was running. On a dead carrier, op fails at once.
+func (c *carrier) enqueue(op *shareOp) bool {
 	c.mu.Lock()
-	if c.dead != nil {
-		op.err = c.dead
+	if c.dead != nil || c.closed {
+		err := c.dead
+		if err == nil {
+			err = errors.New("shared session closed")
+		}
+		op.err = err
 		c.mu.Unlock()
 		c.finish(op)
-		return
+		return false
 	}
 	c.queue = append(c.queue, op)
 	if c.running {
 		c.mu.Unlock()
-		return
+		return false
 	}
 	c.running = true
+	c.mu.Unlock()
+	return true
+}
+
+// drain sends the queue, batch after batch, until it is empty; the caller
+// is the runner (enqueue returned true).
+func (c *carrier) drain() {
+	c.mu.Lock()
 	for len(c.queue) > 0 && c.dead == nil {
 		batch := c.queue
 		c.queue = nil
@@ -469,10 +489,14 @@ func (c *carrier) finish(op *shareOp) {
 
 // unlockAsync releases k, which this carrier holds for no Lock, without
 // waiting; k is freed once the server confirmed it (or the carrier is gone).
+// The unlock is queued before unlockAsync returns, so the carrier never
+// looks empty (and goes back to the pool) while it holds k.
 func (c *carrier) unlockAsync(k Key) {
 	op := newOp(opUnlock, k)
 	op.after = func() { c.l.share.free(k) }
-	go c.submit(op)
+	if c.enqueue(op) {
+		go c.drain()
+	}
 }
 
 // run sends one batch: the tag statements one by one, then the unlocks,

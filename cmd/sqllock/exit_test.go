@@ -360,12 +360,14 @@ func TestInspectIsTerminalSafe(t *testing.T) {
 	}
 	// --watch into a pipe: no screen-clearing codes.
 	cmd := sqllockCmd(dsn, "inspect", "--watch", "100ms")
-	var out bytes.Buffer
+	var out lockedBuffer
 	cmd.Stdout = &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	for deadline := time.Now().Add(10 * time.Second); strings.Count(out.String(), "every 100ms") < 2 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond) // two listings (a loaded machine is slow to start)
+	}
 	cmd.Process.Signal(syscall.SIGTERM)
 	cmd.Wait()
 	if n := strings.Count(out.String(), "every 100ms"); n < 2 || strings.Contains(out.String(), "\033[") {
@@ -647,4 +649,23 @@ func TestRunSlotsRefusals(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.stderr, fmt.Sprintf("by pid %d", p.PID())) {
 		t.Fatalf("a refused --slots run: exit %d, %q; want 1 naming pid %d", r.code, r.stderr, p.PID())
 	}
+}
+
+// lockedBuffer is a bytes.Buffer that a command writes while the test
+// reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
