@@ -54,9 +54,9 @@ func measureSharing(e *env, limit int) ([]sharingPoint, error) {
 func sharingOnce(e *env, drv string, dedicated bool, n int) (sharingPoint, error) {
 	db := open(drv, e.dsn)
 	defer db.Close()
-	var opts []sqllock.Option
+	opts := []sqllock.Option{sqllock.WithSharedSessions()}
 	if dedicated {
-		opts = append(opts, sqllock.WithDedicatedSessions())
+		opts = []sqllock.Option{sqllock.WithDedicatedSessions()}
 	}
 	l := sqllock.New(db, opts...)
 	p := sharingPoint{driver: drv, dedicated: dedicated, locks: n}
