@@ -160,6 +160,18 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		}
 		returned.Store(true)
 		stop()
+		if lv == sessionLevel && sqlState(o.err) == "55P03" && !ctxEnded(ctx) {
+			// The statement's lock_timeout (its slice's, or the
+			// deadline's) can fire as the lock is granted: PostgreSQL
+			// then keeps the grant and reports 55P03 all the same. Waiting
+			// again would take the key a second time (advisory locks are
+			// re-entrant, so one unlock would leave it held), and "not
+			// granted" would leave it held by a connection going back to
+			// the pool: ask the session.
+			if l.grantedAfterTimeout(ctx, w, kind, k, &o) {
+				break
+			}
+		}
 		if byDeadline && sqlState(o.err) == "55P03" && !ctxEnded(ctx) {
 			// The server ended the wait just before ctx's deadline: not
 			// granted, for sure, and the session is intact.
@@ -209,6 +221,25 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		l.cancelWait(pid, k)
 	}
 	return o
+}
+
+// grantedAfterTimeout asks w's session, after its wait for k ended in
+// 55P03, whether it holds k all the same, and reports whether o is now the
+// outcome (granted, or the check failed: uncertain).
+func (l *Locker) grantedAfterTimeout(ctx context.Context, w waiter, kind lockKind, k Key, o *outcome) bool {
+	c, ob, sub := k.lockTag()
+	q, args := l.sql().GrantedSQL(kind&^kindTry, int64(c), int64(ob), sub)
+	g := outcome{pid: o.pid}
+	switch err := w.queryRow(ctx, q, args, &g.ok, &g.pid, &g.standby); {
+	case errors.Is(err, sql.ErrNoRows):
+		return false // not held: the 55P03 stands
+	case err != nil:
+		o.err = err
+	default:
+		l.log(ctx, slog.LevelDebug, "sqllock: granted as the wait's lock_timeout fired", k, slog.Int64("pid", g.pid))
+		*o = g
+	}
+	return true
 }
 
 // deadlineMargin is how long before ctx's deadline, left away, a wait

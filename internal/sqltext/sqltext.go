@@ -221,6 +221,24 @@ func (s *Statements) BuildWaitSQL(kind Kind, k Key, slice string) (string, []any
 		"LATERAL (SELECT " + kind.Fn() + "(" + a + ") WHERE s.v IS NOT NULL) AS l", args
 }
 
+// GrantedSQL returns the statement that asks, after a wait statement
+// failed with 55P03, whether the session holds the lock anyway: a
+// lock_timeout that fires as the lock is granted fails the statement, yet
+// PostgreSQL keeps the grant (the error's cleanup keeps a lock granted
+// before it). Its single row, only when the session that runs it holds
+// the lock whose tag is (classid, objid, objsubid) in kind's mode, is that
+// of WaitSQL, the settings applied (they were undone with the failed
+// statement).
+func (s *Statements) GrantedSQL(kind Kind, classid, objid int64, objsubid int) (string, []any) {
+	mode := "ExclusiveLock"
+	if kind.IsShared() {
+		mode = "ShareLock"
+	}
+	return s.mode.TagArgs("SELECT "+s.tune+" IS NOT NULL, pg_backend_pid(), pg_is_in_recovery() FROM pg_catalog.pg_locks l"+
+		" WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_backend_pid() AND l.mode = '"+mode+"'"+
+		" AND l.classid::int8 = $1::int8 AND l.objid::int8 = $2::int8 AND l.objsubid = $3::int4", classid, objid, objsubid)
+}
+
 // unlockSQL returns the statement that releases a session-level lock, and
 // sets the session's settings back, but only on the backend that was
 // granted it: its single row is (released bool, the settings' text) on that
