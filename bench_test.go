@@ -59,7 +59,7 @@ func compareCycles(b *testing.B, open func() *sql.DB) {
 		b.Fatal(err)
 	}
 	defer conn.Close()
-	l := sqllock.New(db, sqllock.WithSharedSessions())
+	l := sqllock.New(db)
 	dl := sqllock.New(open(), sqllock.WithDedicatedSessions())
 	raw := func(ctx context.Context, key int64) func() {
 		return func() {

@@ -60,9 +60,11 @@ func (lk *Lock) Shared() bool { return lk != nil && lk.shared }
 // advisory locks, or ends the session if someone else has it, and returns
 // an error saying so.) After Unlock, its methods return sql.ErrConnDone.
 //
-// It returns nil for a nil Lock and for a lock on a shared session (a
-// Locker made [WithSharedSessions]): that session carries other callers'
-// locks, and a statement of yours there could end them all.
+// It returns nil for a nil Lock and for a lock on a shared session (the
+// default for exclusive locks; see [Locker.Lock]): that session carries
+// other callers' locks, and a statement of yours there could end them all.
+// Take such locks with a Locker made [WithDedicatedSessions], or use a
+// [Session].
 func (lk *Lock) Conn() *sql.Conn {
 	if lk == nil {
 		return nil

@@ -206,7 +206,7 @@ func TestUnlockIsBounded(t *testing.T) {
 // (A real server cannot be made to drop one lock of a live session.)
 func TestSharedUnlockOutcomes(t *testing.T) {
 	db, mock := newMock(t)
-	l := sqllock.New(db, sqllock.WithSharedSessions(), sqllock.WithKeepAlive(0))
+	l := sqllock.New(db, sqllock.WithKeepAlive(0))
 	sqllockmock.ExpectServerCheck(mock)
 	mock.ExpectQuery(`^SELECT pg_backend_pid\(\), pg_is_in_recovery\(\), `).
 		WillReturnRows(sqlmock.NewRows([]string{"pid", "in_recovery", "settings"}).AddRow(sqllockmock.PID, false, "on"))

@@ -56,7 +56,7 @@ const (
 // orphan bound adapted to each other when only one was given, and the
 // errors of values no Locker can use.
 func newConfig(opts []Option) (config, error) {
-	c := config{keepAlive: DefaultKeepAlive, unlockTimeout: DefaultUnlockTimeout, orphanBound: DefaultOrphanBound, dedicated: true}
+	c := config{keepAlive: DefaultKeepAlive, unlockTimeout: DefaultUnlockTimeout, orphanBound: DefaultOrphanBound}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)
@@ -207,19 +207,13 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithDedicatedSessions makes every lock of the Locker pin a session of its
-// own (the default): a Locker holding N locks uses N connections, and
-// [Lock.Conn] is the locking session. It undoes [WithSharedSessions].
+// own, as [Locker.Session] does for many keys, instead of sharing a few
+// sessions among its exclusive locks (the default; see [Locker.Lock]).
+// Use it when the program runs statements in the locking session with
+// [Lock.Conn], which is nil for a lock on a shared session. A server
+// session per lock: a Locker holding N locks uses N connections.
 func WithDedicatedSessions() Option {
 	return optionFunc(func(c *config) { c.dedicated = true })
-}
-
-// WithSharedSessions makes the Locker take its exclusive locks (Lock,
-// TryLock, Do, TryDo) on a few sessions it shares among them (at most 16;
-// see [Locker.Lock]) instead of a session per lock: thousands of locks on
-// a handful of server connections. [Lock.Conn] is nil for a lock on a
-// shared session, and a shared session's loss loses every lock on it.
-func WithSharedSessions() Option {
-	return optionFunc(func(c *config) { c.dedicated = false })
 }
 
 // WithAllowStandby lets the Locker take locks on a hot standby. This is

@@ -103,7 +103,7 @@ func TestRoundTrips(t *testing.T) {
 			// Shared sessions: the same counts. A lock held throughout keeps
 			// the carrier pinned (an empty one is reset and pooled a second
 			// later, in a round trip of its own).
-			sl := sqllock.New(db, sqllock.WithSharedSessions(), sqllock.WithKeepAlive(0))
+			sl := sqllock.New(db, sqllock.WithKeepAlive(0))
 			pin, err := sl.TryLock(bg(), sqllock.Int64(39))
 			if err != nil {
 				t.Fatal(err)

@@ -76,7 +76,7 @@ func TestManyLocksFewSessions(t *testing.T) {
 			observer := pgtest.Open(t, "pgx", dsn)
 			observer.SetMaxOpenConns(1)
 
-			l := sqllock.New(pgtest.Open(t, drv, dsn), sqllock.WithSharedSessions())
+			l := sqllock.New(pgtest.Open(t, drv, dsn))
 			locks := make([]*sqllock.Lock, n)
 			errs := make(chan error, n)
 			var wg sync.WaitGroup
@@ -185,7 +185,7 @@ func TestSharedExclusive(t *testing.T) {
 		rounds = 10
 	}
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
-		l := sqllock.New(db, sqllock.WithSharedSessions(), sqllock.WithKeepAlive(50*time.Millisecond))
+		l := sqllock.New(db, sqllock.WithKeepAlive(50*time.Millisecond))
 		k := sqllock.Int64(4242)
 		var inside, most, entries atomic.Int64
 		enter := func() {
@@ -267,7 +267,7 @@ func TestSharedSessionLoss(t *testing.T) {
 			dsn := srv.NewDatabase(t)
 			db := pgtest.Open(t, drv, dsn)
 			db.SetMaxOpenConns(8) // shared sessions: a quarter of it
-			l := sqllock.New(db, sqllock.WithSharedSessions(), sqllock.WithKeepAlive(100*time.Millisecond))
+			l := sqllock.New(db, sqllock.WithKeepAlive(100*time.Millisecond))
 			observer := pgtest.Open(t, "pgx", dsn)
 			const n = 1200
 			locks := make([]*sqllock.Lock, n)
@@ -362,7 +362,7 @@ func TestSharedSessionLoss(t *testing.T) {
 func TestSharedSessionsGoBack(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
-		l := sqllock.New(db, sqllock.WithSharedSessions())
+		l := sqllock.New(db)
 		lk, err := l.TryLock(bg(), sqllock.Int64(7))
 		if err != nil {
 			t.Fatal(err)
@@ -383,14 +383,14 @@ func TestSharedSessionsGoBack(t *testing.T) {
 		if st := l.Stats(); st.Discarded != 0 {
 			t.Errorf("Discarded = %d: the shared session did not go back to the pool", st.Discarded)
 		}
-		dl := sqllock.New(db)
+		dl := sqllock.New(db, sqllock.WithDedicatedSessions())
 		dk, err := dl.TryLock(bg(), sqllock.Int64(8))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer dk.Unlock(bg())
 		if dk.Conn() == nil {
-			t.Errorf("Conn() = nil with dedicated sessions (the default)")
+			t.Errorf("Conn() = nil with WithDedicatedSessions")
 		}
 	})
 }

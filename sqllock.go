@@ -104,13 +104,13 @@ func New(db *sql.DB, opts ...Option) *Locker {
 // errors: [ErrLockTableFull], [ErrStandby],
 // [ErrUnsupportedServer], [ErrInvalidKey], and connection errors.
 //
-// The lock pins a session of its own. A Locker made [WithSharedSessions]
-// takes it on one of the few server sessions (at most 16) that it shares
-// among its exclusive locks, when the key is free; when it is held
-// elsewhere, Lock waits on a session of its own and keeps it. Either way
-// the Lock is a handle of its own; on a shared session its Conn is nil,
-// and its fate is its session's (a session that ends loses every lock on
-// it).
+// The lock is taken on one of the few server sessions (at most 16) that
+// the Locker shares among its exclusive locks, when the key is free; when
+// it is held elsewhere, Lock waits on a session of its own and keeps it.
+// Either way the Lock is a handle of its own; on a shared session its
+// Conn is nil, and its fate is its session's (a session that ends loses
+// every lock on it). [WithDedicatedSessions] gives every lock a session
+// of its own.
 func (l *Locker) Lock(ctx context.Context, k Key) (*Lock, error) {
 	return l.acquire(ctx, k, 0)
 }

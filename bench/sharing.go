@@ -54,9 +54,9 @@ func measureSharing(e *env, limit int) ([]sharingPoint, error) {
 func sharingOnce(e *env, drv string, dedicated bool, n int) (sharingPoint, error) {
 	db := open(drv, e.dsn)
 	defer db.Close()
-	opts := []sqllock.Option{sqllock.WithSharedSessions()}
+	var opts []sqllock.Option
 	if dedicated {
-		opts = []sqllock.Option{sqllock.WithDedicatedSessions()}
+		opts = append(opts, sqllock.WithDedicatedSessions())
 	}
 	l := sqllock.New(db, opts...)
 	p := sharingPoint{driver: drv, dedicated: dedicated, locks: n}
