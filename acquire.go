@@ -200,25 +200,24 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		}
 	}
 	switch {
-	case ctxEnded(ctx) && errors.Is(o.err, errAbandoned):
-		// The driver did not give the statement up in time: the server may
-		// be cut off, or only slow. Cancel as below, but wait for it no
-		// longer than the driver got: if nothing reaches the server, the
-		// call must still return by its deadline.
+	case ctxEnded(ctx) && (o.err == nil || sqlState(o.err) != ""):
+		// The server answered the statement (granted, or an error of its
+		// own): the backend is in no queue; the owner's discard ends it.
+	case ctxEnded(ctx):
+		// The abandoned backend may still be queued for k (a driver that
+		// closes the socket sends no cancel request; a driver that did not
+		// give the statement up in time may be cut off from the server):
+		// take it out of the queue before anyone can grant it the lock.
+		// Wait for that no longer than abandonGrace: the call must return
+		// by about its deadline even when nothing reaches the server, or
+		// when the pool has no connection to spare until this one is
+		// discarded (the cancel then finishes in the background).
 		done := make(chan struct{})
 		go func() { l.cancelWait(pid, k); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(abandonGrace):
 		}
-	case ctxEnded(ctx) && (o.err == nil || sqlState(o.err) != ""):
-		// The server answered the statement (granted, or an error of its
-		// own): the backend is in no queue; the owner's discard ends it.
-	case ctxEnded(ctx):
-		// The abandoned backend may still be queued for k (a driver that
-		// closes the socket sends no cancel request): take it out of the
-		// queue before anyone can grant it the lock.
-		l.cancelWait(pid, k)
 	}
 	return o
 }

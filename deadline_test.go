@@ -19,7 +19,7 @@ import (
 // keeps the locks it held.
 func TestDeadlineKeptByServer(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
 		db.SetMaxOpenConns(1)
 		db.SetMaxIdleConns(1)
 		l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0)) // a connection per lock: the pool's one

@@ -27,6 +27,20 @@ func eachDriver(t *testing.T, f func(t *testing.T, db *sql.DB, dsn string)) {
 	}
 }
 
+// eachDriverParallel is eachDriver with the drivers' runs in parallel: for
+// an f that shares nothing with its caller or with the other run.
+func eachDriverParallel(t *testing.T, f func(t *testing.T, db *sql.DB, dsn string)) {
+	t.Helper()
+	srv := pgtest.Start(t)
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			t.Parallel()
+			dsn := srv.NewDatabase(t)
+			f(t, pgtest.Open(t, drv, dsn), dsn)
+		})
+	}
+}
+
 // holders returns the pids that hold k (granted), as another session sees
 // them.
 func holders(t testing.TB, q sqllock.Querier, k sqllock.Key) []int {

@@ -40,7 +40,7 @@ func TestGrantedAsTimeoutFires(t *testing.T) {
 		if _, err := holder.ExecContext(ctx, "SELECT pg_advisory_lock(41)"); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := waiter.ExecContext(ctx, "SET lock_timeout = '200ms'"); err != nil {
+		if _, err := waiter.ExecContext(ctx, "SET lock_timeout = '1s'"); err != nil {
 			t.Fatal(err)
 		}
 		errc := make(chan error, 1)
@@ -52,7 +52,7 @@ func TestGrantedAsTimeoutFires(t *testing.T) {
 			if _, err := holder.ExecContext(ctx, "SELECT pg_advisory_unlock(41)"); err != nil {
 				t.Error(err)
 			}
-		}, 400*time.Millisecond)
+		}, 1300*time.Millisecond)
 		err := <-errc
 		var st interface{ SQLState() string }
 		if !errors.As(err, &st) || st.SQLState() != "55P03" {
@@ -86,6 +86,7 @@ func TestGrantedAsTimeoutFires(t *testing.T) {
 			const late = "sqllock: granted as the wait's lock_timeout fired"
 
 			t.Run("sliced wait", func(t *testing.T) {
+				t.Parallel()
 				l, db, log := open(t, 200*time.Millisecond) // slices of 100 ms
 				k := sqllock.Int64(42)
 				holder := takenBy(t, db, k)
@@ -103,6 +104,7 @@ func TestGrantedAsTimeoutFires(t *testing.T) {
 			})
 
 			t.Run("semaphore", func(t *testing.T) {
+				t.Parallel()
 				l, db, log := open(t, 200*time.Millisecond)
 				first, err := l.Semaphore("late", 1).Acquire(bg())
 				if err != nil {
@@ -141,6 +143,7 @@ func TestGrantedAsTimeoutFires(t *testing.T) {
 			}
 
 			t.Run("deadline", func(t *testing.T) {
+				t.Parallel()
 				l, db, log := open(t, 10*time.Second)
 				k := sqllock.Int64(43)
 				var lk *sqllock.Lock
@@ -157,6 +160,7 @@ func TestGrantedAsTimeoutFires(t *testing.T) {
 			})
 
 			t.Run("session", func(t *testing.T) {
+				t.Parallel()
 				l, db, log := open(t, 10*time.Second)
 				k := sqllock.Int64(44)
 				s, err := l.Session(bg())

@@ -1,7 +1,10 @@
 package sqllock_test
 
 import (
+	"flag"
 	"os"
+	"runtime"
+	"strconv"
 	"testing"
 
 	"github.com/sqllock/sqllock/pgtest"
@@ -12,5 +15,20 @@ func TestMain(m *testing.M) {
 		// Re-executed by a multi-process test: act as a separate client.
 		os.Exit(helperMain(role))
 	}
+	flag.Parse()
+	if testing.Short() && !flagGiven("test.parallel") {
+		// The quick run's tests wait on the server far more than they
+		// compute (each has a database of its own): run more of them at
+		// once than there are cores. The full run keeps Go's default, one
+		// per core, for its timing-heavy trials.
+		flag.Set("test.parallel", strconv.Itoa(8*runtime.GOMAXPROCS(0)))
+	}
 	os.Exit(pgtest.Run(m))
+}
+
+// flagGiven reports whether the command line set the flag name.
+func flagGiven(name string) bool {
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }

@@ -19,9 +19,10 @@ import (
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
 	srv := pgtest.Start(t)
-	dsn := srv.NewDatabase(t)
 	for _, drv := range drivers {
 		t.Run(drv, func(t *testing.T) {
+			t.Parallel()
+			dsn := srv.NewDatabase(t)
 			proxy := pgtest.StartProxy(t, srv.Addr(), 0)
 			db := pgtest.Open(t, drv, proxy.DSN(dsn))
 			l := sqllock.New(db, sqllock.WithKeepAlive(0), sqllock.WithDedicatedSessions())

@@ -307,8 +307,11 @@ func TestSharedSessionLoss(t *testing.T) {
 				pids = append(pids, pid)
 			}
 			sort.Slice(pids, func(i, j int) bool { return len(byPID[pids[i]]) > len(byPID[pids[j]]) })
-			if len(pids) != 2 || len(byPID[pids[0]]) < 300 || len(byPID[pids[1]]) < 10 {
-				t.Fatalf("%d locks on %d sessions (the most loaded carries %d, the least %d): want 2, carrying 300 or more and 10 or more", n, len(pids), len(byPID[pids[0]]), len(byPID[pids[len(pids)-1]]))
+			// (On a loaded machine the second wave may find one session
+			// closed and reopened: the other then carries few locks, which
+			// still shows that a loss stays on its session.)
+			if len(pids) != 2 || len(byPID[pids[0]]) < 300 {
+				t.Fatalf("%d locks on %d sessions (the most loaded carries %d, the least %d): want 2, one carrying 300 or more", n, len(pids), len(byPID[pids[0]]), len(byPID[pids[len(pids)-1]]))
 			}
 			victim := pids[0]
 			t.Logf("%d locks on %d sessions; terminating backend %d, which carries %d", n, len(pids), victim, len(byPID[victim]))

@@ -57,6 +57,8 @@ func runTicks(t *testing.T, drv, dsn string, offsets []time.Duration, period tim
 // one runs each tick. Scaled down (period 500 ms, skew 400 ms), and at
 // the settings (period 1 s, skew 900 ms) outside -short.
 func TestHoldWindowOncePerTick(t *testing.T) {
+	long(t) // a timing trial: clocks skewed by hundreds of milliseconds
+	t.Parallel()
 	type setting struct {
 		period, skew, margin time.Duration
 		ticks                int
