@@ -76,6 +76,23 @@ func TestEveryMeasurementRuns(t *testing.T) {
 			t.Errorf("%s: %v", f, err)
 		}
 	}
+	// A second run replaces the generated tables only: the hand-written
+	// text around them stays.
+	doc := "# Benchmarks\n\nSUMMARY\n\n" + startMarker + "\n\nOLD TABLES\n\n" + keepMarker + "\nLAB NOTES\n"
+	if err := os.WriteFile(dir+"/benchmarks.md", []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.write(dir); err != nil {
+		t.Fatal(err)
+	}
+	out, err := os.ReadFile(dir + "/benchmarks.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := string(out); !strings.HasPrefix(o, "# Benchmarks\n\nSUMMARY\n\n"+startMarker) || !strings.HasSuffix(o, keepMarker+"\nLAB NOTES\n") ||
+		strings.Contains(o, "OLD TABLES") || !strings.Contains(o, "### Goals") {
+		t.Errorf("benchmarks.md after a second run:\n%s", o)
+	}
 }
 
 // BenchmarkCycle runs every variant of the uncontended cycle once per

@@ -26,9 +26,14 @@ type report struct {
 	guard    []guardResult
 }
 
-// keepMarker separates the generated part of benchmarks.md from the
-// hand-written part after it, which write keeps.
-const keepMarker = "<!-- end of generated tables -->"
+// The generated tables sit in benchmarks.md between startMarker and
+// keepMarker, in its appendix; write replaces them and keeps the
+// hand-written text before and after (the summary, the sharing section,
+// the lab notes).
+const (
+	startMarker = "<!-- generated tables -->"
+	keepMarker  = "<!-- end of generated tables -->"
+)
 
 func (r *report) cycle(name string) testkit.Result {
 	for _, c := range r.cycles {
@@ -42,7 +47,7 @@ func (r *report) cycle(name string) testkit.Result {
 func (r *report) write(dir string) error {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
-	p("# Benchmarks\n\n")
+	p("%s\n\n", startMarker)
 	p("Measured %s on %s. Produced by:\n\n```\ncd bench && go run . -out ../docs %s\n```\n\n", r.when.Format("2006-01-02"), r.machine, r.args)
 	if r.pinned {
 		p("The benchmark process and the PostgreSQL server it starts (with pgbench) run pinned to one CPU: on this 2-core virtual machine a client and a server that ping-pong across two CPUs are served several times slower than on one, and the scheduler switches between the two regimes unpredictably, which made unpinned comparisons swing from 0.6× to 7× round by round. Pinned, every variant gets the same regime. `-cpu -1` runs unpinned.\n\n")
@@ -60,7 +65,7 @@ func (r *report) write(dir string) error {
 	if len(r.handoffs) > 0 {
 		hand = r.handoffs[0]
 	}
-	p("## Goals\n\n| goal | measured | |\n|---|---|---|\n")
+	p("### Goals\n\n| goal | measured | |\n|---|---|---|\n")
 	goal := func(name string, got, want float64, unit string, higher bool) {
 		ok := got >= want
 		if !higher {
@@ -94,7 +99,7 @@ func (r *report) write(dir string) error {
 	p("\n")
 
 	// Cycles.
-	p("## Uncontended try-lock + unlock cycle\n\nOne goroutine, one key per variant. raw = `SELECT pg_try_advisory_lock($1)` and `SELECT pg_advisory_unlock($1)` on one pinned `*sql.Conn`, with `context.Background()` or with a cancellable context (real callers pass one; database/sql then watches every query in a goroutine of its own); sqllock = `Locker.TryLock` + `Lock.Unlock`, which also checks a connection out of the pool and back, and confirms the unlock's backend (its unlock always runs under a bounded context of its own, on the driver's connection, which skips database/sql's watcher). goose v3 `lock.NewPostgresSessionLocker`, golang-migrate v4 `database/postgres` `Lock`/`Unlock` and atlas `sql/postgres` `Driver.Lock` as the module proxy serves them. pgbench is another process, run alone: its figure is not interleaved with the others, and a process that never waits between calls is served faster on this machine.\n\n![cycles](cycle.png)\n\n")
+	p("### Uncontended try-lock + unlock cycle\n\nOne goroutine, one key per variant. raw = `SELECT pg_try_advisory_lock($1)` and `SELECT pg_advisory_unlock($1)` on one pinned `*sql.Conn`, with `context.Background()` or with a cancellable context (real callers pass one; database/sql then watches every query in a goroutine of its own); sqllock = `Locker.TryLock` + `Lock.Unlock`, which also checks a connection out of the pool and back, and confirms the unlock's backend (its unlock always runs under a bounded context of its own, on the driver's connection, which skips database/sql's watcher). goose v3 `lock.NewPostgresSessionLocker`, golang-migrate v4 `database/postgres` `Lock`/`Unlock` and atlas `sql/postgres` `Driver.Lock` as the module proxy serves them. pgbench is another process, run alone: its figure is not interleaved with the others, and a process that never waits between calls is served faster on this machine.\n\n![cycles](cycle.png)\n\n")
 	p("| variant | median µs/cycle | cycles/s | vs raw, same driver and context | client CPU µs/cycle | allocs/cycle |\n|---|---|---|---|---|---|\n")
 	var names []string
 	var vals []float64
@@ -125,7 +130,7 @@ func (r *report) write(dir string) error {
 	}
 
 	// Hot key.
-	p("## Hot key under load\n\n50 goroutines over a pool of 10 connections contend for one key: `Lock`, no work, `Unlock`, in a loop. by hand = a pool checkout, `pg_advisory_lock($1)`, `pg_advisory_unlock($1)`, the connection back; sqllock = `Locker.Lock` + `Lock.Unlock`. The two run in alternating phases of 500 ms (%s), in a random order each round; handoffs/s is the median over phases, a wait runs from the call to holding the key (a goroutine still waiting when its phase ends finishes its wait, so a starved one shows), and the server CPU is that of every process of the server over the phases, per handoff.\n\n", r.args)
+	p("### Hot key under load\n\n50 goroutines over a pool of 10 connections contend for one key: `Lock`, no work, `Unlock`, in a loop. by hand = a pool checkout, `pg_advisory_lock($1)`, `pg_advisory_unlock($1)`, the connection back; sqllock = `Locker.Lock` + `Lock.Unlock`. The two run in alternating phases of 500 ms (%s), in a random order each round; handoffs/s is the median over phases, a wait runs from the call to holding the key (a goroutine still waiting when its phase ends finishes its wait, so a starved one shows), and the server CPU is that of every process of the server over the phases, per handoff.\n\n", r.args)
 	p("| driver | contender | handoffs/s | vs by hand | p99 wait | longest wait | server CPU per handoff |\n|---|---|---|---|---|---|---|\n")
 	for _, h := range r.hot {
 		for _, x := range h.res {
@@ -139,7 +144,7 @@ func (r *report) write(dir string) error {
 	p("\nA waiting `Locker.Lock` on a connection whose backend it knows sends one statement, which waits at most half the server's `deadlock_timeout` (its `lock_timeout`, set with `set_config(..., true)` in the statement) and is sent again until granted: a holder's `CREATE INDEX CONCURRENTLY` never sees it as a deadlock. That `set_config` and the guards' columns are the server CPU over the hand-written loop. database/sql hands a returned connection to a waiting goroutine picked at random, so both contenders' longest waits come from the pool queue, not the lock's.\n\n")
 
 	// Handoffs.
-	p("## Contended handoff (idle wake-ups)\n\nA holder holds the key, a waiter waits, and 20 ms later the holder unlocks: latency from just before the holder's unlock call to the waiter holding the lock. **These figures are mostly idle wake-ups**: every party has slept for 20 ms, and this machine takes far longer to wake a sleeping process than to serve a busy one. The unit is one round trip of the same connection under the same conditions: `SELECT 1` on a pinned pgx connection after 20 ms idle, %.1f µs here (back to back, without the idle gap, it is %.1f µs). Read the table as a comparison between the ways of waiting (in the server, or polling), not as what a handoff costs; the hot-key table above measures handoffs without idle gaps.\n\n![handoff](handoff.png)\n\n", us(r.rtt), us(r.hotRTT))
+	p("### Contended handoff (idle wake-ups)\n\nA holder holds the key, a waiter waits, and 20 ms later the holder unlocks: latency from just before the holder's unlock call to the waiter holding the lock. **These figures are mostly idle wake-ups**: every party has slept for 20 ms, and this machine takes far longer to wake a sleeping process than to serve a busy one. The unit is one round trip of the same connection under the same conditions: `SELECT 1` on a pinned pgx connection after 20 ms idle, %.1f µs here (back to back, without the idle gap, it is %.1f µs). Read the table as a comparison between the ways of waiting (in the server, or polling), not as what a handoff costs; the hot-key table above measures handoffs without idle gaps.\n\n![handoff](handoff.png)\n\n", us(r.rtt), us(r.hotRTT))
 	p("| variant | samples | p50 | p99 | p50 in round trips |\n|---|---|---|---|---|\n")
 	names, vals = nil, nil
 	var p99s []float64
@@ -155,7 +160,7 @@ func (r *report) write(dir string) error {
 	}
 
 	// Scale.
-	p("## Distinct keys, pool of 10\n\nN goroutines, each locking and unlocking a key of its own for 2 s through one `*sql.DB` with `SetMaxOpenConns(10)`; raw = the same statements with a pool checkout per cycle.\n\n![scale](scale.png)\n\n")
+	p("### Distinct keys, pool of 10\n\nN goroutines, each locking and unlocking a key of its own for 2 s through one `*sql.DB` with `SetMaxOpenConns(10)`; raw = the same statements with a pool checkout per cycle.\n\n![scale](scale.png)\n\n")
 	p("| goroutines | sqllock cycles/s | raw cycles/s | sqllock / raw |\n|---|---|---|---|\n")
 	names = nil
 	var sv, rv []float64
@@ -171,7 +176,7 @@ func (r *report) write(dir string) error {
 
 	// Session.
 	s := r.session
-	p("## 5,000 locks on one Session\n\n![session](session.png)\n\n| measure | value |\n|---|---|\n")
+	p("### 5,000 locks on one Session\n\n![session](session.png)\n\n| measure | value |\n|---|---|\n")
 	p("| locks held | %d, on 1 connection |\n| time to acquire all (`TryLockMany`) | %s |\n| round trips for that | %d |\n| Go heap per held lock | %.0f bytes |\n| keep-alive queries in 1 s at a 100 ms interval | %d (for all 5,000 locks) |\n\n",
 		s.locks, fmtDur(s.acquire), s.roundTrips, s.bytesPerLock, s.keepAliveChecks)
 	p("PostgreSQL's shared lock table holds about `max_locks_per_transaction × (max_connections + max_prepared_transactions)` locks (6,400 with the defaults; the benchmark server has max_connections = 200, so 12,800): a Session is bounded by it, and a full table gives `ErrLockTableFull`.\n\n")
@@ -181,7 +186,7 @@ func (r *report) write(dir string) error {
 	}
 
 	// poolguard.
-	p("## poolguard overhead\n\nA plain pool and a `poolguard` pool of the same driver, one connection each, call by call. Clean statements are never checked; a statement that mentions an advisory function makes the connection dirty, and it is checked (one extra round trip reading `pg_locks`) as it returns to the pool.\n\n![poolguard](poolguard.png)\n\n")
+	p("### poolguard overhead\n\nA plain pool and a `poolguard` pool of the same driver, one connection each, call by call. Clean statements are never checked; a statement that mentions an advisory function makes the connection dirty, and it is checked (one extra round trip reading `pg_locks`) as it returns to the pool.\n\n![poolguard](poolguard.png)\n\n")
 	p("| workload | plain µs | guarded µs | guarded throughput / plain |\n|---|---|---|---|\n")
 	names = nil
 	var pv, gv []float64
@@ -197,12 +202,16 @@ func (r *report) write(dir string) error {
 	p("\n%s\n", keepMarker)
 
 	path := filepath.Join(dir, "benchmarks.md")
+	before, after := "# Benchmarks\n\n", ""
 	if old, err := os.ReadFile(path); err == nil {
-		if i := strings.Index(string(old), keepMarker); i >= 0 {
-			b.WriteString(string(old)[i+len(keepMarker)+1:])
+		o := string(old)
+		i, j := strings.Index(o, startMarker), strings.Index(o, keepMarker)
+		if i < 0 || j < i {
+			return fmt.Errorf("%s: no %q ... %q section to replace", path, startMarker, keepMarker)
 		}
+		before, after = o[:i], o[j+len(keepMarker)+1:]
 	}
-	return os.WriteFile(path, []byte(b.String()), 0o644)
+	return os.WriteFile(path, []byte(before+b.String()+after), 0o644)
 }
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
