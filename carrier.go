@@ -1,0 +1,446 @@
+package sqllock
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sqllock/sqllock/internal/pglocks"
+	"github.com/sqllock/sqllock/internal/sqltext"
+)
+
+// carrier is a session shared by many Locks of one Locker (the rules of
+// sharing are in share.go): it carries their locks, sends their statements
+// a batch at a time (submit), goes back to the pool a while after its last
+// lock (closeIfEmpty), and, after an uncertain outcome, is discarded with
+// every lock on it (fail).
+type carrier struct {
+	l    *Locker
+	conn *sql.Conn
+	pid  int64
+
+	mu      sync.Mutex
+	held    map[*Lock]struct{} // guarded by mu: the Locks it carries
+	users   int                // guarded by mu: calls that picked it and have not finished
+	queue   []*shareOp         // guarded by mu: operations waiting for the runner
+	running bool               // guarded by mu: a runner is sending the queue
+	retired bool               // guarded by mu: takes no new lock; closed once empty
+	dead    error              // guarded by mu: the session is lost or discarded
+	closed  bool               // guarded by mu: gone back to the pool
+	linger  *time.Timer        // guarded by mu
+
+	gone chan struct{} // closed once a dead carrier's connection is discarded
+}
+
+type shareOpKind uint8
+
+const (
+	opTry    shareOpKind = iota // pg_try_advisory_lock
+	opUnlock                    // pg_advisory_unlock
+	opTag                       // a statement about one lock's tag (Token, HeldSQL)
+)
+
+// shareOp is one operation on a carrier.
+type shareOp struct {
+	kind  shareOpKind
+	key   Key
+	q     string // opTag
+	args  []any  // opTag
+	state atomic.Uint32
+	done  chan struct{} // closed when the outcome is known
+
+	ok  bool  // opTry: granted; opUnlock: released; opTag: a row came
+	v   int64 // opTag's answer
+	err error // the statement failed (the carrier is then discarded)
+
+	after func() // run by the runner once the outcome is known (nil: none)
+}
+
+// A try's state: pending until the runner decides it, or abandoned by a
+// caller whose ctx ended first (a grant is then undone by the runner).
+const (
+	opPending uint32 = iota
+	opAbandoned
+	opDecided
+)
+
+func newOp(kind shareOpKind, k Key) *shareOp {
+	return &shareOp{kind: kind, key: k, done: make(chan struct{})}
+}
+
+// err returns why the carrier is dead.
+func (c *carrier) err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead != nil {
+		return c.dead
+	}
+	return errors.New("shared session closed")
+}
+
+// attach records lk as carried; false when the carrier died meanwhile.
+func (c *carrier) attach(lk *Lock) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead != nil {
+		return false
+	}
+	c.held[lk] = struct{}{}
+	return true
+}
+
+// detach forgets lk, and frees its key once the server no longer holds it
+// for this carrier.
+func (c *carrier) detach(lk *Lock) {
+	c.mu.Lock()
+	_, ok := c.held[lk]
+	delete(c.held, lk)
+	c.mu.Unlock()
+	if ok {
+		c.maybeLinger()
+	}
+}
+
+// leave ends a call's use of the carrier.
+func (c *carrier) leave() {
+	c.mu.Lock()
+	c.users--
+	c.mu.Unlock()
+	c.maybeLinger()
+}
+
+// maybeLinger starts the countdown that closes a carrier holding nothing.
+func (c *carrier) maybeLinger() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead != nil || c.closed || c.users > 0 || len(c.held) > 0 || c.running || len(c.queue) > 0 || c.linger != nil {
+		return
+	}
+	c.linger = time.AfterFunc(carrierLinger, c.closeIfEmpty)
+}
+
+// closeIfEmpty resets a carrier that still holds nothing and gives it
+// back to the pool.
+func (c *carrier) closeIfEmpty() {
+	s := &c.l.share
+	s.mu.Lock()
+	c.mu.Lock()
+	c.linger = nil
+	if c.dead != nil || c.closed || c.users > 0 || len(c.held) > 0 || c.running || len(c.queue) > 0 {
+		c.mu.Unlock()
+		s.mu.Unlock()
+		return
+	}
+	c.closed = true // no call picks it now
+	c.mu.Unlock()
+	s.mu.Unlock()
+	c.l.closeSession(c.conn, c.pid)
+	s.mu.Lock()
+	s.remove(c) // counted until its reset is done
+	s.mu.Unlock()
+}
+
+// submit queues op; the first caller to find the carrier idle becomes its
+// runner and sends the queue, batch after batch, until it is empty.
+func (c *carrier) submit(op *shareOp) {
+	if c.enqueue(op) {
+		c.drain()
+	}
+}
+
+// enqueue queues op and reports whether the caller must run the queue
+// (drain): no runner was running. On a dead carrier, op fails at once.
+func (c *carrier) enqueue(op *shareOp) bool {
+	c.mu.Lock()
+	if c.dead != nil || c.closed {
+		err := c.dead
+		if err == nil {
+			err = errors.New("shared session closed")
+		}
+		op.err = err
+		c.mu.Unlock()
+		c.finish(op)
+		return false
+	}
+	c.queue = append(c.queue, op)
+	if c.running {
+		c.mu.Unlock()
+		return false
+	}
+	c.running = true
+	c.mu.Unlock()
+	return true
+}
+
+// drain sends the queue, batch after batch, until it is empty; the caller
+// is the runner (enqueue returned true).
+func (c *carrier) drain() {
+	c.mu.Lock()
+	for len(c.queue) > 0 && c.dead == nil {
+		batch := c.queue
+		c.queue = nil
+		c.mu.Unlock()
+		c.run(batch)
+		c.mu.Lock()
+	}
+	rest := c.queue
+	c.queue = nil
+	c.running = false
+	dead := c.dead
+	c.mu.Unlock()
+	for _, o := range rest {
+		o.err = dead
+		c.finish(o)
+	}
+	c.maybeLinger()
+}
+
+// finish reports op's outcome.
+func (c *carrier) finish(op *shareOp) {
+	if op.kind == opTry {
+		if op.state.CompareAndSwap(opPending, opDecided) {
+			// The caller takes the outcome.
+		} else if op.ok {
+			// Its caller left: undo the grant.
+			op.ok = false
+			c.unlockAsync(op.key)
+		} else {
+			c.l.share.free(op.key)
+		}
+	}
+	if op.after != nil {
+		op.after()
+	}
+	close(op.done)
+}
+
+// unlockAsync releases k, which this carrier holds for no Lock, without
+// waiting; k is freed once the server confirmed it (or the carrier is gone).
+// The unlock is queued before unlockAsync returns, so the carrier never
+// looks empty (and goes back to the pool) while it holds k.
+func (c *carrier) unlockAsync(k Key) {
+	op := newOp(opUnlock, k)
+	op.after = func() { c.l.share.free(k) }
+	if c.enqueue(op) {
+		go c.drain()
+	}
+}
+
+// run sends one batch: the tag statements one by one, then the unlocks,
+// then the tries, each kind in as few statements as possible.
+func (c *carrier) run(batch []*shareOp) {
+	var tries, unlocks []*shareOp
+	for _, op := range batch {
+		switch {
+		case op.kind == opTag:
+			c.runTag(op)
+		case op.kind == opUnlock:
+			unlocks = append(unlocks, op)
+		case op.state.Load() == opAbandoned:
+			c.finish(op) // never sent
+		default:
+			tries = append(tries, op)
+		}
+	}
+	c.runMany(unlocks, true)
+	c.runMany(tries, false)
+}
+
+// runMany sends ops (all unlocks, or all tries) in statements of up to
+// ManyRowsMax keys.
+func (c *carrier) runMany(ops []*shareOp, unlock bool) {
+	for len(ops) > 0 {
+		n := min(len(ops), sqltext.ManyRowsMax)
+		if c.isDead() {
+			for _, op := range ops {
+				op.err = c.err()
+				c.finish(op)
+			}
+			return
+		}
+		if n == 1 {
+			c.runOne(ops[0], unlock)
+		} else {
+			c.runBatch(ops[:n], unlock)
+		}
+		ops = ops[n:]
+	}
+}
+
+func (c *carrier) isDead() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.dead != nil
+}
+
+// runOne sends one try or unlock: the single-key statements, the cheapest.
+func (c *carrier) runOne(op *shareOp, unlock bool) {
+	var err error
+	if unlock {
+		q, args := c.l.plain.UnlockSQL(false, op.key.sqlKey(), c.pid)
+		err = queryRow(c.l.unlockContext(), c.l.abandoned, c.conn, q, args, &op.ok)
+		if errors.Is(err, sql.ErrNoRows) {
+			err = sessionChanged(c.pid, 0)
+		}
+	} else {
+		q, args := c.l.plain.TrySQL(sqltext.Try, op.key.sqlKey())
+		var pid int64
+		var standby bool
+		err = queryRow(c.l.unlockContext(), c.l.abandoned, c.conn, q, args, &op.ok, &pid, &standby)
+		switch {
+		case err == nil && pid != c.pid:
+			err = sessionChanged(c.pid, pid)
+		case err == nil && standby && !c.l.cfg.allowStandby:
+			err = standbyError("lock")
+		}
+	}
+	if err != nil {
+		op.ok = false
+		op.err = err
+		c.fail(err)
+	}
+	c.finish(op)
+}
+
+// runBatch sends many tries or unlocks in one statement.
+func (c *carrier) runBatch(ops []*shareOp, unlock bool) {
+	keys := make([]sqltext.Key, len(ops))
+	for i, op := range ops {
+		keys[i] = op.key.sqlKey()
+	}
+	fn, only := "pg_try_advisory_lock", ""
+	if unlock {
+		fn, only = "pg_advisory_unlock", strconv.FormatInt(c.pid, 10)
+	}
+	q, args := c.l.mode.ManySQL(fn, only, "", keys)
+	answered := 0
+	err := queryRows(c.l.unlockContext(), c.l.abandoned, c.conn, q, args, func(v []driver.Value) error {
+		if pid := pglocks.Int(v[len(v)-1]); pid != c.pid {
+			return sessionChanged(c.pid, pid)
+		}
+		i := pglocks.Int(v[0])
+		if i < 1 || int(i) > len(ops) {
+			return errors.New("sqllock: answer out of range")
+		}
+		ops[i-1].ok = v[1] == true
+		answered++
+		return nil
+	})
+	if err == nil && answered != len(ops) {
+		err = fmt.Errorf("sqllock: %d answers for %d keys", answered, len(ops))
+	}
+	if err != nil {
+		for _, op := range ops {
+			op.ok, op.err = false, err
+		}
+		c.fail(err)
+	}
+	for _, op := range ops {
+		c.finish(op)
+	}
+}
+
+// runTag runs a statement about one lock's tag.
+func (c *carrier) runTag(op *shareOp) {
+	err := queryRow(c.l.unlockContext(), c.l.abandoned, c.conn, op.q, op.args, &op.v)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+	case err != nil:
+		op.err = err
+		if connectionBroken(err) || errors.Is(err, errAbandoned) {
+			c.fail(err)
+		}
+	default:
+		op.ok = true
+	}
+	c.finish(op)
+}
+
+// fail marks the carrier dead after an uncertain outcome (or a lost lock),
+// tells every Lock on it that it is lost, then discards its connection (the
+// server releases everything it held as the session ends): the holders are
+// told first.
+func (c *carrier) fail(cause error) {
+	s := &c.l.share
+	s.mu.Lock()
+	c.mu.Lock()
+	if c.dead != nil {
+		c.mu.Unlock()
+		s.mu.Unlock()
+		return
+	}
+	c.dead = fmt.Errorf("shared session (backend %d) discarded: %w", c.pid, cause)
+	locks := make([]*Lock, 0, len(c.held))
+	for lk := range c.held {
+		locks = append(locks, lk)
+	}
+	if c.linger != nil {
+		c.linger.Stop()
+		c.linger = nil
+	}
+	dead := c.dead
+	c.mu.Unlock()
+	s.remove(c)
+	s.mu.Unlock()
+	for _, lk := range locks {
+		lk.lose(dead)
+	}
+	c.l.discard(c.conn, Key{}, "shared session: "+cause.Error())
+	close(c.gone)
+}
+
+// retire stops c from taking new locks: one of its locks was lost, or an
+// unlock found a lock the server says it did not hold. It goes back to
+// the pool (reset) once its other locks are released, unless it was
+// discarded meanwhile.
+func (c *carrier) retire() {
+	c.mu.Lock()
+	c.retired = true
+	c.mu.Unlock()
+}
+
+// release unlocks lk's key on its carrier: nil when the server confirmed
+// it, an error wrapping ErrLockLost when the server says the carrier did
+// not hold it (that Lock only), or the error that discarded the carrier.
+func (c *carrier) release(lk *Lock) error {
+	op := newOp(opUnlock, lk.key)
+	c.submit(op)
+	<-op.done
+	switch {
+	case op.err != nil:
+		c.l.share.free(lk.key)
+		c.detach(lk)
+		if connectionBroken(op.err) {
+			return fmt.Errorf("%w: %s: the shared session ended before the unlock: %w", ErrLockLost, c.l.name(lk.key), op.err)
+		}
+		return fmt.Errorf("sqllock: unlock %s: %w (the server releases the lock as the session ends)", c.l.name(lk.key), op.err)
+	case !op.ok:
+		c.l.share.free(lk.key)
+		c.detach(lk)
+		c.retire()
+		return fmt.Errorf("%w: unlock of %s on shared backend %d found no such lock", ErrLockLost, c.l.name(lk.key), c.pid)
+	}
+	c.l.share.free(lk.key)
+	c.detach(lk)
+	return nil
+}
+
+// onTag runs q, a statement about lk's tag, on lk's carrier: ok reports
+// whether it answered a row.
+func (c *carrier) onTag(ctx context.Context, q string, args []any) (v int64, ok bool, err error) {
+	op := newOp(opTag, Key{})
+	op.q, op.args = q, args
+	c.submit(op)
+	select {
+	case <-op.done:
+	case <-ctx.Done():
+		return 0, false, ctx.Err()
+	}
+	return op.v, op.ok, op.err
+}
