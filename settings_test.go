@@ -35,7 +35,7 @@ func sessionSettings(t *testing.T, q querier) string {
 // bound, idle_session_timeout, application_name) are in place while a lock
 // is held, and a connection goes back to the pool with the settings it
 // came with, whatever the path: unlock, a refused try, a semaphore permit,
-// a Session.
+// a Session, a shared session.
 func TestSessionLeavesAsItCame(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
@@ -43,7 +43,8 @@ func TestSessionLeavesAsItCame(t *testing.T) {
 		db.SetMaxIdleConns(1)
 		before := sessionSettings(t, db)
 		l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithOrphanBound(4*time.Second), sqllock.WithKeepAlive(0), sqllock.WithApplicationName("leaves-as-it-came"))
-		other := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithKeepAlive(0))
+		odb := pgtest.Open(t, "pgx", dsn)
+		other := sqllock.New(odb, sqllock.WithKeepAlive(0))
 		k := sqllock.Int64(81)
 		lk, err := l.Lock(bg(), k)
 		if err != nil {
@@ -92,6 +93,27 @@ func TestSessionLeavesAsItCame(t *testing.T) {
 		}
 		if after := sessionSettings(t, db); after != before {
 			t.Fatalf("after a Session the pooled connection has %q, came with %q", after, before)
+		}
+		// A shared session (the default): the settings are applied as it
+		// opens, and set back as it goes back to the pool, a while after
+		// its last lock.
+		sl := sqllock.New(db, sqllock.WithOrphanBound(4*time.Second), sqllock.WithKeepAlive(0), sqllock.WithApplicationName("shared-leaves"))
+		slk, err := sl.TryLock(bg(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		locks, err := sqllock.Inspect(bg(), odb, sqllock.WithKeys(k))
+		if err != nil || len(locks) != 1 || locks[0].PID != slk.PID() || locks[0].ApplicationName != "shared-leaves" {
+			t.Fatalf("Inspect of a lock on a shared session = %+v, %v: want its holder, named shared-leaves", locks, err)
+		}
+		if err := slk.Unlock(bg()); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); sl.Stats().SharedSessions != 0 && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if after := sessionSettings(t, db); after != before {
+			t.Fatalf("after a shared session the pooled connection has %q, came with %q", after, before)
 		}
 	})
 }
