@@ -171,12 +171,12 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 			if l.grantedAfterTimeout(ctx, w, kind, k, &o) {
 				break
 			}
-		}
-		if byDeadline && sqlState(o.err) == "55P03" && !ctxEnded(ctx) {
-			// The server ended the wait just before ctx's deadline: not
-			// granted, for sure, and the session is intact.
-			o.err = errDeadline
-			break
+			if byDeadline {
+				// The server ended the wait just before ctx's deadline:
+				// not granted, for sure, and the session is intact.
+				o.err = errDeadline
+				break
+			}
 		}
 		if o.err == nil || ctxEnded(ctx) || !sliced {
 			break

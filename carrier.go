@@ -78,10 +78,21 @@ func newOp(kind shareOpKind, k Key) *shareOp {
 func (c *carrier) err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.errLocked()
+}
+
+// errLocked is err, for a caller that holds c.mu.
+func (c *carrier) errLocked() error {
 	if c.dead != nil {
 		return c.dead
 	}
 	return errors.New("shared session closed")
+}
+
+// idleLocked reports whether c holds nothing and nothing is under way on
+// it: it may go back to the pool. The caller holds c.mu.
+func (c *carrier) idleLocked() bool {
+	return c.dead == nil && !c.closed && c.users == 0 && len(c.held) == 0 && !c.running && len(c.queue) == 0
 }
 
 // attach records lk as carried; false when the carrier died meanwhile.
@@ -95,9 +106,10 @@ func (c *carrier) attach(lk *Lock) bool {
 	return true
 }
 
-// detach forgets lk, and frees its key once the server no longer holds it
+// detach forgets lk and frees its key, which the server no longer holds
 // for this carrier.
 func (c *carrier) detach(lk *Lock) {
+	c.l.share.free(lk.key)
 	c.mu.Lock()
 	_, ok := c.held[lk]
 	delete(c.held, lk)
@@ -119,7 +131,7 @@ func (c *carrier) leave() {
 func (c *carrier) maybeLinger() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.dead != nil || c.closed || c.users > 0 || len(c.held) > 0 || c.running || len(c.queue) > 0 || c.linger != nil {
+	if !c.idleLocked() || c.linger != nil {
 		return
 	}
 	c.linger = time.AfterFunc(carrierLinger, c.closeIfEmpty)
@@ -132,7 +144,7 @@ func (c *carrier) closeIfEmpty() {
 	s.mu.Lock()
 	c.mu.Lock()
 	c.linger = nil
-	if c.dead != nil || c.closed || c.users > 0 || len(c.held) > 0 || c.running || len(c.queue) > 0 {
+	if !c.idleLocked() {
 		c.mu.Unlock()
 		s.mu.Unlock()
 		return
@@ -159,11 +171,7 @@ func (c *carrier) submit(op *shareOp) {
 func (c *carrier) enqueue(op *shareOp) bool {
 	c.mu.Lock()
 	if c.dead != nil || c.closed {
-		err := c.dead
-		if err == nil {
-			err = errors.New("shared session closed")
-		}
-		op.err = err
+		op.err = c.errLocked()
 		c.mu.Unlock()
 		c.finish(op)
 		return false
@@ -412,22 +420,17 @@ func (c *carrier) release(lk *Lock) error {
 	op := newOp(opUnlock, lk.key)
 	c.submit(op)
 	<-op.done
+	c.detach(lk)
 	switch {
 	case op.err != nil:
-		c.l.share.free(lk.key)
-		c.detach(lk)
 		if connectionBroken(op.err) {
 			return fmt.Errorf("%w: %s: the shared session ended before the unlock: %w", ErrLockLost, c.l.name(lk.key), op.err)
 		}
 		return fmt.Errorf("sqllock: unlock %s: %w (the server releases the lock as the session ends)", c.l.name(lk.key), op.err)
 	case !op.ok:
-		c.l.share.free(lk.key)
-		c.detach(lk)
 		c.retire()
 		return fmt.Errorf("%w: unlock of %s on shared backend %d found no such lock", ErrLockLost, c.l.name(lk.key), c.pid)
 	}
-	c.l.share.free(lk.key)
-	c.detach(lk)
 	return nil
 }
 

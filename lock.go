@@ -266,7 +266,6 @@ func (lk *Lock) lose(cause error) {
 		go func() {
 			c.fail(cause)
 			<-c.gone
-			lk.l.share.free(lk.key)
 			c.detach(lk)
 			close(discarded)
 		}()

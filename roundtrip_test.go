@@ -46,14 +46,32 @@ func TestRoundTrips(t *testing.T) {
 					t.Errorf("%s: %.2f round trips per operation, want %v", name, got, want)
 				}
 			}
-			k := sqllock.Int64(31)
-			perOp("TryLock + Unlock", 2, func() error {
-				lk, err := l.TryLock(bg(), k)
-				if err != nil {
-					return err
+			// tryUnlock and lockTokens are operations of l on k.
+			tryUnlock := func(l *sqllock.Locker, k sqllock.Key) func() error {
+				return func() error {
+					lk, err := l.TryLock(bg(), k)
+					if err != nil {
+						return err
+					}
+					return lk.Unlock(bg())
 				}
-				return lk.Unlock(bg())
-			})
+			}
+			lockTokens := func(l *sqllock.Locker, k sqllock.Key) func() error {
+				return func() error {
+					lk, err := l.Lock(bg(), k)
+					if err != nil {
+						return err
+					}
+					for range 2 {
+						if _, err := lk.Token(bg()); err != nil {
+							return err
+						}
+					}
+					return lk.Unlock(bg())
+				}
+			}
+			k := sqllock.Int64(31)
+			perOp("TryLock + Unlock", 2, tryUnlock(l, k))
 			perOp("Lock + Unlock (free)", 2, func() error {
 				lk, err := l.Lock(bg(), k)
 				if err != nil {
@@ -85,18 +103,7 @@ func TestRoundTrips(t *testing.T) {
 			tx.Rollback()
 			perOp("Inspect", 1, func() error { _, err := sqllock.Inspect(bg(), db); return err })
 			// A fencing token: one round trip on first use, none after.
-			perOp("Lock + Token + Token + Unlock", 3, func() error {
-				lk, err := l.Lock(bg(), k)
-				if err != nil {
-					return err
-				}
-				for range 2 {
-					if _, err := lk.Token(bg()); err != nil {
-						return err
-					}
-				}
-				return lk.Unlock(bg())
-			})
+			perOp("Lock + Token + Token + Unlock", 3, lockTokens(l, k))
 			// Who leads an election: one query, whoever asks.
 			e := l.Election(k)
 			perOp("Election.Leader", 1, func() error { _, err := e.Leader(bg()); return err })
@@ -110,25 +117,8 @@ func TestRoundTrips(t *testing.T) {
 				t.Fatal(err)
 			}
 			sk := sqllock.Int64(38)
-			perOp("shared: TryLock + Unlock", 2, func() error {
-				lk, err := sl.TryLock(bg(), sk)
-				if err != nil {
-					return err
-				}
-				return lk.Unlock(bg())
-			})
-			perOp("shared: Lock + Token + Token + Unlock", 3, func() error {
-				lk, err := sl.Lock(bg(), sk)
-				if err != nil {
-					return err
-				}
-				for range 2 {
-					if _, err := lk.Token(bg()); err != nil {
-						return err
-					}
-				}
-				return lk.Unlock(bg())
-			})
+			perOp("shared: TryLock + Unlock", 2, tryUnlock(sl, sk))
+			perOp("shared: Lock + Token + Token + Unlock", 3, lockTokens(sl, sk))
 			// Concurrent callers share round trips: each takes a distinct
 			// key, all hold, then all unlock. A first round opens the
 			// carriers; the second is counted.

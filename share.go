@@ -111,11 +111,13 @@ func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, 
 	if !l.share.reserve(k) {
 		return nil, nil, false
 	}
+	// ended is the outcome of a call whose ctx ended first.
+	ended := func() (*Lock, error, bool) { return nil, notAcquired(l.name(k), ctxErr(ctx)), true }
 	c, err := l.carrierFor(ctx)
 	if err != nil {
 		l.share.free(k)
 		if ctxEnded(ctx) {
-			return nil, notAcquired(l.name(k), ctxErr(ctx)), true
+			return ended()
 		}
 		return nil, nil, false // a session of its own will say what is wrong
 	}
@@ -132,7 +134,7 @@ func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, 
 	case <-ctx.Done():
 		if op.state.CompareAndSwap(opPending, opAbandoned) {
 			// The runner undoes a grant that comes now, and frees k.
-			return nil, notAcquired(l.name(k), ctxErr(ctx)), true
+			return ended()
 		}
 		<-op.done // decided: the outcome is a moment away
 	}
@@ -140,7 +142,7 @@ func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, 
 	case op.err != nil:
 		l.share.free(k)
 		if ctxEnded(ctx) {
-			return nil, notAcquired(l.name(k), ctxErr(ctx)), true
+			return ended()
 		}
 		if connectionBroken(op.err) {
 			return nil, nil, false // the carrier died: a session of its own
@@ -149,7 +151,7 @@ func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, 
 	case !op.ok:
 		l.share.free(k)
 		if ctxEnded(ctx) {
-			return nil, notAcquired(l.name(k), ctxErr(ctx)), true
+			return ended()
 		}
 		if !try {
 			// Wait on a session of its own; a carrier that holds nothing
@@ -167,7 +169,7 @@ func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, 
 	if ctxEnded(ctx) || !c.attach(lk) {
 		c.unlockAsync(k)
 		if ctxEnded(ctx) {
-			return nil, notAcquired(l.name(k), ctxErr(ctx)), true
+			return ended()
 		}
 		return nil, lockError(l.name(k), c.err()), true
 	}

@@ -234,9 +234,7 @@ func (s *Statements) GrantedSQL(kind Kind, classid, objid int64, objsubid int) (
 	if kind.IsShared() {
 		mode = "ShareLock"
 	}
-	return s.mode.TagArgs("SELECT "+s.tune+" IS NOT NULL, pg_backend_pid(), pg_is_in_recovery() FROM pg_catalog.pg_locks l"+
-		" WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_backend_pid() AND l.mode = '"+mode+"'"+
-		" AND l.classid::int8 = $1::int8 AND l.objid::int8 = $2::int8 AND l.objsubid = $3::int4", classid, objid, objsubid)
+	return s.mode.TagArgs("SELECT "+s.tune+" IS NOT NULL, pg_backend_pid(), pg_is_in_recovery()"+heldByMe+" AND l.mode = '"+mode+"'", classid, objid, objsubid)
 }
 
 // unlockSQL returns the statement that releases a session-level lock, and
@@ -470,13 +468,15 @@ const OwnSQL = `SELECT pg_backend_pid(), l.classid::int8, l.objid::int8, l.objsu
 // tokens of successive holders of a key, each taken while it held it, grow
 // too. It returns no row when the session does not hold the lock (any
 // more).
-const TokenSQL = `SELECT txid_current() FROM pg_catalog.pg_locks l
- WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_backend_pid()
-  AND l.classid::int8 = $1::int8 AND l.objid::int8 = $2::int8 AND l.objsubid = $3::int4`
+const TokenSQL = `SELECT txid_current()` + heldByMe
 
 // HeldSQL answers one row when the session that runs it holds the
 // session-level lock whose tag is ($1, $2, $3), and none otherwise.
-const HeldSQL = `SELECT 1::int8 FROM pg_catalog.pg_locks l
+const HeldSQL = `SELECT 1::int8` + heldByMe
+
+// heldByMe selects the row of pg_locks of the advisory lock whose tag is
+// ($1, $2, $3), granted to the session that runs the statement.
+const heldByMe = ` FROM pg_catalog.pg_locks l
  WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_backend_pid()
   AND l.classid::int8 = $1::int8 AND l.objid::int8 = $2::int8 AND l.objsubid = $3::int4`
 
