@@ -200,24 +200,25 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		}
 	}
 	switch {
-	case ctxEnded(ctx) && (o.err == nil || sqlState(o.err) != ""):
-		// The server answered the statement (granted, or an error of its
-		// own): the backend is in no queue; the owner's discard ends it.
-	case ctxEnded(ctx):
-		// The abandoned backend may still be queued for k (a driver that
-		// closes the socket sends no cancel request; a driver that did not
-		// give the statement up in time may be cut off from the server):
-		// take it out of the queue before anyone can grant it the lock.
-		// Wait for that no longer than abandonGrace: the call must return
-		// by about its deadline even when nothing reaches the server, or
-		// when the pool has no connection to spare until this one is
-		// discarded (the cancel then finishes in the background).
+	case ctxEnded(ctx) && errors.Is(o.err, errAbandoned):
+		// The driver did not give the statement up in time: the server may
+		// be cut off, or only slow. Cancel as below, but wait for it no
+		// longer than the driver got: if nothing reaches the server, the
+		// call must still return by its deadline.
 		done := make(chan struct{})
 		go func() { l.cancelWait(pid, k); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(abandonGrace):
 		}
+	case ctxEnded(ctx) && (o.err == nil || sqlState(o.err) != ""):
+		// The server answered the statement (granted, or an error of its
+		// own): the backend is in no queue; the owner's discard ends it.
+	case ctxEnded(ctx):
+		// The abandoned backend may still be queued for k (a driver that
+		// closes the socket sends no cancel request): take it out of the
+		// queue before anyone can grant it the lock.
+		l.cancelWait(pid, k)
 	}
 	return o
 }
@@ -422,8 +423,18 @@ func (l *Locker) cancelWait(pid int64, k Key) {
 	ctx, cancel := context.WithTimeout(context.Background(), cancelWaitTimeout)
 	defer cancel()
 	// A connection and statements bounded like the lock's own: a server
-	// that stopped answering cannot hold this past its timeout.
-	conn, err := getConn(ctx, l.db)
+	// that stopped answering cannot hold this past its timeout. A pool at
+	// its limit may have no connection to give until the caller's own,
+	// abandoned one is discarded, after this returns: wait for one no
+	// longer than abandonGrace then (that discard ends the backend, which
+	// takes it out of the queue too, a little later).
+	cctx := ctx
+	if st := l.db.Stats(); st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
+		var stop context.CancelFunc
+		cctx, stop = context.WithTimeout(ctx, abandonGrace)
+		defer stop()
+	}
+	conn, err := getConn(cctx, l.db)
 	if err != nil {
 		return
 	}
