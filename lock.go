@@ -118,6 +118,12 @@ func (lk *Lock) Token(ctx context.Context) (int64, error) {
 	if t, err = lk.onSession(ctx, sqltext.TokenSQL); err != nil {
 		return 0, err
 	}
+	if ctxEnded(ctx) {
+		// The statement may have been cut short as its commit waited for
+		// a synchronous standby: PostgreSQL then answers all the same,
+		// with a token that the standby may not have.
+		return 0, fmt.Errorf("sqllock: token of %s: %w", lk.l.name(lk.key), ctxErr(ctx))
+	}
 	lk.mu.Lock()
 	defer lk.mu.Unlock()
 	if lk.err != nil {
@@ -132,7 +138,12 @@ func (lk *Lock) Token(ctx context.Context) (int64, error) {
 // onSession runs q, a statement about the lock's tag ($1, $2, $3) that
 // answers one integer on the session that holds it and no row otherwise,
 // on the lock's own session. No row is the server's word that the lock is
-// lost: the lock is then marked lost, and the error wraps ErrLockLost.
+// lost, and so is a session that ended under the statement: the lock is
+// then marked lost at once, and the error wraps ErrLockLost. A statement
+// on a lock of its own session that ctx cut short leaves that session
+// unusable (drivers close or poison a connection whose statement they give
+// up): the lock is lost too. Once Unlock has begun, it returns ErrReleased
+// or the loss, never a value it did not get.
 func (lk *Lock) onSession(ctx context.Context, q string) (int64, error) {
 	c, o, sub := lk.key.lockTag()
 	q, args := lk.l.mode.TagArgs(q, int64(c), int64(o), sub)
@@ -147,15 +158,33 @@ func (lk *Lock) onSession(ctx context.Context, q string) (int64, error) {
 	} else {
 		err = queryRow(ctx, lk.l.abandoned, lk.conn, q, args, &v)
 	}
+	if err == nil {
+		return v, nil
+	}
 	switch {
+	case lk.releasing():
+		// Unlock took the session (it may have closed it) or the lock
+		// from under the statement.
 	case errors.Is(err, sql.ErrNoRows):
-		err = fmt.Errorf("its session (backend %d) no longer holds it", lk.pid)
-		lk.lose(err)
-		return 0, lk.Err()
-	case err != nil:
+		lk.lose(fmt.Errorf("its session (backend %d) no longer holds it", lk.pid))
+	case lk.c == nil && (connectionBroken(err) || errors.Is(err, sql.ErrConnDone)):
+		lk.lose(fmt.Errorf("its session (backend %d) ended: %w", lk.pid, err))
+	case lk.c == nil && ctxEnded(ctx):
+		lk.lose(fmt.Errorf("a statement on its session (backend %d) was given up as its context ended: %w", lk.pid, err))
+	default:
 		return 0, fmt.Errorf("sqllock: %s: %w", lk.l.name(lk.key), err)
 	}
-	return v, nil
+	if e := lk.Err(); e != nil {
+		return 0, e
+	}
+	return 0, ErrReleased
+}
+
+// releasing reports whether Unlock has begun (or ended).
+func (lk *Lock) releasing() bool {
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	return lk.state == stateReleasing || lk.state == stateReleased
 }
 
 // Done returns a channel that is closed when the lock is released or lost
@@ -330,7 +359,11 @@ func (l *Locker) reclaim(k Key, pid int64) error {
 	var ok bool
 	err := l.db.QueryRowContext(l.unlockContext(), sqltext.ReclaimSQL, pid).Scan(&ok)
 	if err == nil && !ok {
-		err = errors.New("backend not found")
+		// No such backend: the session ended before the unlock (database/sql
+		// also closes a Conn itself after its driver reported the
+		// connection bad), and its lock went with it, at a moment no one
+		// can tell.
+		return fmt.Errorf("%w: %s: its session (backend %d) ended before the unlock", ErrLockLost, l.name(k), pid)
 	}
 	if err != nil {
 		return fmt.Errorf("sqllock: unlock %s: Lock.Conn() was closed, returning the locked session (backend %d) to the pool, and releasing it failed: %w", k, pid, err)

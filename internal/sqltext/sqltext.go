@@ -468,7 +468,20 @@ const OwnSQL = `SELECT pg_backend_pid(), l.classid::int8, l.objid::int8, l.objsu
 // tokens of successive holders of a key, each taken while it held it, grow
 // too. It returns no row when the session does not hold the lock (any
 // more).
-const TokenSQL = `SELECT txid_current()` + heldByMe
+//
+// The counter survives a crash only if the transaction that read it was
+// durably committed: a transaction that writes no WAL of its own is
+// committed asynchronously (no flush, no wait for a synchronous standby),
+// so after a crash restart, or a failover to a synchronous standby, the
+// counter could resume below a token already handed out. The statement
+// therefore writes a transactional WAL record (a logical message of no
+// content, which needs no privilege and no table) and raises
+// synchronous_commit to on for its own transaction when the session has it
+// off or local: its commit is flushed, and waits for the synchronous
+// standbys, before the token reaches the client.
+const TokenSQL = `SELECT CASE WHEN pg_logical_emit_message(true, 'sqllock', '') IS NOT NULL
+  AND CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN set_config('synchronous_commit', 'on', true) ELSE '' END IS NOT NULL
+ THEN txid_current() END` + heldByMe
 
 // HeldSQL answers one row when the session that runs it holds the
 // session-level lock whose tag is ($1, $2, $3), and none otherwise.
