@@ -571,7 +571,11 @@ func (c *cluster) ready(ctx context.Context) bool {
 }
 
 // stop shuts the server down (fast mode) and waits for it to exit.
-func (c *cluster) stop() error {
+func (c *cluster) stop() error { return c.stopWith(syscall.SIGINT) }
+
+// stopWith stops the server with sig (SIGINT: fast shutdown; SIGQUIT:
+// immediate, as a crash) and waits for it to exit.
+func (c *cluster) stopWith(sig syscall.Signal) error {
 	c.mu.Lock()
 	cmd, exited := c.cmd, c.exited
 	c.cmd, c.exited = nil, nil
@@ -579,7 +583,7 @@ func (c *cluster) stop() error {
 	if cmd == nil {
 		return nil
 	}
-	_ = cmd.Process.Signal(syscall.SIGINT)
+	_ = cmd.Process.Signal(sig)
 	select {
 	case <-exited:
 	case <-time.After(30 * time.Second):
@@ -685,6 +689,19 @@ func (s *Server) Restart(ctx context.Context) error {
 		return errNotLocal
 	}
 	if err := s.local.stop(); err != nil {
+		return err
+	}
+	return s.local.start(ctx)
+}
+
+// Crash stops a local server as a crash would (immediate shutdown: no
+// checkpoint, every session ended at once, WAL not yet written lost) and
+// starts it again on the same port, where it recovers from its WAL.
+func (s *Server) Crash(ctx context.Context) error {
+	if s.local == nil {
+		return errNotLocal
+	}
+	if err := s.local.stopWith(syscall.SIGQUIT); err != nil {
 		return err
 	}
 	return s.local.start(ctx)
