@@ -135,10 +135,9 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 				break
 			}
 		}
-		byDeadline := false
-		if lv == sessionLevel {
-			slice, byDeadline = deadlineSlice(ctx, slice)
-		}
+		// The server keeps ctx's deadline too: a cancel that never reaches
+		// it cannot leave the wait running past the deadline.
+		slice, byDeadline := deadlineSlice(ctx, slice)
 		// A driver's own cancel can reach the server before the statement
 		// starts, and be lost (lib/pq sends one on a connection of its
 		// own): should the statement still run abandonGrace after ctx
@@ -153,7 +152,22 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		})
 		if lv == xactLevel {
 			q, args := l.mode.XactLockSQL(kind&^kindTry, k.sqlKey())
+			if dl, ok := ctx.Deadline(); ok {
+				// However close the deadline: in a transaction, no one
+				// else can cancel a wait whose cancel was lost.
+				slice = strconv.FormatInt(max(time.Until(dl)-deadlineMargin(time.Until(dl)), time.Millisecond).Milliseconds(), 10) + "ms"
+				byDeadline = true
+				q, args = l.mode.XactDeadlineLockSQL(kind&^kindTry, k.sqlKey(), slice)
+			}
+			began := time.Now()
 			o.err = w.queryRow(ctx, q, args, &o.ok)
+			if byDeadline && sqlState(o.err) == "55P03" && !ctxEnded(ctx) && ranInto(began, slice) {
+				// The server ended the wait at the deadline (not at a
+				// shorter lock_timeout of the transaction's own): not
+				// granted; the transaction is aborted, and the caller
+				// rolls it back.
+				o.err = errDeadline
+			}
 		} else {
 			q, args := l.sql().WaitSQL(kind&^kindTry, k.sqlKey(), slice)
 			o.err = w.queryRow(ctx, q, args, &o.ok, &o.pid, &o.standby)
@@ -248,6 +262,13 @@ func (l *Locker) grantedAfterTimeout(ctx context.Context, w waiter, kind lockKin
 // left, from 10 to 100 ms).
 func deadlineMargin(left time.Duration) time.Duration {
 	return min(max(left/10, 10*time.Millisecond), 100*time.Millisecond)
+}
+
+// ranInto reports whether a statement that began at began ran for about
+// its lock_timeout, timeout (as deadlineSlice wrote it).
+func ranInto(began time.Time, timeout string) bool {
+	d, err := time.ParseDuration(timeout)
+	return err == nil && time.Since(began) >= d*9/10
 }
 
 // errDeadline is the outcome of a wait that the server ended (lock_timeout)
@@ -353,6 +374,9 @@ func (l *Locker) withConn(ctx context.Context, what string, take func(conn *sql.
 func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (lk *Lock, err error) {
 	if err := k.valid(); err != nil {
 		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, notAcquired(l.name(k), err) // nothing sent
 	}
 	if end := l.startAcquire(ctx, Acquisition{Key: k, Name: l.regName(k), Wait: !kind.IsTry(), Shared: kind.IsShared()}); end != nil {
 		defer func() { end(lk, err) }()

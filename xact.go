@@ -174,7 +174,7 @@ func (l *Locker) lockInTx(ctx context.Context, tx Tx, k Key) error {
 // call's error: a ctx that ended is "not acquired" whatever the driver said
 // (the caller rolls the transaction back, which releases what it holds).
 func (l *Locker) settleTx(ctx context.Context, k Key, o outcome) error {
-	if ctxEnded(ctx) {
+	if ctxEnded(ctx) || errors.Is(o.err, errDeadline) {
 		return notAcquired(l.name(k), ctxErr(ctx))
 	}
 	if o.err != nil {

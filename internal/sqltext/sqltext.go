@@ -312,6 +312,29 @@ func (m Mode) BuildXactLockSQL(kind Kind, k Key) (string, []any) {
 	return "SELECT true FROM " + kind.Fn() + "(" + a + ")", args
 }
 
+// XactDeadlineLockSQL returns the statement with which a transaction
+// waits for a transaction-level lock (kind is not Try) for at most
+// timeout (a duration the server reads, such as "250ms"): the wait's own
+// lock_timeout, 55P03 when it fires, so that the server keeps the
+// caller's deadline even when the driver's cancel never reaches it. A
+// lock_timeout of the transaction's own that is shorter still applies,
+// and so does one of "0" (none) meaning none: the shorter wins. The
+// transaction's setting is set back as the lock is granted (a 55P03
+// aborts the transaction anyway). Its single row is (acquired bool).
+func (m Mode) XactDeadlineLockSQL(kind Kind, k Key, timeout string) (string, []any) {
+	kind |= Xact
+	a, args := m.KeyArgs(k, 1)
+	t := "'" + timeout + "'"
+	if m == Bind {
+		t = "$" + strconv.Itoa(len(args)+1)
+		args = append(args, timeout)
+	}
+	return "SELECT set_config('lock_timeout', o.old, true) IS NOT NULL" +
+		" FROM (SELECT current_setting('lock_timeout') AS old OFFSET 0) AS o," +
+		" LATERAL (SELECT set_config('lock_timeout', CASE WHEN o.old::interval > '0' AND o.old::interval < " + t + "::text::interval THEN o.old ELSE " + t + "::text END, true) OFFSET 0) AS s(v)," +
+		" LATERAL (SELECT " + kind.Fn() + "(" + a + ") WHERE s.v IS NOT NULL) AS l", args
+}
+
 // XactTryPIDSQL returns the statement with which InTx tries a
 // transaction-level lock in its own transaction: its single row is
 // (acquired bool, pid int), the pid settling a wait that follows.
