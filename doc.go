@@ -14,11 +14,16 @@
 //	if err != nil { ... }
 //	defer lk.Unlock(ctx)
 //
-// Each [Lock] pins one connection of the pool for its whole life and gives
-// it back only after pg_advisory_unlock returned true on the backend that
-// was granted the lock. When that cannot be confirmed (an error, a
-// cancellation, a false result, another backend) the connection is
-// discarded instead, and PostgreSQL releases the lock as the session ends.
+// A [Lock] lives on a session that the Locker keeps out of the pool while
+// it holds locks: by default one of a few sessions (at most 16 per Locker)
+// that its exclusive locks share; a session of its own for a lock that
+// waited for a held key, a shared-mode lock, a semaphore permit, or any
+// lock of a Locker made [WithDedicatedSessions]. A session goes back to
+// the pool only after pg_advisory_unlock returned true for each of its
+// locks, on the backend that was granted them. When that cannot be
+// confirmed (an error, a cancellation, a false result, another backend)
+// the session is discarded instead, and PostgreSQL releases its locks as
+// the session ends.
 // [Lock.Done] and [Lock.Err] report a lock lost while held (the session
 // died, the server restarted), found by a keep-alive that checks pg_locks
 // from another connection. [Locker.Do] runs a function under the lock and
@@ -46,18 +51,22 @@
 //
 // # Errors
 //
-// Every error matches one of the sentinels of errors.go with [errors.Is]
+// Every error matches one of the package's Err variables with [errors.Is]
 // when it has a meaning a caller can act on ([ErrNotAcquired],
 // [ErrLockLost], [ErrDeadlock], ...); the message of the wrapping error says
-// the details (the key, its registry name, the backend).
+// the details (the key, its registry name, the backend). Each variable's
+// documentation says which calls return it.
 //
 // # The traps it prevents
 //
 // A forgotten unlock, a lock that rides back into the pool, a cancelled
 // wait granted anyway, colliding keys, keys misread from pg_locks, locks
-// on a standby or behind a transaction pooler: docs/traps.md in the
-// repository says what each trap is and what this package does about it,
-// in one place.
+// on a standby or behind a transaction pooler: the repository's
+// docs/traps.md says what each trap is and what this package does about
+// it, in one place:
+// https://github.com/sqllock/sqllock/blob/main/docs/traps.md
+// (the guide beside it maps PostgreSQL's functions to this API:
+// https://github.com/sqllock/sqllock/blob/main/docs/guide.md).
 //
 // A lock key is not a secret and not an authorization: any role in the
 // database can take or wait on any key. Use namespaced keys per application.

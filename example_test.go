@@ -327,28 +327,6 @@ func ExampleElection_Leader() {
 	}
 }
 
-// A write in the same PostgreSQL checks the token in the statement itself:
-// a holder that lost the lock without knowing it yet, whose successor has
-// written already, changes nothing.
-func ExampleLock_Token() {
-	lk, err := sqllock.New(db).Lock(ctx, sqllock.Hash("job:42"))
-	if err != nil {
-		return
-	}
-	defer lk.Unlock(ctx)
-	token, err := lk.Token(ctx)
-	if err != nil {
-		return
-	}
-	res, err := db.ExecContext(ctx, "UPDATE jobs SET state = 'done', fence = $1 WHERE id = 42 AND fence < $1", token)
-	if err != nil {
-		return
-	}
-	if n, err := res.RowsAffected(); err == nil && n == 0 {
-		log.Print("a later holder of job:42 has written: this one lost its lock")
-	}
-}
-
 // fencedStore is a store outside PostgreSQL that keeps, per object, the
 // largest token it has accepted, and refuses writes with smaller ones (an
 // object store's conditional write, a service's version check).

@@ -31,7 +31,8 @@ const (
 // The zero Key is not a valid key: every function that takes a Key rejects it
 // with an error wrapping [ErrInvalidKey], so a forgotten key is never locked
 // as 0 by accident. Build keys with [Int64], [Pair], [Hash], [HashPair],
-// [ParseKey] or the compatible constructors in this package.
+// [ParseKey], or the constructors of package
+// github.com/sqllock/sqllock/interop for keys other tools compute.
 type Key struct {
 	form keyForm
 	// v holds the bigint for formInt64, and class<<32 | uint32(id) for formPair.

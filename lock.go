@@ -87,9 +87,10 @@ func (lk *Lock) PID() int {
 // yet (a holder paused by a GC or a VM, then resumed after the lock went
 // to another). Pass it along with each write, and have the resource keep
 // the largest token it has seen and refuse smaller ones; in the same
-// PostgreSQL, in one statement:
+// PostgreSQL, in one statement (<=, not <: the holder's own next write
+// carries the same token):
 //
-//	UPDATE jobs SET ..., fence = $token WHERE id = $id AND fence < $token
+//	UPDATE jobs SET ..., fence = $token WHERE id = $id AND fence <= $token
 //
 // The token is the server's transaction counter (txid_current), read on
 // the lock's own session while it holds the lock, in one round trip the

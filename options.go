@@ -110,9 +110,11 @@ func CheckOptions(opts ...Option) error {
 // not failed (a busy pool says nothing about the server): it is counted in
 // [Stats].KeepAliveSkipped and logged once at Warn level, and while it
 // lasts the locks are not watched. So leave one connection beyond the
-// locks and waiters: SetMaxOpenConns(locks + waiters + 1). One goroutine
-// runs the checks while locks are held and ends within one interval of the
-// last release.
+// sessions that hold the Locker's locks and run its waits: its shared
+// sessions (at most a quarter of SetMaxOpenConns), and a session per lock
+// that waited, per waiter and per lock that pins one (see [Locker.Lock]).
+// One goroutine runs the checks while locks are held and ends within one
+// interval of the last release.
 //
 // An interval below [MinKeepAlive] is raised to it. When WithOrphanBound is
 // not given, the orphan bound is raised, if need be, to fit the interval

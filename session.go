@@ -329,7 +329,7 @@ func (l *Locker) pinSession(ctx context.Context, what string) (*sql.Conn, int64,
 	var standby bool
 	if err := queryRow(ctx, l.abandoned, conn, l.sql().SessionSQL(), nil, &pid, &standby, skip); err != nil {
 		discardConn(conn)
-		return nil, 0, fmt.Errorf("sqllock: %s: %w", what, err)
+		return nil, 0, &setupError{what: what, err: err}
 	}
 	if standby && !l.cfg.allowStandby {
 		l.closeSession(conn, pid)
@@ -337,6 +337,17 @@ func (l *Locker) pinSession(ctx context.Context, what string) (*sql.Conn, int64,
 	}
 	return conn, pid, nil
 }
+
+// setupError is the failure of the statement that sets up a session
+// pinned by pinSession (after its connection was had and the server
+// checked).
+type setupError struct {
+	what string // the caller, for the message
+	err  error
+}
+
+func (e *setupError) Error() string { return "sqllock: " + e.what + ": " + e.err.Error() }
+func (e *setupError) Unwrap() error { return e.err }
 
 // closeSession sets the settings of a Session's connection back and gives
 // it back to the pool; when that is not confirmed on backend pid, it

@@ -2,6 +2,7 @@ package sqllock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -118,6 +119,13 @@ func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, 
 		l.share.free(k)
 		if ctxEnded(ctx) {
 			return ended()
+		}
+		if se := (*setupError)(nil); errors.As(err, &se) && sqlState(err) == "" && !connectionBroken(err) {
+			// Neither the server's answer nor a lost connection: a mock
+			// (go-sqlmock) that expects each lock on a session of its
+			// own. Its only connection was this one, so a session of
+			// its own would fail to get one and hide why.
+			return nil, fmt.Errorf("sqllock: lock %s: open a shared session (under go-sqlmock, build the Locker with WithDedicatedSessions: sqllockmock's expectations are those of a session per lock): %w", l.name(k), se.err), true
 		}
 		return nil, nil, false // a session of its own will say what is wrong
 	}

@@ -13,8 +13,12 @@ import (
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
-// Locker takes session-level advisory locks through a *sql.DB. Each lock
-// pins one connection of the pool for its whole life (see [Lock]).
+// Locker takes session-level advisory locks through a *sql.DB, on
+// sessions it keeps out of the pool while they hold locks: its exclusive
+// locks share a few (at most 16, and at most a quarter of the pool's
+// SetMaxOpenConns limit when it has one), and a lock that waited for a
+// held key, a shared-mode lock, a semaphore permit and a [Session] each
+// keep a session of their own (see [Locker.Lock], [WithDedicatedSessions]).
 //
 // A Locker is safe for concurrent use by many goroutines. It holds no
 // resources of its own beyond its locks: a keep-alive goroutine runs only
