@@ -108,5 +108,3 @@ func maxDur(ds []time.Duration) time.Duration {
 	}
 	return m
 }
-
-
