@@ -336,6 +336,7 @@ func (l *Locker) settle(ctx context.Context, conn *sql.Conn, k Key, shared bool,
 		return nil, fmt.Errorf("%w: %s is held by another session", ErrNotAcquired, what)
 	}
 	lk := newLock(l, k, shared, conn, o.pid)
+	lk.id, _ = l.idents.get(driverConnOf(conn))
 	l.stats.took(1)
 	l.mon.add(lk)
 	return lk, nil
@@ -356,7 +357,7 @@ func (l *Locker) withConn(ctx context.Context, what string, take func(conn *sql.
 			}
 			return nil, fmt.Errorf("sqllock: lock %s: get connection: %w", what, err)
 		}
-		if err := l.checkServer(ctx, conn); err != nil {
+		if _, err := l.checkServer(ctx, conn); err != nil {
 			conn.Close() // no lock statement ran on it
 			if ctxEnded(ctx) {
 				return nil, notAcquired(what, ctxErr(ctx))
@@ -495,14 +496,14 @@ const cancelWaitSettle = 50 * time.Millisecond
 
 // maxConns is how many driver connections a connSet remembers; past it,
 // it forgets them all (what it knew is learnt again on each connection's
-// next lock, harmlessly), so that connections closed long ago are not kept.
+// next use, harmlessly), so that connections closed long ago are not kept.
 const maxConns = 4096
 
-// connSet remembers each driver connection's backend pid (a wait for a
-// lock on a connection whose pid is known needs no try first; see
-// acquireOnce).
-type connSet struct {
-	conn sync.Map // driver connection → int64
+// connSet remembers a value per driver connection: each one's backend pid
+// (a wait for a lock on a connection whose pid is known needs no try
+// first; see acquireOn), and each one's identity (see checkServer).
+type connSet[T comparable] struct {
+	conn sync.Map // driver connection → T
 	n    atomic.Int64
 }
 
@@ -510,24 +511,25 @@ type connSet struct {
 func comparableConn(dc any) bool { return dc != nil && reflect.TypeOf(dc).Comparable() }
 
 // get returns what the set knows of dc.
-func (t *connSet) get(dc any) (int64, bool) {
+func (t *connSet[T]) get(dc any) (T, bool) {
+	var zero T
 	if !comparableConn(dc) {
-		return 0, false
+		return zero, false
 	}
 	v, ok := t.conn.Load(dc)
 	if !ok {
-		return 0, false
+		return zero, false
 	}
-	return v.(int64), true
+	return v.(T), true
 }
 
 // set records v for dc.
-func (t *connSet) set(dc any, v int64) {
+func (t *connSet[T]) set(dc any, v T) {
 	if !comparableConn(dc) {
 		return
 	}
 	if old, ok := t.conn.Load(dc); ok {
-		if old.(int64) != v {
+		if old.(T) != v {
 			t.conn.Store(dc, v)
 		}
 		return

@@ -24,6 +24,7 @@ type carrier struct {
 	l    *Locker
 	conn *sql.Conn
 	pid  int64
+	id   ident // who granted its locks (see checkServer)
 
 	mu      sync.Mutex
 	held    map[*Lock]struct{} // guarded by mu: the Locks it carries

@@ -48,6 +48,7 @@ type watched interface {
 // heldKey is one lock as the server should show it.
 type heldKey struct {
 	pid    int64
+	id     ident // who granted it
 	key    Key
 	shared bool
 }
@@ -57,7 +58,7 @@ type heldKey struct {
 func (lk *Lock) loseKey(_ Key, cause error) { lk.lose(cause) }
 
 func (lk *Lock) heldKeys(buf []heldKey) []heldKey {
-	return append(buf, heldKey{pid: lk.pid, key: lk.key, shared: lk.shared})
+	return append(buf, heldKey{pid: lk.pid, id: lk.id, key: lk.key, shared: lk.shared})
 }
 
 // failedChecksBeforeLost is how many keep-alive checks in a row must fail
@@ -179,8 +180,8 @@ func (m *monitor) check(ws []watched) {
 	m.mu.Lock()
 	m.failures = 0
 	m.mu.Unlock()
-	for _, i := range r.lost {
-		owner[i].loseKey(keys[i].key, fmt.Errorf("keep-alive: backend %d no longer holds it (session ended, server restarted, or session swapped by a pooler)", keys[i].pid))
+	for _, lost := range r.lost {
+		owner[lost.i].loseKey(keys[lost.i].key, lost.cause(keys[lost.i]))
 	}
 }
 
@@ -190,7 +191,7 @@ const checkGrace = 100 * time.Millisecond
 
 // checkResult is what one keep-alive query found.
 type checkResult struct {
-	lost    []int // indexes of the keys the server no longer shows
+	lost    []lostKey // the keys the server no longer shows
 	err     error // no answer from the server
 	skipped bool  // no connection: the pool is at its limit
 }
@@ -251,10 +252,25 @@ func (l *Locker) checkTimeout() time.Duration {
 	return max(l.cfg.keepAlive, time.Second)
 }
 
-// queryLost returns the 0-based indexes of keys that the server does not
-// show as granted.
-func queryLost(ctx context.Context, mode stmtMode, conn *sql.Conn, keys []heldKey) ([]int, error) {
-	var pids, classids, objids, subids, shared strings.Builder
+// lostKey is a key the server does not show as granted: its 0-based index
+// in the keys checked, and why (see sqltext.KeepAliveSQL).
+type lostKey struct{ i, why int }
+
+// cause says why the keep-alive found key h lost.
+func (lk lostKey) cause(h heldKey) error {
+	switch lk.why {
+	case 2:
+		return errors.New("keep-alive: another server answers than the one that granted it (the server restarted, or a failover moved the primary): its session cannot be there")
+	case 3:
+		return fmt.Errorf("keep-alive: backend %d is another session now (its session ended and the pid was reused)", h.pid)
+	}
+	return fmt.Errorf("keep-alive: backend %d no longer holds it (session ended, server restarted, or session swapped by a pooler)", h.pid)
+}
+
+// queryLost returns the keys that the server does not show as granted to
+// the backend, on the server, that was granted them.
+func queryLost(ctx context.Context, mode stmtMode, conn *sql.Conn, keys []heldKey) ([]lostKey, error) {
+	var pids, classids, objids, subids, shared, servers, backends strings.Builder
 	for i, h := range keys {
 		sep := ","
 		if i == 0 {
@@ -266,24 +282,26 @@ func queryLost(ctx context.Context, mode stmtMode, conn *sql.Conn, keys []heldKe
 		objids.WriteString(sep + strconv.FormatUint(uint64(o), 10))
 		subids.WriteString(sep + strconv.Itoa(s))
 		shared.WriteString(sep + strconv.FormatBool(h.shared))
+		servers.WriteString(sep + strconv.FormatInt(h.id.server, 10))
+		backends.WriteString(sep + strconv.FormatInt(h.id.backend, 10))
 	}
 	q, args := mode.Arrays(sqltext.KeepAliveSQL, pids.String()+"}", classids.String()+"}",
-		objids.String()+"}", subids.String()+"}", shared.String()+"}")
+		objids.String()+"}", subids.String()+"}", shared.String()+"}", servers.String()+"}", backends.String()+"}")
 	rows, err := conn.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var lost []int
+	var lost []lostKey
 	for rows.Next() {
-		var i int
-		if err := rows.Scan(&i); err != nil {
+		var i, why int
+		if err := rows.Scan(&i, &why); err != nil {
 			return nil, err
 		}
 		if i < 1 || i > len(keys) {
 			return nil, errors.New("keep-alive: answer out of range")
 		}
-		lost = append(lost, i-1)
+		lost = append(lost, lostKey{i - 1, why})
 	}
 	return lost, rows.Err()
 }

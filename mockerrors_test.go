@@ -42,7 +42,7 @@ func TestUnsupportedServer(t *testing.T) {
 			db, mock := newMock(t)
 			l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0))
 			mock.ExpectQuery(regexp.QuoteMeta("SELECT version()")).
-				WillReturnRows(sqlmock.NewRows([]string{"version"}).AddRow(tt.version))
+				WillReturnRows(sqlmock.NewRows([]string{"version", "pid", "server_start", "backend_start"}).AddRow(tt.version, 1, 0, 0))
 			if _, err := l.TryLock(bg(), sqllock.Int64(1)); !errors.Is(err, sqllock.ErrUnsupportedServer) {
 				t.Fatalf("TryLock() = %v, want ErrUnsupportedServer", err)
 			}

@@ -15,6 +15,7 @@ type pinned struct {
 	l    *Locker
 	conn *sql.Conn
 	pid  int64
+	id   ident // who granted its locks (see checkServer)
 
 	mu    sync.Mutex
 	state lockState // guarded by mu

@@ -13,21 +13,51 @@ import (
 // The server guard: advisory locks only mean something on PostgreSQL
 // itself (and on its primary; see ErrStandby).
 
+// ident is who answers on a connection: the server's start and its
+// backend's start, in microseconds since the epoch (0: unknown). Every
+// "still held" answer of the keep-alive is checked against the ident of
+// the connection that was granted the lock: another server (restarted, or
+// failed over to, where the same pid can hold the same key for someone
+// else) or another backend under the same pid is a loss.
+type ident struct{ server, backend int64 }
+
 // checkServer refuses servers that do not implement PostgreSQL advisory
-// locks. The answer is cached for the Locker's life; a failed check is
-// retried on the next call.
-func (l *Locker) checkServer(ctx context.Context, conn *sql.Conn) error {
-	if l.serverOK.Load() {
-		return nil
+// locks, and returns the identity of conn's backend. It asks once per
+// connection (one round trip, before the connection's first lock
+// statement); the server's answer is checked once for the Locker's life (a
+// failed check is retried on the next call).
+func (l *Locker) checkServer(ctx context.Context, conn *sql.Conn) (ident, error) {
+	dc := driverConnOf(conn)
+	if id, ok := l.idents.get(dc); ok {
+		return id, nil
 	}
+	var v string
+	var pid int64
+	var id ident
+	if err := conn.QueryRowContext(ctx, sqltext.VersionSQL).Scan(&v, &pid, &id.server, &id.backend); err != nil {
+		if sqlState(err) != "" && conn.QueryRowContext(ctx, sqltext.PlainVersionSQL).Scan(&v) == nil {
+			if err := supported(v); err != nil {
+				return ident{}, err // a server that only looks like PostgreSQL
+			}
+		}
+		return ident{}, fmt.Errorf("sqllock: check server version: %w", err)
+	}
+	if !l.serverOK.Load() {
+		if err := l.serverChecked(v); err != nil {
+			return ident{}, err
+		}
+	}
+	l.idents.set(dc, id)
+	return id, nil
+}
+
+// serverChecked checks version, the server's version(), once for the
+// Locker, and makes its statements for that major version.
+func (l *Locker) serverChecked(v string) error {
 	l.serverMu.Lock()
 	defer l.serverMu.Unlock()
 	if l.serverOK.Load() {
 		return nil
-	}
-	var v string
-	if err := conn.QueryRowContext(ctx, sqltext.VersionSQL).Scan(&v); err != nil {
-		return fmt.Errorf("sqllock: check server version: %w", err)
 	}
 	if err := supported(v); err != nil {
 		return err

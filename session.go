@@ -55,11 +55,11 @@ type Session struct {
 // not a standby (unless WithAllowStandby) in the same round trip that learns
 // the backend pid. ctx bounds only this call.
 func (l *Locker) Session(ctx context.Context) (*Session, error) {
-	conn, pid, err := l.pinSession(ctx, "session")
+	conn, pid, id, err := l.pinSession(ctx, "session")
 	if err != nil {
 		return nil, err
 	}
-	s := &Session{pinned: pinned{l: l, conn: conn, pid: pid}}
+	s := &Session{pinned: pinned{l: l, conn: conn, pid: pid, id: id}}
 	l.mon.add(s)
 	return s, nil
 }
@@ -316,26 +316,27 @@ func (s *Session) Close(ctx context.Context) error {
 // many locks (a Session, or a shared session): the server checked, the
 // backend's pid learnt, and the lock session's settings applied, in one
 // round trip once the server is known. what names the caller in errors.
-func (l *Locker) pinSession(ctx context.Context, what string) (*sql.Conn, int64, error) {
+func (l *Locker) pinSession(ctx context.Context, what string) (*sql.Conn, int64, ident, error) {
 	conn, err := getConn(ctx, l.db)
 	if err != nil {
-		return nil, 0, fmt.Errorf("sqllock: %s: get connection: %w", what, err)
+		return nil, 0, ident{}, fmt.Errorf("sqllock: %s: get connection: %w", what, err)
 	}
-	if err := l.checkServer(ctx, conn); err != nil {
+	id, err := l.checkServer(ctx, conn)
+	if err != nil {
 		conn.Close()
-		return nil, 0, err
+		return nil, 0, ident{}, err
 	}
 	var pid int64
 	var standby bool
 	if err := queryRow(ctx, l.abandoned, conn, l.sql().SessionSQL(), nil, &pid, &standby, skip); err != nil {
 		discardConn(conn)
-		return nil, 0, &setupError{what: what, err: err}
+		return nil, 0, ident{}, &setupError{what: what, err: err}
 	}
 	if standby && !l.cfg.allowStandby {
 		l.closeSession(conn, pid)
-		return nil, 0, standbyError(what)
+		return nil, 0, ident{}, standbyError(what)
 	}
-	return conn, pid, nil
+	return conn, pid, id, nil
 }
 
 // setupError is the failure of the statement that sets up a session

@@ -183,7 +183,7 @@ func (s *Session) heldKeys(buf []heldKey) []heldKey {
 	defer s.mu.Unlock()
 	s.held.each(func(k Key) {
 		if !s.releasing.has(k) {
-			buf = append(buf, heldKey{pid: s.pid, key: k})
+			buf = append(buf, heldKey{pid: s.pid, id: s.id, key: k})
 		}
 	})
 	return buf

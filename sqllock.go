@@ -42,7 +42,9 @@ type Locker struct {
 	// session needs (see orphan.go); pids, each connection's backend pid,
 	// as last seen.
 	stmts atomic.Pointer[statements] // set by the server check; see sql
-	pids  connSet
+	pids  connSet[int64]
+	// idents, each connection's identity (see checkServer).
+	idents connSet[ident]
 
 	// share is the sessions shared by the Locker's exclusive locks, and
 	// plain their statements (the settings are applied once per session).

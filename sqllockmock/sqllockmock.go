@@ -49,13 +49,13 @@ const PID = 4242
 // ServerVersion is the version() the server check is answered with.
 const ServerVersion = "PostgreSQL 16.4 on x86_64-pc-linux-gnu"
 
-// ExpectServerCheck expects the version() query a Locker sends once, before
-// its first session-level lock (Lock, TryLock, a Session, a Semaphore), to
+// ExpectServerCheck expects the version() query a Locker sends once per
+// connection (a mock database has one), before its first session-level lock (Lock, TryLock, a Session, a Semaphore), to
 // refuse servers without real advisory locks. Transaction-level locks
 // (LockTx, InTx) send none: do not expect it for them.
 func ExpectServerCheck(mock sqlmock.Sqlmock) *sqlmock.ExpectedQuery {
 	return mock.ExpectQuery(exact(sqltext.VersionSQL)).
-		WillReturnRows(sqlmock.NewRows([]string{"version"}).AddRow(ServerVersion))
+		WillReturnRows(sqlmock.NewRows([]string{"version", "pid", "server_start", "backend_start"}).AddRow(ServerVersion, PID, int64(0), int64(0)))
 }
 
 // ExpectLock expects Locker.Lock (and Do) to take k, and grants it. A

@@ -355,11 +355,26 @@ func DetectMode(d driver.Driver) Mode {
 }
 
 // KeepAliveSQL returns, for lists of expected locks, the 1-based positions of
-// those that are not granted to their backend any more. The lists are passed
-// as array literals in text, which every driver can bind.
-const KeepAliveSQL = `SELECT h.i FROM unnest($1::text::int4[], $2::text::int8[], $3::text::int8[], $4::text::int4[], $5::text::bool[])
- WITH ORDINALITY AS h(pid, classid, objid, objsubid, shared, i)
- WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.granted
+// those that are not granted to their backend any more, each with why:
+//
+//	1  the server does not show the lock granted to that pid
+//	2  another server answers (another start than the one granted it:
+//	   restarted, or failed over to)
+//	3  that pid is another backend now (another start: the pid was reused)
+//
+// A lock's server and backend starts are those VersionSQL read on its
+// connection (0: unknown, not compared). The lists are passed as array
+// literals in text, which every driver can bind.
+var KeepAliveSQL = `WITH s AS (SELECT ` + serverStart + ` AS server),
+ b AS (SELECT a.pid, ` + micros("a.backend_start") + ` AS backend FROM pg_catalog.pg_stat_get_activity(NULL) AS a)
+SELECT h.i, CASE WHEN h.server <> 0 AND h.server <> s.server THEN 2
+  WHEN h.backend <> 0 AND h.backend <> coalesce(b.backend, 0) THEN 3 ELSE 1 END
+ FROM unnest($1::text::int4[], $2::text::int8[], $3::text::int8[], $4::text::int4[], $5::text::bool[], $6::text::int8[], $7::text::int8[])
+ WITH ORDINALITY AS h(pid, classid, objid, objsubid, shared, server, backend, i)
+ CROSS JOIN s LEFT JOIN b ON b.pid = h.pid
+ WHERE (h.server <> 0 AND h.server <> s.server)
+  OR (h.backend <> 0 AND h.backend <> coalesce(b.backend, 0))
+  OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.granted
   AND l.pid = h.pid AND l.classid::int8 = h.classid AND l.objid::int8 = h.objid AND l.objsubid = h.objsubid
   AND l.mode = CASE WHEN h.shared THEN 'ShareLock' ELSE 'ExclusiveLock' END)`
 
@@ -471,8 +486,24 @@ const CancelWaitSQL = `SELECT coalesce((SELECT CASE
    ELSE 2 + 0 * pg_cancel_backend(a.pid)::int END
  FROM pg_catalog.pg_stat_activity a WHERE a.pid = $1::int4), 0)`
 
-// VersionSQL asks which server this is (see supported).
-const VersionSQL = "SELECT version()"
+// VersionSQL asks which server this is (see supported), and who answers,
+// once per connection: (version, pid, the server's start, the backend's
+// start), the two starts in microseconds since the epoch (0 when not
+// shown). A server started again, or another server reached under the
+// same address (a failover), has another start; a backend whose pid was
+// reused, another backend start: see KeepAliveSQL.
+var VersionSQL = `SELECT version(), pg_backend_pid(), ` + serverStart + `,
+ coalesce((SELECT ` + micros("a.backend_start") + ` FROM pg_catalog.pg_stat_get_activity(pg_backend_pid()) AS a), 0)`
+
+// PlainVersionSQL asks only version(), of a server that could not answer
+// VersionSQL.
+const PlainVersionSQL = "SELECT version()"
+
+// serverStart is the server's start, in microseconds since the epoch.
+var serverStart = micros("pg_postmaster_start_time()")
+
+// micros returns the SQL of timestamp t in microseconds since the epoch.
+func micros(t string) string { return "(extract(epoch FROM " + t + ") * 1000000)::int8" }
 
 // ReclaimSQL releases the advisory locks of backend $1 when it runs there,
 // and otherwise ends that backend (a role may end its own sessions). See
