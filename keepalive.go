@@ -192,8 +192,8 @@ const checkGrace = 100 * time.Millisecond
 // checkResult is what one keep-alive query found.
 type checkResult struct {
 	lost    []lostKey // the keys the server no longer shows
-	err     error // no answer from the server
-	skipped bool  // no connection: the pool is at its limit
+	err     error     // no answer from the server
+	skipped bool      // no connection: the pool is at its limit
 }
 
 // query runs one keep-alive query for keys within timeout.
