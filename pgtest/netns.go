@@ -114,7 +114,7 @@ func StartIsolated(tb testing.TB) *Isolated {
 	if err != nil {
 		Unavailable(tb, "a network namespace", err)
 	}
-	c, adminPW, err := newCluster(ctx, "isolated", nil, ns)
+	c, adminPW, err := newCluster(ctx, "isolated", nil, inNamespace(ns))
 	if err != nil {
 		ns.remove()
 		tb.Fatal(err)

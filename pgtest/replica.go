@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -41,6 +42,25 @@ func Private(tb testing.TB) *Server {
 	s, err := startLocal(ctx)
 	if err != nil {
 		Unavailable(tb, "local PostgreSQL binaries", err)
+	}
+	tb.Cleanup(func() { s.Close() })
+	return s
+}
+
+// PrivateInPIDNamespace is Private, with the server in a PID namespace of
+// its own, as in a container: its backends' pids start from 1, so two such
+// servers give the same pids to their sessions in the same order. It needs
+// root; without it, it skips (or fails when CI=true).
+func PrivateInPIDNamespace(tb testing.TB) *Server {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		Unavailable(tb, "root (for a PID namespace)", errors.New("not running as root"))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, err := startLocalWith(ctx, true)
+	if err != nil {
+		Unavailable(tb, "local PostgreSQL binaries in a PID namespace", err)
 	}
 	tb.Cleanup(func() { s.Close() })
 	return s

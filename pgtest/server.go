@@ -328,6 +328,7 @@ type cluster struct {
 	cred    *syscall.Credential // nil: run as ourselves
 	reaper  *os.File            // write end of the reaper's stdin (see reap)
 	ns      *namespace          // nil: the server listens on 127.0.0.1
+	pidns   bool                // postgres runs in a PID namespace of its own
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd  // guarded by mu
@@ -376,7 +377,13 @@ func credential() (*syscall.Credential, error) {
 }
 
 func startLocal(ctx context.Context) (*Server, error) {
-	c, adminPW, err := newCluster(ctx, "primary", nil)
+	return startLocalWith(ctx, false)
+}
+
+// startLocalWith is startLocal, the server in a PID namespace of its own
+// when pidns is set.
+func startLocalWith(ctx context.Context, pidns bool) (*Server, error) {
+	c, adminPW, err := newCluster(ctx, "primary", nil, withPIDNamespace(pidns))
 	if err != nil {
 		return nil, err
 	}
@@ -391,7 +398,7 @@ func startLocal(ctx context.Context) (*Server, error) {
 
 // newCluster makes a data directory (initdb, or init(c) when given) and
 // starts postgres on a free port.
-func newCluster(ctx context.Context, name string, init func(c *cluster) error, ns ...*namespace) (*cluster, string, error) {
+func newCluster(ctx context.Context, name string, init func(c *cluster) error, opts ...clusterOption) (*cluster, string, error) {
 	bin, err := findBin()
 	if err != nil {
 		return nil, "", err
@@ -406,8 +413,8 @@ func newCluster(ctx context.Context, name string, init func(c *cluster) error, n
 	}
 	c := &cluster{bin: bin, base: base, data: filepath.Join(base, "data"), sock: filepath.Join(base, "sock"),
 		logPath: filepath.Join(base, "postgres.log"), cred: cred}
-	if len(ns) > 0 {
-		c.ns = ns[0]
+	for _, o := range opts {
+		o(c)
 	}
 	c.reaper = reap(base, c.ns)
 	if err := os.Mkdir(c.sock, 0o700); err != nil {
@@ -459,6 +466,15 @@ func newCluster(ctx context.Context, name string, init func(c *cluster) error, n
 	return nil, "", lastErr
 }
 
+// clusterOption sets a cluster up before it first starts.
+type clusterOption func(c *cluster)
+
+// inNamespace makes the server listen in network namespace ns.
+func inNamespace(ns *namespace) clusterOption { return func(c *cluster) { c.ns = ns } }
+
+// withPIDNamespace runs the server in a PID namespace of its own, when on.
+func withPIDNamespace(on bool) clusterOption { return func(c *cluster) { c.pidns = on } }
+
 func appendFile(path, text string) error {
 	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
@@ -508,6 +524,11 @@ func (c *cluster) start(ctx context.Context) error {
 	}
 	cmd := exec.Command(filepath.Join(c.bin, "postgres"), args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Pdeathsig: syscall.SIGQUIT, Setpgid: true}
+	if c.pidns {
+		// As in a container: the server's processes, and so its backend
+		// pids, are numbered from 1 in a namespace of their own.
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID
+	}
 	if c.ns != nil {
 		// nsenter enters the namespace as root, then becomes the cluster's
 		// user and runs postgres (the same process: stop still signals it).
