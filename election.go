@@ -76,7 +76,10 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, err
 //     [Locker.Do] does. fn may resign the term itself; Lead then returns
 //     when fn does.
 //   - When the term is lost, Lead waits for fn to return, drops its
-//     result, and campaigns again.
+//     result, and campaigns again. The term is lost when its context
+//     ended with the loss, or when fn returns an error and the
+//     resignation fails too (fn met the loss first: a [Leadership.Token]
+//     on the lost session, say).
 //   - When ctx ends, fn's context ends; Lead waits for fn, resigns, and
 //     returns an error matching ctx.Err() (and [ErrNotAcquired] when it
 //     was not leading).
@@ -132,25 +135,37 @@ func (e *Election) Lead(ctx context.Context, value string, fn func(ctx context.C
 // lead runs fn for the term ld, then resigns, and reports whether Lead
 // campaigns again (the term was lost while fn ran) or returns err.
 func (ld *Leadership) lead(ctx context.Context, fn func(context.Context, *Leadership) error) (again bool, err error) {
-	var ended, resigned bool
-	var ferr error
-	err = ld.lk.run(ctx, func(tctx context.Context) error {
-		ferr = fn(tctx, ld)
-		// What ended fn's term, as fn returned: ctx, a loss it was told
-		// of (its result is about the loss), its own Resign, or nothing
-		// (fn is done).
-		ended = ctxEnded(ctx)
-		again = !ended && errors.Is(context.Cause(tctx), ErrLockLost)
-		resigned = errors.Is(ld.Err(), ErrReleased)
-		return ferr
-	}, 0)
-	if resigned {
-		err = ferr // run's own unlock only says ErrReleased
+	tctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(ld.lk.context(), func() { cancel(ld.lk.Err()) })
+	returned := false
+	defer func() {
+		stop()
+		cancel(nil)
+		if !returned {
+			ld.lk.Unlock(ctx) // fn panicked: resign; the panic goes on
+		}
+	}()
+	ferr := fn(tctx, ld)
+	returned = true
+	// What ended fn's term, as fn returned: ctx, a loss it was told of,
+	// its own Resign, or nothing (fn is done).
+	ended := ctxEnded(ctx)
+	told := errors.Is(context.Cause(tctx), ErrLockLost)
+	var rerr error
+	if !errors.Is(ld.Err(), ErrReleased) {
+		rerr = ld.lk.Unlock(ctx)
 	}
-	if ended {
-		return false, ld.e.ended(ctx, true, err)
+	switch {
+	case ended:
+		return false, ld.e.ended(ctx, true, runError(ferr, rerr))
+	case told:
+		return true, rerr // fn's result is about the loss
+	case ferr != nil && rerr != nil:
+		// fn failed, and so did the resignation: fn met the loss before
+		// it was told (a statement on the lost session).
+		return true, rerr
 	}
-	return again, err
+	return false, runError(ferr, rerr)
 }
 
 // ended returns the error of a Lead whose ctx ended, leading or not, after

@@ -755,6 +755,32 @@ func TestLeadLoss(t *testing.T) {
 		if h := holders(t, db, k); len(h) != 0 {
 			t.Fatalf("key held by %v after Lead returned", h)
 		}
+
+		// A loss that fn meets before it is told (no keep-alive here): a
+		// statement on the lost session fails, fn returns its error, the
+		// resignation finds the lock gone, and Lead campaigns again.
+		k = sqllock.Hash("election:loss-met")
+		obs = &campaigns{}
+		e = sqllock.New(db, sqllock.WithKeepAlive(0), sqllock.WithObserver(obs)).Election(k)
+		terms = 0
+		var tokenErr error
+		err := e.Lead(ctx, "host-a", func(tctx context.Context, term *sqllock.Leadership) error {
+			if terms++; terms > 1 {
+				return nil
+			}
+			pid := term.Lock().PID()
+			if _, err := db.Exec("SELECT pg_terminate_backend($1)", pid); err != nil {
+				return err
+			}
+			for _, alive := appNameOf(t, db, pid); alive; _, alive = appNameOf(t, db, pid) {
+				time.Sleep(time.Millisecond)
+			}
+			_, tokenErr = term.Token(tctx)
+			return tokenErr
+		})
+		if err != nil || terms != 2 || tokenErr == nil || obs.n.Load() != 2 {
+			t.Fatalf("Lead = %v after %d terms and %d campaigns (the lost term's Token: %v); want nil after 2 terms, 2 campaigns", err, terms, obs.n.Load(), tokenErr)
+		}
 	})
 }
 
