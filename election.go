@@ -12,7 +12,9 @@ import (
 
 // Election is a leader election on a key: of the candidates that campaign
 // on it, in every process that uses the same key, at most one leads at a
-// time, for as long as it holds the key's lock. It has the shape of etcd's
+// time, for as long as it holds the key's lock. [Election.Lead] is the
+// loop most programs want: it runs a function for each term, and
+// campaigns again after a loss. Under it, the shape of etcd's
 // concurrency.Election: [Election.Campaign] blocks until elected,
 // [Leadership.Resign] steps down, [Election.Leader] tells who leads without
 // campaigning, and [Election.Observe] reports each change.

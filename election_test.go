@@ -140,11 +140,12 @@ func waitWaiting(t *testing.T, db *sql.DB, k sqllock.Key) {
 	t.Fatalf("no session waits for %v", k)
 }
 
-// helperCandidate campaigns in a loop: each term it logs "start VALUE TOKEN
-// UNIXNANO", holds the leadership for a moment (or until it is lost),
-// resigns, logs "end VALUE TOKEN UNIXNANO LOST" (the time before the
-// resignation; LOST: the server had already taken the lock), and campaigns
-// again, until the stop file exists.
+// helperCandidate leads with Election.Lead, term after term: each term it
+// logs "start VALUE TOKEN UNIXNANO", holds the leadership for a moment (or
+// until it is lost), and logs "end VALUE TOKEN UNIXNANO LOST" (the time
+// the term's work ended; LOST: the server had already taken the lock, as
+// the term's context or the resignation said), until the stop file
+// exists.
 func helperCandidate(db *sql.DB, dir, value string) int {
 	l := sqllock.New(db, sqllock.WithKeepAlive(200*time.Millisecond), sqllock.WithOrphanBound(3*time.Second))
 	e := l.Election(sqllock.Hash("election:failover"))
@@ -154,49 +155,62 @@ func helperCandidate(db *sql.DB, dir, value string) int {
 		return 2
 	}
 	defer log.Close()
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "stop")); err == nil {
-			return 0
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		ld, err := e.Campaign(ctx, value)
-		cancel()
-		if err != nil {
-			continue // not elected in time, or the server restarting: campaign again
-		}
-		fmt.Fprintf(log, "elected %s\n", value)
-		tctx, tcancel := context.WithTimeout(context.Background(), 2*time.Second)
-		tok, err := ld.Token(tctx)
-		tcancel()
-		if err != nil {
-			ld.Resign(context.Background())
-			continue
-		}
-		fmt.Fprintf(log, "start %s %d %d\n", value, tok, time.Now().UnixNano())
-		// A term lasts 30 ms, or, while the file "long" exists (the test
-		// is about to hurt the leader), until it is lost.
-		for held := true; held; {
-			select {
-			case <-ld.Done():
-				held = false
-			case <-time.After(30 * time.Millisecond):
-				_, err := os.Stat(filepath.Join(dir, "long"))
-				held = err == nil
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go func() {
+		for ctx.Err() == nil {
+			if _, err := os.Stat(filepath.Join(dir, "stop")); err == nil {
+				stop()
 			}
+			time.Sleep(20 * time.Millisecond)
 		}
-		end := time.Now()
-		// Lost by the server's account: the keep-alive found it gone, or
-		// the unlock found nothing to release.
-		lost := ld.Err() != nil
-		if err := ld.Resign(context.Background()); errors.Is(err, sqllock.ErrLockLost) {
-			lost = true
+	}()
+	for ctx.Err() == nil {
+		var tok int64
+		var end time.Time
+		started := false
+		err := e.Lead(ctx, value, func(tctx context.Context, ld *sqllock.Leadership) error {
+			fmt.Fprintf(log, "elected %s\n", value)
+			started = false
+			kctx, cancel := context.WithTimeout(tctx, 2*time.Second)
+			var err error
+			tok, err = ld.Token(kctx)
+			cancel()
+			if err != nil {
+				return err
+			}
+			started = true
+			fmt.Fprintf(log, "start %s %d %d\n", value, tok, time.Now().UnixNano())
+			// A term lasts 30 ms, or, while the file "long" exists (the
+			// test is about to hurt the leader), until it is lost.
+			for held := true; held; {
+				select {
+				case <-tctx.Done():
+					held = false
+				case <-time.After(30 * time.Millisecond):
+					_, err := os.Stat(filepath.Join(dir, "long"))
+					held = err == nil
+				}
+			}
+			end = time.Now()
+			if errors.Is(context.Cause(tctx), sqllock.ErrLockLost) {
+				// Lost: Lead campaigns again by itself.
+				fmt.Fprintf(log, "end %s %d %d true\n", value, tok, end.UnixNano())
+				started = false
+			}
+			return nil
+		})
+		if started {
+			// fn returned as leader; Lead resigned: the unlock may have
+			// found nothing to release.
+			fmt.Fprintf(log, "end %s %d %d %v\n", value, tok, end.UnixNano(), errors.Is(err, sqllock.ErrLockLost))
 		}
-		fmt.Fprintf(log, "end %s %d %d %v\n", value, tok, end.UnixNano(), lost)
 	}
+	return 0
 }
 
-// TestElectionFailover: five candidate processes elect one leader after
-// another; a leader killed with SIGKILL, a leader's backend terminated, a
+// TestElectionFailover: five candidate processes, each in Election.Lead,
+// elect one leader after another; a leader killed with SIGKILL, a leader's backend terminated, a
 // leader's connection cut off (its packets dropped, in a network
 // namespace), and a server restart each bring a new leader within the
 // keep-alive and the orphan bound (the restart: once the server is back); fencing tokens grow
