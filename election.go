@@ -68,8 +68,9 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, err
 
 // Lead campaigns with value, as [Election.Campaign] does, and runs fn each
 // time this candidate is elected, with the term and a context that ends
-// when the term does: when its lock is lost (context.Cause then wraps
-// [ErrLockLost]) or when ctx ends. It is the loop of Kubernetes'
+// when the term does: when its lock is found lost (by the keep-alive, see
+// [WithKeepAlive]; context.Cause then wraps [ErrLockLost]) or when ctx
+// ends. It is the loop of Kubernetes'
 // leaderelection: fn's start is OnStartedLeading, its return
 // OnStoppedLeading.
 //
@@ -122,7 +123,7 @@ func (e *Election) Lead(ctx context.Context, value string, fn func(ctx context.C
 		pause := b.next(began)
 		if err != nil {
 			e.l.log(ctx, slog.LevelWarn, "sqllock: campaign failed; campaigning again", e.key,
-				slog.String("value", value), slog.String("err", err.Error()), slog.Duration("in", pause))
+				slog.String("value", value), slog.Any("error", err), slog.Duration("in", pause))
 		}
 		t := time.NewTimer(pause)
 		select {
