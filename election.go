@@ -2,14 +2,19 @@ package sqllock
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
+	"math/rand/v2"
 	"strings"
 	"time"
 )
 
 // Election is a leader election on a key: of the candidates that campaign
 // on it, in every process that uses the same key, at most one leads at a
-// time, for as long as it holds the key's lock. It has the shape of etcd's
+// time, for as long as it holds the key's lock. [Election.Lead] is the
+// loop most programs want: it runs a function for each term, and
+// campaigns again after a loss. Under it, the shape of etcd's
 // concurrency.Election: [Election.Campaign] blocks until elected,
 // [Leadership.Resign] steps down, [Election.Leader] tells who leads without
 // campaigning, and [Election.Observe] reports each change.
@@ -21,8 +26,9 @@ import (
 //
 // An Election is safe for concurrent use.
 type Election struct {
-	l   *Locker
-	key Key
+	l       *Locker
+	key     Key
+	backoff backoff // Lead's pauses; tests shorten them
 }
 
 // ElectionPrefix starts the application_name of a candidate's session: the
@@ -33,21 +39,25 @@ const ElectionPrefix = "sqllock-election:"
 const maxValue = 63 - len(ElectionPrefix)
 
 // Election returns the election on key k.
-func (l *Locker) Election(k Key) *Election { return &Election{l: l, key: k} }
+func (l *Locker) Election(k Key) *Election {
+	return &Election{l: l, key: k, backoff: backoff{first: 250 * time.Millisecond, most: 5 * time.Second, reset: 10 * time.Second}}
+}
 
 // Key returns the election's key.
 func (e *Election) Key() Key { return e.key }
 
 // Campaign waits until this candidate is elected, and returns its
 // Leadership; value identifies the candidate to everyone (1 to 46 bytes of
-// printable ASCII, without quotes or backslashes). It waits in the server
-// (no polling), as [Locker.Lock] does. When ctx ends first, it returns an
-// error matching [ErrNotAcquired] and ctx.Err(), and this candidate does
-// not lead. Other errors are those of Locker.Lock, and [ErrInvalidKey] for
-// an unusable value.
+// printable ASCII, without quotes, ' or ", or backslashes). It waits in
+// the server (no polling), as [Locker.Lock] does; while it waits, its
+// session carries its value too, as a candidate's. When ctx ends first, it
+// returns an error matching [ErrNotAcquired] and ctx.Err(), and this
+// candidate does not lead. Other errors are those of Locker.Lock, and
+// [ErrInvalidKey] for an unusable value. [Election.Lead] is the loop
+// around it: most programs want that instead.
 func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, error) {
-	if !validAppName(value) || len(value) > maxValue {
-		return nil, fmt.Errorf("%w: election value %q: want 1 to %d bytes of printable ASCII without quotes or backslashes", ErrInvalidKey, value, maxValue)
+	if err := checkValue(value); err != nil {
+		return nil, err
 	}
 	lk, err := e.candidate(value).Lock(ctx, e.key)
 	if err != nil {
@@ -56,9 +66,172 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, err
 	return &Leadership{e: e, lk: lk, value: value}, nil
 }
 
+// Lead campaigns with value, as [Election.Campaign] does, and runs fn each
+// time this candidate is elected, with the term and a context that ends
+// when the term does: when its lock is found lost (by the keep-alive, see
+// [WithKeepAlive]; context.Cause then wraps [ErrLockLost]) or when ctx
+// ends. It is the loop of Kubernetes'
+// leaderelection: fn's start is OnStartedLeading, its return
+// OnStoppedLeading.
+//
+//   - When fn returns while this candidate leads, Lead resigns and returns
+//     fn's error (nil included), combined with the resignation's as
+//     [Locker.Do] does. fn may resign the term itself; Lead then returns
+//     when fn does.
+//   - When the term is lost, Lead waits for fn to return, drops its
+//     result, and campaigns again. The term is lost when its context
+//     ended with the loss, or when fn returns an error and the
+//     resignation fails too (fn met the loss first: a [Leadership.Token]
+//     on the lost session, say).
+//   - When ctx ends, fn's context ends; Lead waits for fn, resigns, and
+//     returns an error matching ctx.Err() (and [ErrNotAcquired] when it
+//     was not leading).
+//   - When fn panics, Lead resigns and the panic goes on, as in Do.
+//
+// Lead never spins. After a lost term or a failed Campaign (the server
+// down or restarting, a standby, a broken connection) it pauses before it
+// campaigns again, a random time that doubles from at most a quarter
+// second to at most 5 s, and starts over after an attempt (a campaign and
+// its term) that lasted 10 s; failed campaigns go to the Locker's logger
+// (Warn). It returns at once on an error no retry can fix: an invalid
+// value or key ([ErrInvalidKey]), a server without advisory locks
+// ([ErrUnsupportedServer]), a closed *sql.DB. Lead panics if fn is nil.
+func (e *Election) Lead(ctx context.Context, value string, fn func(ctx context.Context, term *Leadership) error) error {
+	if fn == nil {
+		panic("sqllock: Election.Lead called with a nil fn")
+	}
+	if err := checkValue(value); err != nil {
+		return err
+	}
+	b := e.backoff
+	for {
+		began := time.Now()
+		ld, err := e.Campaign(ctx, value)
+		switch {
+		case err == nil:
+			again, err := ld.lead(ctx, fn)
+			if !again {
+				return err
+			}
+			// Lost: another candidate leads now, or this one's server or
+			// session is in trouble; either way, pause first.
+		case ctxEnded(ctx):
+			return e.ended(ctx, false, err)
+		case permanent(err):
+			return err
+		}
+		pause := b.next(began)
+		if err != nil {
+			e.l.log(ctx, slog.LevelWarn, "sqllock: campaign failed; campaigning again", e.key,
+				slog.String("value", value), slog.Any("error", err), slog.Duration("in", pause))
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return e.ended(ctx, false, err)
+		}
+	}
+}
+
+// lead runs fn for the term ld, then resigns, and reports whether Lead
+// campaigns again (the term was lost while fn ran) or returns err.
+func (ld *Leadership) lead(ctx context.Context, fn func(context.Context, *Leadership) error) (again bool, err error) {
+	tctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(ld.lk.context(), func() { cancel(ld.lk.Err()) })
+	returned := false
+	defer func() {
+		stop()
+		cancel(nil)
+		if !returned {
+			ld.lk.Unlock(ctx) // fn panicked: resign; the panic goes on
+		}
+	}()
+	ferr := fn(tctx, ld)
+	returned = true
+	// What ended fn's term, as fn returned: ctx, a loss it was told of,
+	// its own Resign, or nothing (fn is done).
+	ended := ctxEnded(ctx)
+	told := errors.Is(context.Cause(tctx), ErrLockLost)
+	var rerr error
+	if !errors.Is(ld.Err(), ErrReleased) {
+		rerr = ld.lk.Unlock(ctx)
+	}
+	switch {
+	case ended:
+		return false, ld.e.ended(ctx, true, runError(ferr, rerr))
+	case told:
+		return true, rerr // fn's result is about the loss
+	case ferr != nil && rerr != nil:
+		// fn failed, and so did the resignation: fn met the loss before
+		// it was told (a statement on the lost session).
+		return true, rerr
+	}
+	return false, runError(ferr, rerr)
+}
+
+// ended returns the error of a Lead whose ctx ended, leading or not, after
+// err (fn's, or the resignation's, or the last campaign's): err when it
+// matches ctx's, else one that does, and carries err.
+func (e *Election) ended(ctx context.Context, leading bool, err error) error {
+	cerr := ctxErr(ctx)
+	if errors.Is(err, cerr) {
+		return err
+	}
+	end := notAcquired("election "+e.l.name(e.key), cerr)
+	if leading {
+		end = fmt.Errorf("sqllock: election %s: the term ended with the context: %w", e.l.name(e.key), cerr)
+	}
+	if err == nil {
+		return end
+	}
+	return fmt.Errorf("%w; %w", end, err)
+}
+
+// permanent reports whether err, a Campaign's, is one that no retry can
+// fix.
+func permanent(err error) bool {
+	// database/sql's error for a closed DB is not exported.
+	return errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrUnsupportedServer) ||
+		strings.Contains(err.Error(), "sql: database is closed")
+}
+
+// backoff spaces Lead's campaigns: after an attempt (a campaign and its
+// term) shorter than reset, the pause doubles from first up to most; each
+// is a random time in its upper half, so that candidates that failed
+// together do not campaign together again.
+type backoff struct {
+	first, most, reset time.Duration
+	n                  int // short attempts in a row
+}
+
+// next returns the pause after an attempt that began at began.
+func (b *backoff) next(began time.Time) time.Duration {
+	if time.Since(began) >= b.reset {
+		b.n = 0
+	}
+	d := b.first
+	for i := 0; i < b.n && d < b.most; i++ {
+		d *= 2
+	}
+	d = min(d, b.most)
+	b.n++
+	return d/2 + rand.N(d/2+1)
+}
+
+// checkValue returns an error matching ErrInvalidKey for a value a
+// candidate cannot campaign with.
+func checkValue(value string) error {
+	if !validAppName(value) || len(value) > maxValue || strings.Contains(value, `"`) {
+		return fmt.Errorf(`%w: election value %q: want 1 to %d bytes of printable ASCII without quotes (' or ") or backslashes`, ErrInvalidKey, value, maxValue)
+	}
+	return nil
+}
+
 // candidate returns a Locker like the election's whose lock sessions are
-// named with value, so that the leader's session carries it while it
-// waits and while it leads.
+// named with value, so that the candidate's session carries it while it
+// waits (set local to each wait statement) and while it leads.
 func (e *Election) candidate(value string) *Locker {
 	c := New(e.l.db)
 	c.cfg = e.l.cfg

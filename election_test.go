@@ -6,14 +6,20 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lib/pq"
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/pgtest"
@@ -134,11 +140,12 @@ func waitWaiting(t *testing.T, db *sql.DB, k sqllock.Key) {
 	t.Fatalf("no session waits for %v", k)
 }
 
-// helperCandidate campaigns in a loop: each term it logs "start VALUE TOKEN
-// UNIXNANO", holds the leadership for a moment (or until it is lost),
-// resigns, logs "end VALUE TOKEN UNIXNANO LOST" (the time before the
-// resignation; LOST: the server had already taken the lock), and campaigns
-// again, until the stop file exists.
+// helperCandidate leads with Election.Lead, term after term: each term it
+// logs "start VALUE TOKEN UNIXNANO", holds the leadership for a moment (or
+// until it is lost), and logs "end VALUE TOKEN UNIXNANO LOST" (the time
+// the term's work ended; LOST: the server had already taken the lock, as
+// the term's context or the resignation said), until the stop file
+// exists.
 func helperCandidate(db *sql.DB, dir, value string) int {
 	l := sqllock.New(db, sqllock.WithKeepAlive(200*time.Millisecond), sqllock.WithOrphanBound(3*time.Second))
 	e := l.Election(sqllock.Hash("election:failover"))
@@ -148,49 +155,62 @@ func helperCandidate(db *sql.DB, dir, value string) int {
 		return 2
 	}
 	defer log.Close()
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "stop")); err == nil {
-			return 0
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		ld, err := e.Campaign(ctx, value)
-		cancel()
-		if err != nil {
-			continue // not elected in time, or the server restarting: campaign again
-		}
-		fmt.Fprintf(log, "elected %s\n", value)
-		tctx, tcancel := context.WithTimeout(context.Background(), 2*time.Second)
-		tok, err := ld.Token(tctx)
-		tcancel()
-		if err != nil {
-			ld.Resign(context.Background())
-			continue
-		}
-		fmt.Fprintf(log, "start %s %d %d\n", value, tok, time.Now().UnixNano())
-		// A term lasts 30 ms, or, while the file "long" exists (the test
-		// is about to hurt the leader), until it is lost.
-		for held := true; held; {
-			select {
-			case <-ld.Done():
-				held = false
-			case <-time.After(30 * time.Millisecond):
-				_, err := os.Stat(filepath.Join(dir, "long"))
-				held = err == nil
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go func() {
+		for ctx.Err() == nil {
+			if _, err := os.Stat(filepath.Join(dir, "stop")); err == nil {
+				stop()
 			}
+			time.Sleep(20 * time.Millisecond)
 		}
-		end := time.Now()
-		// Lost by the server's account: the keep-alive found it gone, or
-		// the unlock found nothing to release.
-		lost := ld.Err() != nil
-		if err := ld.Resign(context.Background()); errors.Is(err, sqllock.ErrLockLost) {
-			lost = true
+	}()
+	for ctx.Err() == nil {
+		var tok int64
+		var end time.Time
+		started := false
+		err := e.Lead(ctx, value, func(tctx context.Context, ld *sqllock.Leadership) error {
+			fmt.Fprintf(log, "elected %s\n", value)
+			started = false
+			kctx, cancel := context.WithTimeout(tctx, 2*time.Second)
+			var err error
+			tok, err = ld.Token(kctx)
+			cancel()
+			if err != nil {
+				return err
+			}
+			started = true
+			fmt.Fprintf(log, "start %s %d %d\n", value, tok, time.Now().UnixNano())
+			// A term lasts 30 ms, or, while the file "long" exists (the
+			// test is about to hurt the leader), until it is lost.
+			for held := true; held; {
+				select {
+				case <-tctx.Done():
+					held = false
+				case <-time.After(30 * time.Millisecond):
+					_, err := os.Stat(filepath.Join(dir, "long"))
+					held = err == nil
+				}
+			}
+			end = time.Now()
+			if errors.Is(context.Cause(tctx), sqllock.ErrLockLost) {
+				// Lost: Lead campaigns again by itself.
+				fmt.Fprintf(log, "end %s %d %d true\n", value, tok, end.UnixNano())
+				started = false
+			}
+			return nil
+		})
+		if started {
+			// fn returned as leader; Lead resigned: the unlock may have
+			// found nothing to release.
+			fmt.Fprintf(log, "end %s %d %d %v\n", value, tok, end.UnixNano(), errors.Is(err, sqllock.ErrLockLost))
 		}
-		fmt.Fprintf(log, "end %s %d %d %v\n", value, tok, end.UnixNano(), lost)
 	}
+	return 0
 }
 
-// TestElectionFailover: five candidate processes elect one leader after
-// another; a leader killed with SIGKILL, a leader's backend terminated, a
+// TestElectionFailover: five candidate processes, each in Election.Lead,
+// elect one leader after another; a leader killed with SIGKILL, a leader's backend terminated, a
 // leader's connection cut off (its packets dropped, in a network
 // namespace), and a server restart each bring a new leader within the
 // keep-alive and the orphan bound (the restart: once the server is back); fencing tokens grow
@@ -429,4 +449,495 @@ func terminateQuietly(srv *pgtest.Server, pid int) {
 	}
 	defer admin.Close()
 	admin.Exec("SELECT pg_terminate_backend($1)", pid)
+}
+
+// campaigns counts a Locker's lock calls (a Campaign is one) and records
+// their errors.
+type campaigns struct {
+	n    atomic.Int64
+	mu   sync.Mutex
+	last error // guarded by mu
+}
+
+func (c *campaigns) AcquireStart(context.Context, sqllock.Acquisition) func(*sqllock.Lock, error) {
+	c.n.Add(1)
+	return func(_ *sqllock.Lock, err error) {
+		c.mu.Lock()
+		c.last = err
+		c.mu.Unlock()
+	}
+}
+
+func (c *campaigns) Event(context.Context, sqllock.Event) {}
+
+// waitingAs waits until a session waits for k named appName, and returns
+// its backend.
+func waitingAs(t *testing.T, db *sql.DB, k sqllock.Key, appName string) int {
+	t.Helper()
+	var seen []sqllock.HeldLock
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+		var err error
+		if seen, err = sqllock.Inspect(bg(), db, sqllock.WithKeys(k)); err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range seen {
+			if !h.Granted && h.ApplicationName == appName {
+				return h.PID
+			}
+		}
+	}
+	t.Fatalf("no session waits for %v named %q; Inspect: %+v", k, appName, seen)
+	return 0
+}
+
+// appNameOf returns the application_name of backend pid, and whether it
+// still exists.
+func appNameOf(t *testing.T, db *sql.DB, pid int) (string, bool) {
+	t.Helper()
+	var name string
+	switch err := db.QueryRow("SELECT application_name FROM pg_stat_activity WHERE pid = $1", pid).Scan(&name); {
+	case errors.Is(err, sql.ErrNoRows):
+		return "", false
+	case err != nil:
+		t.Fatal(err)
+	}
+	return name, true
+}
+
+// TestElectionCandidateNamed: a waiting candidate's session carries its
+// value (Inspect, hence `sqllock inspect`, shows it), and its connection
+// goes back to the pool with the application_name it came with, after the
+// candidate led and resigned, and after it gave up waiting.
+func TestElectionCandidateNamed(t *testing.T) {
+	t.Parallel()
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		const orig = "the-app"
+		cands := pgtest.Open(t, driverOf(db), withAppName(t, dsn, orig))
+		k := sqllock.Hash("election:named")
+		a := sqllock.New(db).Election(k)
+		b := sqllock.New(cands, sqllock.WithKeepAlive(100*time.Millisecond)).Election(k)
+		ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+		defer cancel()
+		la, err := a.Campaign(ctx, "host-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		elected := make(chan *sqllock.Leadership, 1)
+		go func() {
+			lb, err := b.Campaign(ctx, "host-b")
+			if err != nil {
+				t.Error(err)
+			}
+			elected <- lb
+		}()
+		pid := waitingAs(t, db, k, sqllock.ElectionPrefix+"host-b")
+		if ld, err := a.Leader(ctx); err != nil || ld.Value != "host-a" {
+			t.Fatalf("Leader() while host-b waits = %v, %v; want host-a", ld, err)
+		}
+		if err := la.Resign(ctx); err != nil {
+			t.Fatal(err)
+		}
+		lb := <-elected
+		if lb == nil {
+			t.FailNow()
+		}
+		if lb.Lock().PID() != pid {
+			t.Fatalf("host-b leads on backend %d, waited on %d", lb.Lock().PID(), pid)
+		}
+		if ld, err := a.Leader(ctx); err != nil || ld.Value != "host-b" {
+			t.Fatalf("Leader() = %v, %v; want host-b", ld, err)
+		}
+		if err := lb.Resign(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if name, ok := appNameOf(t, db, pid); !ok || name != orig {
+			t.Fatalf("after the resignation, the candidate's session: application_name %q (alive: %v), want %q in the pool", name, ok, orig)
+		}
+
+		// A candidate that gives up: the server ends its wait just before
+		// ctx's deadline, and its session goes back to the pool.
+		if la, err = a.Campaign(ctx, "host-a"); err != nil {
+			t.Fatal(err)
+		}
+		defer la.Resign(bg())
+		gaveUp := make(chan error, 1)
+		go func() {
+			wctx, stop := context.WithTimeout(ctx, time.Second)
+			defer stop()
+			_, err := b.Campaign(wctx, "host-c")
+			gaveUp <- err
+		}()
+		pid = waitingAs(t, db, k, sqllock.ElectionPrefix+"host-c")
+		if err := <-gaveUp; !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Campaign past its deadline = %v, want ErrNotAcquired and DeadlineExceeded", err)
+		}
+		if name, ok := appNameOf(t, db, pid); !ok || name != orig {
+			t.Fatalf("after giving up, the candidate's session: application_name %q (alive: %v), want %q in the pool", name, ok, orig)
+		}
+	})
+}
+
+// driverOf returns the name the tests open db's driver with.
+func driverOf(db *sql.DB) string {
+	if _, ok := db.Driver().(*pq.Driver); ok {
+		return "postgres"
+	}
+	return "pgx"
+}
+
+// TestElectionValues: Campaign (and Lead) take the values its doc allows,
+// which the leader's session then carries, and refuse, with ErrInvalidKey
+// and before any statement, the others.
+func TestElectionValues(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, value string
+		ok          bool
+	}{
+		{"a host name", "host-a.example.com", true},
+		{"spaces", "worker 7 of 9", true},
+		{"46 bytes", strings.Repeat("x", 46), true},
+		{"every other punctuation", "!#$%&()*+,-./:;<=>?@[]^_`{|}~", true},
+		{"empty", "", false},
+		{"47 bytes", strings.Repeat("x", 47), false},
+		{"a double quote", `say "hi"`, false},
+		{"a single quote", "it's", false},
+		{"a backslash", `a\b`, false},
+		{"a tab", "a\tb", false},
+		{"not ASCII", "hôte", false},
+		{"DEL", "a\x7f", false},
+	}
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		obs := &campaigns{}
+		e := sqllock.New(db, sqllock.WithObserver(obs)).Election(sqllock.Hash("election:values"))
+		for _, tt := range tests {
+			ctx, cancel := context.WithTimeout(bg(), 5*time.Second)
+			defer cancel()
+			ld, err := e.Campaign(ctx, tt.value)
+			if !tt.ok {
+				if err == nil {
+					ld.Resign(ctx)
+				}
+				lerr := e.Lead(ctx, tt.value, func(context.Context, *sqllock.Leadership) error { return nil })
+				if !errors.Is(err, sqllock.ErrInvalidKey) || !errors.Is(lerr, sqllock.ErrInvalidKey) || obs.n.Load() != 0 {
+					t.Errorf("%s: Campaign(%q) = %v, Lead = %v after %d lock calls; want ErrInvalidKey, none", tt.name, tt.value, err, lerr, obs.n.Load())
+				}
+				obs.n.Store(0)
+				continue
+			}
+			if err != nil {
+				t.Errorf("%s: Campaign(%q) = %v, want elected", tt.name, tt.value, err)
+				continue
+			}
+			if got, err := e.Leader(bg()); err != nil || got.Value != tt.value {
+				t.Errorf("%s: Leader() = %v, %v; want %q", tt.name, got, err, tt.value)
+			}
+			if err := ld.Resign(bg()); err != nil {
+				t.Fatal(err)
+			}
+			obs.n.Store(0)
+		}
+	})
+}
+
+// TestLeadBackoff: against a server that does not answer (nothing listens
+// on its port), Lead campaigns a few times a second at most, and returns
+// when ctx ends with an error that matches ctx's.
+func TestLeadBackoff(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		obs := &campaigns{}
+		e := sqllock.New(pgtest.Open(t, driverOf(db), u.String()), sqllock.WithObserver(obs)).Election(sqllock.Hash("election:down"))
+		const span = 2 * time.Second
+		ctx, cancel := context.WithTimeout(bg(), span)
+		defer cancel()
+		ran := false
+		began := time.Now()
+		err = e.Lead(ctx, "host-a", func(context.Context, *sqllock.Leadership) error { ran = true; return nil })
+		took := time.Since(began)
+		n := obs.n.Load()
+		obs.mu.Lock()
+		last := obs.last
+		obs.mu.Unlock()
+		t.Logf("%d campaigns in %v (%.1f/s); the last failed with: %v", n, took.Round(time.Millisecond), float64(n)/took.Seconds(), last)
+		if ran || !errors.Is(err, context.DeadlineExceeded) || took > span+time.Second {
+			t.Fatalf("Lead = %v after %v (fn ran: %v), want DeadlineExceeded after %v", err, took, ran, span)
+		}
+		if n < 2 || n > 6 {
+			t.Fatalf("%d campaigns in %v against a server that is down; want 2 to 6 (it retries, a few times a second at most)", n, took)
+		}
+	})
+}
+
+// TestLeadPermanent: Lead returns at once, after one campaign at most, on
+// errors that no retry can fix.
+func TestLeadPermanent(t *testing.T) {
+	t.Parallel()
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		closed := pgtest.Open(t, driverOf(db), dsn)
+		closed.Close()
+		tests := []struct {
+			name  string
+			db    *sql.DB
+			key   sqllock.Key
+			value string
+			want  error // nil: any error
+			calls int64
+		}{
+			{"an empty value", db, sqllock.Hash("election:permanent"), "", sqllock.ErrInvalidKey, 0},
+			{"a value with a quote", db, sqllock.Hash("election:permanent"), "it's", sqllock.ErrInvalidKey, 0},
+			{"the zero Key", db, sqllock.Key{}, "host-a", sqllock.ErrInvalidKey, 0},
+			{"a closed *sql.DB", closed, sqllock.Hash("election:permanent"), "host-a", nil, 1},
+		}
+		for _, tt := range tests {
+			obs := &campaigns{}
+			e := sqllock.New(tt.db, sqllock.WithObserver(obs)).Election(tt.key)
+			ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+			began := time.Now()
+			err := e.Lead(ctx, tt.value, func(context.Context, *sqllock.Leadership) error { return nil })
+			took := time.Since(began)
+			ended := ctx.Err() != nil
+			cancel()
+			if err == nil || tt.want != nil && !errors.Is(err, tt.want) || ended || took > time.Second || obs.n.Load() > tt.calls {
+				t.Errorf("%s: Lead = %v after %v and %d lock calls; want %v at once, after %d at most", tt.name, err, took, obs.n.Load(), tt.want, tt.calls)
+			}
+		}
+	})
+}
+
+// TestLeadLoss: when the leader's backend is terminated, fn's context ends
+// with a cause that wraps ErrLockLost; Lead waits for fn, campaigns again
+// and leads again, on another backend.
+func TestLeadLoss(t *testing.T) {
+	t.Parallel()
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		k := sqllock.Hash("election:loss")
+		obs := &campaigns{}
+		e := sqllock.New(db, sqllock.WithKeepAlive(100*time.Millisecond), sqllock.WithObserver(obs)).Election(k)
+		ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+		defer cancel()
+		started := make(chan int, 2)
+		var cause error
+		terms := 0
+		done := make(chan error, 1)
+		go func() {
+			done <- e.Lead(ctx, "host-a", func(tctx context.Context, term *sqllock.Leadership) error {
+				terms++
+				started <- term.Lock().PID()
+				if terms > 1 {
+					return nil // done: Lead resigns and returns
+				}
+				<-tctx.Done()
+				cause = context.Cause(tctx)
+				return tctx.Err()
+			})
+		}()
+		first := <-started
+		killed := time.Now()
+		if _, err := db.Exec("SELECT pg_terminate_backend($1)", first); err != nil {
+			t.Fatal(err)
+		}
+		var second int
+		select {
+		case second = <-started:
+		case err := <-done:
+			t.Fatalf("Lead = %v after the loss, want it to lead again", err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("not leading again 10 s after the loss")
+		}
+		t.Logf("leading again %v after the leader's backend was terminated", time.Since(killed).Round(time.Millisecond))
+		if err := <-done; err != nil {
+			t.Fatalf("Lead = %v, want nil (fn returned nil)", err)
+		}
+		if !errors.Is(cause, sqllock.ErrLockLost) {
+			t.Fatalf("the lost term's context.Cause = %v, want ErrLockLost", cause)
+		}
+		if second == first || obs.n.Load() != 2 {
+			t.Fatalf("second term on backend %d (first %d) after %d campaigns; want another backend, 2 campaigns", second, first, obs.n.Load())
+		}
+		if h := holders(t, db, k); len(h) != 0 {
+			t.Fatalf("key held by %v after Lead returned", h)
+		}
+
+		// A loss that fn meets before it is told (no keep-alive here): a
+		// statement on the lost session fails, fn returns its error, the
+		// resignation finds the lock gone, and Lead campaigns again.
+		k = sqllock.Hash("election:loss-met")
+		obs = &campaigns{}
+		e = sqllock.New(db, sqllock.WithKeepAlive(0), sqllock.WithObserver(obs)).Election(k)
+		terms = 0
+		var tokenErr error
+		err := e.Lead(ctx, "host-a", func(tctx context.Context, term *sqllock.Leadership) error {
+			if terms++; terms > 1 {
+				return nil
+			}
+			pid := term.Lock().PID()
+			if _, err := db.Exec("SELECT pg_terminate_backend($1)", pid); err != nil {
+				return err
+			}
+			for _, alive := appNameOf(t, db, pid); alive; _, alive = appNameOf(t, db, pid) {
+				time.Sleep(time.Millisecond)
+			}
+			_, tokenErr = term.Token(tctx)
+			return tokenErr
+		})
+		if err != nil || terms != 2 || tokenErr == nil || obs.n.Load() != 2 {
+			t.Fatalf("Lead = %v after %d terms and %d campaigns (the lost term's Token: %v); want nil after 2 terms, 2 campaigns", err, terms, obs.n.Load(), tokenErr)
+		}
+	})
+}
+
+// TestLeadReturn: when fn returns while leading (nil, an error, after
+// resigning itself) or panics, Lead resigns: the key is free as soon as
+// Lead returns (or panics), and Lead returns fn's error.
+func TestLeadReturn(t *testing.T) {
+	t.Parallel()
+	errFn := errors.New("fn failed")
+	tests := []struct {
+		name string
+		fn   func(context.Context, *sqllock.Leadership) error
+		want error // nil: nil
+	}{
+		{"nil", func(context.Context, *sqllock.Leadership) error { return nil }, nil},
+		{"an error", func(context.Context, *sqllock.Leadership) error { return errFn }, errFn},
+		{"resigned by fn", func(ctx context.Context, term *sqllock.Leadership) error {
+			if err := term.Resign(ctx); err != nil {
+				return err
+			}
+			<-ctx.Done() // the term's context ends with the resignation
+			return nil
+		}, nil},
+		{"a panic", func(context.Context, *sqllock.Leadership) error { panic(errFn) }, errFn},
+	}
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		k := sqllock.Hash("election:return")
+		e := sqllock.New(db).Election(k)
+		for _, tt := range tests {
+			ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+			var err error
+			func() {
+				defer func() {
+					if r := recover(); r != nil {
+						err, _ = r.(error)
+					}
+				}()
+				err = e.Lead(ctx, "host-a", tt.fn)
+			}()
+			cancel()
+			if tt.want == nil && err != nil || tt.want != nil && !errors.Is(err, tt.want) {
+				t.Errorf("%s: Lead = %v, want %v", tt.name, err, tt.want)
+			}
+			if h := holders(t, db, k); len(h) != 0 {
+				t.Fatalf("%s: key held by %v right after Lead returned", tt.name, h)
+			}
+		}
+	})
+}
+
+// TestLeadContext: when ctx ends while leading, fn's context ends, and
+// Lead resigns and returns an error matching context.Canceled; when it
+// ends while campaigning, Lead returns one matching context.Canceled and
+// ErrNotAcquired, and fn never ran.
+func TestLeadContext(t *testing.T) {
+	t.Parallel()
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		k := sqllock.Hash("election:ctx")
+		e := sqllock.New(db).Election(k)
+		ctx, cancel := context.WithCancel(bg())
+		leading := make(chan struct{})
+		var fnCause error
+		done := make(chan error, 1)
+		go func() {
+			done <- e.Lead(ctx, "host-a", func(tctx context.Context, _ *sqllock.Leadership) error {
+				close(leading)
+				<-tctx.Done()
+				fnCause = context.Cause(tctx)
+				return nil
+			})
+		}()
+		<-leading
+		cancel()
+		err := <-done
+		if !errors.Is(err, context.Canceled) || errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(fnCause, context.Canceled) {
+			t.Fatalf("Lead after ctx ended while leading = %v (fn's cause %v), want context.Canceled, not ErrNotAcquired", err, fnCause)
+		}
+		if h := holders(t, db, k); len(h) != 0 {
+			t.Fatalf("key held by %v right after Lead returned", h)
+		}
+
+		// Campaigning: another candidate leads.
+		other, err := sqllock.New(pgtest.Open(t, "pgx", dsn)).Election(k).Campaign(bg(), "host-b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Resign(bg())
+		ctx, cancel = context.WithCancel(bg())
+		go func() {
+			done <- e.Lead(ctx, "host-a", func(context.Context, *sqllock.Leadership) error {
+				t.Error("fn ran while another candidate leads")
+				return nil
+			})
+		}()
+		waitingAs(t, db, k, sqllock.ElectionPrefix+"host-a")
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) || !errors.Is(err, sqllock.ErrNotAcquired) {
+			t.Fatalf("Lead after ctx ended while campaigning = %v, want context.Canceled and ErrNotAcquired", err)
+		}
+	})
+}
+
+// TestLeadExactlyOne: candidates in goroutines, each with a Locker of its
+// own, Lead one term after another: at most one fn runs at any time.
+func TestLeadExactlyOne(t *testing.T) {
+	t.Parallel()
+	const candidates = 4
+	terms := int64(60)
+	if testing.Short() {
+		terms = 20
+	}
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		k := sqllock.Hash("election:one")
+		ctx, cancel := context.WithTimeout(bg(), 30*time.Second)
+		defer cancel()
+		var running, done atomic.Int64
+		var wg sync.WaitGroup
+		for i := range candidates {
+			e := sqllock.New(db).Election(k)
+			wg.Go(func() {
+				for done.Load() < terms && ctx.Err() == nil {
+					err := e.Lead(ctx, "cand-"+strconv.Itoa(i), func(context.Context, *sqllock.Leadership) error {
+						if n := running.Add(1); n != 1 {
+							t.Errorf("%d fns run at once", n)
+						}
+						time.Sleep(time.Millisecond)
+						running.Add(-1)
+						done.Add(1)
+						return nil
+					})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if done.Load() < terms {
+			t.Fatalf("%d terms, want %d", done.Load(), terms)
+		}
+		if h := holders(t, db, k); len(h) != 0 {
+			t.Fatalf("key held by %v after every Lead returned", h)
+		}
+	})
 }

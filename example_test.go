@@ -293,26 +293,20 @@ func ExampleRegistry_MustRegisterHash() {
 
 func runScheduler(context.Context, int64) error { return nil }
 
-// One replica of a fleet runs the scheduler: each campaigns with its name,
-// the elected one works until its term ends, then campaigns again.
-func ExampleElection() {
+// One replica of a fleet runs the scheduler: each campaigns with its name;
+// the elected one runs the scheduler until its term ends, and campaigns
+// again after a loss.
+func ExampleElection_Lead() {
 	host := os.Getenv("HOSTNAME") // what names this replica
 	election := sqllock.New(db).Election(sqllock.Hash("leader:scheduler"))
-	for ctx.Err() == nil {
-		term, err := election.Campaign(ctx, host) // waits until elected
+	err := election.Lead(ctx, host, func(ctx context.Context, term *sqllock.Leadership) error {
+		token, err := term.Token(ctx) // the term's fencing token
 		if err != nil {
-			continue // ctx ended, or the server is away: campaign again
+			return err
 		}
-		if token, err := term.Token(ctx); err == nil { // the term's fencing token
-			workCtx, stop := context.WithCancel(ctx)
-			go func() { <-term.Done(); stop() }() // lost or resigned: stop working
-			if err := runScheduler(workCtx, token); err != nil {
-				log.Print(err)
-			}
-			stop()
-		}
-		term.Resign(ctx)
-	}
+		return runScheduler(ctx, token) // ctx ends with the term
+	})
+	log.Print(err) // ctx ended, runScheduler failed, or HOSTNAME is empty
 }
 
 // Anyone can ask who leads, and watch the leadership change.

@@ -65,7 +65,7 @@ func (l *Locker) serverChecked(v string) error {
 	major := majorVersion(v)
 	st := sessionSettings(l.cfg.orphanBound, l.cfg.appName, major)
 	st.ForceAppName = l.cfg.forceAppName
-	l.stmts.Store(sqltext.NewStatements(l.mode, st.Tune(), st.Untune()))
+	l.stmts.Store(sqltext.ForSettings(l.mode, st))
 	l.serverOK.Store(true)
 	return nil
 }
@@ -79,7 +79,7 @@ func (l *Locker) sql() *statements {
 	}
 	st := sessionSettings(l.cfg.orphanBound, l.cfg.appName, 0)
 	st.ForceAppName = l.cfg.forceAppName
-	return sqltext.NewStatements(l.mode, st.Tune(), st.Untune())
+	return sqltext.ForSettings(l.mode, st)
 }
 
 // majorVersion returns the major version of a version() string of

@@ -1,8 +1,8 @@
 // Command leader shows leader election across processes: three candidate
 // processes campaign in one Election; one leads, and each term's writes
 // carry its fencing token. When the leader's database session is killed,
-// its Leadership reports the loss (Done), it steps down, and a waiting
-// candidate is elected at once.
+// its term's context ends with the loss, a waiting candidate is elected at
+// once, and the old leader campaigns again.
 //
 //	go run ./examples/leader
 package main
@@ -48,8 +48,8 @@ func main() {
 	}
 }
 
-// candidateMain campaigns until ctx ends; as leader, it does fenced work
-// until its term ends.
+// candidateMain leads, or waits to, until ctx ends: as leader, it does
+// fenced work until its term ends.
 func candidateMain(ctx context.Context, n int, dsn string, w io.Writer) error {
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
@@ -57,32 +57,31 @@ func candidateMain(ctx context.Context, n int, dsn string, w io.Writer) error {
 	}
 	defer db.Close()
 	election := sqllock.New(db, sqllock.WithKeepAlive(200*time.Millisecond)).Election(electionKey)
-	for ctx.Err() == nil {
-		term, err := election.Campaign(ctx, fmt.Sprintf("candidate-%d", n)) // waits in the server
-		if err != nil {
-			continue // ctx ended, or the server is away: campaign again
-		}
+	// Lead campaigns (waiting in the server), runs the function for each
+	// term, and campaigns again, after a pause, when a term is lost.
+	err = election.Lead(ctx, fmt.Sprintf("candidate-%d", n), func(ctx context.Context, term *sqllock.Leadership) error {
 		token, err := term.Token(ctx)
-		if err == nil {
-			fmt.Fprintf(w, "candidate %d: I am the leader (token %d)\n", n, token)
-			// Every write of the term carries the token: a deposed leader
-			// that has not noticed yet cannot overwrite its successor's.
-			_, err = db.ExecContext(ctx, "UPDATE schedule SET leader = $1, fence = $2 WHERE fence < $2", n, token)
-		}
 		if err != nil {
-			term.Resign(context.Background())
-			continue
+			return err
 		}
-		select {
-		case <-term.Done(): // the lock is gone: stop leading at once
-			fmt.Fprintf(w, "candidate %d: lost leadership: %v\n", n, term.Err())
-			time.Sleep(time.Second) // let a waiting candidate take over
-		case <-ctx.Done():
+		fmt.Fprintf(w, "candidate %d: I am the leader (token %d)\n", n, token)
+		// Every write of the term carries the token: a deposed leader
+		// that has not noticed yet cannot overwrite its successor's.
+		if _, err := db.ExecContext(ctx, "UPDATE schedule SET leader = $1, fence = $2 WHERE fence <= $2", n, token); err != nil {
+			return err
+		}
+		<-ctx.Done() // the term's work would run here, until the term ends
+		if cause := context.Cause(ctx); errors.Is(cause, sqllock.ErrLockLost) {
+			fmt.Fprintf(w, "candidate %d: lost leadership: %v\n", n, cause)
+		} else {
 			fmt.Fprintf(w, "candidate %d: stepping down\n", n)
 		}
-		term.Resign(context.Background())
+		return ctx.Err()
+	})
+	if errors.Is(err, context.Canceled) {
+		return nil // SIGTERM: resigned
 	}
-	return nil
+	return err
 }
 
 // run starts three candidate processes, kills the first leader's session,

@@ -53,6 +53,18 @@ func (s Settings) Tune() string {
 	return concat(exprs)
 }
 
+// Waiting returns the SQL expression that names a waiting session with
+// AppName, for an AppName forced on it (an election's candidates): set
+// local to the wait statement, the name lasts as long as the wait and
+// leaves with it (granted, the statement's Tune then sets it for the
+// session). "" when nothing is forced.
+func (s Settings) Waiting() string {
+	if s.AppName == "" || !s.ForceAppName {
+		return ""
+	}
+	return "set_config('application_name', '" + s.AppName + "', true)"
+}
+
 // Untune returns the SQL expression that sets back what Tune applied:
 // set_config with a NULL value resets a setting to the value the session
 // started with (what RESET does).

@@ -148,11 +148,14 @@ func bindArgs(k Key, extra ...any) []any {
 // by the statement that is granted the lock, only once it is (a refused
 // try changes nothing), and undone (Settings.Untune) by the statement that
 // releases it; so a connection goes back to the pool with the settings it
-// came with, at no extra round trip.
+// came with, at no extra round trip. A forced name (Settings.Waiting) is
+// also set local to each wait statement, so that a waiting session shows
+// it, and no longer.
 type Statements struct {
-	mode   Mode
-	tune   string // an SQL expression that applies the settings
-	untune string // an SQL expression that sets them back (RESET)
+	mode    Mode
+	tune    string // an SQL expression that applies the settings
+	untune  string // an SQL expression that sets them back (RESET)
+	waiting string // one that applies, for a wait's length, what a waiting session shows ("": none)
 
 	// Bind mode: built once per Locker, no allocation per lock.
 	try    [2][2]string // [exclusive, shared][bigint, pair]
@@ -161,7 +164,17 @@ type Statements struct {
 }
 
 func NewStatements(mode Mode, tune, untune string) *Statements {
-	s := &Statements{mode: mode, tune: tune, untune: untune}
+	return newStatements(mode, tune, untune, "")
+}
+
+// ForSettings returns the Statements of lock sessions that need st: its
+// Tune and Untune, and its Waiting on the wait statement.
+func ForSettings(mode Mode, st Settings) *Statements {
+	return newStatements(mode, st.Tune(), st.Untune(), st.Waiting())
+}
+
+func newStatements(mode Mode, tune, untune, waiting string) *Statements {
+	s := &Statements{mode: mode, tune: tune, untune: untune, waiting: waiting}
 	if mode == Bind {
 		for sh, shared := range []bool{false, true} {
 			for f, k := range []Key{{}, {Pair: true}} {
@@ -216,8 +229,12 @@ func (s *Statements) BuildWaitSQL(kind Kind, k Key, slice string) (string, []any
 		timeout = "$" + strconv.Itoa(len(args)+1)
 		args = append(args, slice)
 	}
+	set := "set_config('lock_timeout', " + timeout + ", true)"
+	if s.waiting != "" {
+		set = "concat(" + set + ", " + s.waiting + ")"
+	}
 	return "SELECT " + s.tune + " IS NOT NULL, pg_backend_pid(), pg_is_in_recovery()" +
-		" FROM (SELECT set_config('lock_timeout', " + timeout + ", true)) AS s(v), " +
+		" FROM (SELECT " + set + ") AS s(v), " +
 		"LATERAL (SELECT " + kind.Fn() + "(" + a + ") WHERE s.v IS NOT NULL) AS l", args
 }
 
