@@ -90,6 +90,7 @@ func (w txWaiter) queryRow(ctx context.Context, q string, args []any, dest ...an
 
 // outcome is what the server answered to an acquisition.
 type outcome struct {
+	sent    int64 // monoNow when the statement that answered was sent (the lease)
 	ok      bool  // granted
 	pid     int64 // the backend
 	standby bool  // the server is a standby (session-level statements)
@@ -114,6 +115,7 @@ func (l *Locker) tryOn(ctx context.Context, w waiter, lv level, kind lockKind, k
 		return o
 	}
 	q, args := l.sql().TrySQL(kind|kindTry, k.sqlKey())
+	o.sent = monoNow()
 	o.err = w.queryRow(ctx, q, args, &o.ok, &o.pid, &o.standby)
 	return o
 }
@@ -170,6 +172,7 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 			}
 		} else {
 			q, args := l.sql().WaitSQL(kind&^kindTry, k.sqlKey(), slice)
+			o.sent = monoNow()
 			o.err = w.queryRow(ctx, q, args, &o.ok, &o.pid, &o.standby)
 		}
 		returned.Store(true)
@@ -243,7 +246,7 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 func (l *Locker) grantedAfterTimeout(ctx context.Context, w waiter, kind lockKind, k Key, o *outcome) bool {
 	c, ob, sub := k.lockTag()
 	q, args := l.sql().GrantedSQL(kind&^kindTry, int64(c), int64(ob), sub)
-	g := outcome{pid: o.pid}
+	g := outcome{pid: o.pid, sent: monoNow()}
 	switch err := w.queryRow(ctx, q, args, &g.ok, &g.pid, &g.standby); {
 	case errors.Is(err, sql.ErrNoRows):
 		return false // not held: the 55P03 stands
@@ -337,6 +340,7 @@ func (l *Locker) settle(ctx context.Context, conn *sql.Conn, k Key, shared bool,
 	}
 	lk := newLock(l, k, shared, conn, o.pid)
 	lk.id, _ = l.idents.get(driverConnOf(conn))
+	lk.lease = l.newLease(o.sent)
 	l.stats.took(1)
 	l.mon.add(lk)
 	return lk, nil

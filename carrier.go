@@ -24,7 +24,8 @@ type carrier struct {
 	l    *Locker
 	conn *sql.Conn
 	pid  int64
-	id   ident // who granted its locks (see checkServer)
+	id   ident  // who granted its locks (see checkServer)
+	ls   *lease // its idle clock (see lease.go)
 
 	mu      sync.Mutex
 	held    map[*Lock]struct{} // guarded by mu: the Locks it carries
@@ -195,7 +196,9 @@ func (c *carrier) drain() {
 		batch := c.queue
 		c.queue = nil
 		c.mu.Unlock()
+		sent := c.ls.begin()
 		c.run(batch)
+		c.ls.end(sent, !c.isDead())
 		c.mu.Lock()
 	}
 	rest := c.queue

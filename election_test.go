@@ -560,19 +560,34 @@ func TestElectionCandidateNamed(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer la.Resign(bg())
-		gaveUp := make(chan error, 1)
-		go func() {
-			wctx, stop := context.WithTimeout(ctx, time.Second)
-			defer stop()
-			_, err := b.Campaign(wctx, "host-c")
-			gaveUp <- err
-		}()
-		pid = waitingAs(t, db, k, sqllock.ElectionPrefix+"host-c")
-		if err := <-gaveUp; !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("Campaign past its deadline = %v, want ErrNotAcquired and DeadlineExceeded", err)
+		// A loaded machine can answer later than the margin the server
+		// leaves before the deadline (the connection is then discarded,
+		// logged): of three attempts, one must go back to the pool.
+		kept := false
+		for attempt := 1; attempt <= 3 && !kept; attempt++ {
+			gaveUp := make(chan error, 1)
+			go func() {
+				wctx, stop := context.WithTimeout(ctx, time.Second)
+				defer stop()
+				_, err := b.Campaign(wctx, "host-c")
+				gaveUp <- err
+			}()
+			pid = waitingAs(t, db, k, sqllock.ElectionPrefix+"host-c")
+			if err := <-gaveUp; !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Campaign past its deadline = %v, want ErrNotAcquired and DeadlineExceeded", err)
+			}
+			name, ok := appNameOf(t, db, pid)
+			switch {
+			case ok && name == orig:
+				kept = true
+			case ok:
+				t.Fatalf("after giving up, the candidate's session: application_name %q, want %q in the pool", name, orig)
+			default:
+				t.Logf("attempt %d: the candidate's session was discarded after giving up (a late answer)", attempt)
+			}
 		}
-		if name, ok := appNameOf(t, db, pid); !ok || name != orig {
-			t.Fatalf("after giving up, the candidate's session: application_name %q (alive: %v), want %q in the pool", name, ok, orig)
+		if !kept {
+			t.Fatalf("after giving up, the candidate's session never went back to the pool in 3 attempts")
 		}
 	})
 }

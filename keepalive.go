@@ -43,6 +43,10 @@ type watched interface {
 	// heldKeys returned; it must ignore a key that was being released or
 	// was released since.
 	loseKey(k Key, cause error)
+	// leaseOf returns the lease of its session (nil: none), and touch
+	// runs one statement there, to keep it from going idle (lease.go).
+	leaseOf() *lease
+	touch(ctx context.Context) error
 }
 
 // heldKey is one lock as the server should show it.
@@ -56,6 +60,22 @@ type heldKey struct {
 // loseKey is lose: a Lock has one key, and lose ignores a Lock whose Unlock
 // has begun.
 func (lk *Lock) loseKey(_ Key, cause error) { lk.lose(cause) }
+
+func (lk *Lock) leaseOf() *lease { return lk.lease }
+
+// touch runs the lease's statement on the lock's session: through the
+// shared session's queue, or on its own session.
+func (lk *Lock) touch(ctx context.Context) error {
+	if lk.c != nil {
+		_, _, err := lk.c.onTag(ctx, touchSQL, nil)
+		return err
+	}
+	var v int64
+	sent := lk.lease.begin()
+	err := queryRow(ctx, lk.l.abandoned, lk.conn, touchSQL, nil, &v)
+	lk.lease.end(sent, err == nil)
+	return err
+}
 
 func (lk *Lock) heldKeys(buf []heldKey) []heldKey {
 	return append(buf, heldKey{pid: lk.pid, id: lk.id, key: lk.key, shared: lk.shared})
@@ -116,6 +136,7 @@ func (m *monitor) loop() {
 
 // check runs one keep-alive query for ws and reports the lost ones.
 func (m *monitor) check(ws []watched) {
+	m.leaseCheck(ws)
 	var keys []heldKey
 	owner := make([]watched, 0, len(ws))
 	for _, w := range ws {

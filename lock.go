@@ -69,6 +69,15 @@ func (lk *Lock) Conn() *sql.Conn {
 	if lk == nil {
 		return nil
 	}
+	if lk.conn != nil && lk.lease != nil {
+		err := lk.l.stopLease(lk.lease, func(ctx context.Context, q string) error {
+			var v int64
+			return queryRow(ctx, lk.l.abandoned, lk.conn, q, nil, &v)
+		})
+		if err != nil {
+			lk.lose(fmt.Errorf("its session could not be handed out: %w", err))
+		}
+	}
 	return lk.conn
 }
 
@@ -157,7 +166,9 @@ func (lk *Lock) onSession(ctx context.Context, q string) (int64, error) {
 			err = sql.ErrNoRows
 		}
 	} else {
+		sent := lk.lease.begin()
 		err = queryRow(ctx, lk.l.abandoned, lk.conn, q, args, &v)
+		lk.lease.end(sent, err == nil || errors.Is(err, sql.ErrNoRows))
 	}
 	if err == nil {
 		return v, nil
@@ -205,6 +216,9 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 func (lk *Lock) Err() error {
 	if lk == nil {
 		return ErrReleased
+	}
+	if lk.lease.expired() {
+		lk.lose(lk.lease.expiredError())
 	}
 	return lk.error()
 }

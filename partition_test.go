@@ -295,60 +295,100 @@ func allTold(ts []*trial) bool {
 	return true
 }
 
-// TestFrozenHolder: a holder process stopped (SIGSTOP) for longer than the
-// orphan bound keeps its lock: its kernel still answers the server's TCP
-// keep-alive probes, so the server never frees it, and nobody else gets it.
-// Resumed, the holder finds its lock held and releases it.
+// TestFrozenHolder: a holder process stopped (SIGSTOP) keeps its TCP
+// connection (its kernel still answers), yet loses its lock within the
+// orphan bound: its lease (idle_session_timeout on the holding session,
+// kept from firing by a statement each third of the bound) runs out, the
+// server ends the session, and another holder takes the key and writes
+// with its token. Resumed, the stopped holder's first question, Err, says
+// the lock is lost; a write with its old token would be refused anyway.
+// Both drivers, on a shared session and on a session of its own.
 func TestFrozenHolder(t *testing.T) {
 	long(t)
 	srv := pgtest.StartIsolated(t)
 	for _, drv := range drivers {
-		t.Run(drv, func(t *testing.T) {
-			dsn := srv.NewDatabase(t)
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), helperEnv+"=frozen", "HELPER_DRIVER="+drv, "HELPER_DSN="+dsn)
-			stdin, err := cmd.StdinPipe()
-			if err != nil {
-				t.Fatal(err)
+		for _, dedicated := range []bool{false, true} {
+			name := drv + "/shared"
+			if dedicated {
+				name = drv + "/dedicated"
 			}
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			cmd.Stderr = os.Stderr
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer cmd.Process.Kill()
-			lines := bufio.NewScanner(out)
-			if !lines.Scan() || lines.Text() != "locked" {
-				t.Fatalf("helper said %q", lines.Text())
-			}
-			observer := sqllock.New(pgtest.Open(t, "pgx", srv.SocketDSN(pgtest.DatabaseOf(dsn))), sqllock.WithKeepAlive(0))
-			cmd.Process.Signal(syscall.SIGSTOP)
-			start := time.Now()
-			got := 0
-			for time.Since(start) < trialBound*3/2 {
-				if lk, err := observer.TryLock(bg(), sqllock.Int64(77)); err == nil {
-					got++
-					lk.Unlock(bg())
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				dsn := srv.NewDatabase(t)
+				db := pgtest.Open(t, "pgx", srv.SocketDSN(pgtest.DatabaseOf(dsn)))
+				if _, err := db.Exec(`CREATE TABLE fenced (id int PRIMARY KEY, fence bigint NOT NULL, v int NOT NULL);
+					INSERT INTO fenced VALUES (1, 0, 0)`); err != nil {
+					t.Fatal(err)
 				}
-				time.Sleep(100 * time.Millisecond)
-			}
-			cmd.Process.Signal(syscall.SIGCONT)
-			fmt.Fprintln(stdin, "go")
-			if !lines.Scan() {
-				t.Fatal("helper said nothing after the pause")
-			}
-			t.Logf("holder stopped for %v (orphan bound %v): another session got the lock %d times; the holder, resumed: %s",
-				trialBound*3/2, trialBound, got, lines.Text())
-			if got != 0 || lines.Text() != "after the pause: Err <nil>, Unlock <nil>" {
-				t.Fatalf("a frozen holder must keep its lock and release it when resumed")
-			}
-			if err := cmd.Wait(); err != nil {
-				t.Fatal(err)
-			}
-		})
+				cmd := exec.Command(os.Args[0], "-test.run=^$")
+				cmd.Env = append(os.Environ(), helperEnv+"=frozen", "HELPER_DRIVER="+drv, "HELPER_DSN="+dsn)
+				if dedicated {
+					cmd.Env = append(cmd.Env, "HELPER_DEDICATED=1")
+				}
+				stdin, err := cmd.StdinPipe()
+				if err != nil {
+					t.Fatal(err)
+				}
+				out, err := cmd.StdoutPipe()
+				if err != nil {
+					t.Fatal(err)
+				}
+				cmd.Stderr = os.Stderr
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				defer cmd.Process.Kill()
+				lines := bufio.NewScanner(out)
+				var old int64
+				if !lines.Scan() {
+					t.Fatal("helper said nothing")
+				}
+				if _, err := fmt.Sscanf(lines.Text(), "locked %d", &old); err != nil {
+					t.Fatalf("helper said %q", lines.Text())
+				}
+				other := sqllock.New(db, sqllock.WithKeepAlive(0))
+				cmd.Process.Signal(syscall.SIGSTOP)
+				start := time.Now()
+				var lk *sqllock.Lock
+				for time.Since(start) < trialBound+5*time.Second {
+					if lk, err = other.TryLock(bg(), sqllock.Int64(77)); err == nil {
+						break
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				took := time.Since(start)
+				if lk == nil {
+					cmd.Process.Signal(syscall.SIGCONT)
+					t.Fatalf("the stopped holder still held its lock %v after it was stopped (orphan bound %v)", took, trialBound)
+				}
+				token, err := lk.Token(bg())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res, err := db.Exec(`UPDATE fenced SET fence = $1, v = v + 1 WHERE id = 1 AND fence <= $1`, token); err != nil {
+					t.Fatal(err)
+				} else if n, _ := res.RowsAffected(); n != 1 || token <= old {
+					t.Fatalf("the new holder's fenced write (token %d after %d) updated %d rows", token, old, n)
+				}
+				cmd.Process.Signal(syscall.SIGCONT)
+				fmt.Fprintln(stdin, "go")
+				if !lines.Scan() {
+					t.Fatal("helper said nothing after the pause")
+				}
+				said := lines.Text()
+				t.Logf("holder stopped: another session got the lock after %v (orphan bound %v); the holder, resumed: %s", took.Round(time.Millisecond), trialBound, said)
+				if took > trialBound+time.Second {
+					t.Errorf("the lock was freed %v after the holder stopped, past the orphan bound %v", took, trialBound)
+				}
+				if !strings.HasPrefix(said, "resumed: Err sqllock: lock lost") || !strings.HasSuffix(said, "wrote -1") {
+					t.Fatalf("resumed holder: %q; want its first Err to say the lock is lost, and no write", said)
+				}
+				lk.Unlock(bg())
+				if err := cmd.Wait(); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
 	}
 }
 

@@ -16,6 +16,9 @@ type pinned struct {
 	conn *sql.Conn
 	pid  int64
 	id   ident // who granted its locks (see checkServer)
+	// lease is the session's idle clock (nil: not leased; see lease.go);
+	// a Lock on a shared session shares that session's.
+	lease *lease
 
 	mu    sync.Mutex
 	state lockState // guarded by mu

@@ -141,21 +141,40 @@ func TestMutualExclusionProcesses(t *testing.T) {
 	})
 }
 
-// helperFrozen takes key 77 with the trials' settings, says "locked", waits
-// for a line on standard input (the test stops and resumes the process in
-// between), then says whether the lock survived and releases it.
+// helperFrozen takes key 77 with the trials' settings (a session of its
+// own with HELPER_DEDICATED set), says "locked TOKEN", and waits for a line
+// on stdin (the test stops and resumes the process meanwhile). Then, first
+// thing, it asks Err, and writes to the fenced row with its token, as a
+// holder that believes it still holds would: it says "resumed: Err ERR,
+// wrote N".
 func helperFrozen(db *sql.DB) int {
-	l := sqllock.New(db, sqllock.WithKeepAlive(trialKeepAlive), sqllock.WithOrphanBound(trialBound))
+	opts := []sqllock.Option{sqllock.WithKeepAlive(trialKeepAlive), sqllock.WithOrphanBound(trialBound)}
+	if os.Getenv("HELPER_DEDICATED") != "" {
+		opts = append(opts, sqllock.WithDedicatedSessions())
+	}
+	l := sqllock.New(db, opts...)
 	lk, err := l.Lock(context.Background(), sqllock.Int64(77))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	fmt.Println("locked")
+	token, err := lk.Token(context.Background())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	fmt.Println("locked", token)
 	var line string
 	fmt.Scanln(&line)
-	time.Sleep(3 * trialKeepAlive) // let the keep-alive run after the pause
-	fmt.Printf("after the pause: Err %v, Unlock %v\n", lk.Err(), lk.Unlock(context.Background()))
+	lerr := lk.Err()
+	wrote := int64(-1)
+	if lerr == nil {
+		res, err := db.Exec(`UPDATE fenced SET fence = $1, v = v + 1 WHERE id = 1 AND fence <= $1`, token)
+		if err == nil {
+			wrote, _ = res.RowsAffected()
+		}
+	}
+	fmt.Printf("resumed: Err %v, wrote %d\n", lerr, wrote)
 	return 0
 }
 

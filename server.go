@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -65,7 +66,12 @@ func (l *Locker) serverChecked(v string) error {
 	major := majorVersion(v)
 	st := sessionSettings(l.cfg.orphanBound, l.cfg.appName, major)
 	st.ForceAppName = l.cfg.forceAppName
+	leased := leases(l.cfg, major)
+	if leased {
+		st.IdleTimeoutMs = int(l.cfg.orphanBound / time.Millisecond)
+	}
 	l.stmts.Store(sqltext.ForSettings(l.mode, st))
+	l.leased.Store(leased)
 	l.serverOK.Store(true)
 	return nil
 }

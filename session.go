@@ -55,11 +55,12 @@ type Session struct {
 // not a standby (unless WithAllowStandby) in the same round trip that learns
 // the backend pid. ctx bounds only this call.
 func (l *Locker) Session(ctx context.Context) (*Session, error) {
+	sent := monoNow()
 	conn, pid, id, err := l.pinSession(ctx, "session")
 	if err != nil {
 		return nil, err
 	}
-	s := &Session{pinned: pinned{l: l, conn: conn, pid: pid, id: id}}
+	s := &Session{pinned: pinned{l: l, conn: conn, pid: pid, id: id, lease: l.newLease(sent)}}
 	l.mon.add(s)
 	return s, nil
 }

@@ -62,10 +62,14 @@ func (s *Session) notHeld(keys []Key) []Key {
 // usable. end must follow when begin returns nil.
 func (s *Session) begin() error {
 	s.callMu.Lock()
+	if s.lease.expired() {
+		s.loseLocked(s.lease.expiredError())
+	}
 	if err := s.Err(); err != nil {
 		s.callMu.Unlock()
 		return err
 	}
+	s.lease.begin() // the session is busy, not idle, until end
 	return nil
 }
 
@@ -73,10 +77,44 @@ func (s *Session) begin() error {
 // call ran has its connection discarded now that the call no longer uses
 // it.
 func (s *Session) end() {
+	s.lease.end(0, false)
+	if s.Err() == nil && s.lease.due() {
+		// A long call (a wait): show life now, rather than at the
+		// keep-alive's next tick, which could find the lease expired.
+		if err := s.touchLocked(s.l.unlockContext()); err != nil {
+			s.loseLocked(fmt.Errorf("the statement that keeps its session from going idle failed: %w", err))
+		}
+	}
 	if !s.gone && s.Err() != nil && errors.Is(s.Err(), ErrLockLost) {
 		s.discardConn()
 	}
 	s.callMu.Unlock()
+}
+
+func (s *Session) leaseOf() *lease { return s.lease }
+
+// touch runs the lease's statement on the Session's connection, unless a
+// call is in progress (its session is not idle).
+func (s *Session) touch(ctx context.Context) error {
+	if !s.callMu.TryLock() {
+		return nil
+	}
+	defer s.callMu.Unlock()
+	if s.gone || s.Err() != nil {
+		return nil
+	}
+	return s.touchLocked(ctx)
+}
+
+// touchLocked is touch; the caller holds callMu.
+func (s *Session) touchLocked(ctx context.Context) error {
+	var v int64
+	sent := monoNow()
+	err := queryRow(ctx, s.l.abandoned, s.conn, touchSQL, nil, &v)
+	if err == nil {
+		s.lease.sent(sent)
+	}
+	return err
 }
 
 func (s *Session) setReleased(err error) { s.settle(stateReleased, err) }
@@ -235,6 +273,17 @@ func (s *Session) Conn() *sql.Conn {
 	if s == nil {
 		return nil
 	}
+	if s.lease != nil && !s.lease.off.Load() {
+		s.callMu.Lock()
+		err := s.l.stopLease(s.lease, func(ctx context.Context, q string) error {
+			var v int64
+			return queryRow(ctx, s.l.abandoned, s.conn, q, nil, &v)
+		})
+		if err != nil {
+			s.loseLocked(fmt.Errorf("its session could not be handed out: %w", err))
+		}
+		s.callMu.Unlock()
+	}
 	return s.conn
 }
 
@@ -260,6 +309,9 @@ func (s *Session) Done() <-chan struct{} {
 func (s *Session) Err() error {
 	if s == nil {
 		return ErrReleased
+	}
+	if s.lease.expired() {
+		s.lose(s.lease.expiredError())
 	}
 	return s.error()
 }

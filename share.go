@@ -173,7 +173,7 @@ func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, 
 		l.stats.contended.Add(1)
 		return nil, fmt.Errorf("%w: %s is held by another session", ErrNotAcquired, l.name(k)), true
 	}
-	lk = &Lock{pinned: pinned{l: l, pid: c.pid, id: c.id}, key: k, since: time.Now(), c: c}
+	lk = &Lock{pinned: pinned{l: l, pid: c.pid, id: c.id, lease: c.ls}, key: k, since: time.Now(), c: c}
 	if ctxEnded(ctx) || !c.attach(lk) {
 		c.unlockAsync(k)
 		if ctxEnded(ctx) {
@@ -270,12 +270,13 @@ func (l *Locker) carrierLimit() int {
 // openCarrier pins a connection as a carrier: the server checked, its pid
 // known and the lock session's settings applied in one round trip.
 func (l *Locker) openCarrier(ctx context.Context) (*carrier, error) {
+	sent := monoNow()
 	conn, pid, id, err := l.pinSession(ctx, "shared session")
 	if err != nil {
 		return nil, err
 	}
 	l.pids.set(driverConnOf(conn), pid) // for a wait on it once it is back in the pool
-	return &carrier{l: l, conn: conn, pid: pid, id: id, held: map[*Lock]struct{}{}, gone: make(chan struct{})}, nil
+	return &carrier{l: l, conn: conn, pid: pid, id: id, ls: l.newLease(sent), held: map[*Lock]struct{}{}, gone: make(chan struct{})}, nil
 }
 
 // remove drops c from the carriers. The caller holds s.mu.

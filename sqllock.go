@@ -55,6 +55,7 @@ type Locker struct {
 
 	serverMu sync.Mutex
 	serverOK atomic.Bool // set under serverMu: the server was checked and is supported
+	leased   atomic.Bool // set with serverOK: lock sessions are leased (see lease.go)
 
 	epochMu    sync.Mutex
 	epochCtx   context.Context // guarded by epochMu: see unlockContext

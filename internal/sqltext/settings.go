@@ -9,12 +9,14 @@ import (
 // probes (Idle seconds, then Count probes every Interval seconds) and
 // UserTimeoutMs (tcp_user_timeout) for the orphan bound, 0 to leave them;
 // application_name AppName, "" to leave it; and, on PostgreSQL 14 and
-// later (Major), idle_session_timeout off and client_connection_check_interval.
+// later (Major), idle_session_timeout (IdleTimeoutMs: the lease; 0: off)
+// and client_connection_check_interval.
 type Settings struct {
 	Idle, Interval, Count int
 	UserTimeoutMs         int
 	AppName               string
 	ForceAppName          bool // set AppName even over one the session has
+	IdleTimeoutMs         int  // idle_session_timeout of a holding session (the lease); 0: off
 	Major                 int
 }
 
@@ -23,14 +25,16 @@ type Settings struct {
 // vanished; tcp_user_timeout ends one whose client vanished before
 // acknowledging the server's last answer (there, probes never start);
 // client_connection_check_interval makes a waiting session notice a
-// vanished client; idle_session_timeout is turned off because a session
+// vanished client; idle_session_timeout is the lease (or off: a session
+// that holds a lock is idle by design, and no reaper may take it), because
+// a session
 // that holds a lock is idle by design. The settings that PostgreSQL 14
 // introduced are left out for older majors (a test of the version in the
 // statement would cost more than all the settings).
 func (s Settings) Tune() string {
 	var exprs []string
 	if s.Major >= 14 {
-		exprs = append(exprs, set("idle_session_timeout", "0"))
+		exprs = append(exprs, set("idle_session_timeout", strconv.Itoa(s.IdleTimeoutMs)))
 	}
 	if s.Idle > 0 {
 		exprs = append(exprs,

@@ -512,6 +512,13 @@ const CancelWaitSQL = `SELECT coalesce((SELECT CASE
 var VersionSQL = `SELECT version(), pg_backend_pid(), ` + serverStart + `,
  coalesce((SELECT ` + micros("a.backend_start") + ` FROM pg_catalog.pg_stat_get_activity(pg_backend_pid()) AS a), 0)`
 
+// TouchSQL keeps a leased session from going idle (see Settings).
+const TouchSQL = "SELECT 1::int8"
+
+// NoIdleTimeoutSQL ends a session's lease: its connection is handed to the
+// caller, whose statements alone keep it from going idle.
+const NoIdleTimeoutSQL = "SELECT 1::int8 WHERE set_config('idle_session_timeout', '0', false) IS NOT NULL"
+
 // PlainVersionSQL asks only version(), of a server that could not answer
 // VersionSQL.
 const PlainVersionSQL = "SELECT version()"

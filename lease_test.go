@@ -1,0 +1,69 @@
+package sqllock_test
+
+import (
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+)
+
+// TestLeaseKeepsIdleHolders: a live holder that sends nothing keeps its
+// locks past the lease (the keep-alive touches its sessions: a shared
+// session, a session of its own, a Session), and a session handed to the
+// caller (Lock.Conn, Session.Conn) is not leased any more: the server
+// would never end it for being idle.
+func TestLeaseKeepsIdleHolders(t *testing.T) {
+	long(t)
+	t.Parallel()
+	const bound = sqllock.MinOrphanBound
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		shared := sqllock.New(db, sqllock.WithOrphanBound(bound))
+		dedicated := sqllock.New(db, sqllock.WithOrphanBound(bound), sqllock.WithDedicatedSessions())
+		a, err := shared.Lock(bg(), sqllock.Int64(9600))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := dedicated.Lock(bg(), sqllock.Int64(9601))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := dedicated.Lock(bg(), sqllock.Int64(9602))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := shared.Session(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Lock(bg(), sqllock.Int64(9603)); err != nil {
+			t.Fatal(err)
+		}
+		var timeout string
+		if err := c.Conn().QueryRowContext(bg(), "SHOW idle_session_timeout").Scan(&timeout); err != nil {
+			t.Fatal(err)
+		}
+		if timeout != "0" {
+			t.Errorf("idle_session_timeout of a session handed out by Lock.Conn() = %q, want 0", timeout)
+		}
+		time.Sleep(2*bound + time.Second)
+		for i, lk := range []*sqllock.Lock{a, b, c} {
+			if err := lk.Err(); err != nil {
+				t.Errorf("lock %d idle for twice the lease: Err() = %v", i, err)
+			}
+			if len(holders(t, db, lk.Key())) != 1 {
+				t.Errorf("lock %d idle for twice the lease: not held on the server", i)
+			}
+			if err := lk.Unlock(bg()); err != nil {
+				t.Errorf("lock %d: Unlock() = %v", i, err)
+			}
+		}
+		if err := s.Err(); err != nil || len(holders(t, db, sqllock.Int64(9603))) != 1 {
+			t.Errorf("Session idle for twice the lease: Err() = %v", err)
+		}
+		if err := s.Close(bg()); err != nil {
+			t.Fatal(err)
+		}
+		waitNoLocks(t, db, 5*time.Second)
+	})
+}
