@@ -120,22 +120,46 @@ func (l *Locker) tryOn(ctx context.Context, w waiter, lv level, kind lockKind, k
 	return o
 }
 
-// waitOn waits for k on w, backend pid, until the lock is granted, a
-// statement fails, or ctx ends; sliced waits statements shorter than half
-// the server's deadlock_timeout one after the other (once: only one of
-// them, returning its 55P03 when it ends), otherwise one statement waits
-// as long as ctx lets it (no lock_timeout of the role or database ends
-// it). When ctx ends during the wait, the backend leaves the queue before
-// waitOn returns.
-func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, k Key, pid int64, sliced, once bool) outcome {
+// waitMode is how waitOn waits.
+type waitMode uint8
+
+const (
+	// waitFair is one statement, that keeps its place in the server's
+	// queue, watched so that it never holds up a concurrent index build
+	// (fairwait.go); it starts again when the watcher cancelled it, or the
+	// server reported it a deadlock (40P01), which a session that holds
+	// nothing but its wait cannot be in.
+	waitFair waitMode = iota
+	// waitSlice is one statement shorter than half the server's
+	// deadlock_timeout (a semaphore's wait on one slot; it returns the
+	// slice's 55P03).
+	waitSlice
+	// waitOne is one statement that waits as long as ctx lets it, left to
+	// PostgreSQL's deadlock detector (a Session's, a transaction's: they
+	// may hold other locks).
+	waitOne
+)
+
+// waitOn waits for k on w, backend pid, as mode says, until the lock is
+// granted, a statement fails, or ctx ends; no lock_timeout of the role or
+// database ends it, ctx's deadline does (the server keeps it too). When
+// ctx ends during the wait, the backend leaves the queue before waitOn
+// returns.
+func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, k Key, pid int64, mode waitMode) outcome {
 	o := outcome{pid: pid}
 	l.log(ctx, slog.LevelDebug, "sqllock: waiting", k, slog.Bool("shared", kind.IsShared()), slog.Int64("pid", pid))
 	for {
 		slice := "0"
-		if sliced {
+		if mode != waitOne {
 			if slice, o.err = l.waitSlice(ctx, w); o.err != nil {
 				break
 			}
+		}
+		var guarded *guardedWait
+		if mode == waitFair {
+			d, _ := time.ParseDuration(slice)
+			guarded = l.watch(pid, d)
+			slice = "0"
 		}
 		// The server keeps ctx's deadline too: a cancel that never reaches
 		// it cannot leave the wait running past the deadline.
@@ -177,42 +201,43 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		}
 		returned.Store(true)
 		stop()
-		if lv == sessionLevel && sqlState(o.err) == "55P03" && !ctxEnded(ctx) {
+		cancelled := guarded != nil && l.unwatch(pid, guarded) && sqlState(o.err) == "57014"
+		if lv == sessionLevel && (sqlState(o.err) == "55P03" || cancelled) && !ctxEnded(ctx) {
 			// The statement's lock_timeout (its slice's, or the
-			// deadline's) can fire as the lock is granted: PostgreSQL
-			// then keeps the grant and reports 55P03 all the same. Waiting
-			// again would take the key a second time (advisory locks are
-			// re-entrant, so one unlock would leave it held), and "not
-			// granted" would leave it held by a connection going back to
-			// the pool: ask the session.
+			// deadline's), or the watcher's cancel, can come as the lock
+			// is granted: PostgreSQL then keeps the grant and reports the
+			// error all the same. Waiting again would take the key a
+			// second time (advisory locks are re-entrant, so one unlock
+			// would leave it held), and "not granted" would leave it held
+			// by a connection going back to the pool: ask the session.
 			if l.grantedAfterTimeout(ctx, w, kind, k, &o) {
 				break
 			}
-			if byDeadline {
+			if byDeadline && !cancelled {
 				// The server ended the wait just before ctx's deadline:
 				// not granted, for sure, and the session is intact.
 				o.err = errDeadline
 				break
 			}
 		}
-		if o.err == nil || ctxEnded(ctx) || !sliced {
+		if o.err == nil || ctxEnded(ctx) || mode == waitOne {
 			break
 		}
-		if st := sqlState(o.err); st != "55P03" && st != "40P01" {
+		if st := sqlState(o.err); !(st == "55P03" && mode == waitSlice) && st != "40P01" && !cancelled {
 			break
 		}
-		// The wait's slice ended (55P03), or, should the server's
-		// deadlock_timeout have been lowered since the Locker read it (it
-		// reads it again then), PostgreSQL reported the holder's CREATE
-		// INDEX CONCURRENTLY waiting for this statement's snapshot as a
-		// deadlock (40P01): this session holds nothing but its wait, so it
-		// is in no cycle of locks. Wait again, in a new statement with a
-		// new snapshot.
-		if sqlState(o.err) == "40P01" {
+		// The wait's slice ended (55P03); or the watcher cancelled it, or
+		// PostgreSQL reported it a deadlock (40P01), because a concurrent
+		// index build of the holder waits for its snapshot: this session
+		// holds nothing but its wait, so it is in no cycle of locks. Wait
+		// again, in a new statement with a new snapshot.
+		if cancelled || sqlState(o.err) == "40P01" {
 			l.stats.snapshotWaits.Add(1)
-			l.slice.Store(nil)
 		}
-		if once {
+		if sqlState(o.err) == "40P01" {
+			l.slice.Store(nil) // deadlock_timeout may have been lowered: read it again
+		}
+		if mode == waitSlice {
 			break
 		}
 	}
@@ -423,7 +448,7 @@ func (l *Locker) acquireOn(ctx context.Context, conn *sql.Conn, k Key, kind lock
 			pid = o.pid
 		}
 		if known || o.err == nil && !o.ok && !(o.standby && !l.cfg.allowStandby) {
-			o = l.waitOn(ctx, w, sessionLevel, kind, k, pid, true, false)
+			o = l.waitOn(ctx, w, sessionLevel, kind, k, pid, waitFair)
 			if o.err == nil {
 				l.pids.set(dc, o.pid)
 			}

@@ -139,7 +139,7 @@ func (s *Semaphore) acquireOn(ctx context.Context, conn *sql.Conn, try bool, nam
 		}
 		// Wait on one slot, for one slice; then try them all again.
 		k = Pair(s.class, int32(rand.IntN(s.n)))
-		o = l.waitOn(ctx, w, sessionLevel, 0, k, o.pid, true, true)
+		o = l.waitOn(ctx, w, sessionLevel, 0, k, o.pid, waitSlice)
 		if o.err != nil && sqlState(o.err) == "55P03" && !ctxEnded(ctx) {
 			l.log(ctx, slog.LevelDebug, "sqllock: semaphore: trying every slot again", Key{}, slog.String("semaphore", s.name))
 			continue

@@ -72,7 +72,7 @@ func lockTx(ctx context.Context, tx Tx, k Key, kind lockKind) (bool, error) {
 	if kind.IsTry() {
 		o = e.tryOn(ctx, txWaiter{tx}, xactLevel, kind, k)
 	} else {
-		o = e.waitOn(ctx, txWaiter{tx}, xactLevel, kind, k, 0, false, false)
+		o = e.waitOn(ctx, txWaiter{tx}, xactLevel, kind, k, 0, waitOne)
 	}
 	return o.ok, e.settleTx(ctx, k, o)
 }
@@ -165,7 +165,7 @@ func (l *Locker) lockInTx(ctx context.Context, tx Tx, k Key) error {
 	w := txWaiter{tx}
 	o := l.tryOn(ctx, w, xactLevel, 0, k)
 	if o.err == nil && !o.ok {
-		o = l.waitOn(ctx, w, xactLevel, 0, k, o.pid, false, false)
+		o = l.waitOn(ctx, w, xactLevel, 0, k, o.pid, waitOne)
 	}
 	return l.settleTx(ctx, k, o)
 }
