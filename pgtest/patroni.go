@@ -31,8 +31,11 @@ import (
 //
 // Clients reach the primary through a multi-host DSN ([Patroni.DSN] for
 // pgx, [Patroni.KeywordDSN] for lib/pq and pgx). Faults: a switchover
-// ([Patroni.Switchover]), a host's death ([Patroni.KillHost]) and a
-// PostgreSQL crash ([Patroni.CrashPostgres]).
+// ([Patroni.Switchover]), a host's death ([Patroni.KillHost]), a
+// PostgreSQL crash ([Patroni.CrashPostgres]) and a stalled replication
+// link ([Patroni.StallReplication]). [Patroni.Primary],
+// [Patroni.WaitPrimary] and [Patroni.WaitHealthy] tell where the cluster
+// is.
 //
 // A Patroni is safe for concurrent use; after Close its methods fail.
 type Patroni struct {
@@ -47,8 +50,9 @@ type Patroni struct {
 	cred   *syscall.Credential
 	// Every node's roles: the superuser's name and password, and [Role]'s.
 	adminUser, adminPassword, password string
-	closeMu                            sync.Mutex
-	closed                             bool // guarded by closeMu
+
+	closeMu sync.Mutex
+	closed  bool // guarded by closeMu
 }
 
 // Node is one member of a [Patroni] cluster: a PostgreSQL server on Host
@@ -97,8 +101,9 @@ func WithNodes(n int) PatroniOption {
 // WithTimings sets Patroni's ttl, loop_wait and retry_timeout, in whole
 // seconds, with loop_wait + 2 × retry_timeout ≤ ttl (Patroni's rule).
 // The default, 10 s, 1 s and 4 s, fails over from a dead primary in about
-// 10 to 15 seconds; Patroni's own defaults, 30 s, 10 s and 10 s, in about
-// 30 to 40. Patroni releases after 3.0 raise a ttl below 20 s to 20 s.
+// 10 seconds; Patroni's own defaults, 30 s, 10 s and 10 s, in 25 to 30.
+// Later Patroni releases document minimums (ttl 20 s,
+// retry_timeout 3 s).
 func WithTimings(ttl, loopWait, retryTimeout time.Duration) PatroniOption {
 	return patroniOption(func(c *patroniConfig) { c.ttl, c.loopWait, c.retryWait = ttl, loopWait, retryTimeout })
 }
