@@ -44,18 +44,22 @@ func patroniScale() haScale {
 
 // TestPatroni: sqllock on a 3-node Patroni cluster (etcd, multi-host DSNs:
 // pgx's URL form, lib/pq's keyword form), with synchronous_mode off and
-// on. Each mode's cluster goes through a switchover, then the death of the
-// new primary's host (its Patroni and PostgreSQL killed with SIGKILL),
-// while a writer inserts rows. For each driver at once: a Locker holding
-// locks on distinct keys (taken, with their tokens, just before the
-// fault) and an Election with candidates campaigning in goroutines. Each
+// on. Each mode's cluster goes through a switchover; the death of the new
+// primary's host (its Patroni and PostgreSQL killed with SIGKILL) after
+// its replication stalled for a second, while tokens were handed out; and
+// a crash of the next primary's PostgreSQL, which Patroni restarts in
+// place. A writer inserts rows throughout. For each driver at once: a
+// Locker holding locks on distinct keys (taken, with their tokens, just
+// before the fault), one key whose holders follow one another during the
+// stall, and an Election with candidates campaigning in goroutines. Each
 // fault: every holder is told (Done closes, Err wraps ErrLockLost), the
 // locks are granted again on the new primary (pg_locks there), a new
 // leader is elected on the new primary (its session is not in recovery;
-// Election.Leader agrees), the writes resume, and in synchronous mode every
-// token is greater than the one before it for the same key (in async mode
-// a promoted standby may not have the last tokens: logged only). At the
-// end nothing is held on any node. Every wait is bounded.
+// Election.Leader agrees), the writes resume; every token is greater than
+// those handed out before it for the same key, in synchronous mode and
+// after a crash in place (in async mode a promoted standby may lack the
+// last tokens: logged only). At the end nothing is held on any live node.
+// Every wait is bounded.
 func TestPatroni(t *testing.T) {
 	long(t)
 	sc := patroniScale()
