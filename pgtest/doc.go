@@ -38,6 +38,13 @@
 // by PgBouncer ([Server.PgBouncer]) and followed by a streaming standby
 // ([Server.Standby]).
 //
+// [StartPatroni] starts a 3-node PostgreSQL cluster run by Patroni, with
+// etcd, for tests of code under failover: multi-host DSNs for pgx and
+// lib/pq, and faults (a switchover, a host's death, a PostgreSQL crash, a
+// replication stall). It needs the patroni and etcd programs (Debian:
+// patroni, etcd-server) and skips the test without them (fails when
+// CI=true).
+//
 // [Embedded] starts the same kind of server outside tests, for the examples.
 //
 // Without [Run] in TestMain the tests work as well, and a throwaway cluster
