@@ -443,7 +443,12 @@ func (c *carrier) release(lk *Lock) error {
 func (c *carrier) onTag(ctx context.Context, q string, args []any) (v int64, ok bool, err error) {
 	op := newOp(opTag, Key{})
 	op.q, op.args = q, args
-	c.submit(op)
+	// The statement may wait long (a token's commit waits for synchronous
+	// standbys): ctx bounds the caller's wait for it, so the queue runs on
+	// a goroutine of its own.
+	if c.enqueue(op) {
+		go c.drain()
+	}
 	select {
 	case <-op.done:
 	case <-ctx.Done():
