@@ -380,8 +380,8 @@ func TestFrozenHolder(t *testing.T) {
 				if took > trialBound+time.Second {
 					t.Errorf("the lock was freed %v after the holder stopped, past the orphan bound %v", took, trialBound)
 				}
-				if !strings.HasPrefix(said, "resumed: Err sqllock: lock lost") || !strings.HasSuffix(said, "wrote -1") {
-					t.Fatalf("resumed holder: %q; want its first Err to say the lock is lost, and no write", said)
+				if !strings.HasPrefix(said, "resumed: Err sqllock: lock lost") || !strings.HasSuffix(said, "wrote 0") {
+					t.Fatalf("resumed holder: %q; want its first Err to say the lock is lost, and its fenced write refused (0 rows)", said)
 				}
 				lk.Unlock(bg())
 				if err := cmd.Wait(); err != nil {

@@ -144,8 +144,8 @@ func TestMutualExclusionProcesses(t *testing.T) {
 // helperFrozen takes key 77 with the trials' settings (a session of its
 // own with HELPER_DEDICATED set), says "locked TOKEN", and waits for a line
 // on stdin (the test stops and resumes the process meanwhile). Then, first
-// thing, it asks Err, and writes to the fenced row with its token, as a
-// holder that believes it still holds would: it says "resumed: Err ERR,
+// thing, it asks Err, and writes to the fenced row with its token all the
+// same, as a holder that did not look would: it says "resumed: Err ERR,
 // wrote N".
 func helperFrozen(db *sql.DB) int {
 	opts := []sqllock.Option{sqllock.WithKeepAlive(trialKeepAlive), sqllock.WithOrphanBound(trialBound)}
@@ -168,11 +168,9 @@ func helperFrozen(db *sql.DB) int {
 	fmt.Scanln(&line)
 	lerr := lk.Err()
 	wrote := int64(-1)
-	if lerr == nil {
-		res, err := db.Exec(`UPDATE fenced SET fence = $1, v = v + 1 WHERE id = 1 AND fence <= $1`, token)
-		if err == nil {
-			wrote, _ = res.RowsAffected()
-		}
+	res, err := db.Exec(`UPDATE fenced SET fence = $1, v = v + 1 WHERE id = 1 AND fence <= $1`, token)
+	if err == nil {
+		wrote, _ = res.RowsAffected()
 	}
 	fmt.Printf("resumed: Err %v, wrote %d\n", lerr, wrote)
 	return 0
