@@ -384,6 +384,10 @@ func (l *Locker) withConn(ctx context.Context, what string, take func(conn *sql.
 			if ctxEnded(ctx) {
 				return nil, notAcquired(what, ctxErr(ctx))
 			}
+			if sqlState(err) == "53200" {
+				// A full lock table refuses new sessions too.
+				return nil, fmt.Errorf("%w: lock %s: get connection: %w", ErrLockTableFull, what, err)
+			}
 			return nil, fmt.Errorf("sqllock: lock %s: get connection: %w", what, err)
 		}
 		if _, err := l.checkServer(ctx, conn); err != nil {

@@ -315,9 +315,54 @@ func (c *carrier) runOne(op *shareOp, unlock bool) {
 	if err != nil {
 		op.ok = false
 		op.err = err
-		c.fail(err)
+		if unlock || !serverRefused(err) {
+			c.fail(err)
+		}
 	}
 	c.finish(op)
+}
+
+// serverRefused reports whether err is the server's own answer to a try
+// statement (a full lock table, say): the statement failed as a whole, and
+// a single-key try took nothing. A certain answer touches that one call;
+// the carrier and its other locks are not concerned.
+func serverRefused(err error) bool {
+	return sqlState(err) != "" && !connectionBroken(err)
+}
+
+// releaseStray unlocks those of keys (the keys of a try statement that the
+// server failed) that the session holds: the statement took them before it
+// failed, and session-level locks outlive a failed statement. No other
+// Lock of the carrier holds any of them (the keys of a carrier's
+// operations are reserved).
+func (c *carrier) releaseStray(keys []sqltext.Key) error {
+	want := map[sqltext.Key]bool{}
+	for _, k := range keys {
+		want[k] = true
+	}
+	var stray []sqltext.Key
+	err := queryRows(c.l.unlockContext(), c.l.abandoned, c.conn, sqltext.OwnSQL, nil, func(v []driver.Value) error {
+		r := pglocks.Scan(v)
+		if !r.Granted || r.Shared {
+			return nil
+		}
+		if k, ok := keyFromLockTag(r.Tag); ok && want[k.sqlKey()] {
+			stray = append(stray, k.sqlKey())
+		}
+		return nil
+	})
+	for _, k := range stray {
+		if err != nil {
+			break
+		}
+		var released bool
+		q, args := c.l.plain.UnlockSQL(false, k, c.pid)
+		err = queryRow(c.l.unlockContext(), c.l.abandoned, c.conn, q, args, &released)
+		if err == nil && !released {
+			err = errors.New("sqllock: a key the failed statement took was not held")
+		}
+	}
+	return err
 }
 
 // runBatch sends many tries or unlocks in one statement.
@@ -351,7 +396,13 @@ func (c *carrier) runBatch(ops []*shareOp, unlock bool) {
 		for _, op := range ops {
 			op.ok, op.err = false, err
 		}
-		c.fail(err)
+		// The server failed the tries (a full lock table): what the
+		// statement took before it failed is released, and the calls are
+		// told, certainly, that they took nothing; anything less certain
+		// costs the carrier.
+		if unlock || !serverRefused(err) || c.releaseStray(keys) != nil {
+			c.fail(err)
+		}
 	}
 	for _, op := range ops {
 		c.finish(op)

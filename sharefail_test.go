@@ -1,0 +1,98 @@
+package sqllock_test
+
+import (
+	"database/sql"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/pgtest"
+)
+
+// TestSharedTryFailureTouchesOneLock: a TryLock on a shared session that
+// the server refuses (a full lock table, 53200) fails that call only: the
+// other locks on the same session stay held, and nothing the failed
+// statement took stays behind; alone, and in batches of concurrent calls.
+func TestSharedTryFailureTouchesOneLock(t *testing.T) {
+	long(t)
+	t.Parallel()
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			t.Parallel()
+			srv := pgtest.Private(t) // its lock table is filled below
+			dsn := srv.NewDatabase(t)
+			db := pgtest.Open(t, drv, dsn)
+			observer := pgtest.Open(t, "pgx", dsn)
+			l := sqllock.New(db, sqllock.WithKeepAlive(0))
+			var held []*sqllock.Lock
+			for i := range 40 {
+				lk, err := l.TryLock(bg(), sqllock.Int64(int64(10000+i)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, lk)
+			}
+			// Another session fills the lock table.
+			filler, err := observer.Conn(bg())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := filler.ExecContext(bg(), "SELECT count(pg_try_advisory_lock(3, g)) FROM generate_series(1, 1000000) g"); err == nil {
+				t.Fatal("the lock table did not fill up")
+			}
+			if _, err := l.TryLock(bg(), sqllock.Int64(20000)); !errors.Is(err, sqllock.ErrLockTableFull) {
+				t.Fatalf("TryLock() on a full lock table = %v, want ErrLockTableFull", err)
+			}
+			var wg sync.WaitGroup
+			errs := make([]error, 30)
+			for i := range errs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					lk, err := l.TryLock(bg(), sqllock.Int64(int64(20001+i)))
+					if err == nil {
+						lk.Unlock(bg())
+					}
+					errs[i] = err
+				}()
+			}
+			wg.Wait()
+			for i, err := range errs {
+				if err != nil && !errors.Is(err, sqllock.ErrLockTableFull) {
+					t.Errorf("concurrent TryLock %d on a full lock table = %v, want ErrLockTableFull", i, err)
+				}
+			}
+			if _, err := filler.ExecContext(bg(), "SELECT pg_advisory_unlock_all()"); err != nil {
+				t.Fatal(err)
+			}
+			filler.Close()
+			for i, lk := range held {
+				if err := lk.Err(); err != nil {
+					t.Fatalf("lock %d on the shared session after the refused tries: Err() = %v", i, err)
+				}
+			}
+			waitLocks(t, observer, 40)
+			for _, lk := range held {
+				if err := lk.Unlock(bg()); err != nil {
+					t.Fatalf("Unlock() = %v", err)
+				}
+			}
+			waitNoLocks(t, observer, 5*time.Second)
+		})
+	}
+}
+
+// waitLocks fails t unless exactly n advisory locks are held in q's
+// database, the locks of terminated sessions gone.
+func waitLocks(t *testing.T, q *sql.DB, n int) {
+	t.Helper()
+	for range 500 {
+		if advisoryCount(t, q) == n {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%d advisory locks held, want %d", advisoryCount(t, q), n)
+}
