@@ -35,6 +35,14 @@ import (
 // maxCarriers is the most sessions a Locker shares among its locks.
 const maxCarriers = 16
 
+// carrierSpread is how many locks a carrier takes before the Locker opens
+// another (up to its limit) rather than add to it.
+const carrierSpread = 32
+
+// carrierQueue is how many calls may queue on a busy carrier while others
+// are opening, before the next call waits for one of them.
+const carrierQueue = 4
+
 // carrierLinger is how long a carrier that holds nothing stays pinned for
 // the next lock before its settings are reset and it goes back to the pool.
 const carrierLinger = time.Second
@@ -42,22 +50,32 @@ const carrierLinger = time.Second
 // sharing is a Locker's carriers and the keys they hold.
 type sharing struct {
 	mu      sync.Mutex
-	all     []*carrier       // guarded by mu: carriers that take locks
-	opening int              // guarded by mu: carriers being opened
-	keys    map[Key]struct{} // guarded by mu: held, or being taken or released, on a carrier
-	hot     map[Key]struct{} // guarded by mu: keys a waiting call found held (see acquireShared)
-	opened  chan struct{}    // guarded by mu: closed (and replaced) when a carrier opening ends
+	all     []*carrier        // guarded by mu: carriers that take locks
+	opening int               // guarded by mu: carriers being opened
+	keys    map[Key]struct{}  // guarded by mu: held, or being taken or released, on a carrier
+	hot     map[Key]time.Time // guarded by mu: keys a waiting call found held, and when (see acquireShared)
+	opened  chan struct{}     // guarded by mu: closed (and replaced) when a carrier opening ends
 }
 
 // maxHot is how many contended keys sharing remembers; past it, it forgets
 // them all (and learns them again).
 const maxHot = 4096
 
-// isHot reports whether a waiting call found k held before.
+// hotFor is how long sharing remembers that a key was found held: a key
+// that is contended again within it waits on a session of its own at once;
+// one that was not goes back to the shared sessions (otherwise every key
+// once contended would take a session of its own for ever).
+const hotFor = time.Second
+
+// isHot reports whether a waiting call found k held lately.
 func (s *sharing) isHot(k Key) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, ok := s.hot[k]
+	at, ok := s.hot[k]
+	if ok && time.Since(at) > hotFor {
+		delete(s.hot, k)
+		return false
+	}
 	return ok
 }
 
@@ -66,9 +84,9 @@ func (s *sharing) markHot(k Key) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.hot == nil || len(s.hot) >= maxHot {
-		s.hot = map[Key]struct{}{}
+		s.hot = map[Key]time.Time{}
 	}
-	s.hot[k] = struct{}{}
+	s.hot[k] = time.Now()
 }
 
 // reserve claims k for a carrier; false when a carrier holds or handles k.
@@ -104,6 +122,9 @@ func (s *sharing) sessions() int {
 // is held or handled on a carrier, no carrier could be had, or (for a
 // waiting call) k is held elsewhere.
 func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, err error, handled bool) {
+	if l.carrierLimit() == 0 {
+		return nil, nil, false // a small pool: no sharing
+	}
 	if !try && l.share.isHot(k) {
 		// Found held before: wait on a session of its own at once, which
 		// is granted there at no extra round trip when k is free now.
@@ -195,18 +216,16 @@ func (l *Locker) carrierFor(ctx context.Context) (*carrier, error) {
 	s := &l.share
 	s.mu.Lock()
 	for {
-		// The least busy, and of those the one that carries fewest locks:
-		// the locks spread over the carriers, so that losing one session
-		// loses as few as can be.
+		// The least busy (counting the calls that picked it and have not
+		// finished, so that arrivals at once spread too), and of those the
+		// one that carries fewest locks: the locks spread over the
+		// carriers, so that losing one session loses as few as can be.
 		var best *carrier
 		bestLoad, bestHeld := 0, 0
 		for _, c := range s.all {
 			c.mu.Lock()
 			usable := c.dead == nil && !c.retired && !c.closed
-			load, held := len(c.queue), len(c.held)
-			if c.running {
-				load++
-			}
+			load, held := c.users, len(c.held)
 			c.mu.Unlock()
 			if usable && (best == nil || load < bestLoad || load == bestLoad && held < bestHeld) {
 				best, bestLoad, bestHeld = c, load, held
@@ -214,7 +233,7 @@ func (l *Locker) carrierFor(ctx context.Context) (*carrier, error) {
 		}
 		room := len(s.all)+s.opening < l.carrierLimit()
 		switch {
-		case room && (best == nil || bestLoad > 0):
+		case room && (best == nil || bestLoad > 0 || bestHeld >= carrierSpread):
 			s.opening++
 			s.mu.Unlock()
 			c, err := l.openCarrier(ctx)
@@ -232,7 +251,7 @@ func (l *Locker) carrierFor(ctx context.Context) (*carrier, error) {
 			s.all = append(s.all, c)
 			s.mu.Unlock()
 			return c, nil
-		case best != nil:
+		case best != nil && (s.opening == 0 || bestLoad < carrierQueue):
 			best.mu.Lock()
 			best.users++
 			if best.linger != nil {
@@ -243,7 +262,8 @@ func (l *Locker) carrierFor(ctx context.Context) (*carrier, error) {
 			s.mu.Unlock()
 			return best, nil
 		}
-		// Every carrier is opening: wait for one.
+		// Every carrier is opening, or the usable ones are busy while more
+		// open (arrivals at once, at the start): wait for one.
 		if s.opened == nil {
 			s.opened = make(chan struct{})
 		}
@@ -259,10 +279,14 @@ func (l *Locker) carrierFor(ctx context.Context) (*carrier, error) {
 }
 
 // carrierLimit is maxCarriers, or a quarter of the pool's limit when it
-// has one, so that waits and the keep-alive still get connections.
+// has one, so that waits, the keep-alive and the application's own
+// queries still get connections: a pool of fewer than 4 shares none (a
+// session pinned for many locks would hold a third of it or more, and
+// keep it while they churn), and each lock takes a connection of its own
+// for as long as it is held.
 func (l *Locker) carrierLimit() int {
 	if n := l.db.Stats().MaxOpenConnections; n > 0 {
-		return max(1, min(maxCarriers, n/4))
+		return min(maxCarriers, n/4)
 	}
 	return maxCarriers
 }

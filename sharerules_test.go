@@ -1,0 +1,156 @@
+package sqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/testkit"
+	"github.com/sqllock/sqllock/pgtest"
+)
+
+// The rules of sharing, as users meet them.
+
+// TestSharedColdStartSpreads: many calls at once on a fresh Locker spread
+// over its shared sessions, so that losing one loses few of them.
+func TestSharedColdStartSpreads(t *testing.T) {
+	t.Parallel()
+	const calls = 400
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		l := sqllock.New(db, sqllock.WithKeepAlive(0))
+		var wg sync.WaitGroup
+		locks := make([]*sqllock.Lock, calls)
+		for i := range locks {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				lk, err := l.TryLock(bg(), sqllock.Int64(int64(50000+i)))
+				if err != nil {
+					t.Error(err)
+				}
+				locks[i] = lk
+			}()
+		}
+		wg.Wait()
+		per := map[int]int{}
+		most := 0
+		for _, lk := range locks {
+			if lk != nil {
+				per[lk.PID()]++
+				most = max(most, per[lk.PID()])
+			}
+		}
+		t.Logf("%d locks at once on %d shared sessions, at most %d on one", calls, len(per), most)
+		if most > calls/4 {
+			t.Errorf("%d of %d locks taken at once on one shared session (of %d): losing it would lose them all", most, calls, len(per))
+		}
+		for _, lk := range locks {
+			lk.Unlock(bg())
+		}
+	})
+}
+
+// TestSharedAgainAfterContention: keys that were each contended once go
+// back to the shared sessions once they are free: held at once later, they
+// take a few sessions, not one each.
+func TestSharedAgainAfterContention(t *testing.T) {
+	long(t)
+	t.Parallel()
+	const keys = 60
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		l := sqllock.New(db, sqllock.WithKeepAlive(0))
+		other := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0))
+		for i := range keys {
+			k := sqllock.Int64(int64(60000 + i))
+			hl, err := other.Lock(bg(), k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan *sqllock.Lock)
+			go func() {
+				lk, err := l.Lock(bg(), k)
+				if err != nil {
+					t.Error(err)
+				}
+				got <- lk
+			}()
+			testkit.WaitWaiters(t, db, k, 1)
+			hl.Unlock(bg())
+			(<-got).Unlock(bg())
+		}
+		time.Sleep(1500 * time.Millisecond) // past the contention memory
+		var wg sync.WaitGroup
+		locks := make([]*sqllock.Lock, keys)
+		for i := range locks {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				lk, err := l.Lock(bg(), sqllock.Int64(int64(60000+i)))
+				if err != nil {
+					t.Error(err)
+				}
+				locks[i] = lk
+			}()
+		}
+		wg.Wait()
+		pids := map[int]bool{}
+		for _, lk := range locks {
+			pids[lk.PID()] = true
+		}
+		t.Logf("%d keys contended once, then held at once: %d server sessions (%d shared)", keys, len(pids), l.Stats().SharedSessions)
+		if len(pids) > 16 {
+			t.Errorf("%d keys contended once, free again and held at once, took %d server sessions", keys, len(pids))
+		}
+		for _, lk := range locks {
+			lk.Unlock(bg())
+		}
+	})
+}
+
+// TestSmallPoolNotStarved: with a pool of one connection, churning
+// TryLocks leave the connection to waiting Locks and to the application's
+// own queries.
+func TestSmallPoolNotStarved(t *testing.T) {
+	t.Parallel()
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		db.SetMaxOpenConns(1)
+		l := sqllock.New(db, sqllock.WithKeepAlive(0))
+		ctx, stop := context.WithCancel(bg())
+		var wg sync.WaitGroup
+		for g := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ctx.Err() == nil; i++ {
+					if lk, err := l.TryLock(ctx, sqllock.Int64(int64(70000+g*100000+i%50))); err == nil {
+						lk.Unlock(bg())
+					}
+				}
+			}()
+		}
+		var granted, queries atomic.Int64
+		deadline := time.Now().Add(3 * time.Second)
+		for time.Now().Before(deadline) {
+			wctx, cancel := context.WithTimeout(bg(), time.Second)
+			if lk, err := l.Lock(wctx, sqllock.Int64(79999)); err == nil {
+				granted.Add(1)
+				lk.Unlock(bg())
+			}
+			var one int
+			if err := db.QueryRowContext(wctx, "SELECT 1").Scan(&one); err == nil {
+				queries.Add(1)
+			}
+			cancel()
+		}
+		stop()
+		wg.Wait()
+		t.Logf("pool of 1 under churning TryLocks, 3 s: %d waiting Locks granted, %d queries of the application's own", granted.Load(), queries.Load())
+		if granted.Load() < 5 || queries.Load() < 5 {
+			t.Fatalf("pool of 1 under churning TryLocks: %d Locks granted, %d queries answered in 3 s", granted.Load(), queries.Load())
+		}
+	})
+}
