@@ -106,8 +106,9 @@ func ExpectRUnlock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
 	return expectUnlock(mock, true, k)
 }
 
-// ExpectLockTx expects LockTx to take k in the current transaction. For
-// InTx, use ExpectInTxLock.
+// ExpectLockTx expects LockTx to take k in the current transaction, with a
+// context that has no deadline (with one, the wait statement carries it as
+// its own lock_timeout: another statement). For InTx, use ExpectInTxLock.
 func ExpectLockTx(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
 	return expectXact(mock, 0, k, true)
 }
