@@ -76,22 +76,7 @@ func (l *Locker) unwatch(pid int64, w *guardedWait) bool {
 // guardLoop polls until no wait is watched.
 func (l *Locker) guardLoop(interval time.Duration) {
 	g := &l.guard
-	t := time.NewTicker(max(interval, time.Millisecond))
-	defer t.Stop()
-	for range t.C {
-		g.mu.Lock()
-		if len(g.waits) == 0 {
-			g.running = false
-			g.mu.Unlock()
-			return
-		}
-		pids := make([]int64, 0, len(g.waits))
-		for pid := range g.waits {
-			pids = append(pids, pid)
-		}
-		g.mu.Unlock()
-		l.guardPoll(pids, interval)
-	}
+	everyTick(interval, &g.mu, &g.waits, &g.running, func(pids []int64) { l.guardPoll(pids, interval) })
 }
 
 // guardPoll cancels the waits of pids that a session waits for (by their
