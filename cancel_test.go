@@ -168,3 +168,67 @@ func TestAbandonedWaitLeavesNoOneQueued(t *testing.T) {
 		}
 	})
 }
+
+// TestAbandonedConnNotPooled: on a driver that does not give a read up when
+// its context ends (lib/pq), a statement that answers just as its caller
+// gives it up (errAbandoned) must cost its connection. The caller's
+// abandoned wait is cancelled from another connection, which watches the
+// backend for up to two seconds after the call returned: had the
+// connection gone back to the pool, that cancel would hit the next wait
+// run on it, by a call whose context is still live (57014 instead of the
+// lock). The hook holds the answer of the late-grant check that follows the
+// wait's server-kept deadline until the caller has left.
+func TestAbandonedConnNotPooled(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	dsn := srv.NewDatabase(t)
+	l := sqllock.New(pgtest.Open(t, "postgres", dsn), sqllock.WithKeepAlive(0))
+	holder := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithKeepAlive(0))
+	const name = "abandoned-answer"
+	h, err := holder.Semaphore(name, 1).Acquire(bg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Unlock(bg())
+
+	type held struct{}
+	var once sync.Once
+	left := make(chan struct{})
+	defer sqllock.SetAfterBlindStatement(func(ctx context.Context, err error, gone func() bool) {
+		if ctx.Value(held{}) == nil || !errors.Is(err, sql.ErrNoRows) {
+			return // only the late-grant check ("not held") of the wait below
+		}
+		for !gone() {
+			time.Sleep(time.Millisecond)
+		}
+		// Let the abandoned wait's cancel take its connection first.
+		time.Sleep(100 * time.Millisecond)
+		once.Do(func() { close(left) })
+	})()
+
+	sem := l.Semaphore(name, 1)
+	ctx, cancel := context.WithTimeout(context.WithValue(bg(), held{}, true), 300*time.Millisecond)
+	_, err = sem.Acquire(ctx)
+	cancel()
+	if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire(300 ms) = %v, want ErrNotAcquired and DeadlineExceeded", err)
+	}
+	select {
+	case <-left:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the late-grant check was never abandoned")
+	}
+
+	// A later wait on the same pool, granted when the holder leaves.
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		h.Unlock(bg())
+	}()
+	ctx, cancel = context.WithTimeout(bg(), 10*time.Second)
+	defer cancel()
+	lk, err := sem.Acquire(ctx)
+	if err != nil {
+		t.Fatalf("Acquire after the holder left = %v (ctx live: %v), want the permit", err, ctx.Err() == nil)
+	}
+	lk.Unlock(bg())
+}
