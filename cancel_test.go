@@ -176,8 +176,8 @@ func TestAbandonedWaitLeavesNoOneQueued(t *testing.T) {
 // backend for up to two seconds after the call returned: had the
 // connection gone back to the pool, that cancel would hit the next wait
 // run on it, by a call whose context is still live (57014 instead of the
-// lock). The hook holds the answer of the late-grant check that follows the
-// wait's server-kept deadline until the caller has left.
+// lock). The hook holds the answer of the late-grant check that follows a
+// wait's 55P03 until the caller has left.
 func TestAbandonedConnNotPooled(t *testing.T) {
 	t.Parallel()
 	srv := pgtest.Start(t)
@@ -192,8 +192,7 @@ func TestAbandonedConnNotPooled(t *testing.T) {
 	defer h.Unlock(bg())
 
 	type held struct{}
-	var once sync.Once
-	left := make(chan struct{})
+	fired := make(chan struct{}, 1)
 	defer sqllock.SetAfterBlindStatement(func(ctx context.Context, err error, gone func() bool) {
 		if ctx.Value(held{}) == nil || !errors.Is(err, sql.ErrNoRows) {
 			return // only the late-grant check ("not held") of the wait below
@@ -203,19 +202,31 @@ func TestAbandonedConnNotPooled(t *testing.T) {
 		}
 		// Let the abandoned wait's cancel take its connection first.
 		time.Sleep(100 * time.Millisecond)
-		once.Do(func() { close(left) })
+		select {
+		case fired <- struct{}{}:
+		default:
+		}
 	})()
 
 	sem := l.Semaphore(name, 1)
-	ctx, cancel := context.WithTimeout(context.WithValue(bg(), held{}, true), 300*time.Millisecond)
-	_, err = sem.Acquire(ctx)
-	cancel()
-	if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Acquire(300 ms) = %v, want ErrNotAcquired and DeadlineExceeded", err)
+	// The wait's first slice (or its deadline, less a margin) ends in the
+	// server well before ctx; a loaded machine may answer too late: again.
+	staged := false
+	for attempt := 1; attempt <= 3 && !staged; attempt++ {
+		ctx, cancel := context.WithTimeout(context.WithValue(bg(), held{}, true), time.Second)
+		_, err = sem.Acquire(ctx)
+		cancel()
+		if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Acquire(1 s) = %v, want ErrNotAcquired and DeadlineExceeded", err)
+		}
+		select {
+		case <-fired:
+			staged = true
+		case <-time.After(2 * time.Second):
+			t.Logf("attempt %d: the late-grant check answered after the deadline", attempt)
+		}
 	}
-	select {
-	case <-left:
-	case <-time.After(5 * time.Second):
+	if !staged {
 		t.Fatal("the late-grant check was never abandoned")
 	}
 
@@ -224,7 +235,7 @@ func TestAbandonedConnNotPooled(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		h.Unlock(bg())
 	}()
-	ctx, cancel = context.WithTimeout(bg(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
 	defer cancel()
 	lk, err := sem.Acquire(ctx)
 	if err != nil {
