@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -43,28 +44,40 @@ func (a *abandonSet) has(conn *sql.Conn) bool {
 // non-nil: one that does not give up a read when ctx ends) it returns,
 // shortly after ctx ends, whether f has returned or not. Then it returns
 // an error wrapping errAbandoned and ctx's error, records conn in blind,
-// and f's connection is closed once f returns.
+// and f's connection is discarded once f returns, whatever f answered.
 func boundedRaw(ctx context.Context, blind *abandonSet, conn *sql.Conn, f func(dc any) error) error {
 	if blind == nil || ctx.Done() == nil {
 		return onDriverConn(conn, f)
 	}
 	_, err := leaveAtEnd(ctx, abandonGrace,
 		func(left func() bool) (struct{}, error) {
-			return struct{}{}, onDriverConn(conn, func(dc any) error {
+			err := onDriverConn(conn, func(dc any) error {
 				err := f(dc)
 				if left() {
 					return driver.ErrBadConn // database/sql closes the connection
 				}
 				return err
 			})
+			if h := afterBlindStatement.Load(); h != nil {
+				(*h)(ctx, err, left)
+			}
+			return struct{}{}, err
 		},
 		func() { blind.conns.Store(conn, struct{}{}) },
 		func(struct{}, error) {
-			conn.Close()
+			// Discarded even when f's answer came just before the caller
+			// left: the cancel of the abandoned wait may still be watching
+			// this backend, and would hit the next wait run on it.
+			discardConn(conn)
 			blind.conns.Delete(conn)
 		})
 	return err
 }
+
+// afterBlindStatement, when set (by tests), runs after a blind driver's
+// statement returned and before its result is handed over: the moment its
+// caller may leave.
+var afterBlindStatement atomic.Pointer[func(ctx context.Context, err error, left func() bool)]
 
 // getConn is db.Conn, except that a connection being set up for the
 // caller is not thrown away when ctx ends: the setup goes on (bounded by

@@ -168,3 +168,78 @@ func TestAbandonedWaitLeavesNoOneQueued(t *testing.T) {
 		}
 	})
 }
+
+// TestAbandonedConnNotPooled: on a driver that does not give a read up when
+// its context ends (lib/pq), a statement that answers just as its caller
+// gives it up (errAbandoned) must cost its connection. The caller's
+// abandoned wait is cancelled from another connection, which watches the
+// backend for up to two seconds after the call returned: had the
+// connection gone back to the pool, that cancel would hit the next wait
+// run on it, by a call whose context is still live (57014 instead of the
+// lock). The hook holds the answer of the late-grant check that follows a
+// wait's 55P03 until the caller has left.
+func TestAbandonedConnNotPooled(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	dsn := srv.NewDatabase(t)
+	l := sqllock.New(pgtest.Open(t, "postgres", dsn), sqllock.WithKeepAlive(0))
+	holder := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithKeepAlive(0))
+	const name = "abandoned-answer"
+	h, err := holder.Semaphore(name, 1).Acquire(bg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Unlock(bg())
+
+	type held struct{}
+	fired := make(chan struct{}, 1)
+	defer sqllock.SetAfterBlindStatement(func(ctx context.Context, err error, gone func() bool) {
+		if ctx.Value(held{}) == nil || !errors.Is(err, sql.ErrNoRows) {
+			return // only the late-grant check ("not held") of the wait below
+		}
+		for !gone() {
+			time.Sleep(time.Millisecond)
+		}
+		// Let the abandoned wait's cancel take its connection first.
+		time.Sleep(100 * time.Millisecond)
+		select {
+		case fired <- struct{}{}:
+		default:
+		}
+	})()
+
+	sem := l.Semaphore(name, 1)
+	// The wait's first slice (or its deadline, less a margin) ends in the
+	// server well before ctx; a loaded machine may answer too late: again.
+	staged := false
+	for attempt := 1; attempt <= 3 && !staged; attempt++ {
+		ctx, cancel := context.WithTimeout(context.WithValue(bg(), held{}, true), time.Second)
+		_, err = sem.Acquire(ctx)
+		cancel()
+		if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Acquire(1 s) = %v, want ErrNotAcquired and DeadlineExceeded", err)
+		}
+		select {
+		case <-fired:
+			staged = true
+		case <-time.After(2 * time.Second):
+			t.Logf("attempt %d: the late-grant check answered after the deadline", attempt)
+		}
+	}
+	if !staged {
+		t.Fatal("the late-grant check was never abandoned")
+	}
+
+	// A later wait on the same pool, granted when the holder leaves.
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		h.Unlock(bg())
+	}()
+	ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+	defer cancel()
+	lk, err := sem.Acquire(ctx)
+	if err != nil {
+		t.Fatalf("Acquire after the holder left = %v (ctx live: %v), want the permit", err, ctx.Err() == nil)
+	}
+	lk.Unlock(bg())
+}
