@@ -3,6 +3,7 @@ package sqllock
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -383,6 +384,12 @@ func (l *Locker) withConn(ctx context.Context, what string, take func(conn *sql.
 		if err != nil {
 			if ctxEnded(ctx) {
 				return nil, notAcquired(what, ctxErr(ctx))
+			}
+			if errors.Is(err, driver.ErrBadConn) && attempt < acquireAttempts {
+				// database/sql hands out a connection that went bad in the
+				// pool (its driver closed it after a cancel) as ErrBadConn,
+				// after its own retries: another try may get a good one.
+				continue
 			}
 			if sqlState(err) == "53200" {
 				// A full lock table refuses new sessions too.

@@ -31,13 +31,11 @@ type waitGuard struct {
 	mu      sync.Mutex
 	waits   map[int64]*guardedWait // guarded by mu: by backend pid
 	running bool                   // guarded by mu: the watcher runs
-
-	pollMu sync.Mutex // held while a poll runs and marks what it cancelled
 }
 
 // guardedWait is one wait statement the watcher watches.
 type guardedWait struct {
-	cancelled bool // guarded by waitGuard.mu: the watcher cancelled it
+	cancelled bool // guarded by waitGuard.mu: the watcher cancels it (set before the cancel is sent)
 }
 
 // watch starts watching the wait statement of backend pid, which is about
@@ -59,12 +57,9 @@ func (l *Locker) watch(pid int64, interval time.Duration) *guardedWait {
 }
 
 // unwatch stops watching pid's wait, whose statement returned, and
-// reports whether the watcher cancelled it (it waits for a poll in
-// progress, which may be about to say so).
+// reports whether the watcher cancelled it (or was about to).
 func (l *Locker) unwatch(pid int64, w *guardedWait) bool {
 	g := &l.guard
-	g.pollMu.Lock()
-	g.pollMu.Unlock() //nolint:staticcheck // an empty critical section: the poll under way has marked what it cancelled
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.waits[pid] == w {
@@ -80,12 +75,13 @@ func (l *Locker) guardLoop(interval time.Duration) {
 }
 
 // guardPoll cancels the waits of pids that a session waits for (by their
-// snapshot's virtual transaction), in one statement. No connection at once
-// (the pool at its limit) skips the poll, as the keep-alive does.
+// snapshot's virtual transaction): one statement finds them, and, when
+// there are, they are marked (so that their 57014 reads as the watcher's)
+// and a second one cancels those still blocked in their wait. No
+// connection at once (the pool at its limit) skips the poll, as the
+// keep-alive does; a server that does not answer costs the poll, never a
+// waiter.
 func (l *Locker) guardPoll(pids []int64, interval time.Duration) {
-	g := &l.guard
-	g.pollMu.Lock()
-	defer g.pollMu.Unlock()
 	if poolFull(l.db) {
 		return
 	}
@@ -96,6 +92,33 @@ func (l *Locker) guardPoll(pids []int64, interval time.Duration) {
 		return
 	}
 	defer conn.Close()
+	q, args := l.mode.Arrays(sqltext.SnapshotWaitersSQL, pidList(pids))
+	var hit []int64
+	err = queryRows(ctx, l.abandoned, conn, q, args, func(v []driver.Value) error {
+		pid, ok := v[0].(int64)
+		if !ok {
+			return errors.New("sqllock: snapshot watcher: unexpected pid")
+		}
+		hit = append(hit, pid)
+		return nil
+	})
+	if err != nil || len(hit) == 0 {
+		return
+	}
+	g := &l.guard
+	g.mu.Lock()
+	for _, pid := range hit {
+		if w := g.waits[pid]; w != nil {
+			w.cancelled = true
+		}
+	}
+	g.mu.Unlock()
+	q, args = l.mode.Arrays(sqltext.CancelAdvisoryWaitSQL, pidList(hit))
+	_ = queryRows(ctx, l.abandoned, conn, q, args, func([]driver.Value) error { return nil })
+}
+
+// pidList returns pids as a text array literal.
+func pidList(pids []int64) string {
 	var b strings.Builder
 	for i, pid := range pids {
 		if i == 0 {
@@ -106,24 +129,5 @@ func (l *Locker) guardPoll(pids []int64, interval time.Duration) {
 		b.WriteString(strconv.FormatInt(pid, 10))
 	}
 	b.WriteByte('}')
-	q, args := l.mode.Arrays(sqltext.SnapshotWaitersSQL, b.String())
-	var hit []int64
-	err = queryRows(ctx, l.abandoned, conn, q, args, func(v []driver.Value) error {
-		pid, ok := v[0].(int64)
-		if !ok {
-			return errors.New("sqllock: snapshot watcher: unexpected pid")
-		}
-		hit = append(hit, pid)
-		return nil
-	})
-	if err != nil && !errors.Is(err, errAbandoned) {
-		return
-	}
-	g.mu.Lock()
-	for _, pid := range hit {
-		if w := g.waits[pid]; w != nil {
-			w.cancelled = true
-		}
-	}
-	g.mu.Unlock()
+	return b.String()
 }
