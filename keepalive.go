@@ -71,9 +71,10 @@ func (lk *Lock) touch(ctx context.Context) error {
 		return err
 	}
 	var v int64
-	sent := lk.lease.begin()
-	err := queryRow(ctx, lk.l.abandoned, lk.conn, touchSQL, nil, &v)
-	lk.lease.end(sent, err == nil)
+	err := lk.onConn(func() error { return queryRow(ctx, lk.l.abandoned, lk.conn, touchSQL, nil, &v) })
+	if lk.releasing() || errors.Is(err, ErrLockLost) {
+		return nil // released or lost meanwhile: nothing to keep alive
+	}
 	return err
 }
 

@@ -28,6 +28,10 @@ type Lock struct {
 	since  time.Time
 
 	unlockMu sync.Mutex // serialises Unlock
+	// connMu serialises sqllock's own uses of conn (statements, the
+	// release, the discard): database/sql's Conn is not safe to close
+	// while another call on it is starting (that call can find it nil).
+	connMu sync.Mutex
 
 	discarded chan struct{} // guarded by mu: set when lost, closed once the connection is discarded
 	window    *time.Timer   // guarded by mu: the open hold window's release (see UnlockAfter)
@@ -72,7 +76,7 @@ func (lk *Lock) Conn() *sql.Conn {
 	if lk.conn != nil && lk.lease != nil {
 		err := lk.l.stopLease(lk.lease, func(ctx context.Context, q string) error {
 			var v int64
-			return queryRow(ctx, lk.l.abandoned, lk.conn, q, nil, &v)
+			return lk.onConn(func() error { return queryRow(ctx, lk.l.abandoned, lk.conn, q, nil, &v) })
 		})
 		if err != nil {
 			lk.lose(fmt.Errorf("its session could not be handed out: %w", err))
@@ -166,14 +170,14 @@ func (lk *Lock) onSession(ctx context.Context, q string) (int64, error) {
 			err = sql.ErrNoRows
 		}
 	} else {
-		sent := lk.lease.begin()
-		err = queryRow(ctx, lk.l.abandoned, lk.conn, q, args, &v)
-		lk.lease.end(sent, err == nil || errors.Is(err, sql.ErrNoRows))
+		err = lk.onConn(func() error { return queryRow(ctx, lk.l.abandoned, lk.conn, q, args, &v) })
 	}
 	if err == nil {
 		return v, nil
 	}
 	switch {
+	case errors.Is(err, ErrLockLost):
+		return 0, err // lost before the statement was sent
 	case lk.releasing():
 		// Unlock took the session (it may have closed it) or the lock
 		// from under the statement.
@@ -190,6 +194,25 @@ func (lk *Lock) onSession(ctx context.Context, q string) (int64, error) {
 		return 0, e
 	}
 	return 0, ErrReleased
+}
+
+// onConn runs stmt, one statement of sqllock's on the lock's own
+// connection, unless the connection is being released or discarded (then
+// ErrReleased or the loss, never a statement on a closed Conn), and counts
+// it as a sign of life for the lease.
+func (lk *Lock) onConn(stmt func() error) error {
+	lk.connMu.Lock()
+	defer lk.connMu.Unlock()
+	if lk.releasing() {
+		return sql.ErrConnDone
+	}
+	if err := lk.error(); err != nil {
+		return err
+	}
+	sent := lk.lease.begin()
+	err := stmt()
+	lk.lease.end(sent, err == nil || errors.Is(err, sql.ErrNoRows))
+	return err
 }
 
 // releasing reports whether Unlock has begun (or ended).
@@ -268,7 +291,9 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 		if lk.c != nil {
 			err = lk.c.release(lk)
 		} else {
+			lk.connMu.Lock()
 			err = lk.l.release(lk.conn, lk.key, lk.shared, lk.pid)
+			lk.connMu.Unlock()
 		}
 		e := Event{Kind: EventReleased, Key: lk.key, PID: int(lk.pid), Err: err}
 		if errors.Is(err, ErrLockLost) {
@@ -321,7 +346,9 @@ func (lk *Lock) lose(cause error) {
 	// that was told it lost it. In a goroutine: a statement of the caller's
 	// on Lock.Conn() may hold the connection until the network answers.
 	go func() {
+		lk.connMu.Lock()
 		lk.l.discard(lk.conn, lk.key, "lock was lost")
+		lk.connMu.Unlock()
 		close(discarded)
 	}()
 	lk.end() // last: whoever waits on Done sees the stats and the log entry
