@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -11,7 +12,12 @@ import (
 	"github.com/sqllock/sqllock/pgtest"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
+func TestMain(m *testing.M) {
+	if os.Getenv(candidateEnv) != "" { // a candidate of TestElectionsAgainstEtcd
+		os.Exit(candidateMain())
+	}
+	os.Exit(pgtest.Run(m))
+}
 
 func newEnv(tb testing.TB) *env {
 	srv := pgtest.Start(tb)
@@ -65,6 +71,25 @@ func TestEveryMeasurementRuns(t *testing.T) {
 	if err != nil || len(g) != 4 {
 		t.Fatalf("guard %+v, %v", g, err)
 	}
+	durable, stop, err := startFsyncServer(e.ctx, e.srv.BinDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	toks, err := measureTokens(e.ctx, e.dsn, durable, 3)
+	if err != nil || len(toks) != 4 {
+		t.Fatalf("tokens %+v, %v", toks, err)
+	}
+	for _, r := range toks {
+		if r.Wall <= 0 || r.N != 3 {
+			t.Errorf("tokens %s %s: %+v", r.server, r.statement, r.Result)
+		}
+	}
+	var tb strings.Builder
+	writeTokens(&tb, toks)
+	if n := strings.Count(tb.String(), "\n"); n != 6 {
+		t.Errorf("token table has %d lines, want 6:\n%s", n, tb.String())
+	}
 	dir := t.TempDir()
 	r := report{cycles: cycles, hot: hot, rtt: time.Millisecond, hotRTT: time.Microsecond, handoffs: hs, session: s, guard: g,
 		scale: []scaleResult{{goroutines: 1, sqllock: 10, raw: 11}}}
@@ -114,5 +139,56 @@ func BenchmarkCycle(b *testing.B) {
 	testkit.Compare(b, vs, testkit.Ratio{Name: "pgx-ratio", Of: "sqllock-pgx", Over: "raw-pgx"}, testkit.Ratio{Name: "pq-ratio", Of: "sqllock-pq", Over: "raw-pq"})
 	if ers.first != nil {
 		b.Fatal(ers.first)
+	}
+}
+
+// TestElectionsAgainstEtcd runs every trial of the -etcd comparison once,
+// at 3 s bounds (etcd's session TTL, sqllock's orphan bound), and checks
+// that each fault elects the next leader within its bound.
+func TestElectionsAgainstEtcd(t *testing.T) {
+	e := newEnv(t)
+	var v int
+	if err := e.pgx.QueryRowContext(e.ctx, "SELECT current_setting('server_version_num')::int").Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	if v < 140000 {
+		pgtest.Unavailable(t, "PostgreSQL 14 or later (idle_session_timeout frees a stopped holder's lock)", nil)
+	}
+	etcd := pgtest.StartEtcd(t)
+	at, err := dsnAt(e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse(e.dsn)
+	s := electionServers{etcd: etcd.Addr(), pg: u.Host, dsn: at}
+	const bound = 3 * time.Second // sqllock's least orphan bound
+	cfgs := electionConfigs(bound, 1, 1)
+	cfgs = []electionConfig{cfgs[1], cfgs[3]} // the short bounds
+	var log strings.Builder
+	rs, err := measureElections(s, cfgs, 1, &log)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	for _, r := range rs {
+		for _, f := range faults {
+			if len(r.times[f]) != 1 {
+				t.Fatalf("%s, %s: %d trials, want 1", r.cfg.name, f, len(r.times[f]))
+			}
+			d, most := r.times[f][0], bound+2*time.Second
+			if f == faultResign || f == faultKill && r.cfg.system == "sqllock" {
+				most = 2 * time.Second // nothing to wait for
+			}
+			if d <= 0 || d > most {
+				t.Errorf("%s, %s: next leader after %v, want within %v", r.cfg.name, f, d, most)
+			}
+		}
+		if r.fairness != 1 || r.firstWins != 1 {
+			t.Errorf("%s: the first waiting candidate elected %d of %d times", r.cfg.name, r.firstWins, r.fairness)
+		}
+	}
+	var tb strings.Builder
+	writeElections(&tb, rs)
+	if n := strings.Count(tb.String(), "\n"); n != 7 {
+		t.Errorf("election table has %d lines, want 7:\n%s", n, tb.String())
 	}
 }

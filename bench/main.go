@@ -9,6 +9,12 @@
 // (internal/testkit): its variants run one call each per round, in a
 // random order, in one process, and are summed up by their median wall
 // time, mean process CPU time and allocations per call.
+//
+// Three modes measure one thing each and print its table, for the
+// hand-written sections of docs/benchmarks.md: -sharing (sessions per
+// locks), -etcd (leader election against etcd's, under faults of the
+// leader; needs etcd-server) and -tokens (the fencing token's statement,
+// durable or not, with fsync off and on).
 package main
 
 import (
@@ -26,19 +32,28 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	etcdversion "go.etcd.io/etcd/api/v3/version"
+
 	"github.com/sqllock/sqllock/pgtest"
 )
 
 func main() {
+	if os.Getenv(candidateEnv) != "" {
+		os.Exit(candidateMain())
+	}
 	out := flag.String("out", "../docs", "directory for benchmarks.md and the charts")
 	calls := flag.Int("calls", 2000, "rounds per comparison (each runs one call of every variant, in a random order)")
 	hotRounds := flag.Int("hot", 8, "rounds of the hot-key comparison (each a 500 ms phase per contender)")
 	handoffs := flag.Int("handoffs", 40, "samples per handoff variant (goose: fewer, it polls in seconds)")
 	cpu := flag.Int("cpu", 0, "pin this process and the PostgreSQL server it starts to this CPU (-1: do not pin)")
 	sharing := flag.Bool("sharing", false, "measure only the sessions-per-locks curve: its chart to -out, its table to stdout")
+	etcdCmp := flag.Bool("etcd", false, "compare leader election with etcd's (needs etcd-server): faults of the leader, time to the next; its table to stdout")
+	trials := flag.Int("trials", 5, "-etcd: trials of each fault at 5 s bounds, and of resign and fairness everywhere")
+	longTrials := flag.Int("long-trials", 2, "-etcd: trials of each fault that waits for a default bound (etcd's 60 s TTL, sqllock's 30 s orphan bound)")
+	tokens := flag.Bool("tokens", false, "measure the fencing token's statement, before and after it became durable, with fsync off and on: its table to stdout")
 	flag.Parse()
-	if *sharing {
-		*cpu = -1 // thousands of goroutines: every CPU
+	if *sharing || *etcdCmp {
+		*cpu = -1 // thousands of goroutines, or processes: every CPU
 	}
 	if *cpu >= 0 && os.Getenv("SQLLOCK_BENCH_PINNED") == "" {
 		// On a small virtual machine, a client and a server that ping-pong
@@ -61,6 +76,13 @@ func main() {
 		}
 		fmt.Fprintln(os.Stderr, "bench: pin to CPU:", err)
 		os.Exit(1)
+	}
+	if *etcdCmp || *tokens {
+		if err := runAlone(*etcdCmp, *tokens, *calls, *longTrials, *trials); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
 	}
 	if *sharing {
 		if err := runSharingOnly(*out); err != nil {
@@ -153,6 +175,36 @@ func runSharingOnly(outDir string) error {
 	defer e.pq.Close()
 	defer e.pgx.Close()
 	return runSharing(e, outDir, os.Stdout)
+}
+
+// runAlone is the -etcd and -tokens modes: tables to stdout.
+func runAlone(elections, tokens bool, calls, longTrials, trials int) error {
+	ctx := context.Background()
+	srv, err := pgtest.Embedded(ctx)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	db := open("pgx", srv.DSN())
+	defer db.Close()
+	fmt.Printf("%s, %d cores, %s, %s\n\n", time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), serverVersion(&env{ctx: ctx, pgx: db}))
+	if tokens {
+		if err := runTokens(ctx, srv, calls, os.Stdout); err != nil {
+			return err
+		}
+	}
+	if elections {
+		etcd, err := pgtest.NewEtcd(ctx)
+		if err != nil {
+			return err
+		}
+		defer etcd.Close()
+		fmt.Printf("etcd server %s, client go.etcd.io/etcd/client/v3 %s\n\n", etcdVersion(etcd.ClientURL), etcdversion.Version)
+		if err := runElections(srv.DSN(), etcd.Addr(), longTrials, trials, os.Stdout); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func warmUp(e *env) error {
