@@ -202,7 +202,11 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		}
 		returned.Store(true)
 		stop()
-		cancelled := guarded != nil && l.unwatch(pid, guarded) && sqlState(o.err) == "57014"
+		byWatcher := guarded != nil && l.unwatch(pid, guarded)
+		// A wait cancelled while ctx goes on (by the watcher, or a cancel
+		// meant for another statement: pg_cancel_backend names a backend,
+		// not a statement) must go on too.
+		cancelled := sqlState(o.err) == "57014" && mode != waitOne && !ctxEnded(ctx)
 		if lv == sessionLevel && (sqlState(o.err) == "55P03" || cancelled) && !ctxEnded(ctx) {
 			// The statement's lock_timeout (its slice's, or the
 			// deadline's), or the watcher's cancel, can come as the lock
@@ -232,11 +236,15 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		// index build of the holder waits for its snapshot: this session
 		// holds nothing but its wait, so it is in no cycle of locks. Wait
 		// again, in a new statement with a new snapshot.
-		if cancelled || sqlState(o.err) == "40P01" {
+		if byWatcher && cancelled || sqlState(o.err) == "40P01" {
 			l.stats.snapshotWaits.Add(1)
 		}
 		if sqlState(o.err) == "40P01" {
 			l.slice.Store(nil) // deadlock_timeout may have been lowered: read it again
+		}
+		if cancelled {
+			l.log(ctx, slog.LevelDebug, "sqllock: wait cancelled, waiting again", k, slog.Int64("pid", pid), slog.Bool("watcher", byWatcher))
+			continue
 		}
 		if mode == waitSlice {
 			break

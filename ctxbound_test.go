@@ -271,3 +271,67 @@ func TestEndedContextSendsNothing(t *testing.T) {
 		}
 	})
 }
+
+// TestStrayCancelDoesNotEndAWait: a cancel that reaches a waiting backend
+// while the call's context goes on (pg_cancel_backend names a backend, not
+// a statement: one meant for an earlier statement on the same backend, or
+// a DBA's) does not end the call: Lock and a semaphore's Acquire wait on,
+// and get the lock when it is freed.
+func TestStrayCancelDoesNotEndAWait(t *testing.T) {
+	t.Parallel()
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		other := pgtest.Open(t, "pgx", dsn)
+		l := sqllock.New(db, sqllock.WithKeepAlive(0))
+		holder := sqllock.New(other, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0))
+		sem := l.Semaphore("stray", 1)
+		hsem := holder.Semaphore("stray", 1)
+		for _, tc := range []struct {
+			name string
+			key  sqllock.Key
+			hold func() (*sqllock.Lock, error)
+			wait func(ctx context.Context) (*sqllock.Lock, error)
+		}{
+			{"Lock", sqllock.Int64(9800), func() (*sqllock.Lock, error) { return holder.Lock(bg(), sqllock.Int64(9800)) },
+				func(ctx context.Context) (*sqllock.Lock, error) { return l.Lock(ctx, sqllock.Int64(9800)) }},
+			{"Semaphore", sqllock.SemaphoreSlots("stray", 1)[0], func() (*sqllock.Lock, error) { return hsem.Acquire(bg()) },
+				func(ctx context.Context) (*sqllock.Lock, error) { return sem.Acquire(ctx) }},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				hl, err := tc.hold()
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
+				defer cancel()
+				got := make(chan error, 1)
+				go func() {
+					lk, err := tc.wait(ctx)
+					if err == nil {
+						err = lk.Unlock(bg())
+					}
+					got <- err
+				}()
+				testkit.WaitWaiters(t, other, tc.key, 1)
+				var pid int
+				if err := other.QueryRow(`SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&pid); err != nil {
+					t.Fatal(err)
+				}
+				var ok bool
+				if err := other.QueryRow("SELECT pg_cancel_backend($1)", pid).Scan(&ok); err != nil || !ok {
+					t.Fatalf("pg_cancel_backend(%d) = %v, %v", pid, ok, err)
+				}
+				select {
+				case err := <-got:
+					t.Fatalf("%s returned %v after a cancel it did not ask for", tc.name, err)
+				case <-time.After(300 * time.Millisecond):
+				}
+				if err := hl.Unlock(bg()); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-got; err != nil {
+					t.Fatalf("%s after a stray cancel, once the holder left = %v, want the lock", tc.name, err)
+				}
+			})
+		}
+	})
+}
