@@ -125,12 +125,14 @@ func (l *Locker) tryOn(ctx context.Context, w waiter, lv level, kind lockKind, k
 type waitMode uint8
 
 const (
-	// waitFair is one statement, that keeps its place in the server's
-	// queue, watched so that it never holds up a concurrent index build
-	// (fairwait.go); it starts again when the watcher cancelled it, or the
-	// server reported it a deadlock (40P01), which a session that holds
-	// nothing but its wait cannot be in.
-	waitFair waitMode = iota
+	// waitSliced is statements shorter than half the server's
+	// deadlock_timeout, one after the other until granted: the session
+	// holds nothing but its wait, so no deadlock is lost, and a holder's
+	// CREATE INDEX CONCURRENTLY never waits on an old snapshot of it (the
+	// server ends each statement, and its snapshot, whatever the client
+	// is doing). Each statement joins the end of the server's queue: not
+	// first come, first served.
+	waitSliced waitMode = iota
 	// waitSlice is one statement shorter than half the server's
 	// deadlock_timeout (a semaphore's wait on one slot; it returns the
 	// slice's 55P03).
@@ -155,12 +157,6 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 			if slice, o.err = l.waitSlice(ctx, w); o.err != nil {
 				break
 			}
-		}
-		var guarded *guardedWait
-		if mode == waitFair {
-			d, _ := time.ParseDuration(slice)
-			guarded = l.watch(pid, d)
-			slice = "0"
 		}
 		// The server keeps ctx's deadline too: a cancel that never reaches
 		// it cannot leave the wait running past the deadline.
@@ -202,15 +198,13 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		}
 		returned.Store(true)
 		stop()
-		byWatcher := guarded != nil && l.unwatch(pid, guarded)
-		// A wait cancelled while ctx goes on (by the watcher, or a cancel
-		// meant for another statement: pg_cancel_backend names a backend,
-		// not a statement) must go on too.
+		// A wait cancelled while ctx goes on (a cancel meant for another
+		// statement: pg_cancel_backend names a backend, not a statement; a
+		// DBA's) must go on too.
 		cancelled := sqlState(o.err) == "57014" && mode != waitOne && !ctxEnded(ctx)
 		if lv == sessionLevel && (sqlState(o.err) == "55P03" || cancelled) && !ctxEnded(ctx) {
 			// The statement's lock_timeout (its slice's, or the
-			// deadline's), or the watcher's cancel, can come as the lock
-			// is granted: PostgreSQL then keeps the grant and reports the
+			// deadline's), or a cancel, can come as the lock is granted: PostgreSQL then keeps the grant and reports the
 			// error all the same. Waiting again would take the key a
 			// second time (advisory locks are re-entrant, so one unlock
 			// would leave it held), and "not granted" would leave it held
@@ -228,22 +222,24 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		if o.err == nil || ctxEnded(ctx) || mode == waitOne {
 			break
 		}
-		if st := sqlState(o.err); !(st == "55P03" && mode == waitSlice) && st != "40P01" && !cancelled {
+		if st := sqlState(o.err); st != "55P03" && st != "40P01" && !cancelled {
 			break
 		}
-		// The wait's slice ended (55P03); or the watcher cancelled it, or
-		// PostgreSQL reported it a deadlock (40P01), because a concurrent
-		// index build of the holder waits for its snapshot: this session
-		// holds nothing but its wait, so it is in no cycle of locks. Wait
-		// again, in a new statement with a new snapshot.
-		if byWatcher && cancelled || sqlState(o.err) == "40P01" {
+		// The wait's slice ended (55P03), or, should the server's
+		// deadlock_timeout have been lowered since the Locker read it (it
+		// reads it again then), PostgreSQL reported the holder's CREATE
+		// INDEX CONCURRENTLY waiting for this statement's snapshot as a
+		// deadlock (40P01): this session holds nothing but its wait, so it
+		// is in no cycle of locks. Wait again, in a new statement with a
+		// new snapshot.
+		if sqlState(o.err) == "40P01" {
 			l.stats.snapshotWaits.Add(1)
 		}
 		if sqlState(o.err) == "40P01" {
 			l.slice.Store(nil) // deadlock_timeout may have been lowered: read it again
 		}
 		if cancelled {
-			l.log(ctx, slog.LevelDebug, "sqllock: wait cancelled, waiting again", k, slog.Int64("pid", pid), slog.Bool("watcher", byWatcher))
+			l.log(ctx, slog.LevelDebug, "sqllock: wait cancelled, waiting again", k, slog.Int64("pid", pid))
 			continue
 		}
 		if mode == waitSlice {
@@ -467,7 +463,7 @@ func (l *Locker) acquireOn(ctx context.Context, conn *sql.Conn, k Key, kind lock
 			pid = o.pid
 		}
 		if known || o.err == nil && !o.ok && !(o.standby && !l.cfg.allowStandby) {
-			o = l.waitOn(ctx, w, sessionLevel, kind, k, pid, waitFair)
+			o = l.waitOn(ctx, w, sessionLevel, kind, k, pid, waitSliced)
 			if o.err == nil {
 				l.pids.set(dc, o.pid)
 			}

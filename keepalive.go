@@ -117,28 +117,21 @@ func (m *monitor) remove(w watched) {
 // interval, so that a program that locks and unlocks in a loop does not
 // start a goroutine per lock.
 func (m *monitor) loop() {
-	everyTick(m.l.cfg.keepAlive, &m.mu, &m.watched, &m.running, m.check)
-}
-
-// everyTick calls check with the keys of *set, taken under mu, once per
-// interval, and returns, clearing *running, at the first tick that finds
-// the set empty: the loops of the keep-alive and of the wait watcher.
-func everyTick[K comparable, V any](interval time.Duration, mu *sync.Mutex, set *map[K]V, running *bool, check func([]K)) {
-	t := time.NewTicker(max(interval, time.Millisecond))
+	t := time.NewTicker(m.l.cfg.keepAlive)
 	defer t.Stop()
 	for range t.C {
-		mu.Lock()
-		if len(*set) == 0 {
-			*running = false
-			mu.Unlock()
+		m.mu.Lock()
+		if len(m.watched) == 0 {
+			m.running = false
+			m.mu.Unlock()
 			return
 		}
-		keys := make([]K, 0, len(*set))
-		for k := range *set {
-			keys = append(keys, k)
+		ws := make([]watched, 0, len(m.watched))
+		for w := range m.watched {
+			ws = append(ws, w)
 		}
-		mu.Unlock()
-		check(keys)
+		m.mu.Unlock()
+		m.check(ws)
 	}
 }
 

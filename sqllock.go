@@ -52,7 +52,6 @@ type Locker struct {
 	plain *statements
 
 	slice atomic.Pointer[string] // see waitSlice
-	guard waitGuard              // the watcher of fair waits (fairwait.go)
 
 	serverMu sync.Mutex
 	serverOK atomic.Bool // set under serverMu: the server was checked and is supported

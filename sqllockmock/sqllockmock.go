@@ -66,14 +66,13 @@ func ExpectLock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
 }
 
 // ExpectLockAfterWait expects a Locker's first wait: Locker.Lock (and Do)
-// finds k held, reads the server's deadlock_timeout (once per Locker: the
-// watcher of concurrent index builds polls at half of it), then waits for k
-// in one statement, and is granted it after the wait: three statements.
+// finds k held, reads the server's deadlock_timeout (once per Locker), then
+// waits for k, and is granted it after the wait: three statements.
 func ExpectLockAfterWait(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
 	expectTry(mock, 0, k, false)
 	mock.ExpectQuery(exact(sqltext.WaitSliceSQL)).
 		WillReturnRows(sqlmock.NewRows([]string{"slice"}).AddRow(int64(500)))
-	q, args := statements.WaitSQL(0, key(k), "0")
+	q, args := statements.WaitSQL(0, key(k), "500ms")
 	return mock.ExpectQuery(pattern(q)).WithArgs(values(args)...).
 		WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid", "in_recovery"}).AddRow(true, PID, false))
 }

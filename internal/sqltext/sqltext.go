@@ -512,23 +512,6 @@ const CancelWaitSQL = `SELECT coalesce((SELECT CASE
 var VersionSQL = `SELECT version(), pg_backend_pid(), ` + serverStart + `,
  coalesce((SELECT ` + micros("a.backend_start") + ` FROM pg_catalog.pg_stat_get_activity(pg_backend_pid()) AS a), 0)`
 
-// SnapshotWaitersSQL answers, of the backends $1 (a text array literal of
-// pids) blocked in an advisory wait, those that another session waits for
-// by their snapshot's virtual transaction (CREATE INDEX CONCURRENTLY and
-// its kin): (pid) each.
-const SnapshotWaitersSQL = `SELECT DISTINCT o.pid::int8 FROM pg_catalog.pg_locks o
- JOIN pg_catalog.pg_locks w ON w.locktype = 'virtualxid' AND w.virtualxid = o.virtualxid AND NOT w.granted
- JOIN pg_catalog.pg_stat_activity a ON a.pid = o.pid
- WHERE o.locktype = 'virtualxid' AND o.granted AND o.pid = ANY($1::text::int4[])
-  AND a.state = 'active' AND a.wait_event_type = 'Lock' AND a.wait_event = 'advisory'`
-
-// CancelAdvisoryWaitSQL cancels those of the backends $1 (a text array
-// literal of pids) that are blocked in an advisory wait, and answers
-// (cancelled bool) for each (the select list is evaluated after the
-// conditions).
-const CancelAdvisoryWaitSQL = `SELECT pg_cancel_backend(a.pid) FROM pg_catalog.pg_stat_activity a
- WHERE a.pid = ANY($1::text::int4[]) AND a.state = 'active' AND a.wait_event_type = 'Lock' AND a.wait_event = 'advisory'`
-
 // TouchSQL keeps a leased session from going idle (see Settings).
 const TouchSQL = "SELECT 1::int8"
 
