@@ -258,9 +258,11 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		case <-done:
 		case <-time.After(abandonGrace):
 		}
-	case ctxEnded(ctx) && (o.err == nil || sqlState(o.err) != ""):
-		// The server answered the statement (granted, or an error of its
-		// own): the backend is in no queue; the owner's discard ends it.
+	case ctxEnded(ctx) && (o.err == nil || sqlState(o.err) != "" || errors.Is(o.err, errDeadline)):
+		// The server answered the statement (granted, an error of its
+		// own, or the deadline's lock_timeout and "not held"): the backend
+		// is in no queue; the owner's discard ends it, or, not held for
+		// sure, it goes back to the pool.
 	case ctxEnded(ctx):
 		// The abandoned backend may still be queued for k (a driver that
 		// closes the socket sends no cancel request): take it out of the
@@ -277,7 +279,18 @@ func (l *Locker) grantedAfterTimeout(ctx context.Context, w waiter, kind lockKin
 	c, ob, sub := k.lockTag()
 	q, args := l.sql().GrantedSQL(kind&^kindTry, int64(c), int64(ob), sub)
 	g := outcome{pid: o.pid, sent: monoNow()}
-	switch err := w.queryRow(ctx, q, args, &g.ok, &g.pid, &g.standby); {
+	// After a wait the server ended at the deadline, the question comes
+	// within the deadline's margin; a loaded server may answer later. It
+	// gets abandonGrace past the deadline, not cut short with it (a driver
+	// that gives a statement up poisons its connection): the call returns
+	// at most that late, with a certain answer.
+	gctx := ctx
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < abandonGrace {
+		var cancel context.CancelFunc
+		gctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl.Add(abandonGrace))
+		defer cancel()
+	}
+	switch err := w.queryRow(gctx, q, args, &g.ok, &g.pid, &g.standby); {
 	case errors.Is(err, sql.ErrNoRows):
 		return false // not held: the 55P03 stands
 	case err != nil:
