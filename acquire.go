@@ -118,6 +118,9 @@ func (l *Locker) tryOn(ctx context.Context, w waiter, lv level, kind lockKind, k
 	q, args := l.sql().TrySQL(kind|kindTry, k.sqlKey())
 	o.sent = monoNow()
 	o.err = w.queryRow(ctx, q, args, &o.ok, &o.pid, &o.standby)
+	if o.err == nil {
+		l.observeRTT(time.Duration(monoNow() - o.sent))
+	}
 	return o
 }
 
@@ -160,7 +163,7 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		}
 		// The server keeps ctx's deadline too: a cancel that never reaches
 		// it cannot leave the wait running past the deadline.
-		slice, byDeadline := deadlineSlice(ctx, slice)
+		slice, byDeadline := l.deadlineSlice(ctx, slice)
 		// A driver's own cancel can reach the server before the statement
 		// starts, and be lost (lib/pq sends one on a connection of its
 		// own): should the statement still run abandonGrace after ctx
@@ -178,7 +181,7 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 			if dl, ok := ctx.Deadline(); ok {
 				// However close the deadline: in a transaction, no one
 				// else can cancel a wait whose cancel was lost.
-				slice = strconv.FormatInt(max(time.Until(dl)-deadlineMargin(time.Until(dl)), time.Millisecond).Milliseconds(), 10) + "ms"
+				slice = strconv.FormatInt(max(time.Until(dl)-l.deadlineMargin(time.Until(dl)), time.Millisecond).Milliseconds(), 10) + "ms"
 				byDeadline = true
 				q, args = l.mode.XactDeadlineLockSQL(kind&^kindTry, k.sqlKey(), slice)
 			}
@@ -304,10 +307,25 @@ func (l *Locker) grantedAfterTimeout(ctx context.Context, w waiter, kind lockKin
 
 // deadlineMargin is how long before ctx's deadline, left away, a wait
 // bounded by it asks the server to end: time for the server's answer to
-// come back before the driver gives the statement up (a tenth of what is
-// left, from 10 to 100 ms).
-func deadlineMargin(left time.Duration) time.Duration {
-	return min(max(left/10, 10*time.Millisecond), 100*time.Millisecond)
+// come back before the driver gives the statement up. A tenth of what is
+// left, from 10 to 100 ms, but at least three of the Locker's recent round
+// trips (a loaded server or machine answers later), and at most half of
+// what is left.
+func (l *Locker) deadlineMargin(left time.Duration) time.Duration {
+	m := min(max(left/10, 10*time.Millisecond), 100*time.Millisecond)
+	return min(max(m, 3*time.Duration(l.rtt.Load())), left/2)
+}
+
+// observeRTT feeds the Locker's recent round trip with one statement that
+// took d: a moving average that follows a slower server at once, and a
+// faster one gradually.
+func (l *Locker) observeRTT(d time.Duration) {
+	old := time.Duration(l.rtt.Load())
+	if d > old {
+		l.rtt.Store(int64(d))
+		return
+	}
+	l.rtt.Store(int64(old - (old-d)/8))
 }
 
 // ranInto reports whether a statement that began at began ran for about
@@ -327,13 +345,13 @@ var errDeadline = errors.New("the wait ended at the context's deadline")
 // outcome uncertain, which costs the session (a driver that gives a
 // statement up may close the connection anyway); one that the server ends
 // first is a certain "not granted", and the connection stays usable.
-func deadlineSlice(ctx context.Context, slice string) (string, bool) {
+func (l *Locker) deadlineSlice(ctx context.Context, slice string) (string, bool) {
 	dl, ok := ctx.Deadline()
 	if !ok {
 		return slice, false
 	}
 	left := time.Until(dl)
-	left -= deadlineMargin(left)
+	left -= l.deadlineMargin(left)
 	if left < time.Millisecond {
 		return slice, false
 	}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"time"
 )
 
 // Semaphore lets at most N holders, across every process that uses the
@@ -124,7 +125,11 @@ func (s *Semaphore) acquireOn(ctx context.Context, conn *sql.Conn, try bool, nam
 	for {
 		var slot int64
 		var o outcome
+		began := time.Now()
 		o.err = w.queryRow(ctx, s.trySQL(), nil, &slot, &o.pid, &o.standby, skip)
+		if o.err == nil {
+			l.observeRTT(time.Since(began))
+		}
 		o.ok = o.err == nil && slot >= 0
 		k := Key{}
 		if o.ok {

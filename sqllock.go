@@ -52,6 +52,7 @@ type Locker struct {
 	plain *statements
 
 	slice atomic.Pointer[string] // see waitSlice
+	rtt   atomic.Int64           // recent round trip, ns (see observeRTT)
 
 	serverMu sync.Mutex
 	serverOK atomic.Bool // set under serverMu: the server was checked and is supported
