@@ -251,7 +251,7 @@ func (l *Locker) carrierFor(ctx context.Context) (*carrier, error) {
 			s.all = append(s.all, c)
 			s.mu.Unlock()
 			return c, nil
-		case best != nil && (s.opening == 0 || bestLoad < carrierQueue):
+		case best != nil && (s.opening == 0 || bestLoad < carrierQueue && bestHeld < carrierSpread):
 			best.mu.Lock()
 			best.users++
 			if best.linger != nil {
@@ -262,8 +262,9 @@ func (l *Locker) carrierFor(ctx context.Context) (*carrier, error) {
 			s.mu.Unlock()
 			return best, nil
 		}
-		// Every carrier is opening, or the usable ones are busy while more
-		// open (arrivals at once, at the start): wait for one.
+		// Every carrier is opening, or the usable ones are busy, or carry
+		// their share, while more open (arrivals at once, at the start):
+		// wait for one.
 		if s.opened == nil {
 			s.opened = make(chan struct{})
 		}
