@@ -182,7 +182,10 @@ func TestElectionsAgainstEtcd(t *testing.T) {
 				t.Errorf("%s, %s: next leader after %v, want within %v", r.cfg.name, f, d, most)
 			}
 		}
-		if r.fairness != 1 || r.firstWins != 1 {
+		// etcd serves waiting candidates first come, first served;
+		// sqllock's sliced waits do not promise it (the guide says how
+		// they order waiters): only etcd's order is asserted.
+		if r.fairness != 1 || r.cfg.system != "sqllock" && r.firstWins != 1 {
 			t.Errorf("%s: the first waiting candidate elected %d of %d times", r.cfg.name, r.firstWins, r.fairness)
 		}
 	}
