@@ -371,7 +371,7 @@ func (l *Locker) deadlineSlice(ctx context.Context, slice string) (string, bool)
 // every lock of a session that ends); a lock granted on a standby is
 // released; a refused one gives conn back to the pool. what names the call
 // in errors.
-func (l *Locker) settle(ctx context.Context, conn *sql.Conn, k Key, shared bool, o outcome, what string) (*Lock, error) {
+func (l *Locker) settle(ctx context.Context, conn *sql.Conn, id ident, k Key, shared bool, o outcome, what string) (*Lock, error) {
 	switch {
 	case errors.Is(o.err, errDeadline):
 		conn.Close() // confirmed: this session holds nothing
@@ -400,7 +400,7 @@ func (l *Locker) settle(ctx context.Context, conn *sql.Conn, k Key, shared bool,
 		return nil, fmt.Errorf("%w: %s is held by another session", ErrNotAcquired, what)
 	}
 	lk := newLock(l, k, shared, conn, o.pid)
-	lk.id, _ = l.idents.get(driverConnOf(conn))
+	lk.id = id
 	lk.lease = l.newLease(o.sent)
 	l.stats.took(1)
 	l.mon.add(lk)
@@ -410,7 +410,7 @@ func (l *Locker) settle(ctx context.Context, conn *sql.Conn, k Key, shared bool,
 // withConn runs take on a connection of the pool, checked against the
 // server, and again on a new connection (up to acquireAttempts) when the
 // one it got was dead. what names the call in errors.
-func (l *Locker) withConn(ctx context.Context, what string, take func(conn *sql.Conn) (*Lock, error)) (*Lock, error) {
+func (l *Locker) withConn(ctx context.Context, what string, take func(conn *sql.Conn, id ident) (*Lock, error)) (*Lock, error) {
 	for attempt := 1; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return nil, notAcquired(what, err)
@@ -432,14 +432,15 @@ func (l *Locker) withConn(ctx context.Context, what string, take func(conn *sql.
 			}
 			return nil, fmt.Errorf("sqllock: lock %s: get connection: %w", what, err)
 		}
-		if _, err := l.checkServer(ctx, conn); err != nil {
+		id, err := l.checkServer(ctx, conn)
+		if err != nil {
 			conn.Close() // no lock statement ran on it
 			if ctxEnded(ctx) {
 				return nil, notAcquired(what, ctxErr(ctx))
 			}
 			return nil, err
 		}
-		lk, err := take(conn)
+		lk, err := take(conn, id)
 		if err == nil || attempt == acquireAttempts || !connectionBroken(err) || ctxEnded(ctx) {
 			return lk, err
 		}
@@ -466,8 +467,8 @@ func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (lk *Lock, e
 			return lk, err
 		}
 	}
-	lk, err = l.withConn(ctx, l.name(k), func(conn *sql.Conn) (*Lock, error) {
-		return l.acquireOn(ctx, conn, k, kind)
+	lk, err = l.withConn(ctx, l.name(k), func(conn *sql.Conn, id ident) (*Lock, error) {
+		return l.acquireOn(ctx, conn, id, k, kind)
 	})
 	if err != nil && l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, errAbandoned) {
 		err = l.withHolders(k, err)
@@ -481,7 +482,7 @@ func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (lk *Lock, e
 // otherwise every call starts with the non-waiting function, which returns
 // the pid: an uncontended lock costs one round trip either way, a contended
 // one two the first time.
-func (l *Locker) acquireOn(ctx context.Context, conn *sql.Conn, k Key, kind lockKind) (*Lock, error) {
+func (l *Locker) acquireOn(ctx context.Context, conn *sql.Conn, id ident, k Key, kind lockKind) (*Lock, error) {
 	w := connWaiter{conn, l.abandoned}
 	var o outcome
 	if kind.IsTry() {
@@ -500,7 +501,7 @@ func (l *Locker) acquireOn(ctx context.Context, conn *sql.Conn, k Key, kind lock
 			}
 		}
 	}
-	return l.settle(ctx, conn, k, kind.IsShared(), o, l.name(k))
+	return l.settle(ctx, conn, id, k, kind.IsShared(), o, l.name(k))
 }
 
 // cancelWaitTimeout bounds cancelWait.

@@ -107,8 +107,8 @@ func (s *Semaphore) acquire(ctx context.Context, try bool) (lk *Lock, err error)
 		defer func() { end(lk, err) }()
 	}
 	name := fmt.Sprintf("semaphore %q", s.name)
-	lk, err = s.l.withConn(ctx, name, func(conn *sql.Conn) (*Lock, error) {
-		return s.acquireOn(ctx, conn, try, name)
+	lk, err = s.l.withConn(ctx, name, func(conn *sql.Conn, id ident) (*Lock, error) {
+		return s.acquireOn(ctx, conn, id, try, name)
 	})
 	if err != nil && s.l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, errAbandoned) {
 		err = s.l.withHolders(Key{}, err, SemaphoreSlots(s.name, s.n)...)
@@ -119,7 +119,7 @@ func (s *Semaphore) acquire(ctx context.Context, try bool) (lk *Lock, err error)
 // acquireOn takes a slot on conn: it tries every slot in one statement,
 // then, for Acquire, waits on one slot chosen at random for one slice of
 // the engine's wait, and tries them all again.
-func (s *Semaphore) acquireOn(ctx context.Context, conn *sql.Conn, try bool, name string) (*Lock, error) {
+func (s *Semaphore) acquireOn(ctx context.Context, conn *sql.Conn, id ident, try bool, name string) (*Lock, error) {
 	l := s.l
 	w := connWaiter{conn, l.abandoned}
 	for {
@@ -136,7 +136,7 @@ func (s *Semaphore) acquireOn(ctx context.Context, conn *sql.Conn, try bool, nam
 			k = Pair(s.class, int32(slot))
 		}
 		if o.ok || o.err != nil || try || ctxEnded(ctx) || o.standby && !l.cfg.allowStandby {
-			lk, err := l.settle(ctx, conn, k, false, o, name)
+			lk, err := l.settle(ctx, conn, id, k, false, o, name)
 			if errors.Is(err, ErrNotAcquired) && !ctxEnded(ctx) {
 				err = fmt.Errorf("%w: all %d slots of %s are held", ErrNotAcquired, s.n, name)
 			}
@@ -149,6 +149,6 @@ func (s *Semaphore) acquireOn(ctx context.Context, conn *sql.Conn, try bool, nam
 			l.log(ctx, slog.LevelDebug, "sqllock: semaphore: trying every slot again", Key{}, slog.String("semaphore", s.name))
 			continue
 		}
-		return l.settle(ctx, conn, k, false, o, name)
+		return l.settle(ctx, conn, id, k, false, o, name)
 	}
 }
