@@ -196,9 +196,7 @@ func (c *carrier) drain() {
 		batch := c.queue
 		c.queue = nil
 		c.mu.Unlock()
-		sent := c.ls.begin()
 		c.run(batch)
-		c.ls.end(sent, !c.isDead())
 		c.mu.Lock()
 	}
 	rest := c.queue
@@ -211,6 +209,24 @@ func (c *carrier) drain() {
 		c.finish(o)
 	}
 	c.maybeLinger()
+}
+
+// queryRow and queryRows run one statement on the carrier's session, the
+// lease's busy mark around it: its outcome is recorded as a sign of life
+// before any caller hears it, so a caller that is told (and the process
+// stopped right after) never meets a lease that still looks busy.
+func (c *carrier) queryRow(q string, args []any, dest ...any) error {
+	sent := c.ls.begin()
+	err := queryRow(c.l.unlockContext(), c.l.abandoned, c.conn, q, args, dest...)
+	c.ls.end(sent, err == nil || errors.Is(err, sql.ErrNoRows))
+	return err
+}
+
+func (c *carrier) queryRows(q string, args []any, row func([]driver.Value) error) error {
+	sent := c.ls.begin()
+	err := queryRows(c.l.unlockContext(), c.l.abandoned, c.conn, q, args, row)
+	c.ls.end(sent, err == nil)
+	return err
 }
 
 // finish reports op's outcome.
@@ -296,7 +312,7 @@ func (c *carrier) runOne(op *shareOp, unlock bool) {
 	var err error
 	if unlock {
 		q, args := c.l.plain.UnlockSQL(false, op.key.sqlKey(), c.pid)
-		err = queryRow(c.l.unlockContext(), c.l.abandoned, c.conn, q, args, &op.ok)
+		err = c.queryRow(q, args, &op.ok)
 		if errors.Is(err, sql.ErrNoRows) {
 			err = sessionChanged(c.pid, 0)
 		}
@@ -304,7 +320,7 @@ func (c *carrier) runOne(op *shareOp, unlock bool) {
 		q, args := c.l.plain.TrySQL(sqltext.Try, op.key.sqlKey())
 		var pid int64
 		var standby bool
-		err = queryRow(c.l.unlockContext(), c.l.abandoned, c.conn, q, args, &op.ok, &pid, &standby)
+		err = c.queryRow(q, args, &op.ok, &pid, &standby)
 		switch {
 		case err == nil && pid != c.pid:
 			err = sessionChanged(c.pid, pid)
@@ -341,7 +357,7 @@ func (c *carrier) releaseStray(keys []sqltext.Key) error {
 		want[k] = true
 	}
 	var stray []sqltext.Key
-	err := queryRows(c.l.unlockContext(), c.l.abandoned, c.conn, sqltext.OwnSQL, nil, func(v []driver.Value) error {
+	err := c.queryRows(sqltext.OwnSQL, nil, func(v []driver.Value) error {
 		r := pglocks.Scan(v)
 		if !r.Granted || r.Shared {
 			return nil
@@ -357,7 +373,7 @@ func (c *carrier) releaseStray(keys []sqltext.Key) error {
 		}
 		var released bool
 		q, args := c.l.plain.UnlockSQL(false, k, c.pid)
-		err = queryRow(c.l.unlockContext(), c.l.abandoned, c.conn, q, args, &released)
+		err = c.queryRow(q, args, &released)
 		if err == nil && !released {
 			err = errors.New("sqllock: a key the failed statement took was not held")
 		}
@@ -377,7 +393,7 @@ func (c *carrier) runBatch(ops []*shareOp, unlock bool) {
 	}
 	q, args := c.l.mode.ManySQL(fn, only, "", keys)
 	answered := 0
-	err := queryRows(c.l.unlockContext(), c.l.abandoned, c.conn, q, args, func(v []driver.Value) error {
+	err := c.queryRows(q, args, func(v []driver.Value) error {
 		if pid := pglocks.Int(v[len(v)-1]); pid != c.pid {
 			return sessionChanged(c.pid, pid)
 		}
@@ -411,7 +427,7 @@ func (c *carrier) runBatch(ops []*shareOp, unlock bool) {
 
 // runTag runs a statement about one lock's tag.
 func (c *carrier) runTag(op *shareOp) {
-	err := queryRow(c.l.unlockContext(), c.l.abandoned, c.conn, op.q, op.args, &op.v)
+	err := c.queryRow(op.q, op.args, &op.v)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 	case err != nil:

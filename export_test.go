@@ -9,3 +9,12 @@ func SetAfterBlindStatement(f func(ctx context.Context, err error, left func() b
 	afterBlindStatement.Store(&f)
 	return func() { afterBlindStatement.Store(nil) }
 }
+
+// LeaseBusy is how many statements the lease of lk's session counts in
+// flight; -1 when the session is not leased.
+func LeaseBusy(lk *Lock) int32 {
+	if lk.lease == nil {
+		return -1
+	}
+	return lk.lease.busy.Load()
+}

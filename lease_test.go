@@ -73,3 +73,62 @@ func TestLeaseKeepsIdleHolders(t *testing.T) {
 		waitNoLocks(t, db, 5*time.Second)
 	})
 }
+
+// TestLeaseIdleWhenTold: a statement's outcome is recorded on the lease
+// before its caller hears it. A holder told "done" and stopped right
+// after (SIGSTOP) must find, resumed, a lease that counts from that
+// statement, never one still marked busy (a busy lease never expires, and
+// Err would call a lock held that the server has already freed).
+func TestLeaseIdleWhenTold(t *testing.T) {
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		var version int
+		if err := db.QueryRow("SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+			t.Fatal(err)
+		}
+		opts := []sqllock.Option{sqllock.WithOrphanBound(time.Minute), sqllock.WithKeepAlive(10 * time.Second)} // no touch within the test
+		for _, dedicated := range []bool{false, true} {
+			o := opts
+			if dedicated {
+				o = append(o, sqllock.WithDedicatedSessions())
+			}
+			l := sqllock.New(db, o...)
+			lk, err := l.Lock(bg(), sqllock.Int64(9610))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if busy := sqllock.LeaseBusy(lk); version < 140000 {
+				if busy != -1 {
+					t.Errorf("dedicated %v: a lease on PostgreSQL %d, which has no idle_session_timeout", dedicated, version)
+				}
+			} else {
+				// Each lock's first Token runs a statement (later ones are
+				// cached); on a shared session, the lock and its neighbour
+				// share one lease.
+				for i := 0; i < 200; i++ {
+					m, err := l.Lock(bg(), sqllock.Int64(9611))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if busy := sqllock.LeaseBusy(m); busy != 0 {
+						t.Errorf("dedicated %v: Lock %d returned with the lease counting %d statements in flight", dedicated, i, busy)
+					}
+					if _, err := m.Token(bg()); err != nil {
+						t.Fatal(err)
+					}
+					if busy := sqllock.LeaseBusy(m); busy != 0 {
+						t.Errorf("dedicated %v: Token %d returned with the lease counting %d statements in flight", dedicated, i, busy)
+					}
+					if err := m.Unlock(bg()); err != nil {
+						t.Fatal(err)
+					}
+					if t.Failed() {
+						break
+					}
+				}
+			}
+			if err := lk.Unlock(bg()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
