@@ -39,6 +39,10 @@ const maxCarriers = 16
 // another (up to its limit) rather than add to it.
 const carrierSpread = 32
 
+// carrierOpenLoad is how many calls at once on a carrier make the next
+// call go to another (opened if need be, up to the limit).
+const carrierOpenLoad = 16
+
 // carrierQueue is how many calls may queue on a busy carrier while others
 // are opening, before the next call waits for one of them.
 const carrierQueue = 4
@@ -207,33 +211,43 @@ func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, 
 	return lk, nil, true
 }
 
-// carrierFor returns a carrier for one operation: an idle one (the one
-// that carries fewest locks), else a new one while there are fewer than
-// the limit, else the least busy (or, when every one is still opening, the
-// first to open). The caller must call
+// carrierFor returns a carrier for one operation. Calls gather on one
+// carrier, so that its runner sends their keys together: the busiest
+// carrier that has room (fewer than carrierOpenLoad calls at once and
+// carrierSpread locks). When none has, a new one opens while there are
+// fewer than the limit, else the least busy takes the call. A call that
+// finds every carrier still opening waits for one. The caller must call
 // leave when its operation is done.
 func (l *Locker) carrierFor(ctx context.Context) (*carrier, error) {
 	s := &l.share
 	s.mu.Lock()
 	for {
-		// The least busy (counting the calls that picked it and have not
-		// finished, so that arrivals at once spread too), and of those the
-		// one that carries fewest locks: the locks spread over the
-		// carriers, so that losing one session loses as few as can be.
-		var best *carrier
-		bestLoad, bestHeld := 0, 0
+		// pack: the busiest with room (of those, the one with fewest
+		// locks); least: the least busy of all, should none have room.
+		var pack, least *carrier
+		packLoad, packHeld, leastLoad := 0, 0, 0
 		for _, c := range s.all {
 			c.mu.Lock()
 			usable := c.dead == nil && !c.retired && !c.closed
 			load, held := c.users, len(c.held)
 			c.mu.Unlock()
-			if usable && (best == nil || load < bestLoad || load == bestLoad && held < bestHeld) {
-				best, bestLoad, bestHeld = c, load, held
+			if !usable {
+				continue
+			}
+			if load < carrierOpenLoad && held < carrierSpread &&
+				(pack == nil || load > packLoad || load == packLoad && held < packHeld) {
+				pack, packLoad, packHeld = c, load, held
+			}
+			if least == nil || load < leastLoad {
+				least, leastLoad = c, load
 			}
 		}
-		room := len(s.all)+s.opening < l.carrierLimit()
+		// (The pool's limit is read only when it matters: DB.Stats takes the
+		// pool's lock, which every query takes too.)
+		room := pack == nil && len(s.all)+s.opening < l.carrierLimit()
+		best := pack
 		switch {
-		case room && (best == nil || bestLoad > 0 || bestHeld >= carrierSpread):
+		case pack == nil && room && (least != nil || s.opening == 0):
 			s.opening++
 			s.mu.Unlock()
 			c, err := l.openCarrier(ctx)
@@ -251,7 +265,10 @@ func (l *Locker) carrierFor(ctx context.Context) (*carrier, error) {
 			s.all = append(s.all, c)
 			s.mu.Unlock()
 			return c, nil
-		case best != nil && (s.opening == 0 || bestLoad < carrierQueue && bestHeld < carrierSpread):
+		case pack == nil && least != nil && (s.opening == 0 || leastLoad < carrierQueue):
+			best = least
+		}
+		if best != nil {
 			best.mu.Lock()
 			best.users++
 			if best.linger != nil {
@@ -262,9 +279,8 @@ func (l *Locker) carrierFor(ctx context.Context) (*carrier, error) {
 			s.mu.Unlock()
 			return best, nil
 		}
-		// Every carrier is opening, or the usable ones are busy, or carry
-		// their share, while more open (arrivals at once, at the start):
-		// wait for one.
+		// Every carrier is still opening (arrivals at once, at the start),
+		// or the usable ones are busy while more open: wait for one.
 		if s.opened == nil {
 			s.opened = make(chan struct{})
 		}

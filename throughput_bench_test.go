@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -28,7 +30,10 @@ import (
 // cost per key with no library). Both pools allow 64 connections. The
 // variants run in alternating phases, in a random order each round, in one
 // process; the medians are reported: locks/s of each, "ratio" (sqllock ÷
-// raw) and "of-ceiling" (sqllock ÷ ceiling). Run it with -benchtime 1x
+// raw) and "of-ceiling" (sqllock ÷ ceiling), and where the time went: the
+// client's CPU per lock (this process), the server's (its processes, read
+// from /proc: a local server) and the client's allocations per
+// lock, each summed over the variant's phases. Run it with -benchtime 1x
 // (one measurement of every variant per sub-benchmark):
 //
 //	go test -run '^$' -bench BenchmarkThroughput -benchtime 1x .
@@ -70,15 +75,22 @@ func BenchmarkThroughput(b *testing.B) {
 					}},
 					{"ceiling", func(ctx context.Context, n int) int64 { return batched(ctx, b, ceiling, n) }},
 				}
+				admin := pgtest.Open(b, "pgx", srv.AdminDSN())
 				rates := map[string][]float64{}
+				var cost = map[string]*phaseCost{}
 				for range rounds {
 					for _, i := range rand.Perm(len(variants)) {
 						v := variants[i]
 						ctx, cancel := context.WithTimeout(context.Background(), phase)
+						before := measureCost(b, admin)
 						start := time.Now()
 						got := v.run(ctx, n)
 						cancel()
 						rates[v.name] = append(rates[v.name], float64(got)/time.Since(start).Seconds())
+						if cost[v.name] == nil {
+							cost[v.name] = &phaseCost{}
+						}
+						cost[v.name].add(before, measureCost(b, admin), got)
 					}
 				}
 				med := map[string]float64{}
@@ -86,6 +98,10 @@ func BenchmarkThroughput(b *testing.B) {
 					slices.Sort(r)
 					med[name] = r[len(r)/2]
 					b.ReportMetric(med[name], name+"-locks/s")
+					c := cost[name]
+					b.ReportMetric(c.client/float64(c.locks)/1e3, name+"-client-µs/lock")
+					b.ReportMetric(c.server/float64(c.locks)/1e3, name+"-server-µs/lock")
+					b.ReportMetric(c.allocs/float64(c.locks), name+"-allocs/lock")
 				}
 				b.ReportMetric(med["sqllock"]/med["raw"], "ratio")
 				b.ReportMetric(med["sqllock"]/med["ceiling"], "of-ceiling")
@@ -93,6 +109,89 @@ func BenchmarkThroughput(b *testing.B) {
 		}
 	}
 }
+
+// phaseCost sums what the phases of one variant cost: client CPU (this
+// process, user + system), server CPU (the server's backends), and the
+// client's allocations, in ns and counts, over locks locks.
+type phaseCost struct {
+	client, server, allocs float64
+	locks                  int64
+}
+
+// costAt is a reading of the counters phaseCost sums.
+type costAt struct {
+	client, server time.Duration
+	allocs         uint64
+}
+
+func (c *phaseCost) add(before, after costAt, locks int64) {
+	c.client += float64(after.client - before.client)
+	c.server += float64(after.server - before.server)
+	c.allocs += float64(after.allocs - before.allocs)
+	c.locks += locks
+}
+
+// measureCost reads this process's CPU time and allocations, and the
+// server's: its postmaster's children, live (their /proc entries) and
+// ended (the postmaster's cutime and cstime), so a backend that ends
+// within a phase still counts. The server must be local.
+func measureCost(tb testing.TB, admin *sql.DB) costAt {
+	var at costAt
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
+		at.client = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	at.allocs = ms.Mallocs
+	var dir string
+	if err := admin.QueryRow("SHOW data_directory").Scan(&dir); err != nil {
+		tb.Fatal(err)
+	}
+	pidFile, err := os.ReadFile(dir + "/postmaster.pid")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pm, _ := strconv.Atoi(strings.SplitN(string(pidFile), "\n", 2)[0])
+	if f := procStat(pm); len(f) > 14 {
+		at.server += ticks(f[11]) + ticks(f[12]) + ticks(f[13]) + ticks(f[14])
+	}
+	procs, _ := os.ReadDir("/proc")
+	for _, e := range procs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if f := procStat(pid); len(f) > 12 && f[1] == strconv.Itoa(pm) {
+			at.server += ticks(f[11]) + ticks(f[12])
+		}
+	}
+	return at
+}
+
+// procStat returns the fields of /proc/PID/stat after the command (which
+// may hold spaces, in parentheses): state, ppid, ...; nil when it cannot
+// be read.
+func procStat(pid int) []string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(b[i+1:]))
+}
+
+// ticks converts a time of /proc/PID/stat.
+func ticks(f string) time.Duration {
+	n, _ := strconv.ParseInt(f, 10, 64)
+	return time.Duration(n) * time.Second / clockTicks
+}
+
+// clockTicks is the unit of /proc/PID/stat's times (USER_HZ, 100 on Linux).
+const clockTicks = 100
 
 // perGoroutine runs n goroutines, each taking and releasing keys of its
 // own with one until ctx ends, and returns how many locks they took.
