@@ -35,7 +35,9 @@ type carrier struct {
 	retired bool               // guarded by mu: takes no new lock; closed once empty
 	dead    error              // guarded by mu: the session is lost or discarded
 	closed  bool               // guarded by mu: gone back to the pool
-	linger  *time.Timer        // guarded by mu
+	linger  *time.Timer        // guarded by mu: closes it (closeIfEmpty) once armed; made once
+	armed   bool               // guarded by mu: linger runs unless the carrier is picked first
+	spare   []*shareOp         // guarded by mu: the last batch's slice, for the next queue
 
 	gone chan struct{} // closed once a dead carrier's connection is discarded
 }
@@ -133,10 +135,24 @@ func (c *carrier) leave() {
 func (c *carrier) maybeLinger() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.idleLocked() || c.linger != nil {
+	if !c.idleLocked() || c.armed {
 		return
 	}
-	c.linger = time.AfterFunc(carrierLinger, c.closeIfEmpty)
+	c.armed = true
+	if c.linger == nil {
+		c.linger = time.AfterFunc(carrierLinger, c.closeIfEmpty)
+	} else {
+		c.linger.Reset(carrierLinger)
+	}
+}
+
+// unarmLocked stops the countdown to closing (the carrier is picked, or
+// dead); c.mu is held.
+func (c *carrier) unarmLocked() {
+	if c.armed {
+		c.linger.Stop()
+		c.armed = false
+	}
 }
 
 // closeIfEmpty resets a carrier that still holds nothing and gives it
@@ -145,7 +161,7 @@ func (c *carrier) closeIfEmpty() {
 	s := &c.l.share
 	s.mu.Lock()
 	c.mu.Lock()
-	c.linger = nil
+	c.armed = false
 	if !c.idleLocked() {
 		c.mu.Unlock()
 		s.mu.Unlock()
@@ -178,6 +194,9 @@ func (c *carrier) enqueue(op *shareOp) bool {
 		c.finish(op)
 		return false
 	}
+	if c.queue == nil {
+		c.queue, c.spare = c.spare, nil
+	}
 	c.queue = append(c.queue, op)
 	if c.running {
 		c.mu.Unlock()
@@ -197,7 +216,11 @@ func (c *carrier) drain() {
 		c.queue = nil
 		c.mu.Unlock()
 		c.run(batch)
+		clear(batch)
 		c.mu.Lock()
+		if c.spare == nil {
+			c.spare = batch[:0]
+		}
 	}
 	rest := c.queue
 	c.queue = nil
@@ -263,6 +286,10 @@ func (c *carrier) unlockAsync(k Key) {
 // run sends one batch: the tag statements one by one, then the unlocks,
 // then the tries, each kind in as few statements as possible.
 func (c *carrier) run(batch []*shareOp) {
+	if len(batch) == 1 && batch[0].kind != opTag && batch[0].state.Load() != opAbandoned {
+		c.runMany(batch, batch[0].kind == opUnlock) // one key, the common case
+		return
+	}
 	var tries, unlocks []*shareOp
 	for _, op := range batch {
 		switch {
@@ -459,10 +486,7 @@ func (c *carrier) fail(cause error) {
 	for lk := range c.held {
 		locks = append(locks, lk)
 	}
-	if c.linger != nil {
-		c.linger.Stop()
-		c.linger = nil
-	}
+	c.unarmLocked()
 	dead := c.dead
 	c.mu.Unlock()
 	s.remove(c)

@@ -41,7 +41,7 @@ const carrierSpread = 32
 
 // carrierOpenLoad is how many calls at once on a carrier make the next
 // call go to another (opened if need be, up to the limit).
-const carrierOpenLoad = 16
+const carrierOpenLoad = 32
 
 // carrierQueue is how many calls may queue on a busy carrier while others
 // are opening, before the next call waits for one of them.
@@ -271,10 +271,7 @@ func (l *Locker) carrierFor(ctx context.Context) (*carrier, error) {
 		if best != nil {
 			best.mu.Lock()
 			best.users++
-			if best.linger != nil {
-				best.linger.Stop()
-				best.linger = nil
-			}
+			best.unarmLocked()
 			best.mu.Unlock()
 			s.mu.Unlock()
 			return best, nil
