@@ -44,8 +44,9 @@ func (l *Locker) withHolders(k Key, err error, keys ...Key) error {
 // are). Retrying is safe: a session whose connection broke holds nothing.
 const acquireAttempts = 3
 
-// The one acquisition engine. Every lock call goes through it, on one of
-// three kinds of session:
+// The waiting engine. Every lock call that may wait goes through it (a
+// Locker's exclusive tries are first sent on a shared session, share.go,
+// and come here only to wait), on one of three kinds of session:
 //
 //   - a connection of the pool (Locker.Lock and kin, a Semaphore's
 //     permits): try, then wait in statements shorter than half the

@@ -50,9 +50,12 @@ func main() {
 	etcdCmp := flag.Bool("etcd", false, "compare leader election with etcd's (needs etcd-server): faults of the leader, time to the next; its table to stdout")
 	trials := flag.Int("trials", 5, "-etcd: trials of each fault at 5 s bounds, and of resign and fairness everywhere")
 	longTrials := flag.Int("long-trials", 2, "-etcd: trials of each fault that waits for a default bound (etcd's 60 s TTL, sqllock's 30 s orphan bound)")
+	throughput := flag.Bool("throughput", false, "measure only locks/s against goroutines (sqllock, raw SQL, the hand-batched ceiling) and memory per held lock: its chart to -out, its tables to stdout")
+	phase := flag.Duration("phase", 500*time.Millisecond, "-throughput: the length of one load's phase")
+	rounds := flag.Int("rounds", 3, "-throughput: rounds of phases (medians are reported)")
 	tokens := flag.Bool("tokens", false, "measure the fencing token's statement, before and after it became durable, with fsync off and on: its table to stdout")
 	flag.Parse()
-	if *sharing || *etcdCmp {
+	if *sharing || *etcdCmp || *throughput {
 		*cpu = -1 // thousands of goroutines, or processes: every CPU
 	}
 	if *cpu >= 0 && os.Getenv("SQLLOCK_BENCH_PINNED") == "" {
@@ -79,6 +82,13 @@ func main() {
 	}
 	if *etcdCmp || *tokens {
 		if err := runAlone(*etcdCmp, *tokens, *calls, *longTrials, *trials); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *throughput {
+		if err := runThroughput(*out, *phase, *rounds, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
 		}
