@@ -35,8 +35,9 @@ type carrier struct {
 	retired bool               // guarded by mu: takes no new lock; closed once empty
 	dead    error              // guarded by mu: the session is lost or discarded
 	closed  bool               // guarded by mu: gone back to the pool
-	linger  *time.Timer        // guarded by mu: closes it (closeIfEmpty) once armed; made once
-	armed   bool               // guarded by mu: linger runs unless the carrier is picked first
+	linger  *time.Timer        // guarded by mu: closes it (lingered) once armed; made once
+	armed   bool               // guarded by mu: linger is counting down
+	idleAt  int64              // guarded by mu: monoNow when it last became idle (holding nothing, no call)
 	spare   []*shareOp         // guarded by mu: the last batch's slice, for the next queue
 
 	gone chan struct{} // closed once a dead carrier's connection is discarded
@@ -131,23 +132,51 @@ func (c *carrier) leave() {
 	c.maybeLinger()
 }
 
-// maybeLinger starts the countdown that closes a carrier holding nothing.
+// maybeLinger notes that a carrier holds nothing now, and starts the
+// countdown that closes it, unless one runs. The countdown is not stopped
+// when a call picks the carrier: when it ends, the carrier closes only if
+// it has stayed idle for carrierLinger since it last became idle (most
+// carriers are picked again at once; a timer reset per lock would cost
+// more than the lock's own bookkeeping).
 func (c *carrier) maybeLinger() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.idleLocked() || c.armed {
+	if !c.idleLocked() {
+		return
+	}
+	c.idleAt = monoNow()
+	if c.armed {
 		return
 	}
 	c.armed = true
 	if c.linger == nil {
-		c.linger = time.AfterFunc(carrierLinger, c.closeIfEmpty)
+		c.linger = time.AfterFunc(carrierLinger, c.lingered)
 	} else {
 		c.linger.Reset(carrierLinger)
 	}
 }
 
-// unarmLocked stops the countdown to closing (the carrier is picked, or
-// dead); c.mu is held.
+// lingered is the countdown's end: a carrier idle for carrierLinger is
+// closed; one idle for less counts down the rest; one in use is left to
+// its next maybeLinger.
+func (c *carrier) lingered() {
+	c.mu.Lock()
+	c.armed = false
+	idle := c.idleLocked()
+	if rest := carrierLinger - time.Duration(monoNow()-c.idleAt); idle && rest > 0 {
+		c.armed = true
+		c.linger.Reset(rest)
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	if idle {
+		c.closeIfEmpty()
+	}
+}
+
+// unarmLocked stops the countdown to closing (the carrier is dead); c.mu
+// is held.
 func (c *carrier) unarmLocked() {
 	if c.armed {
 		c.linger.Stop()
@@ -161,7 +190,6 @@ func (c *carrier) closeIfEmpty() {
 	s := &c.l.share
 	s.mu.Lock()
 	c.mu.Lock()
-	c.armed = false
 	if !c.idleLocked() {
 		c.mu.Unlock()
 		s.mu.Unlock()

@@ -271,7 +271,6 @@ func (l *Locker) carrierFor(ctx context.Context) (*carrier, error) {
 		if best != nil {
 			best.mu.Lock()
 			best.users++
-			best.unarmLocked()
 			best.mu.Unlock()
 			s.mu.Unlock()
 			return best, nil
