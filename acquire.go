@@ -164,7 +164,8 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		}
 		// The server keeps ctx's deadline too: a cancel that never reaches
 		// it cannot leave the wait running past the deadline.
-		slice, byDeadline := l.deadlineSlice(ctx, slice)
+		slice, margin := l.deadlineSlice(ctx, slice)
+		byDeadline := margin > 0
 		// A driver's own cancel can reach the server before the statement
 		// starts, and be lost (lib/pq sends one on a connection of its
 		// own): should the statement still run abandonGrace after ctx
@@ -182,7 +183,8 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 			if dl, ok := ctx.Deadline(); ok {
 				// However close the deadline: in a transaction, no one
 				// else can cancel a wait whose cancel was lost.
-				slice = strconv.FormatInt(max(time.Until(dl)-l.deadlineMargin(time.Until(dl)), time.Millisecond).Milliseconds(), 10) + "ms"
+				margin = l.deadlineMargin(time.Until(dl))
+				slice = strconv.FormatInt(max(time.Until(dl)-margin, time.Millisecond).Milliseconds(), 10) + "ms"
 				byDeadline = true
 				q, args = l.mode.XactDeadlineLockSQL(kind&^kindTry, k.sqlKey(), slice)
 			}
@@ -202,6 +204,14 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		}
 		returned.Store(true)
 		stop()
+		if byDeadline && o.err != nil && sqlState(o.err) == "" && ctxEnded(ctx) {
+			// The server was to end the wait before the deadline, and its
+			// answer did not come in time (a loaded machine or server): the
+			// session is lost to the uncertainty. Leave later waits a
+			// larger margin (deadlineMargin counts three recent round
+			// trips; this one took the whole margin and more).
+			l.observeRTT(margin)
+		}
 		// A wait cancelled while ctx goes on (a cancel meant for another
 		// statement: pg_cancel_backend names a backend, not a statement; a
 		// DBA's) must go on too.
@@ -341,27 +351,28 @@ func ranInto(began time.Time, timeout string) bool {
 var errDeadline = errors.New("the wait ended at the context's deadline")
 
 // deadlineSlice bounds a wait's lock_timeout, slice ("0": none), by ctx's
-// deadline less deadlineMargin, and reports whether the deadline is the
-// bound. A wait that runs into its deadline in the client leaves its
+// deadline less deadlineMargin, and returns the margin when the deadline
+// is the bound (0 otherwise). A wait that runs into its deadline in the client leaves its
 // outcome uncertain, which costs the session (a driver that gives a
 // statement up may close the connection anyway); one that the server ends
 // first is a certain "not granted", and the connection stays usable.
-func (l *Locker) deadlineSlice(ctx context.Context, slice string) (string, bool) {
+func (l *Locker) deadlineSlice(ctx context.Context, slice string) (string, time.Duration) {
 	dl, ok := ctx.Deadline()
 	if !ok {
-		return slice, false
+		return slice, 0
 	}
 	left := time.Until(dl)
-	left -= l.deadlineMargin(left)
+	margin := l.deadlineMargin(left)
+	left -= margin
 	if left < time.Millisecond {
-		return slice, false
+		return slice, 0
 	}
 	if slice != "0" {
 		if d, err := time.ParseDuration(slice); err == nil && d <= left {
-			return slice, false
+			return slice, 0
 		}
 	}
-	return strconv.FormatInt(left.Milliseconds(), 10) + "ms", true
+	return strconv.FormatInt(left.Milliseconds(), 10) + "ms", margin
 }
 
 // settle turns the outcome of an acquisition on conn, a connection of the

@@ -238,6 +238,7 @@ func (e *Election) candidate(value string) *Locker {
 	c.cfg.appName, c.cfg.forceAppName = ElectionPrefix+value, true
 	c.cfg.dedicated = true // the value is the session's own name
 	c.observers = e.l.observers
+	c.rtt = e.l.rtt // what the Locker learnt of its server's answers, and learns
 	return c
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/testkit"
 	"github.com/sqllock/sqllock/pgtest"
 )
 
@@ -88,7 +89,10 @@ func TestLogEvents(t *testing.T) {
 		}
 		ctx, cancel := context.WithCancel(bg()) // a deadline would be kept by the server
 		defer cancel()
-		time.AfterFunc(300*time.Millisecond, cancel)
+		go func() {
+			defer cancel()
+			testkit.WaitWaiters(t, db, k, 1) // cancelled once it waits
+		}()
 		l.Lock(ctx, k)
 		held.Unlock(bg())
 		if a, lvl, ok := logs.find("sqllock: waiting"); !ok || lvl != slog.LevelDebug || a["key"].String() != `11 "cron:reindex_posts"` || a["pid"].Int64() == 0 {

@@ -52,7 +52,7 @@ type Locker struct {
 	plain *statements
 
 	slice atomic.Pointer[string] // see waitSlice
-	rtt   atomic.Int64           // recent round trip, ns (see observeRTT)
+	rtt   *atomic.Int64          // recent round trip, ns (see observeRTT); an election's candidates share their Locker's
 
 	serverMu sync.Mutex
 	serverOK atomic.Bool // set under serverMu: the server was checked and is supported
@@ -89,7 +89,7 @@ func New(db *sql.DB, opts ...Option) *Locker {
 	if !logged {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
-	l := &Locker{db: db, cfg: cfg, mode: detectMode(db.Driver())}
+	l := &Locker{db: db, cfg: cfg, mode: detectMode(db.Driver()), rtt: new(atomic.Int64)}
 	if logged {
 		l.observers = append(l.observers, logObserver{l})
 	}

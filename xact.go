@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"sync/atomic"
 )
 
 // Tx is a database transaction: *sql.Tx and *sqlx.Tx satisfy it. *sql.DB
@@ -81,7 +82,7 @@ func lockTx(ctx context.Context, tx Tx, k Key, kind lockKind) (bool, error) {
 // kin): binding keys, logging nothing, and cancelling no wait.
 func poolless() *Locker {
 	cfg, _ := newConfig(nil)
-	return &Locker{cfg: cfg, mode: bindKeys}
+	return &Locker{cfg: cfg, mode: bindKeys, rtt: new(atomic.Int64)}
 }
 
 // isNil reports whether v is nil, or an interface holding a nil pointer
