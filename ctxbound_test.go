@@ -311,10 +311,21 @@ func TestStrayCancelDoesNotEndAWait(t *testing.T) {
 					}
 					got <- err
 				}()
-				testkit.WaitWaiters(t, other, tc.key, 1)
-				var pid int
-				if err := other.QueryRow(`SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&pid); err != nil {
-					t.Fatal(err)
+				// The waiter's backend (this database's, this key's: other
+				// tests wait too; a sliced wait leaves the queue a moment
+				// between its statements).
+				pid := 0
+				for pid == 0 {
+					testkit.WaitWaiters(t, other, tc.key, 1)
+					hs, err := sqllock.Inspect(bg(), other, sqllock.WithKeys(tc.key))
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, h := range hs {
+						if !h.Granted {
+							pid = h.PID
+						}
+					}
 				}
 				var ok bool
 				if err := other.QueryRow("SELECT pg_cancel_backend($1)", pid).Scan(&ok); err != nil || !ok {
