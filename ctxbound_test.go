@@ -26,7 +26,26 @@ import (
 // is no other connection to cancel from.
 func TestLockTxDeadlineAlwaysReturns(t *testing.T) {
 	t.Parallel()
+	lockTxAlwaysReturns(t, false)
+}
+
+// TestLockTxCancelAlwaysReturns: the same with contexts that are cancelled
+// after as short a time, and have no deadline for the server to keep: a
+// lost cancel costs at most a slice of the wait (2 s, or twice the
+// server's deadlock_timeout), never the rest of the holders' time.
+func TestLockTxCancelAlwaysReturns(t *testing.T) {
+	t.Parallel()
+	lockTxAlwaysReturns(t, true)
+}
+
+// lockTxAlwaysReturns runs the LockTx trials: contexts with a deadline, or
+// (cancelled) cancelled as the deadline would come.
+func lockTxAlwaysReturns(t *testing.T, cancelled bool) {
 	srv := pgtest.Start(t)
+	bound, stuckAfter := time.Second, 5*time.Second
+	if cancelled {
+		bound, stuckAfter = 3*time.Second, 8*time.Second // a slice of 2 s at most, and the rest
+	}
 	const goroutines = 8
 	calls := 150
 	if testkit.Short() {
@@ -61,26 +80,30 @@ func TestLockTxDeadlineAlwaysReturns(t *testing.T) {
 					}
 					d := time.Duration(200+r.IntN(5800)) * time.Microsecond
 					ctx, cancel := context.WithTimeout(bg(), d)
+					if cancelled {
+						ctx, cancel = context.WithCancel(bg())
+						time.AfterFunc(d, cancel)
+					}
 					began := time.Now()
 					done := make(chan error, 1)
 					go func() { done <- sqllock.LockTx(ctx, tx, k) }()
 					select {
 					case err = <-done:
-					case <-time.After(5 * time.Second):
+					case <-time.After(stuckAfter):
 						stuck.Add(1)
 						err = <-done // unblocked by the cleanup below, once the test failed
 					}
 					took := time.Since(began)
 					cancel()
 					tx.Rollback()
-					if took > d+time.Second {
+					if took > d+bound {
 						late.Add(1)
 					}
 					if n := int64(took); n > slowest.Load() {
 						slowest.Store(n)
 					}
 					switch {
-					case errors.Is(err, sqllock.ErrNotAcquired) && errors.Is(err, context.DeadlineExceeded):
+					case errors.Is(err, sqllock.ErrNotAcquired) && (errors.Is(err, context.DeadlineExceeded) || cancelled && errors.Is(err, context.Canceled)):
 						notAcquired.Add(1)
 					case err == nil:
 						t.Errorf("LockTx() against an exclusive wait on shared holders = nil")
@@ -111,10 +134,10 @@ func TestLockTxDeadlineAlwaysReturns(t *testing.T) {
 		}()
 		wg.Wait()
 		<-watch
-		t.Logf("%d calls: %d not acquired at the deadline, %d returned more than 1 s past it, %d stuck over 5 s, slowest %v",
-			goroutines*calls, notAcquired.Load(), late.Load(), stuck.Load(), time.Duration(slowest.Load()))
+		t.Logf("%d calls: %d not acquired at the deadline, %d returned more than %v past it, %d stuck over %v, slowest %v",
+			goroutines*calls, notAcquired.Load(), late.Load(), bound, stuck.Load(), stuckAfter, time.Duration(slowest.Load()))
 		if stuck.Load() > 0 || late.Load() > 0 {
-			t.Fatalf("LockTx() ignored its deadline: %d calls stuck, %d late", stuck.Load(), late.Load())
+			t.Fatalf("LockTx() ignored its context: %d calls stuck, %d late", stuck.Load(), late.Load())
 		}
 	})
 }

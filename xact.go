@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"sync/atomic"
+	"time"
 )
 
 // Tx is a database transaction: *sql.Tx and *sqlx.Tx satisfy it. *sql.DB
@@ -26,7 +28,12 @@ type Tx interface {
 //
 // When ctx ends first, LockTx returns an error matching both
 // [ErrNotAcquired] and ctx.Err(); the transaction may then be unusable and
-// must be rolled back, which releases anything it holds. Other errors:
+// must be rolled back, which releases anything it holds. ctx bounds the
+// wait in the server too: a deadline as the wait's own lock_timeout; a
+// context that can be cancelled and has no deadline, by waiting in slices
+// (savepoint sqllock_wait, released once granted), so that a cancel the
+// driver could not deliver costs at most a slice: 2 s, or twice the
+// server's deadlock_timeout. Other errors:
 // [ErrDeadlock] (tx is aborted), [ErrLockTableFull], [ErrInvalidKey].
 func LockTx(ctx context.Context, tx Tx, k Key) error {
 	_, err := lockTx(ctx, tx, k, 0)
@@ -70,12 +77,73 @@ func lockTx(ctx context.Context, tx Tx, k Key, kind lockKind) (bool, error) {
 	}
 	e := poolless()
 	var o outcome
-	if kind.IsTry() {
+	_, deadline := ctx.Deadline()
+	switch {
+	case kind.IsTry():
 		o = e.tryOn(ctx, txWaiter{tx}, xactLevel, kind, k)
-	} else {
+	case !deadline && ctx.Done() != nil:
+		if o = e.tryOn(ctx, txWaiter{tx}, xactLevel, kind|kindTry, k); o.err == nil && !o.ok {
+			o = e.waitTxSliced(ctx, tx, kind, k)
+		}
+	default:
 		o = e.waitOn(ctx, txWaiter{tx}, xactLevel, kind, k, 0, waitOne)
 	}
 	return o.ok, e.settleTx(ctx, k, o)
+}
+
+// waitTxSliced is a transaction's wait under a context that can be
+// cancelled and has no deadline. The driver's cancel may never reach the
+// server (lib/pq sends it on a connection of its own, and one that arrives
+// before the statement starts is lost), and a transaction has no other
+// session to cancel its wait from, nor a deadline for the server to keep.
+// So the wait goes in slices of twice the server's deadlock_timeout (at
+// least txSliceMin), in a savepoint: the deadlock detector still sees
+// every slice, a slice that times out is rolled back to the savepoint
+// (which also undoes a grant that came as the timeout fired), and while
+// ctx goes on the wait goes on. A lost cancel then costs at most a slice.
+func (l *Locker) waitTxSliced(ctx context.Context, tx Tx, kind lockKind, k Key) outcome {
+	var dt string
+	if err := tx.QueryRowContext(ctx, "SELECT current_setting('deadlock_timeout')").Scan(&dt); err != nil {
+		return outcome{err: err}
+	}
+	d, err := time.ParseDuration(dt)
+	if err != nil {
+		d = 0 // a unit Go does not read ("1min"): the floor below
+	}
+	slice := strconv.FormatInt(max(2*d, txSliceMin).Milliseconds(), 10) + "ms"
+	if err := txExec(ctx, tx, "SAVEPOINT sqllock_wait"); err != nil {
+		return outcome{err: err}
+	}
+	q, args := l.mode.XactDeadlineLockSQL(kind&^kindTry, k.sqlKey(), slice)
+	for {
+		began := time.Now()
+		var o outcome
+		o.err = tx.QueryRowContext(ctx, q, args...).Scan(&o.ok)
+		switch {
+		case o.err == nil:
+			// The transaction keeps what its subtransaction took.
+			o.err = txExec(ctx, tx, "RELEASE SAVEPOINT sqllock_wait")
+			return o
+		case sqlState(o.err) != "55P03" || !ranInto(began, slice) || ctxEnded(ctx):
+			// Not the slice's end (a lock_timeout of the transaction's
+			// own, a deadlock, a cancel), or ctx ended: the caller's.
+			return o
+		}
+		if err := txExec(ctx, tx, "ROLLBACK TO SAVEPOINT sqllock_wait"); err != nil {
+			return outcome{err: err}
+		}
+	}
+}
+
+// txSliceMin is the shortest slice of waitTxSliced.
+const txSliceMin = 2 * time.Second
+
+// txExec runs a statement that returns no row in tx.
+func txExec(ctx context.Context, tx Tx, q string) error {
+	if err := tx.QueryRowContext(ctx, q).Scan(); err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	return nil
 }
 
 // poolless is the engine for the calls that have no Locker (LockTx and
