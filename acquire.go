@@ -204,9 +204,10 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		}
 		returned.Store(true)
 		stop()
-		if byDeadline && o.err != nil && sqlState(o.err) == "" && ctxEnded(ctx) {
+		if byDeadline && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			// The server was to end the wait before the deadline, and its
-			// answer did not come in time (a loaded machine or server): the
+			// answer did not come in time (a loaded machine or server; the
+			// driver gave up, or the answer came once ctx had ended): the
 			// session is lost to the uncertainty. Leave later waits a
 			// larger margin (deadlineMargin counts three recent round
 			// trips; this one took the whole margin and more).

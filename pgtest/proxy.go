@@ -15,7 +15,8 @@ import (
 // the round trips clients make, and can add latency. It reads just enough
 // of the PostgreSQL protocol to count, from each client, the messages
 // that wait for the server's answer: Sync (the end of an extended-protocol
-// exchange) and Query (a simple-protocol statement). Everything else is
+// exchange) and Query (a simple-protocol statement), but not pgx's health
+// ping of a pooled connection (see pingBody). Everything else is
 // forwarded as it is, and nothing is changed.
 type Proxy struct {
 	ln     net.Listener
@@ -153,10 +154,29 @@ type msgCounter struct {
 	started bool
 	head    []byte // a message header being read
 	skip    int    // bytes of the current message body still to skip
+	ping    []byte // the body of a Query that may be pgx's health ping, being read
+	pinging bool   // reading it
 }
+
+// pingBody is the Query that pgx's database/sql driver sends to check a
+// pooled connection it gets back after a second or more (ResetSession):
+// the pool's doing, not the caller's, so not counted.
+var pingBody = []byte("-- ping\x00")
 
 func (m *msgCounter) feed(b []byte) {
 	for len(b) > 0 {
+		if m.pinging {
+			take := min(len(pingBody)-len(m.ping), len(b))
+			m.ping = append(m.ping, b[:take]...)
+			b = b[take:]
+			if len(m.ping) == len(pingBody) {
+				if string(m.ping) != string(pingBody) {
+					m.p.queries.Add(1)
+				}
+				m.pinging, m.ping = false, m.ping[:0]
+			}
+			continue
+		}
 		if m.skip > 0 {
 			n := min(m.skip, len(b))
 			m.skip -= n
@@ -184,10 +204,14 @@ func (m *msgCounter) feed(b []byte) {
 			switch m.head[0] {
 			case 'S':
 				m.p.syncs.Add(1)
-			case 'Q':
-				m.p.queries.Add(1)
 			}
 			m.skip = int(binary.BigEndian.Uint32(m.head[1:5])) - 4
+			switch {
+			case m.head[0] == 'Q' && m.skip == len(pingBody):
+				m.pinging, m.skip = true, 0
+			case m.head[0] == 'Q':
+				m.p.queries.Add(1)
+			}
 		}
 		m.head = m.head[:0]
 	}
