@@ -120,65 +120,59 @@ func TestDeadlineKeptByServer(t *testing.T) {
 func TestDeadlineMarginGrows(t *testing.T) {
 	long(t)
 	t.Parallel()
-	srv := pgtest.Start(t)
-	for _, drv := range drivers {
-		t.Run(drv, func(t *testing.T) {
-			t.Parallel()
-			dsn := srv.NewDatabase(t)
-			db := pgtest.Open(t, drv, dsn)
-			l := sqllock.New(db, sqllock.WithKeepAlive(0))
-			holder := sqllock.New(pgtest.Open(t, "pgx", dsn))
-			busy := sqllock.Int64(78)
-			hl, err := holder.Lock(bg(), busy)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer hl.Unlock(bg())
-			const deadline = 3 * time.Second
-			for i := range 2 {
-				s, err := l.Session(bg())
-				if err != nil {
-					t.Fatal(err)
-				}
-				pid := s.PID()
-				ctx, cancel := context.WithTimeout(bg(), deadline)
-				go func() {
-					time.Sleep(deadline / 2)
-					syscall.Kill(pid, syscall.SIGSTOP)
-					time.Sleep(deadline/2 + time.Second)
-					syscall.Kill(pid, syscall.SIGCONT)
-				}()
-				err = s.Lock(ctx, busy)
-				cancel()
-				if !errors.Is(err, sqllock.ErrNotAcquired) {
-					t.Fatalf("wait %d, its backend stopped past the deadline: %v, want ErrNotAcquired", i, err)
-				}
-				if s.Err() == nil {
-					t.Errorf("wait %d: the answer came after the deadline, yet the Session is kept", i)
-				}
-				s.Close(bg())
-				time.Sleep(deadline/2 + 1500*time.Millisecond) // the backend resumed
-			}
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		l := sqllock.New(db, sqllock.WithKeepAlive(0))
+		holder := sqllock.New(pgtest.Open(t, "pgx", dsn))
+		busy := sqllock.Int64(78)
+		hl, err := holder.Lock(bg(), busy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer hl.Unlock(bg())
+		const deadline = 3 * time.Second
+		for i := range 2 {
 			s, err := l.Session(bg())
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer s.Close(bg())
+			pid := s.PID()
 			ctx, cancel := context.WithTimeout(bg(), deadline)
-			defer cancel()
-			start := time.Now()
+			go func() {
+				time.Sleep(deadline / 2)
+				syscall.Kill(pid, syscall.SIGSTOP)
+				time.Sleep(deadline/2 + time.Second)
+				syscall.Kill(pid, syscall.SIGCONT)
+			}()
 			err = s.Lock(ctx, busy)
-			took := time.Since(start)
-			if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("the next wait: %v, want ErrNotAcquired and DeadlineExceeded", err)
+			cancel()
+			if !errors.Is(err, sqllock.ErrNotAcquired) {
+				t.Fatalf("wait %d, its backend stopped past the deadline: %v, want ErrNotAcquired", i, err)
 			}
-			t.Logf("after two late answers, a wait with a %v deadline returned after %v", deadline, took.Round(time.Millisecond))
-			if took > deadline-400*time.Millisecond {
-				t.Errorf("after two late answers, a wait with a %v deadline returned after %v: the margin stayed small", deadline, took)
+			if s.Err() == nil {
+				t.Errorf("wait %d: the answer came after the deadline, yet the Session is kept", i)
 			}
-			if err := s.Err(); err != nil {
-				t.Errorf("a wait the server ended before the deadline lost its Session: %v", err)
-			}
-		})
-	}
+			s.Close(bg())
+			time.Sleep(deadline/2 + 1500*time.Millisecond) // the backend resumed
+		}
+		s, err := l.Session(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(bg())
+		ctx, cancel := context.WithTimeout(bg(), deadline)
+		defer cancel()
+		start := time.Now()
+		err = s.Lock(ctx, busy)
+		took := time.Since(start)
+		if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("the next wait: %v, want ErrNotAcquired and DeadlineExceeded", err)
+		}
+		t.Logf("after two late answers, a wait with a %v deadline returned after %v", deadline, took.Round(time.Millisecond))
+		if took > deadline-400*time.Millisecond {
+			t.Errorf("after two late answers, a wait with a %v deadline returned after %v: the margin stayed small", deadline, took)
+		}
+		if err := s.Err(); err != nil {
+			t.Errorf("a wait the server ended before the deadline lost its Session: %v", err)
+		}
+	})
 }
