@@ -320,11 +320,11 @@ func (l *Locker) grantedAfterTimeout(ctx context.Context, w waiter, kind lockKin
 // deadlineMargin is how long before ctx's deadline, left away, a wait
 // bounded by it asks the server to end: time for the server's answer to
 // come back before the driver gives the statement up. A tenth of what is
-// left, from 10 to 100 ms, but at least three of the Locker's recent round
+// left, from 50 to 100 ms, but at least three of the Locker's recent round
 // trips (a loaded server or machine answers later), and at most half of
 // what is left.
 func (l *Locker) deadlineMargin(left time.Duration) time.Duration {
-	m := min(max(left/10, 10*time.Millisecond), 100*time.Millisecond)
+	m := min(max(left/10, 50*time.Millisecond), 100*time.Millisecond)
 	return min(max(m, 3*time.Duration(l.rtt.Load())), left/2)
 }
 

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -513,9 +514,11 @@ func TestElectionCandidateNamed(t *testing.T) {
 	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
 		const orig = "the-app"
 		cands := pgtest.Open(t, driverOf(db), withAppName(t, dsn, orig))
+		cands.SetMaxIdleConns(16) // a session given back stays in the pool, where the test looks for it
 		k := sqllock.Hash("election:named")
 		a := sqllock.New(db).Election(k)
-		b := sqllock.New(cands, sqllock.WithKeepAlive(100*time.Millisecond)).Election(k)
+		logs := &capture{}
+		b := sqllock.New(cands, sqllock.WithKeepAlive(100*time.Millisecond), sqllock.WithLogger(slog.New(logs))).Election(k)
 		ctx, cancel := context.WithTimeout(bg(), 20*time.Second)
 		defer cancel()
 		la, err := a.Campaign(ctx, "host-a")
@@ -583,7 +586,7 @@ func TestElectionCandidateNamed(t *testing.T) {
 			case ok:
 				t.Fatalf("after giving up, the candidate's session: application_name %q, want %q in the pool", name, orig)
 			default:
-				t.Logf("attempt %d: the candidate's session was discarded after giving up (a late answer)", attempt)
+				t.Logf("attempt %d: the candidate's session was discarded after giving up: %q", attempt, logs.reasons("sqllock: connection discarded"))
 			}
 		}
 		if !kept {

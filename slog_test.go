@@ -45,6 +45,26 @@ func (c *capture) find(msg string) (map[string]slog.Value, slog.Level, bool) {
 	return nil, 0, false
 }
 
+// reasons returns the reason attributes of the records with message msg
+// so far, and forgets them.
+func (c *capture) reasons(msg string) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, r := range c.records {
+		if r.Message == msg {
+			r.Attrs(func(a slog.Attr) bool {
+				if a.Key == "reason" {
+					out = append(out, a.Value.String())
+				}
+				return true
+			})
+		}
+	}
+	c.records = nil
+	return out
+}
+
 func TestLogEvents(t *testing.T) {
 	t.Parallel()
 	srv := pgtest.Start(t)
