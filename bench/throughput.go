@@ -49,14 +49,14 @@ func runThroughput(dir string, phase time.Duration, rounds int, w io.Writer) err
 	fmt.Fprintf(w, "%s, %d cores, %s, %s; phases of %v, %d rounds\n\n", time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), serverVersion(&env{ctx: ctx, pgx: admin}), phase, rounds)
 	// Memory first, while nothing else runs in the process.
 	var memTable strings.Builder
-	fmt.Fprintln(&memTable, "| driver | client heap bytes per held lock, 5,000 held (their sessions included) | per lock of the next 5,000 (sessions open) |")
-	fmt.Fprintln(&memTable, "|---|---|---|")
+	fmt.Fprintln(&memTable, "| driver | client heap bytes per held lock, 5,000 held (their shared sessions included) |")
+	fmt.Fprintln(&memTable, "|---|---|")
 	for i, drv := range []string{"pgx", "postgres"} {
-		first, next, err := heldMemory(open(drv, srv.DSN()), int32(80+i), 5000)
+		per, err := heldMemory(open(drv, srv.DSN()), int32(80+i), 5000)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(&memTable, "| %s | %.0f | %.0f |\n", drv, first, next)
+		fmt.Fprintf(&memTable, "| %s | %.0f |\n", drv, per)
 	}
 	var points []throughputPoint
 	for _, drv := range []string{"pgx", "postgres"} {
@@ -102,11 +102,10 @@ func runThroughput(dir string, phase time.Duration, rounds int, w io.Writer) err
 }
 
 // heldMemory takes n locks on distinct free keys (class, i) through a
-// default Locker on db, then n more, and returns the client's heap bytes
-// per held lock (live heap after a collection) for the first n, the
-// sessions that carry them included, and for the next n, on the sessions
-// already open.
-func heldMemory(db *sql.DB, class int32, n int) (first, next float64, err error) {
+// default Locker on db and returns the client's heap bytes per held lock
+// (live heap after a collection, from a steady heap before the first), the
+// shared sessions that carry them included.
+func heldMemory(db *sql.DB, class int32, n int) (per float64, err error) {
 	defer func() {
 		// The shared sessions go back to the pool a second after their
 		// last lock; then the pool closes them, and the next measurement
@@ -117,7 +116,7 @@ func heldMemory(db *sql.DB, class int32, n int) (first, next float64, err error)
 	l := sqllock.New(db)
 	warm, err := l.TryLock(context.Background(), sqllock.Pair(class, -1)) // the server check: not per lock
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	defer warm.Unlock(context.Background())
 	var locks []*sqllock.Lock
@@ -134,8 +133,6 @@ func heldMemory(db *sql.DB, class int32, n int) (first, next float64, err error)
 		runtime.ReadMemStats(&ms)
 		return float64(ms.HeapAlloc)
 	}
-	// Start from a steady heap: what the process did before (another
-	// driver's sessions closing) must not be counted against this one.
 	h0 := heap()
 	for range 50 {
 		time.Sleep(100 * time.Millisecond)
@@ -145,18 +142,12 @@ func heldMemory(db *sql.DB, class int32, n int) (first, next float64, err error)
 		}
 		h0 = h
 	}
-	for round := range 2 {
-		for i := range n {
-			lk, err := l.TryLock(context.Background(), sqllock.Pair(class, int32(round*n+i)))
-			if err != nil {
-				return 0, 0, err
-			}
-			locks = append(locks, lk)
+	for i := range n {
+		lk, err := l.TryLock(context.Background(), sqllock.Pair(class, int32(i)))
+		if err != nil {
+			return 0, err
 		}
-		if round == 0 {
-			first = (heap() - h0) / float64(n)
-		}
+		locks = append(locks, lk)
 	}
-	next = (heap()-h0)/float64(n) - first
-	return first, next, nil
+	return (heap() - h0) / float64(n), nil
 }
