@@ -349,6 +349,11 @@ func (p *Patroni) writeConfig(n *Node, replPassword string) error {
 		"postgresql": map[string]any{
 			"listen": pg, "connect_address": pg,
 			"data_dir": n.data, "bin_dir": p.pgBin,
+			// Without pg_rewind, a replica that received WAL past the new
+			// primary's fork point (an asynchronous one can be ahead of the
+			// synchronous standby that was promoted) cannot follow it: it
+			// is rebuilt from the new primary instead of left behind.
+			"remove_data_directory_on_diverged_timelines": true,
 			"pgpass": filepath.Join(n.dir, "pgpass"),
 			"authentication": map[string]any{
 				"superuser":   map[string]string{"username": p.adminUser, "password": p.adminPassword},
