@@ -97,6 +97,10 @@ type outcome struct {
 	pid     int64 // the backend
 	standby bool  // the server is a standby (session-level statements)
 	err     error
+	// certain: the driver read the answer before the statement's context
+	// ended (a wait bounded by ctx's deadline reads it a little past it),
+	// so ctx's end does not make it uncertain.
+	certain bool
 }
 
 // level is which of PostgreSQL's lock functions the engine calls.
@@ -199,8 +203,16 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 			}
 		} else {
 			q, args := l.sql().WaitSQL(kind&^kindTry, k.sqlKey(), slice)
+			sctx, cancel := ctx, context.CancelFunc(func() {})
+			if byDeadline {
+				sctx, cancel = pastDeadline(ctx)
+			}
 			o.sent = monoNow()
-			o.err = w.queryRow(ctx, q, args, &o.ok, &o.pid, &o.standby)
+			o.err = w.queryRow(sctx, q, args, &o.ok, &o.pid, &o.standby)
+			// An answer the driver read before its context ended is the
+			// server's, however late for ctx.
+			o.certain = byDeadline && sctx.Err() == nil && !errors.Is(o.err, errAbandoned)
+			cancel()
 		}
 		returned.Store(true)
 		stop()
@@ -217,7 +229,7 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		// statement: pg_cancel_backend names a backend, not a statement; a
 		// DBA's) must go on too.
 		cancelled := sqlState(o.err) == "57014" && mode != waitOne && !ctxEnded(ctx)
-		if lv == sessionLevel && (sqlState(o.err) == "55P03" || cancelled) && !ctxEnded(ctx) {
+		if lv == sessionLevel && (sqlState(o.err) == "55P03" || cancelled) && (!ctxEnded(ctx) || o.certain && !cancelled) {
 			// The statement's lock_timeout (its slice's, or the
 			// deadline's), or a cancel, can come as the lock is granted: PostgreSQL then keeps the grant and reports the
 			// error all the same. Waiting again would take the key a
@@ -312,6 +324,7 @@ func (l *Locker) grantedAfterTimeout(ctx context.Context, w waiter, kind lockKin
 		o.err = err
 	default:
 		l.log(ctx, slog.LevelDebug, "sqllock: granted as the wait's lock_timeout fired", k, slog.Int64("pid", g.pid))
+		g.certain = true
 		*o = g
 	}
 	return true
@@ -339,6 +352,28 @@ func (l *Locker) observeRTT(d time.Duration) {
 	}
 	l.rtt.Store(int64(old - (old-d)/8))
 }
+
+// pastDeadline returns the context of a wait statement that the server
+// ends (its lock_timeout) a margin before ctx's deadline: cancelled with
+// ctx, but with a deadline answerGrace past ctx's, so that the server's
+// answer, when a loaded machine delivers it a little past the deadline, is
+// still read, a certain outcome, instead of costing the session.
+func pastDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl, _ := ctx.Deadline()
+	sctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), dl.Add(answerGrace))
+	stop := context.AfterFunc(ctx, func() {
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			cancel() // cancelled, not timed out: the wait ends now
+		}
+	})
+	return sctx, func() { stop(); cancel() }
+}
+
+// answerGrace is how long past ctx's deadline the answer to a wait that
+// the server was to end before it is still read. On a blind driver
+// (lib/pq) whose server stopped answering, the statement is abandoned
+// abandonGrace after that.
+const answerGrace = abandonGrace
 
 // ranInto reports whether a statement that began at began ran for about
 // its lock_timeout, timeout (as deadlineSlice wrote it).
@@ -389,7 +424,7 @@ func (l *Locker) settle(ctx context.Context, conn *sql.Conn, id ident, k Key, sh
 	case errors.Is(o.err, errDeadline):
 		conn.Close() // confirmed: this session holds nothing
 		return nil, notAcquired(what, context.DeadlineExceeded)
-	case ctxEnded(ctx):
+	case ctxEnded(ctx) && !o.certain:
 		l.discard(conn, k, "context ended during the lock statement")
 		if errors.Is(o.err, errAbandoned) {
 			return nil, fmt.Errorf("%w (%w)", notAcquired(what, ctxErr(ctx)), errAbandoned)

@@ -40,7 +40,9 @@ func TestGrantedAsTimeoutFires(t *testing.T) {
 		if _, err := holder.ExecContext(ctx, "SELECT pg_advisory_lock(41)"); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := waiter.ExecContext(ctx, "SET lock_timeout = '1s'"); err != nil {
+		// Long enough for a loaded machine to see the wait before its
+		// lock_timeout ends it.
+		if _, err := waiter.ExecContext(ctx, "SET lock_timeout = '3s'"); err != nil {
 			t.Fatal(err)
 		}
 		errc := make(chan error, 1)
@@ -52,7 +54,7 @@ func TestGrantedAsTimeoutFires(t *testing.T) {
 			if _, err := holder.ExecContext(ctx, "SELECT pg_advisory_unlock(41)"); err != nil {
 				t.Error(err)
 			}
-		}, 1300*time.Millisecond)
+		}, 3300*time.Millisecond)
 		err := <-errc
 		var st interface{ SQLState() string }
 		if !errors.As(err, &st) || st.SQLState() != "55P03" {

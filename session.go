@@ -107,7 +107,7 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 	switch {
 	case errors.Is(o.err, errDeadline):
 		return notAcquired(s.l.name(k), context.DeadlineExceeded)
-	case ctxEnded(ctx):
+	case ctxEnded(ctx) && !o.certain:
 		s.loseLocked(fmt.Errorf("a blocking Lock of %s was cancelled: %w", s.l.name(k), ctxErr(ctx)))
 		return notAcquired(s.l.name(k), ctxErr(ctx))
 	case o.err != nil:
