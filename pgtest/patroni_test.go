@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -46,13 +45,14 @@ func TestPatroniOptions(t *testing.T) {
 // fork point of the standby's new timeline once it is promoted, and cannot
 // follow it; Patroni rebuilds it from the new primary, and the cluster is
 // whole again. The standby's WAL receiver is stopped (SIGSTOP) while the
-// primary writes, in one transaction, until the replica has replayed a MiB
-// more than the standby was ever sent; the commit waits for the standby,
-// the replica gets its record. Then the primary's host dies, the receiver
-// resumes (it reads what its socket holds), the standby is promoted after
-// ttl, and the replica's position is checked against the new timeline's
-// fork point before the wait for a healthy cluster. A crash of the
-// primary's PostgreSQL would not do: Patroni restarts it in place.
+// primary writes, a MiB at a time in one transaction, until the replica
+// has replayed a MiB more than the standby was ever sent; the commit waits
+// for the standby, the replica gets its record. Then the primary's host
+// dies, the receiver resumes (it reads what its socket holds), the standby
+// is promoted after ttl, and the replica's position is checked against
+// the new timeline's fork point before the wait for a healthy cluster. A
+// crash of the primary's PostgreSQL would not do: Patroni restarts it in
+// place.
 func TestPatroniDivergedReplica(t *testing.T) {
 	testkit.Long(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
