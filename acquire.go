@@ -161,6 +161,7 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 	l.log(ctx, slog.LevelDebug, "sqllock: waiting", k, slog.Bool("shared", kind.IsShared()), slog.Int64("pid", pid))
 	for {
 		slice := "0"
+		o.certain = false
 		if mode != waitOne {
 			if slice, o.err = l.waitSlice(ctx, w); o.err != nil {
 				break
@@ -321,7 +322,7 @@ func (l *Locker) grantedAfterTimeout(ctx context.Context, w waiter, kind lockKin
 	case errors.Is(err, sql.ErrNoRows):
 		return false // not held: the 55P03 stands
 	case err != nil:
-		o.err = err
+		o.err, o.certain = err, false // the wait's answer was certain; this one is not
 	default:
 		l.log(ctx, slog.LevelDebug, "sqllock: granted as the wait's lock_timeout fired", k, slog.Int64("pid", g.pid))
 		g.certain = true
