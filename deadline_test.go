@@ -184,11 +184,13 @@ func TestDeadlineMarginGrows(t *testing.T) {
 // after it (here the waiting backend is stopped, SIGSTOP, from before its
 // lock_timeout fires until 60 ms past the deadline). The answer is still
 // read: the call returns ErrNotAcquired and DeadlineExceeded, late by
-// less than the grace (250 ms), and the Session keeps its other lock.
+// less than the grace (250 ms), and the Session keeps its other lock. A
+// machine so loaded that the answer comes later than the grace costs the
+// Session (logged): of three trials, each with a Locker of its own (whose
+// margin has learnt nothing), one must keep it.
 func TestDeadlineLateAnswerKept(t *testing.T) {
 	t.Parallel()
 	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
-		l := sqllock.New(db, sqllock.WithKeepAlive(0))
 		holder := sqllock.New(pgtest.Open(t, "pgx", dsn))
 		busy, mine := sqllock.Int64(79), sqllock.Int64(80)
 		hl, err := holder.Lock(bg(), busy)
@@ -196,49 +198,68 @@ func TestDeadlineLateAnswerKept(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer hl.Unlock(bg())
-		s, err := l.Session(bg())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close(bg())
-		if err := s.Lock(bg(), mine); err != nil {
-			t.Fatal(err)
-		}
-		const deadline = time.Second
-		const resumeAfter = 60 * time.Millisecond
-		pid := s.PID()
-		ctx, cancel := context.WithTimeout(bg(), deadline)
-		defer cancel()
-		dl, _ := ctx.Deadline()
-		resumed := make(chan time.Time, 1)
-		go func() {
-			// The server's lock_timeout fires about 100 ms before the
-			// deadline: stop the backend 200 ms before it.
-			time.Sleep(time.Until(dl.Add(-200 * time.Millisecond)))
-			syscall.Kill(pid, syscall.SIGSTOP)
-			time.Sleep(time.Until(dl.Add(resumeAfter)))
-			syscall.Kill(pid, syscall.SIGCONT)
-			resumed <- time.Now()
-		}()
-		err = s.Lock(ctx, busy)
-		returned := time.Now()
-		at := <-resumed
-		t.Logf("backend resumed %v past the deadline; the call returned %v past it: %v",
-			at.Sub(dl).Round(time.Millisecond), returned.Sub(dl).Round(time.Millisecond), err)
-		if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("Session.Lock = %v, want ErrNotAcquired and DeadlineExceeded", err)
-		}
-		if returned.Before(dl) {
-			t.Fatalf("the call returned %v before its deadline: the backend's answer was not late, the trial did not happen", dl.Sub(returned))
-		}
-		if late := returned.Sub(dl); late > 350*time.Millisecond {
-			t.Errorf("the call returned %v past its deadline", late)
-		}
-		if err := s.Err(); err != nil {
-			t.Fatalf("a late but certain answer cost the Session: %v", err)
-		}
-		if !slices.Contains(s.Held(), mine) || !slices.Contains(holders(t, db, mine), s.PID()) {
-			t.Fatalf("the Session no longer holds %v: Held() = %v", mine, s.Held())
+		for trial := 1; ; trial++ {
+			if lateAnswerKept(t, db, sqllock.New(db, sqllock.WithKeepAlive(0)), busy, mine) {
+				return
+			}
+			if trial == 3 {
+				t.Fatalf("a late but certain answer cost the Session in %d trials", trial)
+			}
 		}
 	})
+}
+
+// lateAnswerKept runs one trial of TestDeadlineLateAnswerKept, and reports
+// whether the Session kept its lock; a wrong outcome fails t.
+func lateAnswerKept(t *testing.T, db *sql.DB, l *sqllock.Locker, busy, mine sqllock.Key) bool {
+	t.Helper()
+	s, err := l.Session(bg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(bg())
+	if err := s.Lock(bg(), mine); err != nil {
+		t.Fatal(err)
+	}
+	const deadline = time.Second
+	const resumeAfter = 60 * time.Millisecond
+	pid := s.PID()
+	ctx, cancel := context.WithTimeout(bg(), deadline)
+	defer cancel()
+	dl, _ := ctx.Deadline()
+	resumed := make(chan time.Time, 1)
+	go func() {
+		// The server's lock_timeout fires about 100 ms before the
+		// deadline: stop the backend 200 ms before it.
+		time.Sleep(time.Until(dl.Add(-200 * time.Millisecond)))
+		syscall.Kill(pid, syscall.SIGSTOP)
+		time.Sleep(time.Until(dl.Add(resumeAfter)))
+		syscall.Kill(pid, syscall.SIGCONT)
+		resumed <- time.Now()
+	}()
+	err = s.Lock(ctx, busy)
+	returned := time.Now()
+	at := <-resumed
+	t.Logf("backend resumed %v past the deadline; the call returned %v past it: %v",
+		at.Sub(dl).Round(time.Millisecond), returned.Sub(dl).Round(time.Millisecond), err)
+	if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Session.Lock = %v, want ErrNotAcquired and DeadlineExceeded", err)
+	}
+	if returned.Before(dl) {
+		t.Fatalf("the call returned %v before its deadline: the backend's answer was not late, the trial did not happen", dl.Sub(returned))
+	}
+	if err := s.Err(); err != nil {
+		if late := returned.Sub(dl); late < 250*time.Millisecond {
+			t.Fatalf("an answer read %v past the deadline cost the Session: %v", late, err)
+		}
+		t.Logf("the answer came later than the grace: %v", err)
+		return false
+	}
+	if late := returned.Sub(dl); late > 350*time.Millisecond {
+		t.Errorf("the call returned %v past its deadline", late)
+	}
+	if !slices.Contains(s.Held(), mine) || !slices.Contains(holders(t, db, mine), s.PID()) {
+		t.Fatalf("the Session no longer holds %v: Held() = %v", mine, s.Held())
+	}
+	return true
 }
