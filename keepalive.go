@@ -3,6 +3,7 @@ package sqllock
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -226,21 +227,29 @@ func (m *monitor) query(keys []heldKey, timeout time.Duration) checkResult {
 	// locks and waiters may hold all of them. Such a check is skipped, not
 	// failed; it does not queue for a connection either, so that it never
 	// takes one from the caller's next Lock.
-	var conn *sql.Conn
-	err := errPoolFull
-	if !poolFull(m.l.db) {
-		conn, err = m.l.db.Conn(ctx)
+	for attempt := 1; ; attempt++ {
+		var conn *sql.Conn
+		err := errPoolFull
+		if !poolFull(m.l.db) {
+			conn, err = m.l.db.Conn(ctx)
+		}
+		if err != nil && poolFull(m.l.db) {
+			return checkResult{skipped: true}
+		}
+		if err != nil {
+			return checkResult{err: err}
+		}
+		m.l.stats.keepAlive.Add(1)
+		lost, err := queryLost(ctx, m.l.mode, conn, keys)
+		conn.Close()
+		// A pooled connection the driver had closed (a wrapper that hides
+		// its validity from database/sql) says nothing about the server:
+		// database/sql drops it, and the check runs once more on another.
+		if errors.Is(err, driver.ErrBadConn) && attempt == 1 && ctx.Err() == nil {
+			continue
+		}
+		return checkResult{lost: lost, err: err}
 	}
-	if err != nil && poolFull(m.l.db) {
-		return checkResult{skipped: true}
-	}
-	if err != nil {
-		return checkResult{err: err}
-	}
-	defer conn.Close()
-	m.l.stats.keepAlive.Add(1)
-	lost, err := queryLost(ctx, m.l.mode, conn, keys)
-	return checkResult{lost: lost, err: err}
 }
 
 var errPoolFull = errors.New("sqllock: pool at its limit")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"log/slog"
 	"strings"
@@ -281,4 +282,109 @@ func TestOrphanBoundSettings(t *testing.T) {
 			}
 		}
 	})
+}
+
+// hiddenValidity is a connector whose connections hide the driver's
+// validity from database/sql (as some driver wrappers do), so that a
+// connection the driver closed stays in the pool.
+type hiddenValidity struct{ driver.Connector }
+
+func (h hiddenValidity) Connect(ctx context.Context) (driver.Conn, error) {
+	c, err := h.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return hiddenConn{c.(plainConn)}, nil
+}
+
+// plainConn is what hiddenConn passes on of the driver's connection.
+type plainConn interface {
+	driver.Conn
+	driver.QueryerContext
+	driver.ExecerContext
+}
+
+type hiddenConn struct{ plainConn }
+
+// keepAliveEvents records the keep-alive checks' errors.
+type keepAliveEvents struct {
+	mu   sync.Mutex
+	errs []error
+	n    int
+}
+
+func (o *keepAliveEvents) AcquireStart(context.Context, sqllock.Acquisition) func(*sqllock.Lock, error) {
+	return nil
+}
+
+func (o *keepAliveEvents) Event(_ context.Context, e sqllock.Event) {
+	if e.Kind != sqllock.EventKeepAlive {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.n++
+	if e.Err != nil {
+		o.errs = append(o.errs, e.Err)
+	}
+}
+
+// TestKeepAliveSkipsClosedPoolConn: a pooled connection that the driver
+// closed (pgx, after a statement outlived its context) and that
+// database/sql hands out again, because a wrapper hides its validity, is
+// no evidence against the server: the keep-alive check runs again on
+// another connection, and reports no error.
+func TestKeepAliveSkipsClosedPoolConn(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	dsn := srv.NewDatabase(t)
+	probe := pgtest.Open(t, "pgx", dsn)
+	inner, err := probe.Driver().(driver.DriverContext).OpenConnector(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(hiddenValidity{inner})
+	t.Cleanup(func() { db.Close() })
+	events := &keepAliveEvents{}
+	l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(100*time.Millisecond), sqllock.WithObserver(events))
+	lk, err := l.Lock(bg(), sqllock.Int64(91))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Unlock(bg())
+	// The pool's idle connection, closed by pgx under the pool's nose: a
+	// statement that outlives its context.
+	c, err := db.Conn(bg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(bg(), 20*time.Millisecond)
+	_, err = c.ExecContext(ctx, "SELECT pg_sleep(1)")
+	cancel()
+	if err == nil {
+		t.Fatal("pg_sleep(1) under a 20 ms context returned no error")
+	}
+	c.Close()
+	if st := db.Stats(); st.Idle != 1 {
+		t.Fatalf("the pool keeps %d idle connections, want the closed one", st.Idle)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		events.mu.Lock()
+		n, errs := events.n, append([]error(nil), events.errs...)
+		events.mu.Unlock()
+		if len(errs) > 0 {
+			t.Fatalf("a keep-alive check reported %v", errs[0])
+		}
+		if n >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d keep-alive checks in 5 s", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := lk.Err(); err != nil {
+		t.Fatalf("Err() = %v", err)
+	}
 }

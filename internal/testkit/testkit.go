@@ -46,6 +46,23 @@ type countingConn struct {
 	c *CountingConnector
 }
 
+// ResetSession and IsValid pass the driver's own on: without them,
+// database/sql would hand out again a connection the driver has closed
+// (pgx closes one whose statement outlived its context).
+func (c *countingConn) ResetSession(ctx context.Context) error {
+	if r, ok := c.Conn.(driver.SessionResetter); ok {
+		return r.ResetSession(ctx)
+	}
+	return nil
+}
+
+func (c *countingConn) IsValid() bool {
+	if v, ok := c.Conn.(driver.Validator); ok {
+		return v.IsValid()
+	}
+	return true
+}
+
 func (c *countingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
 	c.c.n.Add(1)
 	rows, err := c.Conn.(driver.QueryerContext).QueryContext(ctx, q, args)
