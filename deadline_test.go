@@ -182,12 +182,13 @@ func TestDeadlineMarginGrows(t *testing.T) {
 // TestDeadlineLateAnswerKept: the server ends a Session's wait a margin
 // before its deadline, and a loaded machine delivers that answer a little
 // after it (here the waiting backend is stopped, SIGSTOP, from before its
-// lock_timeout fires until 60 ms past the deadline). The answer is still
+// lock_timeout fires until 20 ms past the deadline). The answer is still
 // read: the call returns ErrNotAcquired and DeadlineExceeded, late by
 // less than the grace (250 ms), and the Session keeps its other lock. A
 // machine so loaded that the answer comes later than the grace costs the
-// Session (logged): of three trials, each with a Locker of its own (whose
-// margin has learnt nothing), one must keep it.
+// Session, and one whose answer beat the deadline tried nothing (both
+// logged): of five trials, each with a Locker of its own (whose margin has
+// learnt nothing), one must keep its Session with an answer read late.
 func TestDeadlineLateAnswerKept(t *testing.T) {
 	t.Parallel()
 	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
@@ -202,7 +203,7 @@ func TestDeadlineLateAnswerKept(t *testing.T) {
 			if lateAnswerKept(t, db, sqllock.New(db, sqllock.WithKeepAlive(0)), busy, mine) {
 				return
 			}
-			if trial == 3 {
+			if trial == 5 {
 				t.Fatalf("a late but certain answer cost the Session in %d trials", trial)
 			}
 		}
@@ -222,7 +223,7 @@ func lateAnswerKept(t *testing.T, db *sql.DB, l *sqllock.Locker, busy, mine sqll
 		t.Fatal(err)
 	}
 	const deadline = time.Second
-	const resumeAfter = 60 * time.Millisecond
+	const resumeAfter = 20 * time.Millisecond
 	pid := s.PID()
 	ctx, cancel := context.WithTimeout(bg(), deadline)
 	defer cancel()
@@ -246,7 +247,8 @@ func lateAnswerKept(t *testing.T, db *sql.DB, l *sqllock.Locker, busy, mine sqll
 		t.Fatalf("Session.Lock = %v, want ErrNotAcquired and DeadlineExceeded", err)
 	}
 	if returned.Before(dl) {
-		t.Fatalf("the call returned %v before its deadline: the backend's answer was not late, the trial did not happen", dl.Sub(returned))
+		t.Logf("the call returned %v before its deadline: the answer was not late, no trial", dl.Sub(returned))
+		return false
 	}
 	if err := s.Err(); err != nil {
 		if late := returned.Sub(dl); late < 250*time.Millisecond {
