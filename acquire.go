@@ -510,7 +510,10 @@ func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (lk *Lock, e
 	if !kind.IsShared() && !l.cfg.dedicated {
 		var handled bool
 		if lk, err, handled = l.acquireShared(ctx, k, kind.IsTry()); handled {
-			if err != nil && l.cfg.holders && errors.Is(err, ErrNotAcquired) && !ctxEnded(ctx) {
+			if err != nil && l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, errAbandoned) {
+				// Also when ctx ended during the call (not before it: then
+				// nothing is sent): the holders are asked on a context of
+				// their own.
 				err = l.withHolders(k, err)
 			}
 			return lk, err

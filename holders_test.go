@@ -26,11 +26,17 @@ func TestHolders(t *testing.T) {
 		}
 		defer lk.Unlock(bg())
 		waiter := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithHolders())
+		// The waiter waits until the checks below are done (a loaded
+		// machine can take seconds to set its sessions up).
+		wctx, wcancel := context.WithTimeout(bg(), 30*time.Second)
+		waited := make(chan struct{})
 		go func() {
-			ctx, cancel := context.WithTimeout(bg(), 2*time.Second)
-			defer cancel()
-			waiter.Lock(ctx, k)
+			defer close(waited)
+			if lk, err := waiter.Lock(wctx, k); err == nil {
+				lk.Unlock(bg())
+			}
 		}()
+		defer func() { wcancel(); <-waited }()
 		testkit.WaitWaiters(t, db, k, 1)
 		hs, err := sqllock.Inspect(bg(), db, sqllock.WithKeys(k))
 		if err != nil || len(hs) != 2 {
