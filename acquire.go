@@ -171,14 +171,21 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 		// it cannot leave the wait running past the deadline.
 		slice, margin := l.deadlineSlice(ctx, slice)
 		byDeadline := margin > 0
+		// A session-level wait that the server ends before ctx's deadline
+		// is read a little past it (pastDeadline).
+		sctx, cancel := ctx, context.CancelFunc(func() {})
+		if byDeadline && lv == sessionLevel {
+			sctx, cancel = pastDeadline(ctx)
+		}
 		// A driver's own cancel can reach the server before the statement
 		// starts, and be lost (lib/pq sends one on a connection of its
-		// own): should the statement still run abandonGrace after ctx
-		// ended, the backend is cancelled from here.
+		// own): should the statement still run abandonGrace after its
+		// context ended, the backend is cancelled from here. The statement
+		// and that cancel each claim the end of the statement; one wins.
 		var returned atomic.Bool
-		stop := context.AfterFunc(ctx, func() {
+		stop := context.AfterFunc(sctx, func() {
 			time.AfterFunc(abandonGrace, func() {
-				if !returned.Load() {
+				if returned.CompareAndSwap(false, true) {
 					l.cancelWait(pid, k)
 				}
 			})
@@ -204,19 +211,19 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 			}
 		} else {
 			q, args := l.sql().WaitSQL(kind&^kindTry, k.sqlKey(), slice)
-			sctx, cancel := ctx, context.CancelFunc(func() {})
-			if byDeadline {
-				sctx, cancel = pastDeadline(ctx)
-			}
 			o.sent = monoNow()
 			o.err = w.queryRow(sctx, q, args, &o.ok, &o.pid, &o.standby)
-			// An answer the driver read before its context ended is the
-			// server's, however late for ctx.
-			o.certain = byDeadline && sctx.Err() == nil && !errors.Is(o.err, errAbandoned)
-			cancel()
+			// The server's own answer (granted, or its lock_timeout), read
+			// before the statement's context ended and not after a cancel
+			// of ctx, is certain, however late for ctx's deadline.
+			o.certain = sctx != ctx && sctx.Err() == nil && !errors.Is(ctx.Err(), context.Canceled) &&
+				(o.err == nil || sqlState(o.err) == "55P03")
 		}
-		returned.Store(true)
+		if !returned.CompareAndSwap(false, true) {
+			o.certain = false // a cancel of this backend is on its way: its next statement may meet it
+		}
 		stop()
+		cancel()
 		if byDeadline && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			// The server was to end the wait before the deadline, and its
 			// answer did not come in time (a loaded machine or server; the
@@ -308,17 +315,27 @@ func (l *Locker) grantedAfterTimeout(ctx context.Context, w waiter, kind lockKin
 	q, args := l.sql().GrantedSQL(kind&^kindTry, int64(c), int64(ob), sub)
 	g := outcome{pid: o.pid, sent: monoNow()}
 	// After a wait the server ended at the deadline, the question comes
-	// within the deadline's margin; a loaded server may answer later. It
-	// gets abandonGrace past the deadline, not cut short with it (a driver
-	// that gives a statement up poisons its connection): the call returns
-	// at most that late, with a certain answer.
+	// within the deadline's margin, or, when the wait's answer was read
+	// late, past the deadline; a loaded server may answer later still. It
+	// gets abandonGrace from whichever is later, not cut short with ctx (a
+	// driver that gives a statement up poisons its connection): the call
+	// returns at most that late, with a certain answer.
 	gctx := ctx
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < abandonGrace {
 		var cancel context.CancelFunc
-		gctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl.Add(abandonGrace))
+		gctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), later(dl, time.Now()).Add(abandonGrace))
 		defer cancel()
 	}
-	switch err := w.queryRow(gctx, q, args, &g.ok, &g.pid, &g.standby); {
+	err := w.queryRow(gctx, q, args, &g.ok, &g.pid, &g.standby)
+	if err == nil || errors.Is(err, sql.ErrNoRows) {
+		if e := gctx.Err(); e != nil {
+			// Answered once its context had ended: lib/pq reads the
+			// answer, then closes the connection, and the session's locks
+			// with it. Nothing is certain.
+			err = e
+		}
+	}
+	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return false // not held: the 55P03 stands
 	case err != nil:
@@ -329,6 +346,14 @@ func (l *Locker) grantedAfterTimeout(ctx context.Context, w waiter, kind lockKin
 		*o = g
 	}
 	return true
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // deadlineMargin is how long before ctx's deadline, left away, a wait

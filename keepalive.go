@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -123,6 +124,7 @@ func (m *monitor) loop() {
 	for range t.C {
 		m.mu.Lock()
 		if len(m.watched) == 0 {
+			dbgf("DBG loop ends")
 			m.running = false
 			m.mu.Unlock()
 			return
@@ -230,9 +232,11 @@ func (m *monitor) query(keys []heldKey, timeout time.Duration) checkResult {
 	for attempt := 1; ; attempt++ {
 		var conn *sql.Conn
 		err := errPoolFull
+		dbgT := time.Now()
 		if !poolFull(m.l.db) {
 			conn, err = m.l.db.Conn(ctx)
 		}
+		dbgf("DBG conn attempt=%d took=%v err=%v open=%d inuse=%d idle=%d", attempt, time.Since(dbgT), err, m.l.db.Stats().OpenConnections, m.l.db.Stats().InUse, m.l.db.Stats().Idle)
 		if err != nil && poolFull(m.l.db) {
 			return checkResult{skipped: true}
 		}
@@ -240,8 +244,10 @@ func (m *monitor) query(keys []heldKey, timeout time.Duration) checkResult {
 			return checkResult{err: err}
 		}
 		m.l.stats.keepAlive.Add(1)
+		dbgQ := time.Now()
 		lost, err := queryLost(ctx, m.l.mode, conn, keys)
 		conn.Close()
+		dbgf("DBG query took=%v err=%v lost=%d", time.Since(dbgQ), err, len(lost))
 		// A pooled connection the driver had closed (a wrapper that hides
 		// its validity from database/sql) says nothing about the server:
 		// database/sql drops it, and the check runs once more on another.
@@ -261,6 +267,7 @@ func (m *monitor) failed(ws []watched, err error) {
 	m.failures++
 	n := m.failures
 	m.mu.Unlock()
+	dbgf("DBG failed n=%d err=%v", n, err)
 	if n < failedChecksBeforeLost {
 		return
 	}
@@ -336,3 +343,5 @@ func queryLost(ctx context.Context, mode stmtMode, conn *sql.Conn, keys []heldKe
 	}
 	return lost, rows.Err()
 }
+
+func dbgf(f string, a ...any) { fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05.000 ")+f+"\n", a...) }
