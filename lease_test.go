@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/pgtest"
 )
 
 // TestLeaseKeepsIdleHolders: a live holder that sends nothing keeps its
@@ -131,4 +132,38 @@ func TestLeaseIdleWhenTold(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestSemaphorePermitLease: a permit granted by the semaphore's first try
+// is leased from that statement, like any lock. In a process older than
+// the orphan bound, a permit whose lease began at the process's start was
+// reported lost at the keep-alive's first tick.
+func TestSemaphorePermitLease(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	db := pgtest.Open(t, "pgx", srv.NewDatabase(t))
+	var v int
+	if err := db.QueryRow("SELECT current_setting('server_version_num')::int").Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	if v < 140000 {
+		pgtest.Unavailable(t, "PostgreSQL 14 or later (the lease needs idle_session_timeout)", nil)
+	}
+	const bound = sqllock.MinOrphanBound
+	if wait := bound + time.Second - time.Since(processStart); wait > 0 {
+		time.Sleep(wait) // the process is older than the bound
+	}
+	l := sqllock.New(db, sqllock.WithOrphanBound(bound), sqllock.WithKeepAlive(200*time.Millisecond))
+	p, err := l.Semaphore("leased", 2).TryAcquire(bg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Unlock(bg())
+	time.Sleep(time.Second) // five keep-alive ticks
+	if err := p.Err(); err != nil {
+		t.Fatalf("a permit a second old: Err() = %v", err)
+	}
+	if pids := holders(t, db, p.Key()); len(pids) != 1 || pids[0] != p.PID() {
+		t.Fatalf("the permit's key is held by %v, want backend %d", pids, p.PID())
+	}
 }

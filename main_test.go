@@ -6,9 +6,14 @@ import (
 	"runtime"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/sqllock/sqllock/pgtest"
 )
+
+// processStart is about when the test process began (the library's own
+// clock starts with the package).
+var processStart = time.Now()
 
 func TestMain(m *testing.M) {
 	if role := os.Getenv(helperEnv); role != "" {

@@ -124,11 +124,10 @@ func (s *Semaphore) acquireOn(ctx context.Context, conn *sql.Conn, id ident, try
 	w := connWaiter{conn, l.abandoned}
 	for {
 		var slot int64
-		var o outcome
-		began := time.Now()
+		o := outcome{sent: monoNow()} // the permit's lease begins with this statement
 		o.err = w.queryRow(ctx, s.trySQL(), nil, &slot, &o.pid, &o.standby, skip)
 		if o.err == nil {
-			l.observeRTT(time.Since(began))
+			l.observeRTT(time.Duration(monoNow() - o.sent))
 		}
 		o.ok = o.err == nil && slot >= 0
 		k := Key{}
