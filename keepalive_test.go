@@ -306,7 +306,8 @@ type plainConn interface {
 
 type hiddenConn struct{ plainConn }
 
-// keepAliveEvents records the keep-alive checks' errors.
+// keepAliveEvents counts the keep-alive checks, and records those that
+// failed on a bad connection.
 type keepAliveEvents struct {
 	mu   sync.Mutex
 	errs []error
@@ -324,8 +325,8 @@ func (o *keepAliveEvents) Event(_ context.Context, e sqllock.Event) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.n++
-	if e.Err != nil {
-		o.errs = append(o.errs, e.Err)
+	if errors.Is(e.Err, driver.ErrBadConn) {
+		o.errs = append(o.errs, e.Err) // a loaded machine's slow connection setup is another matter
 	}
 }
 

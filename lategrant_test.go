@@ -131,9 +131,11 @@ func TestGrantedAsTimeoutFires(t *testing.T) {
 
 			// With a deadline shorter than a slice, the deadline is the
 			// wait's lock_timeout (a little before it): the backend is
-			// resumed once that has passed, before the deadline itself.
+			// resumed once that has passed, before the deadline itself. (4 s,
+			// shorter than the 5 s slice: a loaded machine can take seconds
+			// to set the wait up.)
 			deadlineTrial := func(t *testing.T, db *sql.DB, k sqllock.Key, holder func(), wait func(ctx context.Context) error) {
-				ctx, cancel := context.WithTimeout(bg(), 2*time.Second)
+				ctx, cancel := context.WithTimeout(bg(), 4*time.Second)
 				defer cancel()
 				dl, _ := ctx.Deadline()
 				errc := make(chan error, 1)

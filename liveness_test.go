@@ -40,11 +40,11 @@ func TestLostLockIsReported(t *testing.T) {
 		terminate(t, srv, lk.PID())
 		select {
 		case <-lk.Done():
-		case <-time.After(2*keepAlive + time.Second):
+		case <-time.After(2*keepAlive + 3*time.Second):
 			t.Fatal("Done() not closed after the backend was terminated")
 		}
 		t.Logf("loss reported after %v", time.Since(start))
-		if time.Since(start) > 2*keepAlive+time.Second {
+		if time.Since(start) > 2*keepAlive+3*time.Second { // scheduling on a loaded quick run: seconds
 			t.Errorf("loss reported after %v, want within 2× keep-alive (%v) plus scheduling", time.Since(start), 2*keepAlive)
 		}
 		if err := lk.Err(); !errors.Is(err, sqllock.ErrLockLost) {
