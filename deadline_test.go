@@ -55,7 +55,7 @@ func TestDeadlineKeptByServer(t *testing.T) {
 			if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("Lock(deadline %v) = %v, want ErrNotAcquired and DeadlineExceeded", d, err)
 			}
-			if took > d+time.Second {
+			if took > d+3*time.Second { // the grace, the cancel from another connection, and scheduling
 				t.Errorf("Lock(deadline %v) returned after %v", d, took)
 			}
 			next, err := l.TryLock(bg(), sqllock.Int64(2))
