@@ -20,6 +20,7 @@ import (
 // back to the pool (the next lock runs on the same backend), and a Session
 // keeps the locks it held.
 func TestDeadlineKeptByServer(t *testing.T) {
+	long(t) // answers within the deadline's margin: not under the quick run's 8 tests per core
 	t.Parallel()
 	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
 		db.SetMaxOpenConns(1)
@@ -190,6 +191,7 @@ func TestDeadlineMarginGrows(t *testing.T) {
 // logged): of five trials, each with a Locker of its own (whose margin has
 // learnt nothing), one must keep its Session with an answer read late.
 func TestDeadlineLateAnswerKept(t *testing.T) {
+	long(t) // answers within 250 ms of a resumed backend: not under the quick run's 8 tests per core
 	t.Parallel()
 	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
 		holder := sqllock.New(pgtest.Open(t, "pgx", dsn))
