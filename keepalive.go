@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,6 +32,10 @@ type monitor struct {
 	// goroutine uses them.
 	starved  bool
 	inflight chan struct{}
+	// dialing is closed when a connection setup that outlived its check
+	// has ended, its connection in the pool; nil when there is none. Only
+	// the checks' goroutines use it, one at a time (see inflight).
+	dialing chan struct{}
 }
 
 // watched is something the keep-alive checks: a Lock, or a Session with
@@ -124,7 +127,6 @@ func (m *monitor) loop() {
 	for range t.C {
 		m.mu.Lock()
 		if len(m.watched) == 0 {
-			dbgf("DBG loop ends")
 			m.running = false
 			m.mu.Unlock()
 			return
@@ -232,11 +234,9 @@ func (m *monitor) query(keys []heldKey, timeout time.Duration) checkResult {
 	for attempt := 1; ; attempt++ {
 		var conn *sql.Conn
 		err := errPoolFull
-		dbgT := time.Now()
 		if !poolFull(m.l.db) {
-			conn, err = m.l.db.Conn(ctx)
+			conn, err = m.conn(ctx)
 		}
-		dbgf("DBG conn attempt=%d took=%v err=%v open=%d inuse=%d idle=%d", attempt, time.Since(dbgT), err, m.l.db.Stats().OpenConnections, m.l.db.Stats().InUse, m.l.db.Stats().Idle)
 		if err != nil && poolFull(m.l.db) {
 			return checkResult{skipped: true}
 		}
@@ -244,10 +244,8 @@ func (m *monitor) query(keys []heldKey, timeout time.Duration) checkResult {
 			return checkResult{err: err}
 		}
 		m.l.stats.keepAlive.Add(1)
-		dbgQ := time.Now()
 		lost, err := queryLost(ctx, m.l.mode, conn, keys)
 		conn.Close()
-		dbgf("DBG query took=%v err=%v lost=%d", time.Since(dbgQ), err, len(lost))
 		// A pooled connection the driver had closed (a wrapper that hides
 		// its validity from database/sql) says nothing about the server:
 		// database/sql drops it, and the check runs once more on another.
@@ -260,6 +258,43 @@ func (m *monitor) query(keys []heldKey, timeout time.Duration) checkResult {
 
 var errPoolFull = errors.New("sqllock: pool at its limit")
 
+// conn is getConn for a check: a connection being set up when ctx ends
+// goes on in the background, to the pool, and the next check waits for it
+// rather than set up another. A check that aborted its own setup at its
+// timeout would never get a connection while setups take longer than that
+// (a loaded machine), and two such checks report every lock lost.
+func (m *monitor) conn(ctx context.Context) (*sql.Conn, error) {
+	if m.dialing != nil {
+		select {
+		case <-m.dialing:
+			m.dialing = nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if m.l.db.Stats().Idle > 0 {
+		return m.l.db.Conn(ctx)
+	}
+	dialing := make(chan struct{})
+	conn, err := leaveAtEnd(ctx, 0,
+		func(func() bool) (*sql.Conn, error) {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), connectTimeout)
+			defer cancel()
+			return m.l.db.Conn(cctx)
+		},
+		func() { m.dialing = dialing },
+		func(conn *sql.Conn, err error) {
+			if err == nil {
+				conn.Close() // to the pool, for the next check
+			}
+			close(dialing)
+		})
+	if errors.Is(err, errAbandoned) {
+		return nil, ctx.Err()
+	}
+	return conn, err
+}
+
 // failed counts a check that got no answer from the server; after
 // failedChecksBeforeLost in a row, every lock in ws is reported lost.
 func (m *monitor) failed(ws []watched, err error) {
@@ -267,7 +302,6 @@ func (m *monitor) failed(ws []watched, err error) {
 	m.failures++
 	n := m.failures
 	m.mu.Unlock()
-	dbgf("DBG failed n=%d err=%v", n, err)
 	if n < failedChecksBeforeLost {
 		return
 	}
@@ -343,5 +377,3 @@ func queryLost(ctx context.Context, mode stmtMode, conn *sql.Conn, keys []heldKe
 	}
 	return lost, rows.Err()
 }
-
-func dbgf(f string, a ...any) { fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05.000 ")+f+"\n", a...) }

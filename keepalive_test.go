@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -382,6 +383,62 @@ func TestKeepAliveSkipsClosedPoolConn(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%d keep-alive checks in 5 s", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := lk.Err(); err != nil {
+		t.Fatalf("Err() = %v", err)
+	}
+}
+
+// slowDial is a connector whose connections after the first take d to set
+// up (a loaded server), giving up when the caller's context ends.
+type slowDial struct {
+	driver.Connector
+	d     time.Duration
+	dials atomic.Int64
+}
+
+func (s *slowDial) Connect(ctx context.Context) (driver.Conn, error) {
+	if s.dials.Add(1) > 1 {
+		select {
+		case <-time.After(s.d):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return s.Connector.Connect(ctx)
+}
+
+// TestKeepAliveSlowConnectionSetup: when setting up a connection takes
+// longer than a keep-alive check may (1 s), the setup goes on after its
+// check gave up, and the next check uses it: one failed check, not two,
+// and the lock is not reported lost. A check that aborted its own setup
+// never got a connection, and two of them reported the lock lost.
+func TestKeepAliveSlowConnectionSetup(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	dsn := srv.NewDatabase(t)
+	probe := pgtest.Open(t, "pgx", dsn)
+	inner, err := probe.Driver().(driver.DriverContext).OpenConnector(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(&slowDial{Connector: inner, d: 1500 * time.Millisecond})
+	t.Cleanup(func() { db.Close() })
+	l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(200*time.Millisecond))
+	lk, err := l.Lock(bg(), sqllock.Int64(92)) // the first connection: no delay
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Unlock(bg())
+	deadline := time.Now().Add(8 * time.Second)
+	for l.Stats().KeepAliveChecks < 3 {
+		if err := lk.Err(); err != nil {
+			t.Fatalf("the keep-alive reported the lock lost while its connection was set up: %v", err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d keep-alive checks in 8 s", l.Stats().KeepAliveChecks)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -167,7 +167,6 @@ func (s *Session) markLost(cause error) bool {
 	s.held, s.sorted = keySet{}, nil
 	err := s.err
 	s.mu.Unlock()
-	dbgf("DBG session lost: %v", err)
 	s.l.mon.remove(s)
 	s.l.emit(context.Background(), Event{Kind: EventLost, PID: int(s.pid), Err: err}, n)
 	s.pinned.end() // last: whoever waits on Done sees the stats and the events

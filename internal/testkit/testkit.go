@@ -24,7 +24,6 @@ import (
 type CountingConnector struct {
 	driver.Connector
 	n, double atomic.Int64
-	dbgDials  atomic.Int64
 }
 
 // Count returns the statements run so far.
@@ -35,13 +34,6 @@ func (c *CountingConnector) DoubleCloses() int64 { return c.double.Load() }
 
 // Connect implements driver.Connector.
 func (c *CountingConnector) Connect(ctx context.Context) (driver.Conn, error) {
-	if d, _ := time.ParseDuration(os.Getenv("SQLLOCK_DBG_DIAL")); d > 0 && c.dbgDials.Add(1) > 1 {
-		select {
-		case <-time.After(d):
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
 	dc, err := c.Connector.Connect(ctx)
 	if err != nil {
 		return nil, err
