@@ -183,9 +183,24 @@ func helperFrozen(db *sql.DB) int {
 // each goroutine got in; exit 1 when the limit was broken or a goroutine
 // never got in.
 func helperSemaphore(db *sql.DB, dir string) int {
-	until, _ := strconv.ParseInt(os.Getenv("HELPER_UNTIL"), 10, 64)
+	run, _ := time.ParseDuration(os.Getenv("HELPER_RUN"))
 	db.SetMaxIdleConns(8) // one per worker: the default 2 connects anew per call
 	sem := sqllock.New(db, sqllock.WithKeepAlive(time.Second)).Semaphore("reports", 3)
+	// The run begins once every process is ready (a loaded machine can
+	// take most of a short run to start one), and lasts run.
+	ready := filepath.Join(dir, "ready")
+	os.WriteFile(filepath.Join(ready, strconv.Itoa(os.Getpid())), nil, 0o644)
+	for start := time.Now(); ; time.Sleep(5 * time.Millisecond) {
+		if files, _ := os.ReadDir(ready); len(files) >= 3 {
+			break
+		}
+		if time.Since(start) > 30*time.Second {
+			fmt.Fprintln(os.Stderr, "the other processes never got ready")
+			return 2
+		}
+	}
+	until := time.Now().Add(run).UnixMilli()
+	dir = filepath.Join(dir, "inside")
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	code := 0

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -100,14 +101,18 @@ func TestSemaphoreProcesses(t *testing.T) {
 			dsn := srv.NewDatabase(t)
 			observer := pgtest.Open(t, "pgx", dsn)
 			dir := t.TempDir()
-			until := time.Now().Add(run).UnixMilli()
+			for _, sub := range []string{"ready", "inside"} {
+				if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
 			var wg sync.WaitGroup
 			outs := make([]bytes.Buffer, 3)
 			errs := make([]error, 3)
 			for i := range outs {
 				cmd := exec.Command(os.Args[0], "-test.run=^$")
 				cmd.Env = append(os.Environ(), helperEnv+"=semaphore", "HELPER_DRIVER="+drv, "HELPER_DSN="+dsn,
-					"HELPER_DIR="+dir, "HELPER_UNTIL="+strconv.FormatInt(until, 10))
+					"HELPER_DIR="+dir, "HELPER_RUN="+run.String())
 				cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
 				wg.Add(1)
 				go func() { defer wg.Done(); errs[i] = cmd.Run() }()
@@ -116,8 +121,15 @@ func TestSemaphoreProcesses(t *testing.T) {
 			for _, k := range sqllock.SemaphoreSlots("reports", 3) {
 				slots[k] = true
 			}
+			exited := make(chan struct{})
+			go func() { wg.Wait(); close(exited) }()
 			most := 0
-			for time.Now().UnixMilli() < until {
+			for running := true; running; {
+				select {
+				case <-exited:
+					running = false
+				default:
+				}
 				locks, err := sqllock.Inspect(bg(), observer)
 				if err != nil {
 					t.Fatal(err)
