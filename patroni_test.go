@@ -613,12 +613,19 @@ func (c *haClient) observeLeaders(ctx context.Context, prep, at time.Time, np *p
 			ended, endErr, r.oldLeaderTold = !o.end.IsZero(), o.endErr, o.end.Sub(at)
 		}
 		c.mu.Lock()
+		nl = nil // chosen anew: a term can turn out to be the old server's last
 		for _, tm := range c.terms {
-			if tm.start.After(at) && nl == nil {
+			// A term granted on the old primary as it shut down (its
+			// holder's session ended at once, and the term with it) is
+			// the old server's last grant, not the new leader.
+			lastOnOld := tm.probed && tm.port != np.Port && !tm.end.IsZero() && errors.Is(tm.endErr, sqllock.ErrLockLost)
+			if tm.start.After(at) && nl == nil && !lastOnOld {
 				nl = tm
 			}
 		}
-		probed := nl != nil && nl.probed
+		// One on another server is waited on until it ends (skipped
+		// above, when lost) or the wait does (a failure).
+		probed := nl != nil && nl.probed && (nl.port == np.Port || !nl.end.IsZero())
 		c.mu.Unlock()
 		if (r.oldLeader == nil || ended) && probed {
 			if r.oldLeader != nil && !errors.Is(endErr, sqllock.ErrLockLost) {
