@@ -338,14 +338,7 @@ func (o *keepAliveEvents) Event(_ context.Context, e sqllock.Event) {
 // another connection, and reports no error.
 func TestKeepAliveSkipsClosedPoolConn(t *testing.T) {
 	t.Parallel()
-	srv := pgtest.Start(t)
-	dsn := srv.NewDatabase(t)
-	probe := pgtest.Open(t, "pgx", dsn)
-	inner, err := probe.Driver().(driver.DriverContext).OpenConnector(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := sql.OpenDB(hiddenValidity{inner})
+	db := sql.OpenDB(hiddenValidity{pgxConnector(t)})
 	t.Cleanup(func() { db.Close() })
 	events := &keepAliveEvents{}
 	l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(100*time.Millisecond), sqllock.WithObserver(events))
@@ -417,14 +410,7 @@ func (s *slowDial) Connect(ctx context.Context) (driver.Conn, error) {
 // never got a connection, and two of them reported the lock lost.
 func TestKeepAliveSlowConnectionSetup(t *testing.T) {
 	t.Parallel()
-	srv := pgtest.Start(t)
-	dsn := srv.NewDatabase(t)
-	probe := pgtest.Open(t, "pgx", dsn)
-	inner, err := probe.Driver().(driver.DriverContext).OpenConnector(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := sql.OpenDB(&slowDial{Connector: inner, d: 1500 * time.Millisecond})
+	db := sql.OpenDB(&slowDial{Connector: pgxConnector(t), d: 1500 * time.Millisecond})
 	t.Cleanup(func() { db.Close() })
 	l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(200*time.Millisecond))
 	lk, err := l.Lock(bg(), sqllock.Int64(92)) // the first connection: no delay
@@ -445,4 +431,17 @@ func TestKeepAliveSlowConnectionSetup(t *testing.T) {
 	if err := lk.Err(); err != nil {
 		t.Fatalf("Err() = %v", err)
 	}
+}
+
+// pgxConnector returns a pgx connector to a database of t's own, for a
+// pool built on a wrapper of it.
+func pgxConnector(t *testing.T) driver.Connector {
+	t.Helper()
+	dsn := pgtest.Start(t).NewDatabase(t)
+	probe := pgtest.Open(t, "pgx", dsn)
+	inner, err := probe.Driver().(driver.DriverContext).OpenConnector(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inner
 }
