@@ -101,6 +101,10 @@ type outcome struct {
 	// ended (a wait bounded by ctx's deadline reads it a little past it),
 	// so ctx's end does not make it uncertain.
 	certain bool
+	// tuned: the session had the lock session's settings before the call
+	// (a shared session handed over to a wait), to be set back if it goes
+	// back to the pool without the lock.
+	tuned bool
 }
 
 // level is which of PostgreSQL's lock functions the engine calls.
@@ -448,7 +452,7 @@ func (l *Locker) deadlineSlice(ctx context.Context, slice string) (string, time.
 func (l *Locker) settle(ctx context.Context, conn *sql.Conn, id ident, k Key, shared bool, o outcome, what string) (*Lock, error) {
 	switch {
 	case errors.Is(o.err, errDeadline):
-		conn.Close() // confirmed: this session holds nothing
+		l.giveBack(conn, o) // confirmed: this session holds nothing
 		return nil, notAcquired(what, context.DeadlineExceeded)
 	case ctxEnded(ctx) && !o.certain:
 		l.discard(conn, k, "context ended during the lock statement")
@@ -461,7 +465,7 @@ func (l *Locker) settle(ctx context.Context, conn *sql.Conn, id ident, k Key, sh
 		return nil, lockError(what, o.err)
 	case o.standby && !l.cfg.allowStandby:
 		if !o.ok {
-			conn.Close() // confirmed: this session holds nothing
+			l.giveBack(conn, o) // confirmed: this session holds nothing
 			return nil, standbyError("lock " + what)
 		}
 		if err := l.release(conn, k, shared, o.pid); err != nil {
@@ -470,7 +474,7 @@ func (l *Locker) settle(ctx context.Context, conn *sql.Conn, id ident, k Key, sh
 		return nil, standbyError("lock " + what)
 	case !o.ok:
 		l.stats.contended.Add(1)
-		conn.Close() // confirmed: this session holds nothing
+		l.giveBack(conn, o) // confirmed: this session holds nothing
 		return nil, fmt.Errorf("%w: %s is held by another session", ErrNotAcquired, what)
 	}
 	lk := newLock(l, k, shared, conn, o.pid)
@@ -479,6 +483,16 @@ func (l *Locker) settle(ctx context.Context, conn *sql.Conn, id ident, k Key, sh
 	l.stats.took(1)
 	l.mon.add(lk)
 	return lk, nil
+}
+
+// giveBack returns conn, which holds no lock, to the pool: as it came, its
+// settings set back first when the outcome says it had them (o.tuned).
+func (l *Locker) giveBack(conn *sql.Conn, o outcome) {
+	if o.tuned {
+		l.closeSession(conn, o.pid)
+		return
+	}
+	conn.Close()
 }
 
 // withConn runs take on a connection of the pool, checked against the

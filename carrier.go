@@ -23,11 +23,16 @@ import (
 type carrier struct {
 	l    *Locker
 	conn *sql.Conn
-	pid  int64
 	id   ident  // who granted its locks (see checkServer)
 	ls   *lease // its idle clock (see lease.go)
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// pid is its backend, learnt from its first answer (0 until then);
+	// tuned, whether the lock session's settings are applied (by its first
+	// granted try). Both are set by the runner, under mu, before the
+	// answer is told: whoever holds an outcome of it reads them without mu.
+	pid     int64
+	tuned   bool
 	held    map[*Lock]struct{} // guarded by mu: the Locks it carries
 	users   int                // guarded by mu: calls that picked it and have not finished
 	queue   []*shareOp         // guarded by mu: operations waiting for the runner
@@ -196,12 +201,37 @@ func (c *carrier) closeIfEmpty() {
 		return
 	}
 	c.closed = true // no call picks it now
+	tuned := c.tuned
 	c.mu.Unlock()
 	s.mu.Unlock()
-	c.l.closeSession(c.conn, c.pid)
+	if tuned {
+		c.l.closeSession(c.conn, c.pid)
+	} else {
+		c.conn.Close() // it never held a lock: nothing to set back
+	}
 	s.mu.Lock()
 	s.remove(c) // counted until its reset is done
 	s.mu.Unlock()
+}
+
+// handOver gives a carrier that holds nothing, and has nothing under way,
+// to a call that found its key held, to wait on: the carrier closes (no
+// call picks it from now on) and its connection becomes the waiter's, its
+// pid known, its settings applied when tuned is true (to be set back
+// should the wait not be granted). ok is false when the carrier is in use.
+func (c *carrier) handOver() (conn *sql.Conn, pid int64, tuned, ok bool) {
+	s := &c.l.share
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.idleLocked() || c.pid == 0 {
+		return nil, 0, false, false
+	}
+	c.closed = true
+	c.unarmLocked()
+	s.remove(c)
+	return c.conn, c.pid, c.tuned, true
 }
 
 // submit queues op; the first caller to find the carrier idle becomes its
@@ -347,9 +377,12 @@ func (c *carrier) runMany(ops []*shareOp, unlock bool) {
 			}
 			return
 		}
-		if n == 1 {
+		switch {
+		case n == 1:
 			c.runOne(ops[0], unlock)
-		} else {
+		case !c.tuned && c.tune() != nil:
+			continue // failed, and so dead: the loop's next turn tells ops
+		default:
 			c.runBatch(ops[:n], unlock)
 		}
 		ops = ops[n:]
@@ -372,15 +405,19 @@ func (c *carrier) runOne(op *shareOp, unlock bool) {
 			err = sessionChanged(c.pid, 0)
 		}
 	} else {
-		q, args := c.l.plain.TrySQL(sqltext.Try, op.key.sqlKey())
+		// Until a try is granted on it, the session's settings are not
+		// applied: its tries are a dedicated lock's, which apply them
+		// when granted.
+		st := c.l.plain
+		if !c.tuned {
+			st = c.l.sql()
+		}
+		q, args := st.TrySQL(sqltext.Try, op.key.sqlKey())
 		var pid int64
 		var standby bool
 		err = c.queryRow(q, args, &op.ok, &pid, &standby)
-		switch {
-		case err == nil && pid != c.pid:
-			err = sessionChanged(c.pid, pid)
-		case err == nil && standby && !c.l.cfg.allowStandby:
-			err = standbyError("lock")
+		if err == nil {
+			err = c.answered(pid, standby, op.ok && !c.tuned)
 		}
 	}
 	if err != nil {
@@ -391,6 +428,42 @@ func (c *carrier) runOne(op *shareOp, unlock bool) {
 		}
 	}
 	c.finish(op)
+}
+
+// answered records what a statement's answer says of the session: its
+// backend pid (learnt from the first answer, the same in every later one),
+// whether it is a standby (refused unless WithAllowStandby), and, when
+// tuned, that its settings are now applied.
+func (c *carrier) answered(pid int64, standby, tuned bool) error {
+	switch {
+	case c.pid != 0 && pid != c.pid:
+		return sessionChanged(c.pid, pid)
+	case standby && !c.l.cfg.allowStandby:
+		return standbyError("lock")
+	}
+	if c.pid == 0 || tuned {
+		c.mu.Lock()
+		c.pid = pid
+		c.tuned = c.tuned || tuned
+		c.mu.Unlock()
+	}
+	return nil
+}
+
+// tune applies the lock session's settings before a batch of tries (a
+// single try applies them itself when granted); on failure the carrier is
+// dead.
+func (c *carrier) tune() error {
+	var pid int64
+	var standby bool
+	err := c.queryRow(c.l.sql().SessionSQL(), nil, &pid, &standby, skip)
+	if err == nil {
+		err = c.answered(pid, standby, true)
+	}
+	if err != nil {
+		c.fail(err)
+	}
+	return err
 }
 
 // serverRefused reports whether err is the server's own answer to a try

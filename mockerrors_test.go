@@ -208,8 +208,6 @@ func TestSharedUnlockOutcomes(t *testing.T) {
 	db, mock := newMock(t)
 	l := sqllock.New(db, sqllock.WithKeepAlive(0))
 	sqllockmock.ExpectServerCheck(mock)
-	mock.ExpectQuery(`^SELECT pg_backend_pid\(\), pg_is_in_recovery\(\), `).
-		WillReturnRows(sqlmock.NewRows([]string{"pid", "in_recovery", "settings"}).AddRow(sqllockmock.PID, false, "on"))
 	keys := []sqllock.Key{sqllock.Int64(1), sqllock.Int64(2), sqllock.Int64(3)}
 	for _, k := range keys {
 		v, _ := k.Int64()

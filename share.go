@@ -2,7 +2,6 @@ package sqllock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -145,13 +144,6 @@ func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, 
 		if ctxEnded(ctx) {
 			return ended()
 		}
-		if se := (*setupError)(nil); errors.As(err, &se) && sqlState(err) == "" && !connectionBroken(err) {
-			// Neither the server's answer nor a lost connection: a mock
-			// (go-sqlmock) that expects each lock on a session of its
-			// own. Its only connection was this one, so a session of
-			// its own would fail to get one and hide why.
-			return nil, fmt.Errorf("sqllock: lock %s: open a shared session (under go-sqlmock, build the Locker with WithDedicatedSessions: sqllockmock's expectations are those of a session per lock): %w", l.name(k), se.err), true
-		}
 		return nil, nil, false // a session of its own will say what is wrong
 	}
 	left := false
@@ -187,13 +179,26 @@ func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, 
 			return ended()
 		}
 		if !try {
-			// Wait on a session of its own; a carrier that holds nothing
-			// goes back to the pool now, for the wait to use.
+			// Wait on a session of its own: this one, when it holds
+			// nothing (no round trip to give it back and take another);
+			// otherwise one of the pool's.
 			l.share.markHot(k)
 			left = true
 			c.leave()
-			c.closeIfEmpty()
-			return nil, nil, false
+			conn, pid, tuned, ok := c.handOver()
+			if !ok {
+				return nil, nil, false
+			}
+			o := l.waitOn(ctx, connWaiter{conn, l.abandoned}, sessionLevel, 0, k, pid, waitSliced)
+			if o.err == nil {
+				l.pids.set(driverConnOf(conn), o.pid) // as acquireOn does: its next wait needs no try
+			}
+			o.tuned = tuned
+			lk, err = l.settle(ctx, conn, c.id, k, false, o, l.name(k))
+			if err != nil && connectionBroken(err) && !ctxEnded(ctx) {
+				return nil, nil, false // it died meanwhile: another
+			}
+			return lk, err, true
 		}
 		l.stats.contended.Add(1)
 		return nil, fmt.Errorf("%w: %s is held by another session", ErrNotAcquired, l.name(k)), true
@@ -304,16 +309,23 @@ func (l *Locker) carrierLimit() int {
 	return maxCarriers
 }
 
-// openCarrier pins a connection as a carrier: the server checked, its pid
-// known and the lock session's settings applied in one round trip.
+// openCarrier pins a connection as a carrier, its server checked. Its
+// first statement, a lock's, applies the lock session's settings and
+// learns its pid, as a lock on a session of its own does: a session that
+// carries one lock sends what a dedicated one would, and costs no round
+// trip of its own.
 func (l *Locker) openCarrier(ctx context.Context) (*carrier, error) {
 	sent := monoNow()
-	conn, pid, id, err := l.pinSession(ctx, "shared session")
+	conn, err := getConn(ctx, l.db)
 	if err != nil {
+		return nil, fmt.Errorf("sqllock: shared session: get connection: %w", err)
+	}
+	id, err := l.checkServer(ctx, conn)
+	if err != nil {
+		conn.Close() // no statement of a lock ran on it
 		return nil, err
 	}
-	l.pids.set(driverConnOf(conn), pid) // for a wait on it once it is back in the pool
-	return &carrier{l: l, conn: conn, pid: pid, id: id, ls: l.newLease(sent), held: map[*Lock]struct{}{}, gone: make(chan struct{})}, nil
+	return &carrier{l: l, conn: conn, id: id, ls: l.newLease(sent), held: map[*Lock]struct{}{}, gone: make(chan struct{})}, nil
 }
 
 // remove drops c from the carriers. The caller holds s.mu.

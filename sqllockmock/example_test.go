@@ -15,7 +15,7 @@ import (
 func Example() {
 	db, mock, _ := sqlmock.New()
 	defer db.Close()
-	locker := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0)) // no background queries in unit tests
+	locker := sqllock.New(db, sqllock.WithKeepAlive(0)) // no background queries in unit tests
 	key := sqllock.Hash("cron:reindex_posts")
 
 	sqllockmock.ExpectServerCheck(mock) // once per Locker, before its first session lock

@@ -32,9 +32,8 @@ func TestReindexJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	// No keep-alive query at an unpredictable moment, and each lock on a
-	// session of its own, in the order the expectations list.
-	locker := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0))
+	// No keep-alive query at an unpredictable moment.
+	locker := sqllock.New(db, sqllock.WithKeepAlive(0))
 	key := sqllock.Hash("cron:reindex_posts")
 	sqllockmock.ExpectServerCheck(mock) // once per Locker, before its first session lock
 	sqllockmock.ExpectTryLock(mock, key, true)
@@ -59,7 +58,7 @@ func TestReindexJobWithPostgres(t *testing.T) {
 	if _, err := db.Exec("INSERT INTO posts DEFAULT VALUES"); err != nil {
 		t.Fatal(err)
 	}
-	locker := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0))
+	locker := sqllock.New(db, sqllock.WithKeepAlive(0))
 	ran, err := reindexJob(context.Background(), locker, db)
 	if !ran || err != nil {
 		t.Fatalf("reindexJob() = %v, %v; want true, nil", ran, err)
@@ -73,26 +72,59 @@ func TestReindexJobWithPostgres(t *testing.T) {
 	}
 }
 
-// TestSharedLockerNamesTheOption: a Locker built without
-// WithDedicatedSessions opens a shared session, whose statement no helper
-// expects; the error says which option the helpers need, not that the mock
-// has no connection (which is what the lock call, retried on a session of
-// its own, found after the failed session was discarded).
-func TestSharedLockerNamesTheOption(t *testing.T) {
+// TestReindexJobTwice: the expectations are the same for the second lock
+// of a Locker, which finds its shared session still open, and for a Locker
+// made WithDedicatedSessions, whose every lock has a session of its own.
+func TestReindexJobTwice(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		opts []sqllock.Option
+	}{
+		{"default", nil},
+		{"dedicated", []sqllock.Option{sqllock.WithDedicatedSessions()}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			db, mock, err := sqlmock.New()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			locker := sqllock.New(db, append(tt.opts, sqllock.WithKeepAlive(0))...)
+			key := sqllock.Hash("cron:reindex_posts")
+			sqllockmock.ExpectServerCheck(mock)
+			for range 2 {
+				sqllockmock.ExpectTryLock(mock, key, true)
+				mock.ExpectExec("UPDATE posts").WillReturnResult(sqlmock.NewResult(0, 3))
+				sqllockmock.ExpectUnlock(mock, key)
+			}
+			for i := range 2 {
+				ran, err := reindexJob(context.Background(), locker, db)
+				if !ran || err != nil {
+					t.Fatalf("reindexJob() #%d = %v, %v; want true, nil", i+1, ran, err)
+				}
+			}
+			if err := mock.ExpectationsWereMet(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestMissingExpectationNamed: a lock statement that no helper expects
+// fails the call with an error that names the statement go-sqlmock did
+// not expect.
+func TestMissingExpectationNamed(t *testing.T) {
 	db, mock, err := sqlmock.New()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
 	locker := sqllock.New(db, sqllock.WithKeepAlive(0))
-	key := sqllock.Hash("cron:reindex_posts")
 	sqllockmock.ExpectServerCheck(mock)
-	sqllockmock.ExpectTryLock(mock, key, true)
 	mock.ExpectExec("UPDATE posts").WillReturnResult(sqlmock.NewResult(0, 3))
-	sqllockmock.ExpectUnlock(mock, key)
 	ran, err := reindexJob(context.Background(), locker, db)
-	if ran || err == nil || !strings.Contains(err.Error(), "WithDedicatedSessions") {
-		t.Fatalf("reindexJob() = %v, %v; want an error naming WithDedicatedSessions", ran, err)
+	if ran || err == nil || !strings.Contains(err.Error(), "pg_try_advisory_lock") {
+		t.Fatalf("reindexJob() = %v, %v; want an error naming the lock statement", ran, err)
 	}
 	t.Log(err)
 }

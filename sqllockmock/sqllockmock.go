@@ -3,14 +3,14 @@
 // text from its source.
 //
 // Build the Locker under test with keep-alive off, so that no background
-// query runs at an unpredictable moment, and with dedicated sessions: the
-// helpers describe each lock's statements on a connection of its own, in
-// order (by default a Locker shares a few sessions among its exclusive
-// locks, and batches the statements of concurrent callers, an order no
-// list of expectations can describe):
+// query runs at an unpredictable moment; it is otherwise the Locker a
+// program runs. A lock on one of the Locker's shared sessions sends the
+// statements a lock on a session of its own does, so the same helpers
+// describe both, for calls made one after another (concurrent calls are
+// batched, an order no list of expectations can describe):
 //
 //	db, mock, _ := sqlmock.New()
-//	locker := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0))
+//	locker := sqllock.New(db, sqllock.WithKeepAlive(0))
 //	sqllockmock.ExpectServerCheck(mock) // once per Locker, before its first session lock
 //	sqllockmock.ExpectTryLock(mock, key, true)
 //	// ... expectations of the code that runs under the lock ...

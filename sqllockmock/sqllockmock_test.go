@@ -26,7 +26,7 @@ var (
 // userCode is what an application does with sqllock; the test runs it
 // against go-sqlmock with the helpers and against a real PostgreSQL.
 func userCode(ctx context.Context, db *sql.DB) error {
-	locker := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0))
+	locker := sqllock.New(db, sqllock.WithKeepAlive(0))
 	// The cron pattern, with a statement under the lock.
 	if _, err := locker.TryDo(ctx, reindexKey, func(ctx context.Context) error {
 		_, err := db.ExecContext(ctx, "UPDATE posts SET indexed = true")
@@ -168,7 +168,7 @@ func TestHelpersFailOnOtherCalls(t *testing.T) {
 			defer db.Close()
 			sqllockmock.ExpectServerCheck(mock)
 			sqllockmock.ExpectTryLock(mock, sqllock.Int64(1), true)
-			err = tt.call(sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0)))
+			err = tt.call(sqllock.New(db, sqllock.WithKeepAlive(0)))
 			if err == nil || !strings.Contains(err.Error(), "could not match") && !strings.Contains(err.Error(), "do not match") {
 				t.Fatalf("call = %v, want a sqlmock mismatch", err)
 			}
@@ -188,7 +188,7 @@ func TestExpectLockAfterWait(t *testing.T) {
 	sqllockmock.ExpectServerCheck(mock)
 	sqllockmock.ExpectLockAfterWait(mock, k)
 	sqllockmock.ExpectUnlock(mock, k)
-	l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0))
+	l := sqllock.New(db, sqllock.WithKeepAlive(0))
 	lk, err := l.Lock(context.Background(), k)
 	if err != nil {
 		t.Fatalf("Lock = %v", err)
