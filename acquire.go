@@ -117,14 +117,14 @@ const (
 
 // tryOn runs the non-waiting statement of kind for k on w: one round trip,
 // which also reports the backend's pid.
-func (l *Locker) tryOn(ctx context.Context, w waiter, lv level, kind lockKind, k Key) outcome {
+func (l *Locker) tryOn(ctx context.Context, w waiter, lv level, st *statements, kind lockKind, k Key) outcome {
 	var o outcome
 	if lv == xactLevel {
 		q, args := l.mode.XactTryPIDSQL(kind, k.sqlKey())
 		o.err = w.queryRow(ctx, q, args, &o.ok, &o.pid)
 		return o
 	}
-	q, args := l.sql().TrySQL(kind|kindTry, k.sqlKey())
+	q, args := st.TrySQL(kind|kindTry, k.sqlKey())
 	o.sent = monoNow()
 	o.err = w.queryRow(ctx, q, args, &o.ok, &o.pid, &o.standby)
 	if o.err == nil {
@@ -160,7 +160,7 @@ const (
 // database ends it, ctx's deadline does (the server keeps it too). When
 // ctx ends during the wait, the backend leaves the queue before waitOn
 // returns.
-func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, k Key, pid int64, mode waitMode) outcome {
+func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, st *statements, kind lockKind, k Key, pid int64, mode waitMode) outcome {
 	o := outcome{pid: pid}
 	l.log(ctx, slog.LevelDebug, "sqllock: waiting", k, slog.Bool("shared", kind.IsShared()), slog.Int64("pid", pid))
 	for {
@@ -214,7 +214,7 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 				o.err = errDeadline
 			}
 		} else {
-			q, args := l.sql().WaitSQL(kind&^kindTry, k.sqlKey(), slice)
+			q, args := st.WaitSQL(kind&^kindTry, k.sqlKey(), slice)
 			o.sent = monoNow()
 			o.err = w.queryRow(sctx, q, args, &o.ok, &o.pid, &o.standby)
 			// The server's own answer (granted, or its lock_timeout), read
@@ -248,7 +248,7 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 			// second time (advisory locks are re-entrant, so one unlock
 			// would leave it held), and "not granted" would leave it held
 			// by a connection going back to the pool: ask the session.
-			if l.grantedAfterTimeout(ctx, w, kind, k, &o) {
+			if l.grantedAfterTimeout(ctx, w, st, kind, k, &o) {
 				break
 			}
 			if byDeadline && !cancelled {
@@ -314,9 +314,9 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, kind lockKind, 
 // grantedAfterTimeout asks w's session, after its wait for k ended in
 // 55P03, whether it holds k all the same, and reports whether o is now the
 // outcome (granted, or the check failed: uncertain).
-func (l *Locker) grantedAfterTimeout(ctx context.Context, w waiter, kind lockKind, k Key, o *outcome) bool {
+func (l *Locker) grantedAfterTimeout(ctx context.Context, w waiter, st *statements, kind lockKind, k Key, o *outcome) bool {
 	c, ob, sub := k.lockTag()
-	q, args := l.sql().GrantedSQL(kind&^kindTry, int64(c), int64(ob), sub)
+	q, args := st.GrantedSQL(kind&^kindTry, int64(c), int64(ob), sub)
 	g := outcome{pid: o.pid, sent: monoNow()}
 	// After a wait the server ended at the deadline, the question comes
 	// within the deadline's margin, or, when the wait's answer was read
@@ -449,7 +449,7 @@ func (l *Locker) deadlineSlice(ctx context.Context, slice string) (string, time.
 // every lock of a session that ends); a lock granted on a standby is
 // released; a refused one gives conn back to the pool. what names the call
 // in errors.
-func (l *Locker) settle(ctx context.Context, conn *sql.Conn, id ident, k Key, shared bool, o outcome, what string) (*Lock, error) {
+func (l *Locker) settle(ctx context.Context, conn *sql.Conn, id ident, st *statements, k Key, shared bool, o outcome, what string) (*Lock, error) {
 	switch {
 	case errors.Is(o.err, errDeadline):
 		l.giveBack(conn, o) // confirmed: this session holds nothing
@@ -468,7 +468,7 @@ func (l *Locker) settle(ctx context.Context, conn *sql.Conn, id ident, k Key, sh
 			l.giveBack(conn, o) // confirmed: this session holds nothing
 			return nil, standbyError("lock " + what)
 		}
-		if err := l.release(conn, k, shared, o.pid); err != nil {
+		if err := l.release(conn, st, k, shared, o.pid); err != nil {
 			return nil, errors.Join(standbyError("lock "+what), err)
 		}
 		return nil, standbyError("lock " + what)
@@ -478,7 +478,7 @@ func (l *Locker) settle(ctx context.Context, conn *sql.Conn, id ident, k Key, sh
 		return nil, fmt.Errorf("%w: %s is held by another session", ErrNotAcquired, what)
 	}
 	lk := newLock(l, k, shared, conn, o.pid)
-	lk.id = id
+	lk.id, lk.st = id, st
 	lk.lease = l.newLease(o.sent)
 	l.stats.took(1)
 	l.mon.add(lk)
@@ -535,8 +535,10 @@ func (l *Locker) withConn(ctx context.Context, what string, take func(conn *sql.
 	}
 }
 
-// acquire implements the four session-level lock calls.
-func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (lk *Lock, err error) {
+// acquire implements the four session-level lock calls, and an election
+// candidate's (named: its value, the name its session carries; "" for
+// others).
+func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind, named string) (lk *Lock, err error) {
 	if err := k.valid(); err != nil {
 		return nil, err
 	}
@@ -546,7 +548,7 @@ func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (lk *Lock, e
 	if end := l.startAcquire(ctx, Acquisition{Key: k, Name: l.regName(k), Wait: !kind.IsTry(), Shared: kind.IsShared()}); end != nil {
 		defer func() { end(lk, err) }()
 	}
-	if !kind.IsShared() && !l.cfg.dedicated {
+	if !kind.IsShared() && !l.cfg.dedicated && named == "" {
 		var handled bool
 		if lk, err, handled = l.acquireShared(ctx, k, kind.IsTry()); handled {
 			if err != nil && l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, errAbandoned) {
@@ -559,7 +561,7 @@ func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (lk *Lock, e
 		}
 	}
 	lk, err = l.withConn(ctx, l.name(k), func(conn *sql.Conn, id ident) (*Lock, error) {
-		return l.acquireOn(ctx, conn, id, k, kind)
+		return l.acquireOn(ctx, conn, id, l.statementsFor(named), k, kind)
 	})
 	if err != nil && l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, errAbandoned) {
 		err = l.withHolders(k, err)
@@ -573,26 +575,26 @@ func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind) (lk *Lock, e
 // otherwise every call starts with the non-waiting function, which returns
 // the pid: an uncontended lock costs one round trip either way, a contended
 // one two the first time.
-func (l *Locker) acquireOn(ctx context.Context, conn *sql.Conn, id ident, k Key, kind lockKind) (*Lock, error) {
+func (l *Locker) acquireOn(ctx context.Context, conn *sql.Conn, id ident, st *statements, k Key, kind lockKind) (*Lock, error) {
 	w := connWaiter{conn, l.abandoned}
 	var o outcome
 	if kind.IsTry() {
-		o = l.tryOn(ctx, w, sessionLevel, kind, k)
+		o = l.tryOn(ctx, w, sessionLevel, st, kind, k)
 	} else {
 		dc := driverConnOf(conn)
 		pid, known := l.pids.get(dc)
 		if !known {
-			o = l.tryOn(ctx, w, sessionLevel, kind, k)
+			o = l.tryOn(ctx, w, sessionLevel, st, kind, k)
 			pid = o.pid
 		}
 		if known || o.err == nil && !o.ok && !(o.standby && !l.cfg.allowStandby) {
-			o = l.waitOn(ctx, w, sessionLevel, kind, k, pid, waitSliced)
+			o = l.waitOn(ctx, w, sessionLevel, st, kind, k, pid, waitSliced)
 			if o.err == nil {
 				l.pids.set(dc, o.pid)
 			}
 		}
 	}
-	return l.settle(ctx, conn, id, k, kind.IsShared(), o, l.name(k))
+	return l.settle(ctx, conn, id, st, k, kind.IsShared(), o, l.name(k))
 }
 
 // cancelWaitTimeout bounds cancelWait.

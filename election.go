@@ -59,7 +59,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, err
 	if err := checkValue(value); err != nil {
 		return nil, err
 	}
-	lk, err := e.candidate(value).Lock(ctx, e.key)
+	lk, err := e.l.acquire(ctx, e.key, 0, ElectionPrefix+value)
 	if err != nil {
 		return nil, err
 	}
@@ -227,19 +227,6 @@ func checkValue(value string) error {
 		return fmt.Errorf(`%w: election value %q: want 1 to %d bytes of printable ASCII without quotes (' or ") or backslashes`, ErrInvalidKey, value, maxValue)
 	}
 	return nil
-}
-
-// candidate returns a Locker like the election's whose lock sessions are
-// named with value, so that the candidate's session carries it while it
-// waits (set local to each wait statement) and while it leads.
-func (e *Election) candidate(value string) *Locker {
-	c := New(e.l.db)
-	c.cfg = e.l.cfg
-	c.cfg.appName, c.cfg.forceAppName = ElectionPrefix+value, true
-	c.cfg.dedicated = true // the value is the session's own name
-	c.observers = e.l.observers
-	c.rtt = e.l.rtt // what the Locker learnt of its server's answers, and learns
-	return c
 }
 
 // Leader is who leads an election, as the server shows it.

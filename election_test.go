@@ -991,3 +991,34 @@ func TestLeadExactlyOne(t *testing.T) {
 		}
 	})
 }
+
+// TestElectionLeaderInLockerStats: a candidate is a lock of its Locker, not
+// of a Locker of its own: a leader is counted in its Locker's Stats, and
+// the Locker's keep-alive reports its term lost when its session ends.
+func TestElectionLeaderInLockerStats(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		l := sqllock.New(db, sqllock.WithKeepAlive(100*time.Millisecond))
+		ld, err := l.Election(sqllock.Hash("election:stats")).Campaign(bg(), "host-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := l.Stats(); st.Held != 1 || st.Acquired != 1 {
+			t.Fatalf("Stats() while leading = %+v, want the term held and acquired", st)
+		}
+		checks := l.Stats().KeepAliveChecks
+		terminateQuietly(srv, ld.Lock().PID())
+		select {
+		case <-ld.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("the term's session ended: Done not closed in 10 s")
+		}
+		if err := ld.Err(); !errors.Is(err, sqllock.ErrLockLost) {
+			t.Fatalf("Err() after the session ended = %v, want ErrLockLost", err)
+		}
+		if st := l.Stats(); st.Lost != 1 || st.Held != 0 || st.KeepAliveChecks <= checks {
+			t.Fatalf("Stats() after the loss = %+v, want it lost by the Locker's keep-alive, nothing held", st)
+		}
+	})
+}

@@ -38,8 +38,10 @@ type Lock struct {
 	token     int64         // guarded by mu: the fencing token, 0 until asked for
 
 	// c is the shared session that carries the lock (see share.go), or nil
-	// when the lock pinned a session of its own (conn).
-	c *carrier
+	// when the lock pinned a session of its own (conn), whose statements
+	// (its settings, and an election candidate's name) are st.
+	c  *carrier
+	st *statements
 }
 
 func newLock(l *Locker, k Key, shared bool, conn *sql.Conn, pid int64) *Lock {
@@ -292,7 +294,7 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 			err = lk.c.release(lk)
 		} else {
 			lk.connMu.Lock()
-			err = lk.l.release(lk.conn, lk.key, lk.shared, lk.pid)
+			err = lk.l.release(lk.conn, lk.st, lk.key, lk.shared, lk.pid)
 			lk.connMu.Unlock()
 		}
 		e := Event{Kind: EventReleased, Key: lk.key, PID: int(lk.pid), Err: err}
@@ -358,8 +360,8 @@ func (lk *Lock) lose(cause error) {
 // conn back to the pool only when PostgreSQL confirmed the unlock there. In
 // every other case it discards conn, so that the server ends the session and
 // releases whatever it held.
-func (l *Locker) release(conn *sql.Conn, k Key, shared bool, pid int64) error {
-	q, args := l.sql().UnlockSQL(shared, k.sqlKey(), pid)
+func (l *Locker) release(conn *sql.Conn, st *statements, k Key, shared bool, pid int64) error {
+	q, args := st.UnlockSQL(shared, k.sqlKey(), pid)
 	var released bool
 	err := queryRow(l.unlockContext(), l.abandoned, conn, q, args, &released)
 	switch {

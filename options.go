@@ -18,7 +18,6 @@ type config struct {
 	allowStandby  bool
 	orphanBound   time.Duration
 	appName       string
-	forceAppName  bool // an Election's candidates: their value is their name
 	holders       bool
 	dedicated     bool
 	observers     []Observer

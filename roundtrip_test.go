@@ -107,7 +107,57 @@ func TestRoundTrips(t *testing.T) {
 			// Who leads an election: one query, whoever asks.
 			e := l.Election(k)
 			perOp("Election.Leader", 1, func() error { _, err := e.Leader(bg()); return err })
-
+			// A candidate is a lock of its Locker: no server check, no setup
+			// of its own, per campaign.
+			perOp("Campaign (free) + Resign", 2, func() error {
+				ld, err := e.Campaign(bg(), "host-a")
+				if err != nil {
+					return err
+				}
+				return ld.Resign(bg())
+			})
+			// A wait on a shared session: the try there, then the wait on
+			// that same session (it carries no other lock), then the unlock:
+			// three round trips, counted on a pool and proxy of the
+			// waiter's own. The first round also checks the server and
+			// reads deadlock_timeout; each round's shared session is new
+			// (the one before kept its lock, as a session of its own). The
+			// old way gave the shared session back to the pool and took
+			// another to wait on: five round trips.
+			{
+				wproxy := pgtest.StartProxy(t, srv.Addr(), 0)
+				wl := sqllock.New(pgtest.Open(t, drv, wproxy.DSN(dsn)), sqllock.WithKeepAlive(0))
+				for round := range 3 {
+					// A key of its own each round: a key found held within
+					// the last second is waited for at once, without a try.
+					wk := sqllock.Int64(37 + 100*int64(round))
+					hold, err := l.TryLock(bg(), wk)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got := make(chan error, 1)
+					before := wproxy.RoundTrips()
+					go func() {
+						lk, err := wl.Lock(bg(), wk)
+						if err == nil {
+							err = lk.Unlock(bg())
+						}
+						got <- err
+					}()
+					testkit.WaitWaiters(t, db, wk, 1)
+					if err := hold.Unlock(bg()); err != nil {
+						t.Fatal(err)
+					}
+					if err := <-got; err != nil {
+						t.Fatal(err)
+					}
+					n := wproxy.RoundTrips() - before
+					t.Logf("shared: Lock that waited + Unlock, round %d: %d round trips", round, n)
+					if round > 0 && n != 3 {
+						t.Errorf("shared: Lock that waited + Unlock: %d round trips, want 3", n)
+					}
+				}
+			}
 			// Shared sessions: the same counts. A lock held throughout keeps
 			// the carrier pinned (an empty one is reset and pooled a second
 			// later, in a round trip of its own).

@@ -135,7 +135,7 @@ func (s *Semaphore) acquireOn(ctx context.Context, conn *sql.Conn, id ident, try
 			k = Pair(s.class, int32(slot))
 		}
 		if o.ok || o.err != nil || try || ctxEnded(ctx) || o.standby && !l.cfg.allowStandby {
-			lk, err := l.settle(ctx, conn, id, k, false, o, name)
+			lk, err := l.settle(ctx, conn, id, l.sql(), k, false, o, name)
 			if errors.Is(err, ErrNotAcquired) && !ctxEnded(ctx) {
 				err = fmt.Errorf("%w: all %d slots of %s are held", ErrNotAcquired, s.n, name)
 			}
@@ -143,11 +143,11 @@ func (s *Semaphore) acquireOn(ctx context.Context, conn *sql.Conn, id ident, try
 		}
 		// Wait on one slot, for one slice; then try them all again.
 		k = Pair(s.class, int32(rand.IntN(s.n)))
-		o = l.waitOn(ctx, w, sessionLevel, 0, k, o.pid, waitSlice)
+		o = l.waitOn(ctx, w, sessionLevel, l.sql(), 0, k, o.pid, waitSlice)
 		if o.err != nil && sqlState(o.err) == "55P03" && !ctxEnded(ctx) {
 			l.log(ctx, slog.LevelDebug, "sqllock: semaphore: trying every slot again", Key{}, slog.String("semaphore", s.name))
 			continue
 		}
-		return l.settle(ctx, conn, id, k, false, o, name)
+		return l.settle(ctx, conn, id, l.sql(), k, false, o, name)
 	}
 }

@@ -64,16 +64,24 @@ func (l *Locker) serverChecked(v string) error {
 		return err
 	}
 	major := majorVersion(v)
-	st := sessionSettings(l.cfg.orphanBound, l.cfg.appName, major)
-	st.ForceAppName = l.cfg.forceAppName
-	leased := leases(l.cfg, major)
-	if leased {
-		st.IdleTimeoutMs = int(l.cfg.orphanBound / time.Millisecond)
-	}
-	l.stmts.Store(sqltext.ForSettings(l.mode, st))
-	l.leased.Store(leased)
+	l.major.Store(int32(major))
+	l.stmts.Store(sqltext.ForSettings(l.mode, l.settings(l.cfg.appName, false)))
+	l.leased.Store(leases(l.cfg, major))
 	l.serverOK.Store(true)
 	return nil
+}
+
+// settings returns what a lock session needs, for the server's major
+// version (0 before the server check), with application name appName
+// (forced on the session when force is true).
+func (l *Locker) settings(appName string, force bool) sqltext.Settings {
+	major := int(l.major.Load())
+	st := sessionSettings(l.cfg.orphanBound, appName, major)
+	st.ForceAppName = force
+	if leases(l.cfg, major) {
+		st.IdleTimeoutMs = int(l.cfg.orphanBound / time.Millisecond)
+	}
+	return st
 }
 
 // sql returns the Locker's session-level statements, made for the server's
@@ -83,9 +91,17 @@ func (l *Locker) sql() *statements {
 	if s := l.stmts.Load(); s != nil {
 		return s
 	}
-	st := sessionSettings(l.cfg.orphanBound, l.cfg.appName, 0)
-	st.ForceAppName = l.cfg.forceAppName
-	return sqltext.ForSettings(l.mode, st)
+	return sqltext.ForSettings(l.mode, l.settings(l.cfg.appName, false))
+}
+
+// statementsFor returns the statements of a lock whose session is named
+// named (an election candidate's: set on the session while it waits and
+// while it holds the lock), or the Locker's own for "".
+func (l *Locker) statementsFor(named string) *statements {
+	if named == "" {
+		return l.sql()
+	}
+	return sqltext.ForSettings(l.mode, l.settings(named, true))
 }
 
 // majorVersion returns the major version of a version() string of

@@ -103,7 +103,7 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 	}
 	// The engine's wait for a Session: one statement, visible to
 	// PostgreSQL's deadlock detector (the Session holds other locks).
-	o := s.l.waitOn(ctx, connWaiter{s.conn, s.l.abandoned}, sessionLevel, 0, k, s.pid, waitOne)
+	o := s.l.waitOn(ctx, connWaiter{s.conn, s.l.abandoned}, sessionLevel, s.l.sql(), 0, k, s.pid, waitOne)
 	switch {
 	case errors.Is(o.err, errDeadline):
 		return notAcquired(s.l.name(k), context.DeadlineExceeded)

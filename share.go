@@ -189,12 +189,12 @@ func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, 
 			if !ok {
 				return nil, nil, false
 			}
-			o := l.waitOn(ctx, connWaiter{conn, l.abandoned}, sessionLevel, 0, k, pid, waitSliced)
+			o := l.waitOn(ctx, connWaiter{conn, l.abandoned}, sessionLevel, l.sql(), 0, k, pid, waitSliced)
 			if o.err == nil {
 				l.pids.set(driverConnOf(conn), o.pid) // as acquireOn does: its next wait needs no try
 			}
 			o.tuned = tuned
-			lk, err = l.settle(ctx, conn, c.id, k, false, o, l.name(k))
+			lk, err = l.settle(ctx, conn, c.id, l.sql(), k, false, o, l.name(k))
 			if err != nil && connectionBroken(err) && !ctxEnded(ctx) {
 				return nil, nil, false // it died meanwhile: another
 			}

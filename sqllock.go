@@ -52,10 +52,11 @@ type Locker struct {
 	plain *statements
 
 	slice atomic.Pointer[string] // see waitSlice
-	rtt   *atomic.Int64          // recent round trip, ns (see observeRTT); an election's candidates share their Locker's
+	rtt   *atomic.Int64          // recent round trip, ns (see observeRTT)
 
 	serverMu sync.Mutex
 	serverOK atomic.Bool // set under serverMu: the server was checked and is supported
+	major    atomic.Int32 // set with serverOK: the server's major version
 	leased   atomic.Bool // set with serverOK: lock sessions are leased (see lease.go)
 
 	epochMu    sync.Mutex
@@ -120,27 +121,27 @@ func New(db *sql.DB, opts ...Option) *Locker {
 // every lock on it). [WithDedicatedSessions] gives every lock a session
 // of its own.
 func (l *Locker) Lock(ctx context.Context, k Key) (*Lock, error) {
-	return l.acquire(ctx, k, 0)
+	return l.acquire(ctx, k, 0, "")
 }
 
 // TryLock takes the exclusive lock k if no other session holds it, and
 // otherwise returns an error matching [ErrNotAcquired] at once. Its other
 // errors are those of [Locker.Lock].
 func (l *Locker) TryLock(ctx context.Context, k Key) (*Lock, error) {
-	return l.acquire(ctx, k, kindTry)
+	return l.acquire(ctx, k, kindTry, "")
 }
 
 // RLock takes the lock k in shared mode, waiting while another session holds
 // it exclusively. Any number of sessions can share it. Errors are those of
 // [Locker.Lock].
 func (l *Locker) RLock(ctx context.Context, k Key) (*Lock, error) {
-	return l.acquire(ctx, k, kindShared)
+	return l.acquire(ctx, k, kindShared, "")
 }
 
 // TryRLock takes the lock k in shared mode if no session holds it
 // exclusively, and otherwise returns an error matching [ErrNotAcquired].
 func (l *Locker) TryRLock(ctx context.Context, k Key) (*Lock, error) {
-	return l.acquire(ctx, k, kindTry|kindShared)
+	return l.acquire(ctx, k, kindTry|kindShared, "")
 }
 
 // Do runs fn while holding the exclusive lock k, waiting for it first as

@@ -80,13 +80,13 @@ func lockTx(ctx context.Context, tx Tx, k Key, kind lockKind) (bool, error) {
 	_, deadline := ctx.Deadline()
 	switch {
 	case kind.IsTry():
-		o = e.tryOn(ctx, txWaiter{tx}, xactLevel, kind, k)
+		o = e.tryOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k)
 	case !deadline && ctx.Done() != nil:
-		if o = e.tryOn(ctx, txWaiter{tx}, xactLevel, kind|kindTry, k); o.err == nil && !o.ok {
+		if o = e.tryOn(ctx, txWaiter{tx}, xactLevel, nil, kind|kindTry, k); o.err == nil && !o.ok {
 			o = e.waitTxSliced(ctx, tx, kind, k)
 		}
 	default:
-		o = e.waitOn(ctx, txWaiter{tx}, xactLevel, kind, k, 0, waitOne)
+		o = e.waitOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k, 0, waitOne)
 	}
 	return o.ok, e.settleTx(ctx, k, o)
 }
@@ -232,9 +232,9 @@ func (l *Locker) lockInTx(ctx context.Context, tx Tx, k Key) error {
 		return notAcquired(l.name(k), err)
 	}
 	w := txWaiter{tx}
-	o := l.tryOn(ctx, w, xactLevel, 0, k)
+	o := l.tryOn(ctx, w, xactLevel, nil, 0, k)
 	if o.err == nil && !o.ok {
-		o = l.waitOn(ctx, w, xactLevel, 0, k, o.pid, waitOne)
+		o = l.waitOn(ctx, w, xactLevel, nil, 0, k, o.pid, waitOne)
 	}
 	return l.settleTx(ctx, k, o)
 }
