@@ -167,7 +167,7 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 						other.Add(1)
 						continue
 					}
-					lk.Conn().ExecContext(bg(), "SELECT pg_sleep(0.001)")
+					sqllock.ConnOf(lk).ExecContext(bg(), "SELECT pg_sleep(0.001)")
 					err = lk.Unlock(bg())
 					switch {
 					case err == nil:

@@ -120,10 +120,7 @@ func ExampleLocker_Lock() {
 }
 
 func ExampleLocker_TryLock() {
-	// Dedicated sessions: a statement of ours will run in the locking
-	// session (lk.Conn); by default, locks share a few sessions and Conn
-	// is nil.
-	locker := sqllock.New(db, sqllock.WithDedicatedSessions())
+	locker := sqllock.New(db)
 	lk, err := locker.TryLock(context.Background(), sqllock.Int64(1001))
 	switch {
 	case errors.Is(err, sqllock.ErrNotAcquired):
@@ -132,8 +129,7 @@ func ExampleLocker_TryLock() {
 		log.Fatal(err)
 	}
 	defer lk.Unlock(context.Background())
-	// Statements that must run in the locking session use lk.Conn().
-	_, _ = lk.Conn().ExecContext(context.Background(), "SET application_name = 'reindex'")
+	// ... the work ...
 }
 
 func ExampleLocker_RLock() {
@@ -243,6 +239,24 @@ func ExampleLocker_Session() {
 		log.Printf("working on job %d", id)
 	}
 	if err := s.UnlockMany(ctx, claimed...); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func ExampleSession_Conn() {
+	// Statements that must run in the session that holds a lock (a
+	// session-level SET, CREATE INDEX CONCURRENTLY in the holder's
+	// session) run on a Session's connection.
+	ctx := context.Background()
+	s, err := sqllock.New(db).Session(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close(ctx) // releases its locks, confirmed; do not close s.Conn()
+	if err := s.Lock(ctx, sqllock.Hash("reindex:posts")); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := s.Conn().ExecContext(ctx, "REINDEX INDEX CONCURRENTLY posts_pkey"); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -1,6 +1,9 @@
 package sqllock
 
-import "context"
+import (
+	"context"
+	"database/sql"
+)
 
 // SetAfterBlindStatement makes f run after each statement on a blind
 // driver (lib/pq) returns, before its result is handed over (see
@@ -18,3 +21,7 @@ func LeaseBusy(lk *Lock) int32 {
 	}
 	return lk.lease.busy.Load()
 }
+
+// ConnOf is the connection that holds lk when it has a session of its own
+// (nil on a shared session): for tests that look at that session.
+func ConnOf(lk *Lock) *sql.Conn { return lk.conn }

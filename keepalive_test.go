@@ -272,7 +272,7 @@ func TestOrphanBoundSettings(t *testing.T) {
 				t.Fatal(err)
 			}
 			var idle, utm string
-			if err := lk.Conn().QueryRowContext(bg(), "SELECT current_setting('tcp_keepalives_idle'), current_setting('tcp_user_timeout')").Scan(&idle, &utm); err != nil {
+			if err := sqllock.ConnOf(lk).QueryRowContext(bg(), "SELECT current_setting('tcp_keepalives_idle'), current_setting('tcp_user_timeout')").Scan(&idle, &utm); err != nil {
 				t.Fatal(err)
 			}
 			if err := lk.Unlock(bg()); err != nil {

@@ -152,7 +152,7 @@ func (m *monitor) leaseCheck(ws []watched) {
 }
 
 // stopLease ends the lease of a session whose connection is handed to the
-// caller (Lock.Conn, Session.Conn): statements of the caller's own must not
+// caller (Session.Conn): statements of the caller's own must not
 // meet the library's, so nothing keeps the session from going idle any
 // more, and the server must not end it when it is. It reports whether the
 // session is fine.

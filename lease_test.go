@@ -12,7 +12,7 @@ import (
 // TestLeaseKeepsIdleHolders: a live holder that sends nothing keeps its
 // locks past the lease (the keep-alive touches its sessions: a shared
 // session, a session of its own, a Session), and a session handed to the
-// caller (Lock.Conn, Session.Conn) is not leased any more: the server
+// caller (Session.Conn) is not leased any more: the server
 // would never end it for being idle.
 func TestLeaseKeepsIdleHolders(t *testing.T) {
 	long(t)
@@ -29,8 +29,11 @@ func TestLeaseKeepsIdleHolders(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := dedicated.Lock(bg(), sqllock.Int64(9602))
+		c, err := dedicated.Session(bg()) // its session handed out below
 		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Lock(bg(), sqllock.Int64(9602)); err != nil {
 			t.Fatal(err)
 		}
 		s, err := shared.Session(bg())
@@ -50,11 +53,17 @@ func TestLeaseKeepsIdleHolders(t *testing.T) {
 				t.Fatal(err)
 			}
 			if timeout != "0" {
-				t.Errorf("idle_session_timeout of a session handed out by Lock.Conn() = %q, want 0", timeout)
+				t.Errorf("idle_session_timeout of a session handed out by Session.Conn() = %q, want 0", timeout)
 			}
 		}
 		time.Sleep(2*bound + time.Second)
-		for i, lk := range []*sqllock.Lock{a, b, c} {
+		if err := c.Err(); err != nil || len(holders(t, db, sqllock.Int64(9602))) != 1 {
+			t.Errorf("handed-out Session idle for twice the lease: Err() = %v", err)
+		}
+		if err := c.Close(bg()); err != nil {
+			t.Errorf("handed-out Session: Close() = %v", err)
+		}
+		for i, lk := range []*sqllock.Lock{a, b} {
 			if err := lk.Err(); err != nil {
 				t.Errorf("lock %d idle for twice the lease: Err() = %v", i, err)
 			}

@@ -86,30 +86,33 @@ func TestLostLockIsReported(t *testing.T) {
 }
 
 // TestKeepAliveNeverTouchesThePinnedConn: a holder runs 1,000 queries on
-// Lock.Conn() while a 5 ms keep-alive checks; the lock is never reported
+// Session.Conn() while a 5 ms keep-alive checks; the lock is never reported
 // lost and its session never changes.
 func TestKeepAliveNeverTouchesThePinnedConn(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
-		l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(5*time.Millisecond))
-		lk, err := l.Lock(bg(), sqllock.Int64(8))
+		l := sqllock.New(db, sqllock.WithKeepAlive(5*time.Millisecond))
+		s, err := l.Session(bg())
 		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Lock(bg(), sqllock.Int64(8)); err != nil {
 			t.Fatal(err)
 		}
 		for i := 0; i < 1000; i++ {
 			var pid int
-			if err := lk.Conn().QueryRowContext(bg(), "SELECT pg_backend_pid() FROM pg_sleep(0)").Scan(&pid); err != nil {
+			if err := s.Conn().QueryRowContext(bg(), "SELECT pg_backend_pid() FROM pg_sleep(0)").Scan(&pid); err != nil {
 				t.Fatalf("query %d on Conn(): %v", i, err)
 			}
-			if pid != lk.PID() {
-				t.Fatalf("query %d ran on backend %d, lock is on %d", i, pid, lk.PID())
+			if pid != s.PID() {
+				t.Fatalf("query %d ran on backend %d, lock is on %d", i, pid, s.PID())
 			}
 		}
-		if err := lk.Err(); err != nil {
+		if err := s.Err(); err != nil {
 			t.Fatalf("Err() = %v after 1,000 queries", err)
 		}
-		if err := lk.Unlock(bg()); err != nil {
-			t.Fatalf("Unlock() = %v", err)
+		if err := s.Close(bg()); err != nil {
+			t.Fatalf("Close() = %v", err)
 		}
 		if st := l.Stats(); st.Lost != 0 || st.Discarded != 0 {
 			t.Fatalf("Stats() = %+v", st)

@@ -16,7 +16,9 @@ import (
 // Lock is a held session-level advisory lock, on a server session that the
 // Locker keeps out of the pool until [Lock.Unlock]: a session shared with
 // the Locker's other exclusive locks, or one of its own (see
-// [Locker.Lock]).
+// [Locker.Lock]). That session is sqllock's: statements that must run in
+// the session that holds a lock run on a [Session]'s connection
+// ([Session.Conn]), which holds its locks for the caller.
 //
 // A Lock is safe for concurrent use. After Unlock, or once the lock is lost,
 // Done is closed and Err is non-nil; Unlock then returns an error and
@@ -59,34 +61,6 @@ func (lk *Lock) Key() Key {
 // Shared reports whether the lock is held in shared mode.
 func (lk *Lock) Shared() bool { return lk != nil && lk.shared }
 
-// Conn returns the pinned connection of a lock on a session of its own: the
-// session that holds the lock. Run statements on it when they must happen
-// in the locking session. Do not close it; Unlock does. (Closing it puts
-// the locked session back in the pool; Unlock then releases that session's
-// advisory locks, or ends the session if someone else has it, and returns
-// an error saying so.) After Unlock, its methods return sql.ErrConnDone.
-//
-// It returns nil for a nil Lock and for a lock on a shared session (the
-// default for exclusive locks; see [Locker.Lock]): that session carries
-// other callers' locks, and a statement of yours there could end them all.
-// Take such locks with a Locker made [WithDedicatedSessions], or use a
-// [Session].
-func (lk *Lock) Conn() *sql.Conn {
-	if lk == nil {
-		return nil
-	}
-	if lk.conn != nil && lk.lease != nil {
-		err := lk.l.stopLease(lk.lease, func(ctx context.Context, q string) error {
-			var v int64
-			return lk.onConn(func() error { return queryRow(ctx, lk.l.abandoned, lk.conn, q, nil, &v) })
-		})
-		if err != nil {
-			lk.lose(fmt.Errorf("its session could not be handed out: %w", err))
-		}
-	}
-	return lk.conn
-}
-
 // PID returns the PostgreSQL backend process id that holds the lock (0 for
 // a nil Lock).
 func (lk *Lock) PID() int {
@@ -116,8 +90,7 @@ func (lk *Lock) PID() int {
 // cannot issue one at all; and each token uses up a transaction id. Token
 // returns an error wrapping [ErrLockLost] when the session does not hold
 // the lock any more, and [ErrReleased] after Unlock. ctx bounds the round
-// trip. Do not call it while a statement of yours on [Lock.Conn] still has
-// rows open.
+// trip.
 func (lk *Lock) Token(ctx context.Context) (int64, error) {
 	if lk == nil {
 		return 0, ErrReleased
@@ -345,8 +318,9 @@ func (lk *Lock) lose(cause error) {
 	}
 	// End the session now, not at Unlock: if the network heals, the old
 	// session must not hold the lock again behind the back of a holder
-	// that was told it lost it. In a goroutine: a statement of the caller's
-	// on Lock.Conn() may hold the connection until the network answers.
+	// that was told it lost it. In a goroutine: a statement of sqllock's
+	// own (a Token, say) may hold the connection until the network
+	// answers.
 	go func() {
 		lk.connMu.Lock()
 		lk.l.discard(lk.conn, lk.key, "lock was lost")
@@ -371,9 +345,10 @@ func (l *Locker) release(conn *sql.Conn, st *statements, k Key, shared bool, pid
 		l.discard(conn, k, "backend changed")
 		return fmt.Errorf("%w: lock %s: %w", ErrLockLost, l.name(k), sessionChanged(pid, 0))
 	case errors.Is(err, sql.ErrConnDone):
-		// Lock.Conn() was closed by the caller: the session went back to the
-		// pool holding the lock.
-		return l.reclaim(k, pid)
+		// database/sql closed the connection itself, after its driver found
+		// it broken under an earlier statement: the session ended, and the
+		// lock with it, at a moment no one can tell.
+		return fmt.Errorf("%w: %s: its session (backend %d) ended before the unlock", ErrLockLost, l.name(k), pid)
 	case errors.Is(err, errAbandoned):
 		l.discard(conn, k, "unlock statement did not return")
 		return fmt.Errorf("sqllock: unlock %s: %w (the server releases the lock as the session ends)", l.name(k), err)
@@ -391,28 +366,6 @@ func (l *Locker) release(conn *sql.Conn, st *statements, k Key, shared bool, pid
 		return fmt.Errorf("%w: unlock of %s on backend %d found no such lock", ErrLockLost, l.name(k), pid)
 	}
 	return conn.Close()
-}
-
-// reclaim releases k after the caller closed Lock.Conn(), which put the
-// locked session (backend pid) back in the pool. Only that session can
-// unlock; reclaim's statement runs on some pooled connection: if it is that
-// session, it releases its advisory locks there (no one else's), otherwise
-// it ends that session (a role may end its own sessions), as discarding it
-// would have.
-func (l *Locker) reclaim(k Key, pid int64) error {
-	var ok bool
-	err := l.db.QueryRowContext(l.unlockContext(), sqltext.ReclaimSQL, pid).Scan(&ok)
-	if err == nil && !ok {
-		// No such backend: the session ended before the unlock (database/sql
-		// also closes a Conn itself after its driver reported the
-		// connection bad), and its lock went with it, at a moment no one
-		// can tell.
-		return fmt.Errorf("%w: %s: its session (backend %d) ended before the unlock", ErrLockLost, l.name(k), pid)
-	}
-	if err != nil {
-		return fmt.Errorf("sqllock: unlock %s: Lock.Conn() was closed, returning the locked session (backend %d) to the pool, and releasing it failed: %w", k, pid, err)
-	}
-	return fmt.Errorf("sqllock: unlock %s: Lock.Conn() was closed, returning the locked session (backend %d) to the pool; its locks were released (do not close Lock.Conn(): Unlock does)", k, pid)
 }
 
 // unlockContext returns the context that bounds an unlock statement

@@ -220,8 +220,8 @@ func TestSharedUnlockOutcomes(t *testing.T) {
 		if err != nil {
 			t.Fatalf("TryLock(%v) = %v", k, err)
 		}
-		if lk.PID() != sqllockmock.PID || lk.Conn() != nil {
-			t.Fatalf("TryLock(%v): PID %d, Conn %v; want the shared session, no Conn", k, lk.PID(), lk.Conn())
+		if lk.PID() != sqllockmock.PID || sqllock.ConnOf(lk) != nil {
+			t.Fatalf("TryLock(%v): PID %d, own Conn %v; want the shared session", k, lk.PID(), sqllock.ConnOf(lk))
 		}
 		locks[i] = lk
 	}

@@ -210,9 +210,9 @@ func WithLogger(l *slog.Logger) Option {
 // WithDedicatedSessions makes every lock of the Locker pin a session of its
 // own, as [Locker.Session] does for many keys, instead of sharing a few
 // sessions among its exclusive locks (the default; see [Locker.Lock]).
-// Use it when the program runs statements in the locking session with
-// [Lock.Conn], which is nil for a lock on a shared session. A server
-// session per lock: a Locker holding N locks uses N connections.
+// A server session per lock: a Locker holding N locks uses N connections
+// (statements that must run in the locking session run on a [Session]'s
+// connection).
 func WithDedicatedSessions() Option {
 	return optionFunc(func(c *config) { c.dedicated = true })
 }

@@ -352,7 +352,7 @@ func (c *haClient) campaign(ctx context.Context, value string) {
 		token, tokenErr := ld.Token(qctx)
 		var inRecovery bool
 		var port int
-		probeErr := ld.Lock().Conn().QueryRowContext(qctx, "SELECT pg_is_in_recovery(), inet_server_port()").Scan(&inRecovery, &port)
+		probeErr := sqllock.ConnOf(ld.Lock()).QueryRowContext(qctx, "SELECT pg_is_in_recovery(), inet_server_port()").Scan(&inRecovery, &port)
 		cancel()
 		c.mu.Lock()
 		tm.probed, tm.token, tm.tokenErr, tm.inRecovery, tm.port, tm.probeErr = true, token, tokenErr, inRecovery, port, probeErr

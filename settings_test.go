@@ -50,7 +50,7 @@ func TestSessionLeavesAsItCame(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		during := sessionSettings(t, lk.Conn())
+		during := sessionSettings(t, sqllock.ConnOf(lk))
 		if during == before || !strings.Contains(during, "4000") || !strings.Contains(during, "leaves-as-it-came") {
 			t.Fatalf("settings while held = %q (before: %q): want the orphan bound's and the application name", during, before)
 		}

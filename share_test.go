@@ -112,8 +112,8 @@ func TestManyLocksFewSessions(t *testing.T) {
 				t.Errorf("server shows %d advisory locks, Stats().Held = %d; want %d", got, st.Held, n)
 			}
 			for i, lk := range locks {
-				if lk.Conn() != nil {
-					t.Fatalf("lock %d: Conn() = %v on a shared session, want nil", i, lk.Conn())
+				if sqllock.ConnOf(lk) != nil {
+					t.Fatalf("lock %d: a connection of its own, want a shared session", i)
 				}
 			}
 			// Inspect names each lock's holder: its shared session.
@@ -392,8 +392,8 @@ func TestSharedSessionsGoBack(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer dk.Unlock(bg())
-		if dk.Conn() == nil {
-			t.Errorf("Conn() = nil with WithDedicatedSessions")
+		if sqllock.ConnOf(dk) == nil {
+			t.Errorf("no connection of its own with WithDedicatedSessions")
 		}
 	})
 }

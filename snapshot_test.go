@@ -53,7 +53,7 @@ func testConcurrentIndexBuilds(t *testing.T, srv *pgtest.Server, deadlockTimeout
 		if _, err := db.Exec("CREATE TABLE items AS SELECT g AS id, md5(g::text) AS name FROM generate_series(1, 20000) g"); err != nil {
 			t.Fatal(err)
 		}
-		holderL := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithDedicatedSessions()) // the DDL runs on Lock.Conn
+		holderL := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithDedicatedSessions()) // the DDL runs on the holder's own session
 		waiterL := sqllock.New(db)
 		k := sqllock.Hash("migrations")
 		for _, ddl := range []string{
@@ -114,7 +114,7 @@ func testConcurrentIndexBuilds(t *testing.T, srv *pgtest.Server, deadlockTimeout
 			time.Sleep(2 * deadlockTimeout)
 			before := waiterL.Stats().SnapshotWaits
 			start := time.Now()
-			if _, err := lk.Conn().ExecContext(bg(), ddl); err != nil {
+			if _, err := sqllock.ConnOf(lk).ExecContext(bg(), ddl); err != nil {
 				t.Fatalf("%s on the holder's session: %v", ddl, err)
 			}
 			took := time.Since(start)

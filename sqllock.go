@@ -55,9 +55,9 @@ type Locker struct {
 	rtt   *atomic.Int64          // recent round trip, ns (see observeRTT)
 
 	serverMu sync.Mutex
-	serverOK atomic.Bool // set under serverMu: the server was checked and is supported
+	serverOK atomic.Bool  // set under serverMu: the server was checked and is supported
 	major    atomic.Int32 // set with serverOK: the server's major version
-	leased   atomic.Bool // set with serverOK: lock sessions are leased (see lease.go)
+	leased   atomic.Bool  // set with serverOK: lock sessions are leased (see lease.go)
 
 	epochMu    sync.Mutex
 	epochCtx   context.Context // guarded by epochMu: see unlockContext
@@ -115,11 +115,13 @@ func New(db *sql.DB, opts ...Option) *Locker {
 //
 // The lock is taken on one of the few server sessions (at most 16) that
 // the Locker shares among its exclusive locks, when the key is free; when
-// it is held elsewhere, Lock waits on a session of its own and keeps it.
-// Either way the Lock is a handle of its own; on a shared session its
-// Conn is nil, and its fate is its session's (a session that ends loses
-// every lock on it). [WithDedicatedSessions] gives every lock a session
-// of its own.
+// it is held elsewhere, Lock waits on a session of its own (the shared
+// session it tried on, when that carries no other lock) and keeps it.
+// Either way the Lock is a handle of its own, and its fate is its
+// session's (a session that ends loses every lock on it).
+// [WithDedicatedSessions] gives every lock a session of its own; a
+// [Session] holds locks on a session whose connection is the caller's to
+// use.
 func (l *Locker) Lock(ctx context.Context, k Key) (*Lock, error) {
 	return l.acquire(ctx, k, 0, "")
 }

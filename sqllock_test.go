@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,7 +18,7 @@ import (
 func TestLockUnlock(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
-		l := sqllock.New(db, sqllock.WithDedicatedSessions()) // Lock.Conn below
+		l := sqllock.New(db, sqllock.WithDedicatedSessions()) // the pinned connection below
 		other := sqllock.New(pgtest.Open(t, "pgx", dsn))
 		k := sqllock.Int64(1<<40 + 7)
 		lk, err := l.Lock(bg(), k)
@@ -34,8 +33,8 @@ func TestLockUnlock(t *testing.T) {
 		}
 		// The pinned connection is the locking session.
 		var pid int
-		if err := lk.Conn().QueryRowContext(bg(), "SELECT pg_backend_pid()").Scan(&pid); err != nil || pid != lk.PID() {
-			t.Fatalf("Conn() backend = %d, %v; want %d", pid, err, lk.PID())
+		if err := sqllock.ConnOf(lk).QueryRowContext(bg(), "SELECT pg_backend_pid()").Scan(&pid); err != nil || pid != lk.PID() {
+			t.Fatalf("pinned connection's backend = %d, %v; want %d", pid, err, lk.PID())
 		}
 		if _, err := other.TryLock(bg(), k); !errors.Is(err, sqllock.ErrNotAcquired) {
 			t.Fatalf("TryLock() of a held key = %v, want ErrNotAcquired", err)
@@ -69,8 +68,8 @@ func TestLockUnlock(t *testing.T) {
 		if err := nilLock.Err(); !errors.Is(err, sqllock.ErrReleased) {
 			t.Fatalf("nil Err() = %v", err)
 		}
-		if _, err := lk.Conn().ExecContext(bg(), "SELECT 1"); !errors.Is(err, sql.ErrConnDone) {
-			t.Fatalf("Conn() after Unlock: %v, want sql.ErrConnDone", err)
+		if _, err := sqllock.ConnOf(lk).ExecContext(bg(), "SELECT 1"); !errors.Is(err, sql.ErrConnDone) {
+			t.Fatalf("pinned connection after Unlock: %v, want sql.ErrConnDone (back in the pool)", err)
 		}
 		if n := advisoryCount(t, db); n != 0 {
 			t.Fatalf("%d advisory locks left after Unlock", n)
@@ -165,8 +164,8 @@ func TestBadInput(t *testing.T) {
 	}
 	// A nil Lock answers with zero values.
 	var nilLock *sqllock.Lock
-	if k, c, p, sh := nilLock.Key(), nilLock.Conn(), nilLock.PID(), nilLock.Shared(); k != (sqllock.Key{}) || c != nil || p != 0 || sh {
-		t.Errorf("nil Lock: Key %v, Conn %v, PID %d, Shared %v; want zero values", k, c, p, sh)
+	if k, p, sh := nilLock.Key(), nilLock.PID(), nilLock.Shared(); k != (sqllock.Key{}) || p != 0 || sh {
+		t.Errorf("nil Lock: Key %v, PID %d, Shared %v; want zero values", k, p, sh)
 	}
 	var nilSession *sqllock.Session
 	if err := nilSession.Err(); !errors.Is(err, sqllock.ErrReleased) || nilSession.PID() != 0 || nilSession.Conn() != nil {
@@ -380,54 +379,6 @@ func TestDoReturnsErrorsAndUnlocksOnPanic(t *testing.T) {
 		ran, err := l.TryDo(bg(), k, func(context.Context) error { return nil })
 		if !ran || err != nil {
 			t.Fatalf("TryDo() = %v, %v", ran, err)
-		}
-	})
-}
-
-// TestConnClosedByCaller: closing Lock.Conn() puts the locked session back
-// in the pool; Unlock then ends that session so that the lock is released,
-// and says why.
-func TestConnClosedByCaller(t *testing.T) {
-	t.Parallel()
-	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
-		db.SetMaxOpenConns(2)
-		observer := pgtest.Open(t, "pgx", dsn)
-		l := sqllock.New(db, sqllock.WithDedicatedSessions())
-		k := sqllock.Int64(404)
-		lk, err := l.Lock(bg(), k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lk.Conn().Close() // misuse
-		err = lk.Unlock(bg())
-		if err == nil || !strings.Contains(err.Error(), "its locks were released") {
-			t.Fatalf("Unlock() after Conn().Close() = %v", err)
-		}
-		waitFree(t, observer, k, 5*time.Second)
-		// The same, while someone else has the locked session checked out:
-		// that session is ended.
-		lk, err = l.Lock(bg(), k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lk.Conn().Close()
-		other, err := db.Conn(bg()) // gets the locked session back from the pool
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer other.Close()
-		if err := lk.Unlock(bg()); err == nil || !strings.Contains(err.Error(), "its locks were released") {
-			t.Fatalf("Unlock() with the session checked out elsewhere = %v", err)
-		}
-		waitFree(t, observer, k, 5*time.Second)
-		var one int
-		for i := 0; i < 3; i++ { // the pool recovers from the ended session
-			if err = db.QueryRow("SELECT 1").Scan(&one); err == nil {
-				break
-			}
-		}
-		if err != nil {
-			t.Fatalf("pool after the terminated session: %v", err)
 		}
 	})
 }

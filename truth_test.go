@@ -118,7 +118,7 @@ func TestStatementFindsSessionGone(t *testing.T) {
 			}
 		})
 		t.Run("Unlock after a failed statement on Conn", func(t *testing.T) {
-			// The caller's own statement on Lock.Conn() meets the ended
+			// A statement on the lock's own connection meets the ended
 			// session first: database/sql then closes the Conn itself,
 			// which is not the caller closing it.
 			lk, err := l.Lock(bg(), sqllock.Int64(9103))
@@ -128,7 +128,7 @@ func TestStatementFindsSessionGone(t *testing.T) {
 			terminate(t, srv, lk.PID())
 			waitFree(t, db, lk.Key(), 5*time.Second)
 			var one int
-			if err := lk.Conn().QueryRowContext(bg(), "SELECT 1").Scan(&one); err == nil {
+			if err := sqllock.ConnOf(lk).QueryRowContext(bg(), "SELECT 1").Scan(&one); err == nil {
 				t.Fatal("a statement on the terminated session succeeded")
 			}
 			if err := lk.Unlock(bg()); !errors.Is(err, sqllock.ErrLockLost) {

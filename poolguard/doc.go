@@ -31,5 +31,5 @@
 // Locks held through the sqllock package cost nothing here: sqllock runs its
 // own statements through [Conn.WithoutGuard], since it already returns a
 // connection only after a confirmed unlock. Statements a program runs on
-// Lock.Conn() itself are still checked.
+// Session.Conn() itself are still checked.
 package poolguard

@@ -350,7 +350,7 @@ func TestWrapperKeepsDriverFeatures(t *testing.T) {
 }
 
 // TestSqllockCooperation: a sqllock Lock whose unlock was confirmed costs no
-// check, but a lock taken by user SQL on Lock.Conn() is still caught.
+// check, but a lock taken by user SQL on Session.Conn() is still caught.
 func TestSqllockCooperation(t *testing.T) {
 	for _, drv := range drivers {
 		t.Run(drv, func(t *testing.T) {
@@ -369,14 +369,17 @@ func TestSqllockCooperation(t *testing.T) {
 			if st := g.Stats(); st.Checks != 0 {
 				t.Fatalf("Stats() = %+v after 20 sqllock cycles, want no checks", st)
 			}
-			lk, err := l.Lock(bg, sqllock.Int64(5))
+			s, err := l.Session(bg)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := lk.Conn().ExecContext(bg, "SELECT pg_advisory_lock(6)"); err != nil {
+			if err := s.Lock(bg, sqllock.Int64(5)); err != nil {
 				t.Fatal(err)
 			}
-			if err := lk.Unlock(bg); err != nil {
+			if _, err := s.Conn().ExecContext(bg, "SELECT pg_advisory_lock(6)"); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Close(bg); err != nil {
 				t.Fatal(err)
 			}
 			waitFree(t, observer, sqllock.Int64(6))

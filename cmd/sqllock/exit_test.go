@@ -442,8 +442,12 @@ func TestRunWaitsThroughConcurrentIndexBuild(t *testing.T) {
 	if _, err := holderDB.Exec("CREATE TABLE items AS SELECT g AS id FROM generate_series(1, 10000) g"); err != nil {
 		t.Fatal(err)
 	}
-	lk, err := sqllock.New(holderDB, sqllock.WithDedicatedSessions()).Lock(context.Background(), sqllock.Hash("migrate"))
+	// The holder runs the index build in the session that holds the lock.
+	hs, err := sqllock.New(holderDB).Session(context.Background())
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hs.Lock(context.Background(), sqllock.Hash("migrate")); err != nil {
 		t.Fatal(err)
 	}
 	cmd := sqllockCmd(dsn, "run", "migrate", "--", "true")
@@ -454,10 +458,10 @@ func TestRunWaitsThroughConcurrentIndexBuild(t *testing.T) {
 	}
 	testkit.WaitWaiters(t, db, sqllock.Hash("migrate"), 1)
 	time.Sleep(300 * time.Millisecond) // past the waiter's own deadlock check
-	if _, err := lk.Conn().ExecContext(context.Background(), "CREATE INDEX CONCURRENTLY items_id ON items (id)"); err != nil {
+	if _, err := hs.Conn().ExecContext(context.Background(), "CREATE INDEX CONCURRENTLY items_id ON items (id)"); err != nil {
 		t.Fatalf("CREATE INDEX CONCURRENTLY while sqllock run waits: %v", err)
 	}
-	if err := lk.Unlock(context.Background()); err != nil {
+	if err := hs.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if err := cmd.Wait(); err != nil {

@@ -529,12 +529,6 @@ var serverStart = micros("pg_postmaster_start_time()")
 // micros returns the SQL of timestamp t in microseconds since the epoch.
 func micros(t string) string { return "(extract(epoch FROM " + t + ") * 1000000)::int8" }
 
-// ReclaimSQL releases the advisory locks of backend $1 when it runs there,
-// and otherwise ends that backend (a role may end its own sessions). See
-// Locker.reclaim.
-const ReclaimSQL = `SELECT CASE WHEN pg_backend_pid() = $1::int4
- THEN (SELECT true FROM pg_advisory_unlock_all()) ELSE pg_terminate_backend($1::int4) END`
-
 // OwnSQL lists the advisory locks, held or awaited, of the session that
 // runs it: (pid, classid, objid, objsubid, mode, granted) per lock.
 const OwnSQL = `SELECT pg_backend_pid(), l.classid::int8, l.objid::int8, l.objsubid::int4, l.mode, l.granted
