@@ -67,6 +67,34 @@ const acquireAttempts = 3
 // session is discarded (settle, Session.loseLocked) or the transaction
 // rolled back (InTx).
 
+// engine is the acquisition engine: a value, which a Locker holds (and
+// feeds with its statements and keys), and which the transaction locks
+// (LockTx and kin) use with no Locker at all.
+type engine struct {
+	// db is the pool an abandoned wait is cancelled from (cancelWait);
+	// nil for LockTx and kin, which have none.
+	db   *sql.DB
+	mode stmtMode
+	// abandoned is non-nil for drivers that do not give up a read when its
+	// context ends (lib/pq): their statements are bounded by boundedRaw,
+	// and it holds the connections left to finish alone.
+	abandoned *abandonSet
+	rtt       atomic.Int64           // recent round trip, ns (see observeRTT)
+	slice     atomic.Pointer[string] // see waitSlice
+	// snapshotWaits counts waits that a holder's CREATE INDEX
+	// CONCURRENTLY found (Stats.SnapshotWaits).
+	snapshotWaits atomic.Int64
+	// trace receives the engine's debug messages (nil: none).
+	trace func(ctx context.Context, msg string, k Key, attrs ...slog.Attr)
+}
+
+// debug hands a debug message to trace.
+func (e *engine) debug(ctx context.Context, msg string, k Key, attrs ...slog.Attr) {
+	if e.trace != nil {
+		e.trace(ctx, msg, k, attrs...)
+	}
+}
+
 // waiter is a session the engine runs statements on.
 type waiter interface {
 	queryRow(ctx context.Context, q string, args []any, dest ...any) error
@@ -117,10 +145,10 @@ const (
 
 // tryOn runs the non-waiting statement of kind for k on w: one round trip,
 // which also reports the backend's pid.
-func (l *Locker) tryOn(ctx context.Context, w waiter, lv level, st *statements, kind lockKind, k Key) outcome {
+func (e *engine) tryOn(ctx context.Context, w waiter, lv level, st *statements, kind lockKind, k Key) outcome {
 	var o outcome
 	if lv == xactLevel {
-		q, args := l.mode.XactTryPIDSQL(kind, k.sqlKey())
+		q, args := e.mode.XactTryPIDSQL(kind, k.sqlKey())
 		o.err = w.queryRow(ctx, q, args, &o.ok, &o.pid)
 		return o
 	}
@@ -128,7 +156,7 @@ func (l *Locker) tryOn(ctx context.Context, w waiter, lv level, st *statements, 
 	o.sent = monoNow()
 	o.err = w.queryRow(ctx, q, args, &o.ok, &o.pid, &o.standby)
 	if o.err == nil {
-		l.observeRTT(time.Duration(monoNow() - o.sent))
+		e.observeRTT(time.Duration(monoNow() - o.sent))
 	}
 	return o
 }
@@ -160,20 +188,20 @@ const (
 // database ends it, ctx's deadline does (the server keeps it too). When
 // ctx ends during the wait, the backend leaves the queue before waitOn
 // returns.
-func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, st *statements, kind lockKind, k Key, pid int64, mode waitMode) outcome {
+func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements, kind lockKind, k Key, pid int64, mode waitMode) outcome {
 	o := outcome{pid: pid}
-	l.log(ctx, slog.LevelDebug, "sqllock: waiting", k, slog.Bool("shared", kind.IsShared()), slog.Int64("pid", pid))
+	e.debug(ctx, "sqllock: waiting", k, slog.Bool("shared", kind.IsShared()), slog.Int64("pid", pid))
 	for {
 		slice := "0"
 		o.certain = false
 		if mode != waitOne {
-			if slice, o.err = l.waitSlice(ctx, w); o.err != nil {
+			if slice, o.err = e.waitSlice(ctx, w); o.err != nil {
 				break
 			}
 		}
 		// The server keeps ctx's deadline too: a cancel that never reaches
 		// it cannot leave the wait running past the deadline.
-		slice, margin := l.deadlineSlice(ctx, slice)
+		slice, margin := e.deadlineSlice(ctx, slice)
 		byDeadline := margin > 0
 		// A session-level wait that the server ends before ctx's deadline
 		// is read a little past it (pastDeadline).
@@ -190,19 +218,19 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		stop := context.AfterFunc(sctx, func() {
 			time.AfterFunc(abandonGrace, func() {
 				if returned.CompareAndSwap(false, true) {
-					l.cancelWait(pid, k)
+					e.cancelWait(pid, k)
 				}
 			})
 		})
 		if lv == xactLevel {
-			q, args := l.mode.XactLockSQL(kind&^kindTry, k.sqlKey())
+			q, args := e.mode.XactLockSQL(kind&^kindTry, k.sqlKey())
 			if dl, ok := ctx.Deadline(); ok {
 				// However close the deadline: in a transaction, no one
 				// else can cancel a wait whose cancel was lost.
-				margin = l.deadlineMargin(time.Until(dl))
+				margin = e.deadlineMargin(time.Until(dl))
 				slice = strconv.FormatInt(max(time.Until(dl)-margin, time.Millisecond).Milliseconds(), 10) + "ms"
 				byDeadline = true
-				q, args = l.mode.XactDeadlineLockSQL(kind&^kindTry, k.sqlKey(), slice)
+				q, args = e.mode.XactDeadlineLockSQL(kind&^kindTry, k.sqlKey(), slice)
 			}
 			began := time.Now()
 			o.err = w.queryRow(ctx, q, args, &o.ok)
@@ -235,7 +263,7 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 			// session is lost to the uncertainty. Leave later waits a
 			// larger margin (deadlineMargin counts three recent round
 			// trips; this one took the whole margin and more).
-			l.observeRTT(margin)
+			e.observeRTT(margin)
 		}
 		// A wait cancelled while ctx goes on (a cancel meant for another
 		// statement: pg_cancel_backend names a backend, not a statement; a
@@ -248,7 +276,7 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 			// second time (advisory locks are re-entrant, so one unlock
 			// would leave it held), and "not granted" would leave it held
 			// by a connection going back to the pool: ask the session.
-			if l.grantedAfterTimeout(ctx, w, st, kind, k, &o) {
+			if e.grantedAfterTimeout(ctx, w, st, kind, k, &o) {
 				break
 			}
 			if byDeadline && !cancelled {
@@ -272,13 +300,13 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		// is in no cycle of locks. Wait again, in a new statement with a
 		// new snapshot.
 		if sqlState(o.err) == "40P01" {
-			l.stats.snapshotWaits.Add(1)
+			e.snapshotWaits.Add(1)
 		}
 		if sqlState(o.err) == "40P01" {
-			l.slice.Store(nil) // deadlock_timeout may have been lowered: read it again
+			e.slice.Store(nil) // deadlock_timeout may have been lowered: read it again
 		}
 		if cancelled {
-			l.log(ctx, slog.LevelDebug, "sqllock: wait cancelled, waiting again", k, slog.Int64("pid", pid))
+			e.debug(ctx, "sqllock: wait cancelled, waiting again", k, slog.Int64("pid", pid))
 			continue
 		}
 		if mode == waitSlice {
@@ -292,7 +320,7 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		// longer than the driver got: if nothing reaches the server, the
 		// call must still return by its deadline.
 		done := make(chan struct{})
-		go func() { l.cancelWait(pid, k); close(done) }()
+		go func() { e.cancelWait(pid, k); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(abandonGrace):
@@ -306,7 +334,7 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		// The abandoned backend may still be queued for k (a driver that
 		// closes the socket sends no cancel request): take it out of the
 		// queue before anyone can grant it the lock.
-		l.cancelWait(pid, k)
+		e.cancelWait(pid, k)
 	}
 	return o
 }
@@ -314,7 +342,7 @@ func (l *Locker) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 // grantedAfterTimeout asks w's session, after its wait for k ended in
 // 55P03, whether it holds k all the same, and reports whether o is now the
 // outcome (granted, or the check failed: uncertain).
-func (l *Locker) grantedAfterTimeout(ctx context.Context, w waiter, st *statements, kind lockKind, k Key, o *outcome) bool {
+func (e *engine) grantedAfterTimeout(ctx context.Context, w waiter, st *statements, kind lockKind, k Key, o *outcome) bool {
 	c, ob, sub := k.lockTag()
 	q, args := st.GrantedSQL(kind&^kindTry, int64(c), int64(ob), sub)
 	g := outcome{pid: o.pid, sent: monoNow()}
@@ -345,7 +373,7 @@ func (l *Locker) grantedAfterTimeout(ctx context.Context, w waiter, st *statemen
 	case err != nil:
 		o.err, o.certain = err, false // the wait's answer was certain; this one is not
 	default:
-		l.log(ctx, slog.LevelDebug, "sqllock: granted as the wait's lock_timeout fired", k, slog.Int64("pid", g.pid))
+		e.debug(ctx, "sqllock: granted as the wait's lock_timeout fired", k, slog.Int64("pid", g.pid))
 		g.certain = true
 		*o = g
 	}
@@ -366,21 +394,21 @@ func later(a, b time.Time) time.Time {
 // left, from 50 to 100 ms, but at least three of the Locker's recent round
 // trips (a loaded server or machine answers later), and at most half of
 // what is left.
-func (l *Locker) deadlineMargin(left time.Duration) time.Duration {
+func (e *engine) deadlineMargin(left time.Duration) time.Duration {
 	m := min(max(left/10, 50*time.Millisecond), 100*time.Millisecond)
-	return min(max(m, 3*time.Duration(l.rtt.Load())), left/2)
+	return min(max(m, 3*time.Duration(e.rtt.Load())), left/2)
 }
 
 // observeRTT feeds the Locker's recent round trip with one statement that
 // took d: a moving average that follows a slower server at once, and a
 // faster one gradually.
-func (l *Locker) observeRTT(d time.Duration) {
-	old := time.Duration(l.rtt.Load())
+func (e *engine) observeRTT(d time.Duration) {
+	old := time.Duration(e.rtt.Load())
 	if d > old {
-		l.rtt.Store(int64(d))
+		e.rtt.Store(int64(d))
 		return
 	}
-	l.rtt.Store(int64(old - (old-d)/8))
+	e.rtt.Store(int64(old - (old-d)/8))
 }
 
 // pastDeadline returns the context of a wait statement that the server
@@ -422,13 +450,13 @@ var errDeadline = errors.New("the wait ended at the context's deadline")
 // outcome uncertain, which costs the session (a driver that gives a
 // statement up may close the connection anyway); one that the server ends
 // first is a certain "not granted", and the connection stays usable.
-func (l *Locker) deadlineSlice(ctx context.Context, slice string) (string, time.Duration) {
+func (e *engine) deadlineSlice(ctx context.Context, slice string) (string, time.Duration) {
 	dl, ok := ctx.Deadline()
 	if !ok {
 		return slice, 0
 	}
 	left := time.Until(dl)
-	margin := l.deadlineMargin(left)
+	margin := e.deadlineMargin(left)
 	left -= margin
 	if left < time.Millisecond {
 		return slice, 0
@@ -610,8 +638,8 @@ const cancelWaitTimeout = 2 * time.Second
 // backend until it runs the statement (and cancels it), finishes it, or
 // ends. It is best effort: when no connection can be had in time, the
 // server still releases the lock as the abandoned session ends.
-func (l *Locker) cancelWait(pid int64, k Key) {
-	if l.db == nil || pid == 0 {
+func (e *engine) cancelWait(pid int64, k Key) {
+	if e.db == nil || pid == 0 {
 		return // the engine without a pool (LockTx), or no backend known
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cancelWaitTimeout)
@@ -623,19 +651,19 @@ func (l *Locker) cancelWait(pid int64, k Key) {
 	// longer than abandonGrace then (that discard ends the backend, which
 	// takes it out of the queue too, a little later).
 	cctx := ctx
-	if st := l.db.Stats(); st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
+	if st := e.db.Stats(); st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
 		var stop context.CancelFunc
 		cctx, stop = context.WithTimeout(ctx, abandonGrace)
 		defer stop()
 	}
-	conn, err := getConn(cctx, l.db)
+	conn, err := getConn(cctx, e.db)
 	if err != nil {
 		return
 	}
 	var doneSince time.Time
 	for ctx.Err() == nil {
 		var where int64
-		err := queryRow(ctx, l.abandoned, conn, sqltext.CancelWaitSQL, []any{pid}, &where)
+		err := queryRow(ctx, e.abandoned, conn, sqltext.CancelWaitSQL, []any{pid}, &where)
 		if errors.Is(err, errAbandoned) {
 			return // its connection is closed once the statement returns
 		}

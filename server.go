@@ -145,8 +145,8 @@ const MinServerVersion = 12
 // as "<n>ms": half the server's deadlock_timeout, asked on w at the
 // Locker's first wait and again after a wait was reported a deadlock
 // (which says the setting was lowered since).
-func (l *Locker) waitSlice(ctx context.Context, w waiter) (string, error) {
-	if s := l.slice.Load(); s != nil {
+func (e *engine) waitSlice(ctx context.Context, w waiter) (string, error) {
+	if s := e.slice.Load(); s != nil {
 		return *s, nil
 	}
 	var ms int64
@@ -154,6 +154,6 @@ func (l *Locker) waitSlice(ctx context.Context, w waiter) (string, error) {
 		return "", err
 	}
 	s := strconv.FormatInt(ms, 10) + "ms"
-	l.slice.Store(&s)
+	e.slice.Store(&s)
 	return s, nil
 }

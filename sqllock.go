@@ -24,19 +24,13 @@ import (
 // resources of its own beyond its locks: a keep-alive goroutine runs only
 // while locks are held, and stops when the last one is released.
 type Locker struct {
-	db   *sql.DB
-	cfg  config
-	mode stmtMode
-	mon  *monitor
+	engine // db, the driver's statement mode, round trips (see acquire.go)
+	cfg    config
+	mon    *monitor
 
 	// observers are told of every lock call and event: the logger (when
 	// WithLogger was given), then those of WithObserver. See events.go.
 	observers []Observer
-
-	// abandoned is non-nil for drivers that do not give up a read when its
-	// context ends (lib/pq): their statements are bounded by boundedRaw,
-	// and it holds the connections left to finish alone.
-	abandoned *abandonSet
 
 	// stmts are the session-level statements, with the settings a lock
 	// session needs (see orphan.go); pids, each connection's backend pid,
@@ -50,9 +44,6 @@ type Locker struct {
 	// plain their statements (the settings are applied once per session).
 	share sharing
 	plain *statements
-
-	slice atomic.Pointer[string] // see waitSlice
-	rtt   *atomic.Int64          // recent round trip, ns (see observeRTT)
 
 	serverMu sync.Mutex
 	serverOK atomic.Bool  // set under serverMu: the server was checked and is supported
@@ -90,7 +81,10 @@ func New(db *sql.DB, opts ...Option) *Locker {
 	if !logged {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
-	l := &Locker{db: db, cfg: cfg, mode: detectMode(db.Driver()), rtt: new(atomic.Int64)}
+	l := &Locker{engine: engine{db: db, mode: detectMode(db.Driver())}, cfg: cfg}
+	l.trace = func(ctx context.Context, msg string, k Key, attrs ...slog.Attr) {
+		l.log(ctx, slog.LevelDebug, msg, k, attrs...)
+	}
 	if logged {
 		l.observers = append(l.observers, logObserver{l})
 	}

@@ -34,14 +34,14 @@ type Stats struct {
 }
 
 type lockerStats struct {
-	held, acquired, contended, lost, discarded, keepAlive, keepAliveSkipped, snapshotWaits, windows, observerPanics atomic.Int64
+	held, acquired, contended, lost, discarded, keepAlive, keepAliveSkipped, windows, observerPanics atomic.Int64
 }
 
 // Stats returns the Locker's counters.
 func (l *Locker) Stats() Stats {
 	return Stats{Held: l.stats.held.Load(), Acquired: l.stats.acquired.Load(), Contended: l.stats.contended.Load(),
 		Lost: l.stats.lost.Load(), Discarded: l.stats.discarded.Load(), KeepAliveChecks: l.stats.keepAlive.Load(),
-		KeepAliveSkipped: l.stats.keepAliveSkipped.Load(), SnapshotWaits: l.stats.snapshotWaits.Load(),
+		KeepAliveSkipped: l.stats.keepAliveSkipped.Load(), SnapshotWaits: l.snapshotWaits.Load(),
 		Windows: l.stats.windows.Load(), ObserverPanics: l.stats.observerPanics.Load(),
 		SharedSessions: l.share.sessions()}
 }

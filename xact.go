@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"reflect"
 	"strconv"
-	"sync/atomic"
 	"time"
 )
 
@@ -75,7 +74,7 @@ func lockTx(ctx context.Context, tx Tx, k Key, kind lockKind) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, notAcquired(k.String(), err)
 	}
-	e := poolless()
+	e := &engine{mode: bindKeys} // no pool to cancel a wait from, no logger
 	var o outcome
 	_, deadline := ctx.Deadline()
 	switch {
@@ -88,7 +87,7 @@ func lockTx(ctx context.Context, tx Tx, k Key, kind lockKind) (bool, error) {
 	default:
 		o = e.waitOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k, 0, waitOne)
 	}
-	return o.ok, e.settleTx(ctx, k, o)
+	return o.ok, settleTx(ctx, k.String(), o)
 }
 
 // waitTxSliced is a transaction's wait under a context that can be
@@ -101,7 +100,7 @@ func lockTx(ctx context.Context, tx Tx, k Key, kind lockKind) (bool, error) {
 // every slice, a slice that times out is rolled back to the savepoint
 // (which also undoes a grant that came as the timeout fired), and while
 // ctx goes on the wait goes on. A lost cancel then costs at most a slice.
-func (l *Locker) waitTxSliced(ctx context.Context, tx Tx, kind lockKind, k Key) outcome {
+func (e *engine) waitTxSliced(ctx context.Context, tx Tx, kind lockKind, k Key) outcome {
 	var dt string
 	if err := tx.QueryRowContext(ctx, "SELECT current_setting('deadlock_timeout')").Scan(&dt); err != nil {
 		return outcome{err: err}
@@ -114,7 +113,7 @@ func (l *Locker) waitTxSliced(ctx context.Context, tx Tx, kind lockKind, k Key) 
 	if err := txExec(ctx, tx, "SAVEPOINT sqllock_wait"); err != nil {
 		return outcome{err: err}
 	}
-	q, args := l.mode.XactDeadlineLockSQL(kind&^kindTry, k.sqlKey(), slice)
+	q, args := e.mode.XactDeadlineLockSQL(kind&^kindTry, k.sqlKey(), slice)
 	for {
 		began := time.Now()
 		var o outcome
@@ -144,13 +143,6 @@ func txExec(ctx context.Context, tx Tx, q string) error {
 		return err
 	}
 	return nil
-}
-
-// poolless is the engine for the calls that have no Locker (LockTx and
-// kin): binding keys, logging nothing, and cancelling no wait.
-func poolless() *Locker {
-	cfg, _ := newConfig(nil)
-	return &Locker{cfg: cfg, mode: bindKeys, rtt: new(atomic.Int64)}
 }
 
 // isNil reports whether v is nil, or an interface holding a nil pointer
@@ -236,18 +228,18 @@ func (l *Locker) lockInTx(ctx context.Context, tx Tx, k Key) error {
 	if o.err == nil && !o.ok {
 		o = l.waitOn(ctx, w, xactLevel, nil, 0, k, o.pid, waitOne)
 	}
-	return l.settleTx(ctx, k, o)
+	return settleTx(ctx, l.name(k), o)
 }
 
 // settleTx turns the outcome of a transaction-level acquisition into the
 // call's error: a ctx that ended is "not acquired" whatever the driver said
 // (the caller rolls the transaction back, which releases what it holds).
-func (l *Locker) settleTx(ctx context.Context, k Key, o outcome) error {
+func settleTx(ctx context.Context, what string, o outcome) error {
 	if ctxEnded(ctx) || errors.Is(o.err, errDeadline) {
-		return notAcquired(l.name(k), ctxErr(ctx))
+		return notAcquired(what, ctxErr(ctx))
 	}
 	if o.err != nil {
-		return lockError(l.name(k), o.err)
+		return lockError(what, o.err)
 	}
 	return nil
 }
