@@ -423,7 +423,11 @@ func (c *carrier) runOne(op *shareOp, unlock bool) {
 	if err != nil {
 		op.ok = false
 		op.err = err
-		if unlock || !serverRefused(err) {
+		// A try the server failed may have taken its key before it failed
+		// (a statement that applies the settings fails after the grant;
+		// session-level locks outlive a failed statement): released, as in
+		// a batch, or the carrier goes.
+		if unlock || !serverRefused(err) || c.releaseStray([]sqltext.Key{op.key.sqlKey()}) != nil {
 			c.fail(err)
 		}
 	}
@@ -435,17 +439,18 @@ func (c *carrier) runOne(op *shareOp, unlock bool) {
 // whether it is a standby (refused unless WithAllowStandby), and, when
 // tuned, that its settings are now applied.
 func (c *carrier) answered(pid int64, standby, tuned bool) error {
-	switch {
-	case c.pid != 0 && pid != c.pid:
+	if c.pid != 0 && pid != c.pid {
 		return sessionChanged(c.pid, pid)
-	case standby && !c.l.cfg.allowStandby:
-		return standbyError("lock")
 	}
 	if c.pid == 0 || tuned {
 		c.mu.Lock()
 		c.pid = pid
 		c.tuned = c.tuned || tuned
 		c.mu.Unlock()
+	}
+	if standby && !c.l.cfg.allowStandby {
+		// Discarded: what it took there goes with the session.
+		return standbyError("lock")
 	}
 	return nil
 }
@@ -467,9 +472,10 @@ func (c *carrier) tune() error {
 }
 
 // serverRefused reports whether err is the server's own answer to a try
-// statement (a full lock table, say): the statement failed as a whole, and
-// a single-key try took nothing. A certain answer touches that one call;
-// the carrier and its other locks are not concerned.
+// statement (a full lock table, say): the statement failed as a whole;
+// once what it may have taken is released (releaseStray), a certain answer
+// touches that one call, and the carrier and its other locks are not
+// concerned.
 func serverRefused(err error) bool {
 	return sqlState(err) != "" && !connectionBroken(err)
 }
