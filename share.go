@@ -249,7 +249,7 @@ func (l *Locker) carrierFor(ctx context.Context) (*carrier, error) {
 		}
 		// (The pool's limit is read only when it matters: DB.Stats takes the
 		// pool's lock, which every query takes too.)
-		room := pack == nil && len(s.all)+s.opening < l.carrierLimit()
+		room := pack == nil && l.carrierRoom(len(s.all)+s.opening)
 		best := pack
 		switch {
 		case pack == nil && room && (least != nil || s.opening == 0):
@@ -294,6 +294,21 @@ func (l *Locker) carrierFor(ctx context.Context) (*carrier, error) {
 		}
 		s.mu.Lock()
 	}
+}
+
+// carrierRoom reports whether a Locker that has n carriers (open or
+// opening) may open another: fewer than its limit, and, beyond its first,
+// while fewer than that limit of the pool's connections are in use, by
+// anyone: the Locker's carriers, other Lockers' on the same pool, the
+// application's queries. Several Lockers on one pool then share its room
+// instead of each opening its own limit.
+func (l *Locker) carrierRoom(n int) bool {
+	st := l.db.Stats()
+	limit := maxCarriers
+	if st.MaxOpenConnections > 0 {
+		limit = min(maxCarriers, st.MaxOpenConnections/4)
+	}
+	return n < limit && (n == 0 || st.InUse < limit)
 }
 
 // carrierLimit is maxCarriers, or a quarter of the pool's limit when it

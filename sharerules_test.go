@@ -171,3 +171,47 @@ func TestSmallPoolNotStarved(t *testing.T) {
 		}
 	})
 }
+
+// TestSeveralLockersOnOnePool: six Lockers on one pool without a limit,
+// used one after another in quick succession (each one's shared sessions
+// still pinned, lingering, when the next begins), each by 200 concurrent
+// TryLock + Unlock calls, against a database that admits 40 connections:
+// every call succeeds. Each Locker opening its own 16 shared sessions
+// would need 96; a Locker opens more than one only while the pool has
+// room.
+func TestSeveralLockersOnOnePool(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			t.Parallel()
+			dsn := srv.NewDatabase(t)
+			limitConnections(t, srv, dsn, 40)
+			db := pgtest.Open(t, drv, dsn)
+			var failed atomic.Int64
+			var first error
+			var once sync.Once
+			for n := range 6 {
+				l := sqllock.New(db, sqllock.WithKeepAlive(0))
+				var wg sync.WaitGroup
+				for i := range 200 {
+					wg.Go(func() {
+						lk, err := l.TryLock(bg(), sqllock.Pair(int32(60+n), int32(i)))
+						if err == nil {
+							err = lk.Unlock(bg())
+						}
+						if err != nil {
+							failed.Add(1)
+							once.Do(func() { first = err })
+						}
+					})
+				}
+				wg.Wait()
+			}
+			t.Logf("6 Lockers × 200 calls on one pool: %d failed; %d connections open at the end", failed.Load(), db.Stats().OpenConnections)
+			if failed.Load() != 0 {
+				t.Fatalf("%d of 1,200 calls failed; the first: %v", failed.Load(), first)
+			}
+		})
+	}
+}
