@@ -6,7 +6,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -521,26 +520,13 @@ func (c *carrier) runBatch(ops []*shareOp, unlock bool) {
 	for i, op := range ops {
 		keys[i] = op.key.sqlKey()
 	}
-	fn, only := "pg_try_advisory_lock", ""
+	fn := "pg_try_advisory_lock"
 	if unlock {
-		fn, only = "pg_advisory_unlock", strconv.FormatInt(c.pid, 10)
+		fn = "pg_advisory_unlock"
 	}
-	q, args := c.l.mode.ManySQL(fn, only, "", keys)
-	answered := 0
-	err := c.queryRows(q, args, func(v []driver.Value) error {
-		if pid := pglocks.Int(v[len(v)-1]); pid != c.pid {
-			return sessionChanged(c.pid, pid)
-		}
-		i := pglocks.Int(v[0])
-		if i < 1 || int(i) > len(ops) {
-			return errors.New("sqllock: answer out of range")
-		}
-		ops[i-1].ok = v[1] == true
-		answered++
-		return nil
-	})
-	if err == nil && answered != len(ops) {
-		err = fmt.Errorf("sqllock: %d answers for %d keys", answered, len(ops))
+	got, err := many(c.l.mode, c.queryRows, fn, c.pid, keys)
+	for i, op := range ops {
+		op.ok = got[i]
 	}
 	if err != nil {
 		for _, op := range ops {

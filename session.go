@@ -10,9 +10,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/sqllock/sqllock/internal/pglocks"
-
-	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // Session holds many exclusive session-level locks on one pinned
@@ -149,40 +146,16 @@ func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
 	if len(want) == 0 {
 		return nil, nil
 	}
-	missed := make([]bool, len(want)) // by position in want: got comes in the order given
-	agg := ""
-	if len(want) > sqltext.ManyRowsMax {
-		agg = sqltext.AggNotTaken
+	query := func(q string, args []any, row func([]driver.Value) error) error {
+		return queryRows(ctx, s.l.abandoned, s.conn, q, args, row)
 	}
-	q, args := s.l.mode.ManySQL("pg_try_advisory_lock", "", agg, sqlKeys(want))
-	answered := 0
-	err := queryRows(ctx, s.l.abandoned, s.conn, q, args, func(v []driver.Value) error {
-		answered++
-		if pid := pglocks.Int(v[len(v)-1]); pid != s.pid {
-			return sessionChanged(s.pid, pid)
-		}
-		if agg != "" {
-			return markPositions(v[0], missed)
-		}
-		i := pglocks.Int(v[0])
-		if i < 1 || int(i) > len(want) {
-			return errors.New("sqllock: answer out of range")
-		}
-		missed[i-1] = v[1] != true
-		return nil
-	})
-	if err == nil && agg == "" && answered != len(want) {
-		err = fmt.Errorf("sqllock: TryLockMany: %d answers for %d keys", answered, len(want))
-	}
-	if err == nil && agg != "" && answered != 1 {
-		err = fmt.Errorf("sqllock: TryLockMany: %d answers, want 1", answered)
-	}
+	took, err := many(s.l.mode, query, "pg_try_advisory_lock", s.pid, sqlKeys(want))
 	if ctxEnded(ctx) || err != nil {
 		return nil, s.tryLockManyFailed(ctx, want, err)
 	}
-	got := make([]Key, 0, len(want))
+	got := make([]Key, 0, len(want)) // in the order given
 	for i, k := range want {
-		if !missed[i] {
+		if took[i] {
 			got = append(got, k)
 		}
 	}
@@ -250,30 +223,27 @@ func (s *Session) unlockKeys(keys []Key) error {
 	s.markReleasing(keys)
 	released := false
 	defer func() { s.endRelease(keys, released) }()
-	agg := ""
-	if len(keys) > sqltext.ManyRowsMax {
-		agg = sqltext.AggConfirmed
+	query := func(q string, args []any, row func([]driver.Value) error) error {
+		return queryRows(s.l.unlockContext(), s.l.abandoned, s.conn, q, args, row)
 	}
-	q, args := s.l.mode.ManySQL("pg_advisory_unlock", strconv.FormatInt(s.pid, 10), agg, sqlKeys(keys))
-	confirmed := int64(0)
-	err := queryRows(s.l.unlockContext(), s.l.abandoned, s.conn, q, args, func(v []driver.Value) error {
-		switch {
-		case pglocks.Int(v[len(v)-1]) != s.pid:
-		case agg != "":
-			confirmed = pglocks.Int(v[0])
-		case v[1] == true:
+	answers, err := many(s.l.mode, query, "pg_advisory_unlock", s.pid, sqlKeys(keys))
+	confirmed := 0
+	for _, ok := range answers {
+		if ok {
 			confirmed++
 		}
-		return nil
-	})
+	}
 	switch {
+	case errors.Is(err, ErrSessionChanged):
+		s.loseLocked(err)
+		return s.Err()
 	case err != nil:
 		s.loseLocked(fmt.Errorf("unlock failed: %w", err))
 		if connectionBroken(err) {
 			return s.Err()
 		}
 		return fmt.Errorf("sqllock: session unlock: %w (connection discarded; the server releases its locks as the session ends)", err)
-	case confirmed != int64(len(keys)):
+	case confirmed != len(keys):
 		s.loseLocked(fmt.Errorf("unlock confirmed %d of %d keys", confirmed, len(keys)))
 		return s.Err()
 	}

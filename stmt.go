@@ -2,7 +2,11 @@ package sqllock
 
 import (
 	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strconv"
 
+	"github.com/sqllock/sqllock/internal/pglocks"
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
@@ -55,3 +59,57 @@ func sqlKeys(keys []Key) []sqltext.Key {
 // detectMode picks inlineKeys for lib/pq and bindKeys for every other
 // driver (see sqltext.DetectMode).
 func detectMode(d driver.Driver) stmtMode { return sqltext.DetectMode(d) }
+
+// manyQuery runs a statement whose rows it hands to row, one by one: a
+// session's way to send one (its lease, its context, its driver).
+type manyQuery func(q string, args []any, row func([]driver.Value) error) error
+
+// many sends fn (pg_try_advisory_lock, or pg_advisory_unlock, which then
+// runs on backend pid only) on every key in one statement through query,
+// and returns, by position, whether the server answered true: the one
+// decoder of every batch (a shared session's, a Session's). Every answer
+// must come from backend pid (ErrSessionChanged otherwise), and every key
+// must be answered. For more than sqltext.ManyRowsMax keys the answers
+// come aggregated in one row (the positions not answered true).
+func many(mode stmtMode, query manyQuery, fn string, pid int64, keys []sqltext.Key) ([]bool, error) {
+	only, agg := "", ""
+	if fn == "pg_advisory_unlock" {
+		only = strconv.FormatInt(pid, 10)
+	}
+	if len(keys) > sqltext.ManyRowsMax {
+		agg = sqltext.AggNotTaken
+	}
+	q, args := mode.ManySQL(fn, only, agg, keys)
+	got := make([]bool, len(keys))
+	rows := 0
+	err := query(q, args, func(v []driver.Value) error {
+		rows++
+		if p := pglocks.Int(v[len(v)-1]); p != pid {
+			return sessionChanged(pid, p)
+		}
+		if agg != "" {
+			missed := make([]bool, len(keys))
+			if err := markPositions(v[0], missed); err != nil {
+				return err
+			}
+			for i := range got {
+				got[i] = !missed[i]
+			}
+			return nil
+		}
+		i := pglocks.Int(v[0])
+		if i < 1 || int(i) > len(keys) {
+			return errors.New("sqllock: answer out of range")
+		}
+		got[i-1] = v[1] == true
+		return nil
+	})
+	want := len(keys)
+	if agg != "" {
+		want = 1
+	}
+	if err == nil && rows != want {
+		err = fmt.Errorf("sqllock: %d answers for %d keys", rows, len(keys))
+	}
+	return got, err
+}

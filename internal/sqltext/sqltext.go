@@ -395,13 +395,10 @@ SELECT h.i, CASE WHEN h.server <> 0 AND h.server <> s.server THEN 2
   AND l.pid = h.pid AND l.classid::int8 = h.classid AND l.objid::int8 = h.objid AND l.objsubid = h.objsubid
   AND l.mode = CASE WHEN h.shared THEN 'ShareLock' ELSE 'ExclusiveLock' END)`
 
-const (
-	// AggNotTaken lists the positions of the keys not taken, as a text
-	// array literal ('{}' when every key was).
-	AggNotTaken = "coalesce(array_agg(t.i) FILTER (WHERE t.got IS NOT TRUE), '{}')::text"
-	// AggConfirmed counts the keys released.
-	AggConfirmed = "count(*) FILTER (WHERE t.got)"
-)
+// AggNotTaken lists the positions of the keys whose function did not
+// answer true (not taken, not released), as a text array literal ('{}'
+// when every key was).
+const AggNotTaken = "coalesce(array_agg(t.i) FILTER (WHERE t.got IS NOT TRUE), '{}')::text"
 
 // ManyRowsMax is the most keys whose results ManySQL returns as a row
 // each; for more it aggregates them into one row. Rows cost per key to send
