@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-
 )
 
 // Session holds many exclusive session-level locks on one pinned
