@@ -21,7 +21,15 @@ import (
 //   - Only non-waiting statements run on a carrier. A waiting call tries on
 //     a carrier first; when the key is held elsewhere, it waits on a
 //     session of its own (the engine's sliced wait: CIC-safe, cancelled
-//     cleanly), and keeps that session when it is granted.
+//     cleanly), and keeps that session when it is granted: the carrier
+//     itself when it carries nothing else (handOver), else one of the
+//     pool's.
+//   - A carrier's first statement is a lock's, the one a session of its
+//     own would send (it applies the lock session's settings when granted):
+//     opening one costs no round trip of its own.
+//   - A Locker's carriers are bounded by its pool: at most a quarter of
+//     its limit, and beyond the first only while the pool has that much
+//     room (carrierRoom), so that several Lockers on one pool share it.
 //   - A carrier's statements run one at a time; calls that arrive while one
 //     runs are sent together in the next (one round trip for many tries or
 //     unlocks).

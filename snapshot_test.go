@@ -48,7 +48,7 @@ func TestWaitersDoNotBreakConcurrentIndexBuilds(t *testing.T) {
 }
 
 func testConcurrentIndexBuilds(t *testing.T, srv *pgtest.Server, deadlockTimeout time.Duration) {
-	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
 		setDeadlockTimeout(t, srv, dsn, deadlockTimeout)
 		if _, err := db.Exec("CREATE TABLE items AS SELECT g AS id, md5(g::text) AS name FROM generate_series(1, 20000) g"); err != nil {
 			t.Fatal(err)

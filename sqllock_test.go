@@ -335,11 +335,15 @@ func TestTryDoExactlyOne(t *testing.T) {
 
 func TestSmallPool(t *testing.T) {
 	t.Parallel()
-	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+	cycles := 1000
+	if testkit.Short() {
+		cycles = 200
+	}
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
 		for _, size := range []int{1, 2} {
 			db.SetMaxOpenConns(size)
 			l := sqllock.New(db)
-			for i := 0; i < 1000; i++ {
+			for i := 0; i < cycles; i++ {
 				k := sqllock.Int64(int64(i % 7))
 				lk, err := l.TryLock(bg(), k)
 				if err != nil {
@@ -353,7 +357,7 @@ func TestSmallPool(t *testing.T) {
 			if n := advisoryCount(t, db); n != 0 {
 				t.Fatalf("pool %d: %d advisory locks left", size, n)
 			}
-			if st := l.Stats(); st.Acquired != 1000 || st.Discarded != 0 {
+			if st := l.Stats(); st.Acquired != int64(cycles) || st.Discarded != 0 {
 				t.Fatalf("pool %d: Stats() = %+v", size, st)
 			}
 		}
