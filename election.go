@@ -16,7 +16,7 @@ import (
 // loop most programs want: it runs a function for each term, and
 // campaigns again after a loss. Under it, the shape of etcd's
 // concurrency.Election: [Election.Campaign] blocks until elected,
-// [Leadership.Resign] steps down, [Election.Leader] tells who leads without
+// the term's [Lock.Unlock] steps down, [Election.Leader] tells who leads without
 // campaigning, and [Election.Observe] reports each change.
 //
 // The leader's value (what identifies the candidate, such as its host
@@ -43,11 +43,12 @@ func (l *Locker) Election(k Key) *Election {
 	return &Election{l: l, key: k, backoff: backoff{first: 250 * time.Millisecond, most: 5 * time.Second, reset: 10 * time.Second}}
 }
 
-// Key returns the election's key.
-func (e *Election) Key() Key { return e.key }
-
-// Campaign waits until this candidate is elected, and returns its
-// Leadership; value identifies the candidate to everyone (1 to 46 bytes of
+// Campaign waits until this candidate is elected, and returns its term:
+// the lock that makes it the leader, for as long as it holds it (until
+// its Unlock, which resigns, or its loss: Done closes and Err says why;
+// work done as leader stops then, and writes to shared resources carry
+// the term's fencing token, [Lock.Token]). value identifies the candidate
+// to everyone (1 to 46 bytes of
 // printable ASCII, without quotes, ' or ", or backslashes). It waits in
 // the server (no polling), as [Locker.Lock] does; while it waits, its
 // session carries its value too, as a candidate's. When ctx ends first, it
@@ -55,15 +56,11 @@ func (e *Election) Key() Key { return e.key }
 // candidate does not lead. Other errors are those of Locker.Lock, and
 // [ErrInvalidKey] for an unusable value. [Election.Lead] is the loop
 // around it: most programs want that instead.
-func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, error) {
+func (e *Election) Campaign(ctx context.Context, value string) (*Lock, error) {
 	if err := checkValue(value); err != nil {
 		return nil, err
 	}
-	lk, err := e.l.acquire(ctx, e.key, 0, ElectionPrefix+value)
-	if err != nil {
-		return nil, err
-	}
-	return &Leadership{e: e, lk: lk, value: value}, nil
+	return e.l.acquire(ctx, e.key, 0, ElectionPrefix+value)
 }
 
 // Lead campaigns with value, as [Election.Campaign] does, and runs fn each
@@ -81,7 +78,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, err
 //   - When the term is lost, Lead waits for fn to return, drops its
 //     result, and campaigns again. The term is lost when its context
 //     ended with the loss, or when fn returns an error and the
-//     resignation fails too (fn met the loss first: a [Leadership.Token]
+//     resignation fails too (fn met the loss first: a [Lock.Token]
 //     on the lost session, say).
 //   - When ctx ends, fn's context ends; Lead waits for fn, resigns, and
 //     returns an error matching ctx.Err() (and [ErrNotAcquired] when it
@@ -96,7 +93,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, err
 // (Warn). It returns at once on an error no retry can fix: an invalid
 // value or key ([ErrInvalidKey]), a server without advisory locks
 // ([ErrUnsupportedServer]), a closed *sql.DB. Lead panics if fn is nil.
-func (e *Election) Lead(ctx context.Context, value string, fn func(ctx context.Context, term *Leadership) error) error {
+func (e *Election) Lead(ctx context.Context, value string, fn func(ctx context.Context, term *Lock) error) error {
 	if fn == nil {
 		panic("sqllock: Election.Lead called with a nil fn")
 	}
@@ -106,10 +103,10 @@ func (e *Election) Lead(ctx context.Context, value string, fn func(ctx context.C
 	b := e.backoff
 	for {
 		began := time.Now()
-		ld, err := e.Campaign(ctx, value)
+		term, err := e.Campaign(ctx, value)
 		switch {
 		case err == nil:
-			again, err := ld.lead(ctx, fn)
+			again, err := e.lead(ctx, term, fn)
 			if !again {
 				return err
 			}
@@ -137,30 +134,30 @@ func (e *Election) Lead(ctx context.Context, value string, fn func(ctx context.C
 
 // lead runs fn for the term ld, then resigns, and reports whether Lead
 // campaigns again (the term was lost while fn ran) or returns err.
-func (ld *Leadership) lead(ctx context.Context, fn func(context.Context, *Leadership) error) (again bool, err error) {
+func (e *Election) lead(ctx context.Context, ld *Lock, fn func(context.Context, *Lock) error) (again bool, err error) {
 	tctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(ld.lk.context(), func() { cancel(ld.lk.Err()) })
+	stop := context.AfterFunc(ld.context(), func() { cancel(ld.Err()) })
 	returned := false
 	defer func() {
 		stop()
 		cancel(nil)
 		if !returned {
-			ld.lk.Unlock(ctx) // fn panicked: resign; the panic goes on
+			ld.Unlock(ctx) // fn panicked: resign; the panic goes on
 		}
 	}()
 	ferr := fn(tctx, ld)
 	returned = true
 	// What ended fn's term, as fn returned: ctx, a loss it was told of,
-	// its own Resign, or nothing (fn is done).
+	// its own Unlock, or nothing (fn is done).
 	ended := ctxEnded(ctx)
 	told := errors.Is(context.Cause(tctx), ErrLockLost)
 	var rerr error
 	if !errors.Is(ld.Err(), ErrReleased) {
-		rerr = ld.lk.Unlock(ctx)
+		rerr = ld.Unlock(ctx)
 	}
 	switch {
 	case ended:
-		return false, ld.e.ended(ctx, true, runError(ferr, rerr))
+		return false, e.ended(ctx, true, runError(ferr, rerr))
 	case told:
 		return true, rerr // fn's result is about the loss
 	case ferr != nil && rerr != nil:
@@ -321,37 +318,3 @@ func (e *Election) Observe(ctx context.Context) <-chan Leader {
 	return ch
 }
 
-// Leadership is a candidate's term as leader: it lasts until Resign, or
-// until its lock is lost (Done closes, Err says why). Work done as leader
-// should stop when Done closes, and writes to shared resources should
-// carry the term's fencing token ([Leadership.Token]).
-//
-// A Leadership is safe for concurrent use.
-type Leadership struct {
-	e     *Election
-	lk    *Lock
-	value string
-}
-
-// Value returns the value this candidate campaigned with.
-func (ld *Leadership) Value() string { return ld.value }
-
-// Done returns a channel closed when the term ends: resigned, or the lock
-// lost (its session ended, the server restarted, a partition).
-func (ld *Leadership) Done() <-chan struct{} { return ld.lk.Done() }
-
-// Err returns nil while this candidate leads, then [ErrReleased] after
-// Resign, or an error wrapping [ErrLockLost].
-func (ld *Leadership) Err() error { return ld.lk.Err() }
-
-// Token returns the term's fencing token (see [Lock.Token]): it grows
-// across successive terms of the election.
-func (ld *Leadership) Token(ctx context.Context) (int64, error) { return ld.lk.Token(ctx) }
-
-// Lock returns the lock that makes this candidate the leader.
-func (ld *Leadership) Lock() *Lock { return ld.lk }
-
-// Resign ends the term: the next candidate is elected at once. It returns
-// the error of [Lock.Unlock] (an error wrapping ErrLockLost when the term
-// had already ended by a loss); it is safe to call twice.
-func (ld *Leadership) Resign(ctx context.Context) error { return ld.lk.Unlock(ctx) }

@@ -51,8 +51,8 @@ func TestElection(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ld, err := b.Leader(ctx); err != nil || ld.Value != "host-a" || ld.PID != la.Lock().PID() {
-			t.Fatalf("Leader() = %v, %v; want host-a on backend %d", ld, err, la.Lock().PID())
+		if ld, err := b.Leader(ctx); err != nil || ld.Value != "host-a" || ld.PID != la.PID() {
+			t.Fatalf("Leader() = %v, %v; want host-a on backend %d", ld, err, la.PID())
 		}
 		if ch := <-changes; ch.Value != "host-a" {
 			t.Fatalf("Observe = %v, want host-a", ch)
@@ -61,7 +61,7 @@ func TestElection(t *testing.T) {
 		if err != nil || tokA <= 0 {
 			t.Fatalf("Token() = %d, %v", tokA, err)
 		}
-		elected := make(chan *sqllock.Leadership, 1)
+		elected := make(chan *sqllock.Lock, 1)
 		go func() {
 			lb, err := b.Campaign(ctx, "host-b")
 			if err != nil {
@@ -90,14 +90,14 @@ func TestElection(t *testing.T) {
 			t.Fatal("the leader's fenced write was refused")
 		}
 		resigned := time.Now()
-		if err := la.Resign(bg()); err != nil {
+		if err := la.Unlock(bg()); err != nil {
 			t.Fatal(err)
 		}
 		lb := <-elected
 		if lb == nil {
 			t.FailNow()
 		}
-		defer lb.Resign(bg())
+		defer lb.Unlock(bg())
 		if d := time.Since(resigned); d > 2*time.Second {
 			t.Fatalf("the next candidate was elected %v after the resignation", d)
 		}
@@ -170,7 +170,7 @@ func helperCandidate(db *sql.DB, dir, value string) int {
 		var tok int64
 		var end time.Time
 		started := false
-		err := e.Lead(ctx, value, func(tctx context.Context, ld *sqllock.Leadership) error {
+		err := e.Lead(ctx, value, func(tctx context.Context, ld *sqllock.Lock) error {
 			fmt.Fprintf(log, "elected %s\n", value)
 			started = false
 			kctx, cancel := context.WithTimeout(tctx, 2*time.Second)
@@ -548,7 +548,7 @@ func TestElectionCandidateNamed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		elected := make(chan *sqllock.Leadership, 1)
+		elected := make(chan *sqllock.Lock, 1)
 		go func() {
 			lb, err := b.Campaign(ctx, "host-b")
 			if err != nil {
@@ -560,20 +560,20 @@ func TestElectionCandidateNamed(t *testing.T) {
 		if ld, err := a.Leader(ctx); err != nil || ld.Value != "host-a" {
 			t.Fatalf("Leader() while host-b waits = %v, %v; want host-a", ld, err)
 		}
-		if err := la.Resign(ctx); err != nil {
+		if err := la.Unlock(ctx); err != nil {
 			t.Fatal(err)
 		}
 		lb := <-elected
 		if lb == nil {
 			t.FailNow()
 		}
-		if lb.Lock().PID() != pid {
-			t.Fatalf("host-b leads on backend %d, waited on %d", lb.Lock().PID(), pid)
+		if lb.PID() != pid {
+			t.Fatalf("host-b leads on backend %d, waited on %d", lb.PID(), pid)
 		}
 		if ld, err := a.Leader(ctx); err != nil || ld.Value != "host-b" {
 			t.Fatalf("Leader() = %v, %v; want host-b", ld, err)
 		}
-		if err := lb.Resign(ctx); err != nil {
+		if err := lb.Unlock(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if name, ok := appNameOf(t, db, pid); !ok || name != orig {
@@ -585,7 +585,7 @@ func TestElectionCandidateNamed(t *testing.T) {
 		if la, err = a.Campaign(ctx, "host-a"); err != nil {
 			t.Fatal(err)
 		}
-		defer la.Resign(bg())
+		defer la.Unlock(bg())
 		// A loaded machine can answer later than the margin the server
 		// leaves before the deadline (the connection is then discarded,
 		// logged): of three attempts, one must go back to the pool.
@@ -666,9 +666,9 @@ func TestElectionValues(t *testing.T) {
 			ld, err := e.Campaign(ctx, tt.value)
 			if !tt.ok {
 				if err == nil {
-					ld.Resign(ctx)
+					ld.Unlock(ctx)
 				}
-				lerr := e.Lead(ctx, tt.value, func(context.Context, *sqllock.Leadership) error { return nil })
+				lerr := e.Lead(ctx, tt.value, func(context.Context, *sqllock.Lock) error { return nil })
 				if !errors.Is(err, sqllock.ErrInvalidKey) || !errors.Is(lerr, sqllock.ErrInvalidKey) || obs.n.Load() != 0 {
 					t.Errorf("%s: Campaign(%q) = %v, Lead = %v after %d lock calls; want ErrInvalidKey, none", tt.name, tt.value, err, lerr, obs.n.Load())
 				}
@@ -682,7 +682,7 @@ func TestElectionValues(t *testing.T) {
 			if got, err := e.Leader(bg()); err != nil || got.Value != tt.value {
 				t.Errorf("%s: Leader() = %v, %v; want %q", tt.name, got, err, tt.value)
 			}
-			if err := ld.Resign(bg()); err != nil {
+			if err := ld.Unlock(bg()); err != nil {
 				t.Fatal(err)
 			}
 			obs.n.Store(0)
@@ -714,7 +714,7 @@ func TestLeadBackoff(t *testing.T) {
 		defer cancel()
 		ran := false
 		began := time.Now()
-		err = e.Lead(ctx, "host-a", func(context.Context, *sqllock.Leadership) error { ran = true; return nil })
+		err = e.Lead(ctx, "host-a", func(context.Context, *sqllock.Lock) error { ran = true; return nil })
 		took := time.Since(began)
 		n := obs.n.Load()
 		obs.mu.Lock()
@@ -755,7 +755,7 @@ func TestLeadPermanent(t *testing.T) {
 			e := sqllock.New(tt.db, sqllock.WithObserver(obs)).Election(tt.key)
 			ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
 			began := time.Now()
-			err := e.Lead(ctx, tt.value, func(context.Context, *sqllock.Leadership) error { return nil })
+			err := e.Lead(ctx, tt.value, func(context.Context, *sqllock.Lock) error { return nil })
 			took := time.Since(began)
 			ended := ctx.Err() != nil
 			cancel()
@@ -782,9 +782,9 @@ func TestLeadLoss(t *testing.T) {
 		terms := 0
 		done := make(chan error, 1)
 		go func() {
-			done <- e.Lead(ctx, "host-a", func(tctx context.Context, term *sqllock.Leadership) error {
+			done <- e.Lead(ctx, "host-a", func(tctx context.Context, term *sqllock.Lock) error {
 				terms++
-				started <- term.Lock().PID()
+				started <- term.PID()
 				if terms > 1 {
 					return nil // done: Lead resigns and returns
 				}
@@ -828,11 +828,11 @@ func TestLeadLoss(t *testing.T) {
 		e = sqllock.New(db, sqllock.WithKeepAlive(0), sqllock.WithObserver(obs)).Election(k)
 		terms = 0
 		var tokenErr error
-		err := e.Lead(ctx, "host-a", func(tctx context.Context, term *sqllock.Leadership) error {
+		err := e.Lead(ctx, "host-a", func(tctx context.Context, term *sqllock.Lock) error {
 			if terms++; terms > 1 {
 				return nil
 			}
-			pid := term.Lock().PID()
+			pid := term.PID()
 			if _, err := db.Exec("SELECT pg_terminate_backend($1)", pid); err != nil {
 				return err
 			}
@@ -856,19 +856,19 @@ func TestLeadReturn(t *testing.T) {
 	errFn := errors.New("fn failed")
 	tests := []struct {
 		name string
-		fn   func(context.Context, *sqllock.Leadership) error
+		fn   func(context.Context, *sqllock.Lock) error
 		want error // nil: nil
 	}{
-		{"nil", func(context.Context, *sqllock.Leadership) error { return nil }, nil},
-		{"an error", func(context.Context, *sqllock.Leadership) error { return errFn }, errFn},
-		{"resigned by fn", func(ctx context.Context, term *sqllock.Leadership) error {
-			if err := term.Resign(ctx); err != nil {
+		{"nil", func(context.Context, *sqllock.Lock) error { return nil }, nil},
+		{"an error", func(context.Context, *sqllock.Lock) error { return errFn }, errFn},
+		{"resigned by fn", func(ctx context.Context, term *sqllock.Lock) error {
+			if err := term.Unlock(ctx); err != nil {
 				return err
 			}
 			<-ctx.Done() // the term's context ends with the resignation
 			return nil
 		}, nil},
-		{"a panic", func(context.Context, *sqllock.Leadership) error { panic(errFn) }, errFn},
+		{"a panic", func(context.Context, *sqllock.Lock) error { panic(errFn) }, errFn},
 	}
 	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
 		k := sqllock.Hash("election:return")
@@ -909,7 +909,7 @@ func TestLeadContext(t *testing.T) {
 		var fnCause error
 		done := make(chan error, 1)
 		go func() {
-			done <- e.Lead(ctx, "host-a", func(tctx context.Context, _ *sqllock.Leadership) error {
+			done <- e.Lead(ctx, "host-a", func(tctx context.Context, _ *sqllock.Lock) error {
 				close(leading)
 				<-tctx.Done()
 				fnCause = context.Cause(tctx)
@@ -931,10 +931,10 @@ func TestLeadContext(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer other.Resign(bg())
+		defer other.Unlock(bg())
 		ctx, cancel = context.WithCancel(bg())
 		go func() {
-			done <- e.Lead(ctx, "host-a", func(context.Context, *sqllock.Leadership) error {
+			done <- e.Lead(ctx, "host-a", func(context.Context, *sqllock.Lock) error {
 				t.Error("fn ran while another candidate leads")
 				return nil
 			})
@@ -966,7 +966,7 @@ func TestLeadExactlyOne(t *testing.T) {
 			e := sqllock.New(db).Election(k)
 			wg.Go(func() {
 				for done.Load() < terms && ctx.Err() == nil {
-					err := e.Lead(ctx, "cand-"+strconv.Itoa(i), func(context.Context, *sqllock.Leadership) error {
+					err := e.Lead(ctx, "cand-"+strconv.Itoa(i), func(context.Context, *sqllock.Lock) error {
 						if n := running.Add(1); n != 1 {
 							t.Errorf("%d fns run at once", n)
 						}
@@ -1008,7 +1008,7 @@ func TestElectionLeaderInLockerStats(t *testing.T) {
 			t.Fatalf("Stats() while leading = %+v, want the term held and acquired", st)
 		}
 		checks := l.Stats().KeepAliveChecks
-		terminateQuietly(srv, ld.Lock().PID())
+		terminateQuietly(srv, ld.PID())
 		select {
 		case <-ld.Done():
 		case <-time.After(10 * time.Second):

@@ -299,10 +299,15 @@ func Example_errors() {
 func ExampleRegistry_MustRegisterHash() {
 	name, ok := locks.Name(reindex)
 	fmt.Println(name, ok, reindex == sqllock.Hash("cron:reindex_posts"))
-	fmt.Println(len(locks.All()), cleanup != reindex)
+	fmt.Println(cleanup != reindex)
+	for name, k := range locks.All() {
+		fmt.Println(name, k == sqllock.Hash(name))
+	}
 	// Output:
 	// cron:reindex_posts true true
-	// 2 true
+	// true
+	// cron:cleanup_old_logs true
+	// cron:reindex_posts true
 }
 
 func runScheduler(context.Context, int64) error { return nil }
@@ -313,7 +318,7 @@ func runScheduler(context.Context, int64) error { return nil }
 func ExampleElection_Lead() {
 	host := os.Getenv("HOSTNAME") // what names this replica
 	election := sqllock.New(db).Election(sqllock.Hash("leader:scheduler"))
-	err := election.Lead(ctx, host, func(ctx context.Context, term *sqllock.Leadership) error {
+	err := election.Lead(ctx, host, func(ctx context.Context, term *sqllock.Lock) error {
 		token, err := term.Token(ctx) // the term's fencing token
 		if err != nil {
 			return err

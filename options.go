@@ -30,24 +30,26 @@ type optionFunc func(*config)
 
 func (f optionFunc) apply(c *config) { f(c) }
 
-// Default settings of a Locker.
-const (
-	DefaultKeepAlive     = 5 * time.Second
-	DefaultUnlockTimeout = 5 * time.Second
-)
+// DefaultKeepAlive is the keep-alive's interval when [WithKeepAlive] is
+// not given.
+const DefaultKeepAlive = 5 * time.Second
+
+// defaultUnlockTimeout bounds an unlock when [WithUnlockTimeout] is not
+// given.
+const defaultUnlockTimeout = 5 * time.Second
 
 // Limits of a Locker's settings.
 const (
-	// MinKeepAlive is the shortest keep-alive interval: shorter ones are
+	// minKeepAlive is the shortest keep-alive interval: shorter ones are
 	// raised to it (a check per millisecond helps no one, and loads the
 	// server).
-	MinKeepAlive = 100 * time.Millisecond
-	// MinOrphanBound is the shortest orphan bound: TCP keep-alive settings
+	minKeepAlive = 100 * time.Millisecond
+	// minOrphanBound is the shortest orphan bound: TCP keep-alive settings
 	// count in seconds.
-	MinOrphanBound = 3 * time.Second
-	// MaxOrphanBound is the longest orphan bound: Linux takes at most
+	minOrphanBound = 3 * time.Second
+	// maxOrphanBound is the longest orphan bound: Linux takes at most
 	// 32,767 s for tcp_keepalives_idle, a third of the bound.
-	MaxOrphanBound = 27 * time.Hour
+	maxOrphanBound = 27 * time.Hour
 )
 
 // newConfig applies opts over the defaults and validates the result in
@@ -55,7 +57,7 @@ const (
 // orphan bound adapted to each other when only one was given, and the
 // errors of values no Locker can use.
 func newConfig(opts []Option) (config, error) {
-	c := config{keepAlive: DefaultKeepAlive, unlockTimeout: DefaultUnlockTimeout, orphanBound: DefaultOrphanBound}
+	c := config{keepAlive: DefaultKeepAlive, unlockTimeout: defaultUnlockTimeout, orphanBound: DefaultOrphanBound}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)
@@ -64,19 +66,19 @@ func newConfig(opts []Option) (config, error) {
 	if len(c.errs) > 0 {
 		return c, errors.Join(c.errs...)
 	}
-	if c.keepAlive > 0 && c.keepAlive < MinKeepAlive {
-		c.keepAlive = MinKeepAlive
+	if c.keepAlive > 0 && c.keepAlive < minKeepAlive {
+		c.keepAlive = minKeepAlive
 	}
-	if c.orphanBound > 0 && (c.orphanBound < MinOrphanBound || c.orphanBound > MaxOrphanBound) {
+	if c.orphanBound > 0 && (c.orphanBound < minOrphanBound || c.orphanBound > maxOrphanBound) {
 		return c, fmt.Errorf("sqllock: WithOrphanBound(%v): the bound must be from %v to %v (TCP keep-alive settings count in seconds, and Linux takes at most 32767 s for the first probe)",
-			c.orphanBound, MinOrphanBound, MaxOrphanBound)
+			c.orphanBound, minOrphanBound, maxOrphanBound)
 	}
 	if boundsError(c.keepAlive, c.orphanBound) != nil {
 		switch {
 		case c.keepAliveSet && !c.orphanSet:
 			c.orphanBound = boundFor(c.keepAlive)
-			if c.orphanBound > MaxOrphanBound {
-				return c, fmt.Errorf("sqllock: WithKeepAlive(%v): no orphan bound up to %v lets the keep-alive tell a cut-off holder first; lower it", c.keepAlive, MaxOrphanBound)
+			if c.orphanBound > maxOrphanBound {
+				return c, fmt.Errorf("sqllock: WithKeepAlive(%v): no orphan bound up to %v lets the keep-alive tell a cut-off holder first; lower it", c.keepAlive, maxOrphanBound)
 			}
 		case c.orphanSet && !c.keepAliveSet:
 			c.keepAlive = keepAliveFor(c.orphanBound)
@@ -115,7 +117,7 @@ func CheckOptions(opts ...Option) error {
 // One goroutine runs the checks while locks are held and ends within one
 // interval of the last release.
 //
-// An interval below [MinKeepAlive] is raised to it. When WithOrphanBound is
+// An interval below 100 ms is raised to it. When WithOrphanBound is
 // not given, the orphan bound is raised, if need be, to fit the interval
 // (see [WithOrphanBound]). A negative d is an error (see [CheckOptions]).
 func WithKeepAlive(d time.Duration) Option {
@@ -127,8 +129,7 @@ func WithKeepAlive(d time.Duration) Option {
 	})
 }
 
-// WithUnlockTimeout bounds the unlock statement (default
-// [DefaultUnlockTimeout]): it is cancelled after between d and 1.25 d. Unlock
+// WithUnlockTimeout bounds the unlock statement (default 5 s): it is cancelled after between d and 1.25 d. Unlock
 // does not use its caller's cancellation: a cancelled context still
 // releases the lock. An unlock must be bounded: d must be positive (see
 // [CheckOptions]).
@@ -163,8 +164,9 @@ func WithUnlockTimeout(d time.Duration) Option {
 // WithOrphanBound is given, the other adapts to it: the keep-alive is
 // lowered to fit the bound (to a fifth of it, or less below 5 s), or the
 // bound is raised to fit the keep-alive. When both are given and break the
-// rule, that is an error. The bound must be from [MinOrphanBound] to
-// [MaxOrphanBound]; a negative d is an error (see [CheckOptions]).
+// rule, that is an error. The bound must be from 3 s to 27 h (Linux takes
+// at most 32,767 s for tcp_keepalives_idle, a third of the bound); a
+// negative d is an error (see [CheckOptions]).
 func WithOrphanBound(d time.Duration) Option {
 	return optionFunc(func(c *config) {
 		if d < 0 {

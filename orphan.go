@@ -87,7 +87,7 @@ func boundsError(keepAlive, orphan time.Duration) error {
 // keepAlive tell a cut-off holder first (see boundsError).
 func boundFor(keepAlive time.Duration) time.Duration {
 	b := clientBound(keepAlive)*4/3 + time.Second
-	return max(MinOrphanBound, b.Truncate(time.Second)+time.Second)
+	return max(minOrphanBound, b.Truncate(time.Second)+time.Second)
 }
 
 // keepAliveFor returns a keep-alive interval that tells a cut-off holder
@@ -98,5 +98,5 @@ func keepAliveFor(orphan time.Duration) time.Duration {
 	if orphan >= 5*time.Second {
 		return orphan / 5
 	}
-	return max(MinKeepAlive, (orphan*3/4-failedChecksBeforeLost*time.Second)*4/5)
+	return max(minKeepAlive, (orphan*3/4-failedChecksBeforeLost*time.Second)*4/5)
 }

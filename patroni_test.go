@@ -344,7 +344,7 @@ func (c *haClient) campaign(ctx context.Context, value string) {
 			}
 			continue
 		}
-		tm := &haTerm{value: value, start: time.Now(), pid: ld.Lock().PID(), resign: make(chan struct{})}
+		tm := &haTerm{value: value, start: time.Now(), pid: ld.PID(), resign: make(chan struct{})}
 		c.mu.Lock()
 		c.terms = append(c.terms, tm)
 		c.mu.Unlock()
@@ -352,7 +352,7 @@ func (c *haClient) campaign(ctx context.Context, value string) {
 		token, tokenErr := ld.Token(qctx)
 		var inRecovery bool
 		var port int
-		probeErr := sqllock.ConnOf(ld.Lock()).QueryRowContext(qctx, "SELECT pg_is_in_recovery(), inet_server_port()").Scan(&inRecovery, &port)
+		probeErr := sqllock.ConnOf(ld).QueryRowContext(qctx, "SELECT pg_is_in_recovery(), inet_server_port()").Scan(&inRecovery, &port)
 		cancel()
 		c.mu.Lock()
 		tm.probed, tm.token, tm.tokenErr, tm.inRecovery, tm.port, tm.probeErr = true, token, tokenErr, inRecovery, port, probeErr
@@ -364,7 +364,7 @@ func (c *haClient) campaign(ctx context.Context, value string) {
 		}
 		if ld.Err() == nil {
 			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			ld.Resign(rctx)
+			ld.Unlock(rctx)
 			cancel()
 		}
 		c.mu.Lock()

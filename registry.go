@@ -2,7 +2,9 @@ package sqllock
 
 import (
 	"fmt"
-	"sort"
+	"iter"
+	"maps"
+	"slices"
 	"sync"
 )
 
@@ -171,23 +173,24 @@ func (r *Registry) Key(name string) (Key, bool) {
 	return k, ok
 }
 
-// Entry is one name and its key in a Registry.
-type Entry struct {
-	Name string
-	Key  Key
-}
-
-// All returns every registered entry, sorted by name.
-func (r *Registry) All() []Entry {
-	if r == nil {
-		return nil
+// All returns every registered name and its key, sorted by name: a
+// snapshot of the Registry when All is called.
+//
+//	for name, k := range locks.All() { ... }
+func (r *Registry) All() iter.Seq2[string, Key] {
+	var names []string
+	var keys map[string]Key
+	if r != nil {
+		r.mu.RLock()
+		keys = maps.Clone(r.byName)
+		r.mu.RUnlock()
+		names = slices.Sorted(maps.Keys(keys))
 	}
-	r.mu.RLock()
-	out := make([]Entry, 0, len(r.byName))
-	for n, k := range r.byName {
-		out = append(out, Entry{Name: n, Key: k})
+	return func(yield func(string, Key) bool) {
+		for _, n := range names {
+			if !yield(n, keys[n]) {
+				return
+			}
+		}
 	}
-	r.mu.RUnlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
 }

@@ -41,8 +41,11 @@ func TestRegistry(t *testing.T) {
 	if k, ok := r.Key("job:daily_report"); !ok || k != Pair(0, 1001) {
 		t.Errorf("Key(job:daily_report) = %v, %v", k, ok)
 	}
-	all := r.All()
-	want := []Entry{{"cron:cleanup_old_logs", Int64(1002)}, {"cron:reindex_posts", Int64(1001)}, {"job:daily_report", Pair(0, 1001)}}
+	var all []string
+	for n, k := range r.All() {
+		all = append(all, n+"="+k.String())
+	}
+	want := []string{"cron:cleanup_old_logs=1002", "cron:reindex_posts=1001", "job:daily_report=(0,1001)"}
 	if fmt.Sprint(all) != fmt.Sprint(want) {
 		t.Errorf("All() = %v, want %v", all, want)
 	}
@@ -92,7 +95,11 @@ func TestRegistryConcurrent(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	if got := len(r.All()); got != 9 {
+	got := 0
+	for range r.All() {
+		got++
+	}
+	if got != 9 {
 		t.Errorf("len(All()) = %d, want 9 (8 jobs and one racer)", got)
 	}
 }

@@ -114,7 +114,7 @@ func TestRoundTrips(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				return ld.Resign(bg())
+				return ld.Unlock(bg())
 			})
 			// A wait on a shared session: the try there, then the wait on
 			// that same session (it carries no other lock), then the unlock:

@@ -77,12 +77,6 @@ func SemaphoreSlots(name string, n int) []Key {
 	return keys
 }
 
-// Name returns the semaphore's name.
-func (s *Semaphore) Name() string { return s.name }
-
-// Size returns N, the number of slots.
-func (s *Semaphore) Size() int { return s.n }
-
 // TryAcquire takes a free slot if there is one, in one round trip, and
 // otherwise returns an error matching [ErrNotAcquired] at once. Release
 // the permit with its Unlock. Other errors are those of [Locker.TryLock].

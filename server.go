@@ -130,16 +130,16 @@ func supported(version string) error {
 	if !strings.HasPrefix(version, "PostgreSQL ") {
 		return fmt.Errorf("%w: version() is %q", ErrUnsupportedServer, version)
 	}
-	if major := majorVersion(version); major > 0 && major < MinServerVersion {
-		return fmt.Errorf("%w: PostgreSQL %d; sqllock needs PostgreSQL %d or later (the orphan bound's tcp_user_timeout)", ErrUnsupportedServer, major, MinServerVersion)
+	if major := majorVersion(version); major > 0 && major < minServerVersion {
+		return fmt.Errorf("%w: PostgreSQL %d; sqllock needs PostgreSQL %d or later (the orphan bound's tcp_user_timeout)", ErrUnsupportedServer, major, minServerVersion)
 	}
 	return nil
 }
 
-// MinServerVersion is the oldest PostgreSQL major version sqllock takes
+// minServerVersion is the oldest PostgreSQL major version sqllock takes
 // locks on: older servers are refused with [ErrUnsupportedServer]. The
 // tests run on PostgreSQL 13, 15, 17 and 18.
-const MinServerVersion = 12
+const minServerVersion = 12
 
 // waitSlice returns the lock_timeout of a wait statement (see waitSQL),
 // as "<n>ms": half the server's deadlock_timeout, asked on w at the

@@ -118,7 +118,7 @@ func campaignSqllock(ctx context.Context, dsn, key, value string, bound time.Dur
 			close(lost)
 		}
 	}()
-	return &term{resign: ld.Resign, lost: lost}, nil
+	return &term{resign: ld.Unlock, lost: lost}, nil
 }
 
 // campaignEtcd campaigns in etcd's concurrency.Election on the prefix key

@@ -514,7 +514,7 @@ func TestInspectElection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer term.Resign(context.Background())
+	defer term.Unlock(context.Background())
 	r := runCLI(t, dsn, "inspect")
 	if r.code != 0 || !strings.Contains(r.stdout, "leader") || !strings.Contains(r.stdout, "sqllock-election:host-a") {
 		t.Fatalf("inspect of an election: exit %d\n%s%s", r.code, r.stdout, r.stderr)

@@ -59,7 +59,7 @@ func candidateMain(ctx context.Context, n int, dsn string, w io.Writer) error {
 	election := sqllock.New(db, sqllock.WithKeepAlive(200*time.Millisecond)).Election(electionKey)
 	// Lead campaigns (waiting in the server), runs the function for each
 	// term, and campaigns again, after a pause, when a term is lost.
-	err = election.Lead(ctx, fmt.Sprintf("candidate-%d", n), func(ctx context.Context, term *sqllock.Leadership) error {
+	err = election.Lead(ctx, fmt.Sprintf("candidate-%d", n), func(ctx context.Context, term *sqllock.Lock) error {
 		token, err := term.Token(ctx)
 		if err != nil {
 			return err
