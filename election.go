@@ -317,4 +317,3 @@ func (e *Election) Observe(ctx context.Context) <-chan Leader {
 	}()
 	return ch
 }
-
