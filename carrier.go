@@ -609,17 +609,14 @@ func (c *carrier) release(lk *Lock) error {
 	c.submit(op)
 	<-op.done
 	c.detach(lk)
-	switch {
-	case op.err != nil:
-		if connectionBroken(op.err) {
-			return fmt.Errorf("%w: %s: the shared session ended before the unlock: %w", ErrLockLost, c.l.name(lk.key), op.err)
-		}
-		return fmt.Errorf("sqllock: unlock %s: %w (the server releases the lock as the session ends)", c.l.name(lk.key), op.err)
-	case !op.ok:
+	uncertain, err := unlockAnswer(c.l.name(lk.key), c.pid, op.err, op.ok)
+	if err != nil && !uncertain {
+		// Certain: that lock only. The carrier takes no new lock, and goes
+		// back once its others are released. (An uncertain answer failed
+		// the carrier already.)
 		c.retire()
-		return fmt.Errorf("%w: unlock of %s on shared backend %d found no such lock", ErrLockLost, c.l.name(lk.key), c.pid)
 	}
-	return nil
+	return err
 }
 
 // onTag runs q, a statement about lk's tag, on lk's carrier: ok reports

@@ -338,34 +338,46 @@ func (l *Locker) release(conn *sql.Conn, st *statements, k Key, shared bool, pid
 	q, args := st.UnlockSQL(shared, k.sqlKey(), pid)
 	var released bool
 	err := queryRow(l.unlockContext(), l.abandoned, conn, q, args, &released)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		// No row: the statement ran on another backend than the one
-		// granted the lock.
-		l.discard(conn, k, "backend changed")
-		return fmt.Errorf("%w: lock %s: %w", ErrLockLost, l.name(k), sessionChanged(pid, 0))
+	switch _, uerr := unlockAnswer(l.name(k), pid, err, released); {
+	case uerr == nil:
+		return conn.Close()
 	case errors.Is(err, sql.ErrConnDone):
 		// database/sql closed the connection itself, after its driver found
-		// it broken under an earlier statement: the session ended, and the
-		// lock with it, at a moment no one can tell.
-		return fmt.Errorf("%w: %s: its session (backend %d) ended before the unlock", ErrLockLost, l.name(k), pid)
-	case errors.Is(err, errAbandoned):
-		l.discard(conn, k, "unlock statement did not return")
-		return fmt.Errorf("sqllock: unlock %s: %w (the server releases the lock as the session ends)", l.name(k), err)
-	case err != nil && connectionBroken(err):
-		// The session ended (terminated, restarted, or cut off) before the
-		// unlock: the lock went with it, at a moment no one can tell, so
-		// the critical section may not have been exclusive.
-		l.discard(conn, k, "session gone at unlock")
-		return fmt.Errorf("%w: %s: the session ended before the unlock: %w", ErrLockLost, l.name(k), err)
-	case err != nil:
-		l.discard(conn, k, "unlock statement failed")
-		return fmt.Errorf("sqllock: unlock %s: %w (connection discarded; the server releases the lock as the session ends)", l.name(k), err)
-	case !released:
-		l.discard(conn, k, "unlock found no lock")
-		return fmt.Errorf("%w: unlock of %s on backend %d found no such lock", ErrLockLost, l.name(k), pid)
+		// it broken under an earlier statement.
+		return uerr
+	default:
+		// A session of its own is discarded even after a certain "not
+		// held": the server ends it, with whatever it holds.
+		l.discard(conn, k, "unlock: "+uerr.Error())
+		return uerr
 	}
-	return conn.Close()
+}
+
+// unlockAnswer is the one rule book for the answer to an unlock of the
+// lock named what on backend pid (err and released, as the statement gave
+// them): nil when the server confirmed it there, and otherwise the call's
+// error and whether the session is in doubt (it may still hold the lock,
+// or ended at a moment no one can tell) and must end. A certain "not
+// held" (false, on that backend) is an error wrapping ErrLockLost that
+// touches that one lock: the critical section may not have been
+// exclusive.
+func unlockAnswer(what string, pid int64, err error, released bool) (uncertain bool, _ error) {
+	switch {
+	case err == nil && released:
+		return false, nil
+	case err == nil:
+		return false, fmt.Errorf("%w: unlock of %s on backend %d found no such lock", ErrLockLost, what, pid)
+	case errors.Is(err, sql.ErrNoRows) || errors.Is(err, ErrSessionChanged):
+		// No row: the statement ran on another backend than the one
+		// granted the lock.
+		return true, fmt.Errorf("%w: lock %s: %w", ErrLockLost, what, sessionChanged(pid, 0))
+	case errors.Is(err, sql.ErrConnDone) || !errors.Is(err, errAbandoned) && connectionBroken(err):
+		// The session ended (terminated, restarted, cut off; database/sql
+		// closes a connection its driver found broken) before the unlock:
+		// the lock went with it, at a moment no one can tell.
+		return true, fmt.Errorf("%w: %s: its session (backend %d) ended before the unlock: %w", ErrLockLost, what, pid, err)
+	}
+	return true, fmt.Errorf("sqllock: unlock %s: %w (the session is discarded; the server releases the lock as it ends)", what, err)
 }
 
 // unlockContext returns the context that bounds an unlock statement

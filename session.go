@@ -100,22 +100,17 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 	// The engine's wait for a Session: one statement, visible to
 	// PostgreSQL's deadlock detector (the Session holds other locks).
 	o := s.l.waitOn(ctx, connWaiter{s.conn, s.l.abandoned}, sessionLevel, s.l.sql(), 0, k, s.pid, waitOne)
-	switch {
-	case errors.Is(o.err, errDeadline):
-		return notAcquired(s.l.name(k), context.DeadlineExceeded)
-	case ctxEnded(ctx) && !o.certain:
-		s.loseLocked(fmt.Errorf("a blocking Lock of %s was cancelled: %w", s.l.name(k), ctxErr(ctx)))
-		return notAcquired(s.l.name(k), ctxErr(ctx))
-	case o.err != nil:
-		if st := sqlState(o.err); st != "40P01" && st != "53200" {
-			// Only a deadlock victim or a full lock table is surely not
-			// granted; anything else leaves the session in doubt.
-			s.loseLocked(fmt.Errorf("lock %s failed: %w", s.l.name(k), o.err))
+	// The Session's server was checked when it opened: a standby's answer
+	// is not asked about again.
+	switch v, err := judge(ctx, o, s.l.name(k), true, s.pid); v {
+	case refused:
+		return err
+	case uncertain:
+		s.loseLocked(err)
+		if errors.Is(err, ErrSessionChanged) {
+			return s.Err()
 		}
-		return lockError(s.l.name(k), o.err)
-	case o.pid != s.pid:
-		s.loseLocked(sessionChanged(s.pid, o.pid))
-		return s.Err()
+		return err
 	}
 	s.add([]Key{k})
 	return nil
@@ -226,25 +221,23 @@ func (s *Session) unlockKeys(keys []Key) error {
 		return queryRows(s.l.unlockContext(), s.l.abandoned, s.conn, q, args, row)
 	}
 	answers, err := many(s.l.mode, query, "pg_advisory_unlock", s.pid, sqlKeys(keys))
-	confirmed := 0
-	for _, ok := range answers {
-		if ok {
-			confirmed++
+	what, all := s.l.name(keys[0]), err == nil
+	for i, ok := range answers {
+		if !ok && all {
+			what, all = s.l.name(keys[i]), false
 		}
 	}
-	switch {
-	case errors.Is(err, ErrSessionChanged):
-		s.loseLocked(err)
-		return s.Err()
-	case err != nil:
-		s.loseLocked(fmt.Errorf("unlock failed: %w", err))
-		if connectionBroken(err) {
+	if len(keys) > 1 {
+		what = fmt.Sprintf("%s (of %d keys)", what, len(keys))
+	}
+	// An unlock not confirmed on the Session's backend, certainly or not,
+	// loses the whole Session: its locks live and die together.
+	if _, uerr := unlockAnswer(what, s.pid, err, all); uerr != nil {
+		s.loseLocked(uerr)
+		if errors.Is(uerr, ErrLockLost) {
 			return s.Err()
 		}
-		return fmt.Errorf("sqllock: session unlock: %w (connection discarded; the server releases its locks as the session ends)", err)
-	case confirmed != len(keys):
-		s.loseLocked(fmt.Errorf("unlock confirmed %d of %d keys", confirmed, len(keys)))
-		return s.Err()
+		return uerr
 	}
 	released = true
 	return nil

@@ -235,11 +235,9 @@ func (l *Locker) lockInTx(ctx context.Context, tx Tx, k Key) error {
 // call's error: a ctx that ended is "not acquired" whatever the driver said
 // (the caller rolls the transaction back, which releases what it holds).
 func settleTx(ctx context.Context, what string, o outcome) error {
-	if ctxEnded(ctx) || errors.Is(o.err, errDeadline) {
-		return notAcquired(what, ctxErr(ctx))
+	v, err := judge(ctx, o, what, true, 0)
+	if v == refused && o.err == nil && !o.ok {
+		return nil // a try that found the key held: false, and no error
 	}
-	if o.err != nil {
-		return lockError(what, o.err)
-	}
-	return nil
+	return err
 }
