@@ -44,7 +44,7 @@ const (
 func (k Kind) IsTry() bool    { return k&Try != 0 }
 func (k Kind) IsShared() bool { return k&Shared != 0 }
 
-// sharedKind returns Shared when shared is true.
+// SharedKind returns Shared when shared is true.
 func SharedKind(shared bool) Kind {
 	if shared {
 		return Shared
@@ -90,7 +90,7 @@ const (
 	Inline             // literals in the SQL text
 )
 
-// keyArgs returns the argument list of k for a function call, and the bind
+// KeyArgs returns the argument list of k for a function call, and the bind
 // values, starting at parameter number first.
 func (m Mode) KeyArgs(k Key, first int) (string, []any) {
 	if k.Pair {
@@ -187,9 +187,11 @@ func newStatements(mode Mode, tune, untune, waiting string) *Statements {
 	return s
 }
 
-// trySQL returns the statement that tries a session-level lock (kind has
-// Try). Its single row is (acquired bool, pid int, in_recovery bool,
-// the settings' text), the settings applied only when acquired.
+// TrySQL returns the statement that tries a session-level lock (kind has
+// Try). Its single row is (acquired bool, pid int, in_recovery bool); it
+// applies the settings only when acquired (a shared session's first try
+// is this statement too, so a lock that opens one sends what a lock on a
+// session of its own does).
 func (s *Statements) TrySQL(kind Kind, k Key) (string, []any) {
 	if s.mode == Bind {
 		return s.try[sharedIndex(kind.IsShared())][formIndex(k)], bindArgs(k)
@@ -204,7 +206,7 @@ func (s *Statements) BuildTrySQL(kind Kind, k Key) (string, []any) {
 	return "SELECT CASE WHEN " + kind.Fn() + "(" + a + ") THEN " + s.tune + " IS NOT NULL ELSE false END, pg_backend_pid(), pg_is_in_recovery()", args
 }
 
-// waitSQL returns the statement with which a Locker waits for a
+// WaitSQL returns the statement with which a Locker waits for a
 // session-level lock (kind is exclusive or shared, not try). Its single row
 // is that of trySQL, acquired true. The wait lasts at most slice (a
 // lock_timeout local to the statement, error 55P03; "0": no limit, which
@@ -254,7 +256,7 @@ func (s *Statements) GrantedSQL(kind Kind, classid, objid int64, objsubid int) (
 	return s.mode.TagArgs("SELECT "+s.tune+" IS NOT NULL, pg_backend_pid(), pg_is_in_recovery()"+heldByMe+" AND l.mode = '"+mode+"'", classid, objid, objsubid)
 }
 
-// unlockSQL returns the statement that releases a session-level lock, and
+// UnlockSQL returns the statement that releases a session-level lock, and
 // sets the session's settings back, but only on the backend that was
 // granted it: its single row is (released bool, the settings' text) on that
 // backend, and it returns no row (and changes nothing) on any other. (SQL
@@ -275,7 +277,7 @@ func (s *Statements) BuildUnlockSQL(shared bool, k Key, pid int64) (string, []an
 	return q + "$" + strconv.Itoa(len(args)+1) + "::int4", append(args, pid)
 }
 
-// semaphoreTrySQL returns the statement that takes the first free slot of
+// SemaphoreTrySQL returns the statement that takes the first free slot of
 // the n slots of class: its single row is (slot or -1, pid, in_recovery,
 // the settings' text). CASE takes the first slot whose try succeeds and
 // tries no further: one round trip, and never more than one slot.
@@ -290,13 +292,13 @@ func (s *Statements) SemaphoreTrySQL(class int32, n int) string {
 	return b.String()
 }
 
-// sessionSQL returns the statement that starts a Session: its single row
+// SessionSQL returns the statement that starts a Session: its single row
 // is (pid, in_recovery, the settings' text); it applies the settings.
 func (s *Statements) SessionSQL() string {
 	return "SELECT pg_backend_pid(), pg_is_in_recovery(), " + s.tune
 }
 
-// resetSQL returns the statement that sets a Session's settings back as
+// ResetSQL returns the statement that sets a Session's settings back as
 // it closes, on backend pid only: its single row is (the settings' text),
 // no row on another backend.
 func (s *Statements) ResetSQL(pid int64) (string, []any) {
@@ -311,7 +313,7 @@ func (s *Statements) ResetSQL(pid int64) (string, []any) {
 // once per Locker, not in every wait).
 const WaitSliceSQL = "SELECT greatest(1, (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::int8)"
 
-// xactLockSQL returns the statement that takes a transaction-level lock. Its
+// XactLockSQL returns the statement that takes a transaction-level lock. Its
 // single row is (acquired bool).
 func (m Mode) XactLockSQL(kind Kind, k Key) (string, []any) {
 	kind |= Xact
@@ -407,7 +409,7 @@ const AggNotTaken = "coalesce(array_agg(t.i) FILTER (WHERE t.got IS NOT TRUE), '
 // (docs/benchmarks.md).
 const ManyRowsMax = 64
 
-// manySQL returns a statement that calls fn (an exclusive lock or unlock
+// ManySQL returns a statement that calls fn (an exclusive lock or unlock
 // function) on every key. With agg empty it answers a row per key:
 // (position from 1, result, pid); otherwise one row: (agg, pid), where agg
 // aggregates the rows t(i, got). With onlyPID, the function runs only on
@@ -450,7 +452,7 @@ func (m Mode) ManySQL(fn, onlyPID, agg string, keys []Key) (string, []any) {
 	return m.Arrays(q, string(append(pair, '}')), string(append(v, '}')), string(append(c, '}')), string(append(d, '}')))
 }
 
-// arrays returns q with its array parameters ($1, $2, ...: text literals
+// Arrays returns q with its array parameters ($1, $2, ...: text literals
 // of arrays of numbers and booleans that this package formats) bound, or,
 // in Inline mode, rendered into the text: lib/pq spends a round trip
 // preparing any statement with parameters.
