@@ -495,9 +495,7 @@ func (l *Locker) settle(ctx context.Context, conn *sql.Conn, id ident, st *state
 		}
 		return nil, err
 	}
-	lk := newLock(l, k, shared, conn, o.pid)
-	lk.id, lk.st = id, st
-	lk.lease = l.newLease(o.sent)
+	lk := newLock(newDedicated(l, conn, id, st, o.pid, l.newLease(o.sent)), k, shared)
 	l.stats.took(1)
 	l.mon.add(lk)
 	return lk, nil

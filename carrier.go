@@ -24,6 +24,13 @@ type carrier struct {
 	conn *sql.Conn
 	id   ident  // who granted its locks (see checkServer)
 	ls   *lease // its idle clock (see lease.go)
+	// dedicated: a session of one lock (a lock that waited, a shared-mode
+	// lock, a permit, a candidate, any lock of WithDedicatedSessions),
+	// which no other call picks, whose statements are st (the lock's
+	// settings, a candidate's name), and which ends with its lock: its
+	// unlock sets the settings back, and it goes back to the pool then.
+	dedicated bool
+	st        *statements
 
 	mu sync.Mutex
 	// pid is its backend, learnt from its first answer (0 until then);
@@ -57,8 +64,9 @@ const (
 
 // shareOp is one operation on a carrier.
 type shareOp struct {
-	kind  shareOpKind
-	key   Key
+	kind   shareOpKind
+	key    Key
+	shared bool // opUnlock: of a shared-mode lock
 	q     string // opTag
 	args  []any  // opTag
 	state atomic.Uint32
@@ -81,6 +89,13 @@ const (
 
 func newOp(kind shareOpKind, k Key) *shareOp {
 	return &shareOp{kind: kind, key: k, done: make(chan struct{})}
+}
+
+// newDedicated makes conn, backend pid, whose lock statement st just
+// granted it a lock (and applied its settings), the dedicated session of
+// that lock.
+func newDedicated(l *Locker, conn *sql.Conn, id ident, st *statements, pid int64, ls *lease) *carrier {
+	return &carrier{l: l, conn: conn, id: id, ls: ls, dedicated: true, st: st, pid: pid, tuned: true, held: map[*Lock]struct{}{}, gone: make(chan struct{})}
 }
 
 // err returns why the carrier is dead.
@@ -116,9 +131,11 @@ func (c *carrier) attach(lk *Lock) bool {
 }
 
 // detach forgets lk and frees its key, which the server no longer holds
-// for this carrier.
+// for this carrier (a dedicated session's key was never reserved).
 func (c *carrier) detach(lk *Lock) {
-	c.l.share.free(lk.key)
+	if !c.dedicated {
+		c.l.share.free(lk.key)
+	}
 	c.mu.Lock()
 	_, ok := c.held[lk]
 	delete(c.held, lk)
@@ -145,8 +162,8 @@ func (c *carrier) leave() {
 func (c *carrier) maybeLinger() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.idleLocked() {
-		return
+	if c.dedicated || !c.idleLocked() {
+		return // a dedicated session ends with its lock (release)
 	}
 	c.idleAt = monoNow()
 	if c.armed {
@@ -211,6 +228,18 @@ func (c *carrier) closeIfEmpty() {
 	s.mu.Lock()
 	s.remove(c) // counted until its reset is done
 	s.mu.Unlock()
+}
+
+// closeDedicated gives a dedicated session back to the pool once the
+// server confirmed the unlock of its lock (which set its settings back).
+func (c *carrier) closeDedicated() {
+	c.mu.Lock()
+	closing := c.dead == nil && !c.closed
+	c.closed = true
+	c.mu.Unlock()
+	if closing {
+		c.conn.Close()
+	}
 }
 
 // handOver gives a carrier that holds nothing, and has nothing under way,
@@ -398,7 +427,11 @@ func (c *carrier) isDead() bool {
 func (c *carrier) runOne(op *shareOp, unlock bool) {
 	var err error
 	if unlock {
-		q, args := c.l.plain.UnlockSQL(false, op.key.sqlKey(), c.pid)
+		st := c.l.plain
+		if c.dedicated {
+			st = c.st // it sets the lock's settings back too
+		}
+		q, args := st.UnlockSQL(op.shared, op.key.sqlKey(), c.pid)
 		err = c.queryRow(q, args, &op.ok)
 		if errors.Is(err, sql.ErrNoRows) {
 			err = sessionChanged(c.pid, 0)
@@ -574,7 +607,11 @@ func (c *carrier) fail(cause error) {
 		s.mu.Unlock()
 		return
 	}
-	c.dead = fmt.Errorf("shared session (backend %d) discarded: %w", c.pid, cause)
+	what := "shared session"
+	if c.dedicated {
+		what = "session"
+	}
+	c.dead = fmt.Errorf("%s (backend %d) discarded: %w", what, c.pid, cause)
 	locks := make([]*Lock, 0, len(c.held))
 	for lk := range c.held {
 		locks = append(locks, lk)
@@ -587,7 +624,7 @@ func (c *carrier) fail(cause error) {
 	for _, lk := range locks {
 		lk.lose(dead)
 	}
-	c.l.discard(c.conn, Key{}, "shared session: "+cause.Error())
+	c.l.discard(c.conn, Key{}, what+": "+cause.Error())
 	close(c.gone)
 }
 
@@ -606,10 +643,20 @@ func (c *carrier) retire() {
 // not hold it (that Lock only), or the error that discarded the carrier.
 func (c *carrier) release(lk *Lock) error {
 	op := newOp(opUnlock, lk.key)
+	op.shared = lk.shared
 	c.submit(op)
 	<-op.done
 	c.detach(lk)
 	uncertain, err := unlockAnswer(c.l.name(lk.key), c.pid, op.err, op.ok)
+	if c.dedicated {
+		switch {
+		case err == nil:
+			c.closeDedicated() // its unlock set the settings back
+		case !uncertain:
+			c.fail(err) // a session of its own is discarded even then
+		}
+		return err
+	}
 	if err != nil && !uncertain {
 		// Certain: that lock only. The carrier takes no new lock, and goes
 		// back once its others are released. (An uncertain answer failed

@@ -24,7 +24,12 @@ func LeaseBusy(lk *Lock) int32 {
 
 // ConnOf is the connection that holds lk when it has a session of its own
 // (nil on a shared session): for tests that look at that session.
-func ConnOf(lk *Lock) *sql.Conn { return lk.conn }
+func ConnOf(lk *Lock) *sql.Conn {
+	if lk.c.dedicated {
+		return lk.c.conn
+	}
+	return nil
+}
 
 // The limits and defaults the tests check against.
 const (

@@ -68,16 +68,11 @@ func (lk *Lock) loseKey(_ Key, cause error) { lk.lose(cause) }
 
 func (lk *Lock) leaseOf() *lease { return lk.lease }
 
-// touch runs the lease's statement on the lock's session: through the
-// shared session's queue, or on its own session.
+// touch runs the lease's statement on the lock's session, through its
+// queue.
 func (lk *Lock) touch(ctx context.Context) error {
-	if lk.c != nil {
-		_, _, err := lk.c.onTag(ctx, touchSQL, nil)
-		return err
-	}
-	var v int64
-	err := lk.onConn(func() error { return queryRow(ctx, lk.l.abandoned, lk.conn, touchSQL, nil, &v) })
-	if lk.releasing() || errors.Is(err, ErrLockLost) {
+	_, _, err := lk.c.onTag(ctx, touchSQL, nil)
+	if err != nil && (lk.releasing() || lk.error() != nil) {
 		return nil // released or lost meanwhile: nothing to keep alive
 	}
 	return err

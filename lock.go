@@ -24,30 +24,31 @@ import (
 // Done is closed and Err is non-nil; Unlock then returns an error and
 // never panics, so `defer lk.Unlock(ctx)` is always safe, even on a nil Lock.
 type Lock struct {
-	pinned // the connection, its backend, state, err, Done (see pinned.go)
+	pinned // its backend, lease, state, err, Done (see pinned.go)
 	key    Key
 	shared bool
 	since  time.Time
 
 	unlockMu sync.Mutex // serialises Unlock
-	// connMu serialises sqllock's own uses of conn (statements, the
-	// release, the discard): database/sql's Conn is not safe to close
-	// while another call on it is starting (that call can find it nil).
-	connMu sync.Mutex
 
 	discarded chan struct{} // guarded by mu: set when lost, closed once the connection is discarded
 	window    *time.Timer   // guarded by mu: the open hold window's release (see UnlockAfter)
 	token     int64         // guarded by mu: the fencing token, 0 until asked for
 
-	// c is the shared session that carries the lock (see share.go), or nil
-	// when the lock pinned a session of its own (conn), whose statements
-	// (its settings, and an election candidate's name) are st.
-	c  *carrier
-	st *statements
+	// c is the session that holds the lock: one of the Locker's shared
+	// sessions, or one of its own (c.dedicated). Every statement about the
+	// lock goes through c's queue.
+	c *carrier
 }
 
-func newLock(l *Locker, k Key, shared bool, conn *sql.Conn, pid int64) *Lock {
-	return &Lock{pinned: pinned{l: l, conn: conn, pid: pid}, key: k, shared: shared, since: time.Now()}
+// newLock returns the handle of k, held in mode shared by c's session, and
+// records it there; nil when c died meanwhile.
+func newLock(c *carrier, k Key, shared bool) *Lock {
+	lk := &Lock{pinned: pinned{l: c.l, pid: c.pid, id: c.id, lease: c.ls}, key: k, shared: shared, since: time.Now(), c: c}
+	if !c.attach(lk) {
+		return nil
+	}
+	return lk
 }
 
 // Key returns the lock's key (the zero Key for a nil Lock).
@@ -126,26 +127,19 @@ func (lk *Lock) Token(ctx context.Context) (int64, error) {
 
 // onSession runs q, a statement about the lock's tag ($1, $2, $3) that
 // answers one integer on the session that holds it and no row otherwise,
-// on the lock's own session. No row is the server's word that the lock is
+// on the lock's session, through its queue (ctx bounds the wait for the
+// answer, not the statement, so that no driver poisons the session by
+// giving a statement up). No row is the server's word that the lock is
 // lost, and so is a session that ended under the statement: the lock is
-// then marked lost at once, and the error wraps ErrLockLost. A statement
-// on a lock of its own session that ctx cut short leaves that session
-// unusable (drivers close or poison a connection whose statement they give
-// up): the lock is lost too. Once Unlock has begun, it returns ErrReleased
-// or the loss, never a value it did not get.
+// then marked lost at once, and the error wraps ErrLockLost. Once Unlock
+// has begun, it returns ErrReleased or the loss, never a value it did not
+// get.
 func (lk *Lock) onSession(ctx context.Context, q string) (int64, error) {
 	c, o, sub := lk.key.lockTag()
 	q, args := lk.l.mode.TagArgs(q, int64(c), int64(o), sub)
-	var v int64
-	var err error
-	if lk.c != nil {
-		var ok bool
-		v, ok, err = lk.c.onTag(ctx, q, args)
-		if err == nil && !ok {
-			err = sql.ErrNoRows
-		}
-	} else {
-		err = lk.onConn(func() error { return queryRow(ctx, lk.l.abandoned, lk.conn, q, args, &v) })
+	v, ok, err := lk.c.onTag(ctx, q, args)
+	if err == nil && !ok {
+		err = sql.ErrNoRows
 	}
 	if err == nil {
 		return v, nil
@@ -158,10 +152,8 @@ func (lk *Lock) onSession(ctx context.Context, q string) (int64, error) {
 		// from under the statement.
 	case errors.Is(err, sql.ErrNoRows):
 		lk.lose(fmt.Errorf("its session (backend %d) no longer holds it", lk.pid))
-	case lk.c == nil && (connectionBroken(err) || errors.Is(err, sql.ErrConnDone)):
-		lk.lose(fmt.Errorf("its session (backend %d) ended: %w", lk.pid, err))
-	case lk.c == nil && ctxEnded(ctx):
-		lk.lose(fmt.Errorf("a statement on its session (backend %d) was given up as its context ended: %w", lk.pid, err))
+	case lk.error() != nil:
+		// Its session ended under the statement, and told it.
 	default:
 		return 0, fmt.Errorf("sqllock: %s: %w", lk.l.name(lk.key), err)
 	}
@@ -169,25 +161,6 @@ func (lk *Lock) onSession(ctx context.Context, q string) (int64, error) {
 		return 0, e
 	}
 	return 0, ErrReleased
-}
-
-// onConn runs stmt, one statement of sqllock's on the lock's own
-// connection, unless the connection is being released or discarded (then
-// ErrReleased or the loss, never a statement on a closed Conn), and counts
-// it as a sign of life for the lease.
-func (lk *Lock) onConn(stmt func() error) error {
-	lk.connMu.Lock()
-	defer lk.connMu.Unlock()
-	if lk.releasing() {
-		return sql.ErrConnDone
-	}
-	if err := lk.error(); err != nil {
-		return err
-	}
-	sent := lk.lease.begin()
-	err := stmt()
-	lk.lease.end(sent, err == nil || errors.Is(err, sql.ErrNoRows))
-	return err
 }
 
 // releasing reports whether Unlock has begun (or ended).
@@ -263,13 +236,7 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 		}
 		err, final = lostErr, lostErr
 	default:
-		if lk.c != nil {
-			err = lk.c.release(lk)
-		} else {
-			lk.connMu.Lock()
-			err = lk.l.release(lk.conn, lk.st, lk.key, lk.shared, lk.pid)
-			lk.connMu.Unlock()
-		}
+		err = lk.c.release(lk)
 		e := Event{Kind: EventReleased, Key: lk.key, PID: int(lk.pid), Err: err}
 		if errors.Is(err, ErrLockLost) {
 			e.Kind, final = EventLost, err
@@ -299,32 +266,19 @@ func (lk *Lock) lose(cause error) {
 	lk.discarded = discarded
 	lk.mu.Unlock()
 	lk.l.emit(context.Background(), Event{Kind: EventLost, Key: lk.key, Name: lk.l.regName(lk.key), PID: int(lk.pid), Held: time.Since(lk.since), Err: err}, 1)
-	if c := lk.c; c != nil {
-		// As below, for the shared session: it is discarded, and every
-		// lock on it is lost with it. Whatever the keep-alive saw (the key
-		// gone, or no answer at all), only the end of the session makes
-		// sure that it holds nothing should the network heal; a session
-		// that ended anyway loses nothing more. It takes no new lock from
-		// now on.
-		c.retire()
-		go func() {
-			c.fail(cause)
-			<-c.gone
-			c.detach(lk)
-			close(discarded)
-		}()
-		lk.end()
-		return
-	}
-	// End the session now, not at Unlock: if the network heals, the old
-	// session must not hold the lock again behind the back of a holder
-	// that was told it lost it. In a goroutine: a statement of sqllock's
-	// own (a Token, say) may hold the connection until the network
-	// answers.
+	// The session is discarded, and every lock on it is lost with it.
+	// Whatever the keep-alive saw (the key gone, or no answer at all),
+	// only the end of the session makes sure that it holds nothing should
+	// the network heal, behind the back of a holder that was told it lost
+	// the lock; a session that ended anyway loses nothing more. It takes
+	// no new lock from now on. In a goroutine: a statement of sqllock's
+	// own on it (a Token, say) may hold it until the network answers.
+	c := lk.c
+	c.retire()
 	go func() {
-		lk.connMu.Lock()
-		lk.l.discard(lk.conn, lk.key, "lock was lost")
-		lk.connMu.Unlock()
+		c.fail(cause)
+		<-c.gone
+		c.detach(lk)
 		close(discarded)
 	}()
 	lk.end() // last: whoever waits on Done sees the stats and the log entry

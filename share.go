@@ -211,8 +211,10 @@ func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, 
 		l.stats.contended.Add(1)
 		return nil, fmt.Errorf("%w: %s is held by another session", ErrNotAcquired, l.name(k)), true
 	}
-	lk = &Lock{pinned: pinned{l: l, pid: c.pid, id: c.id, lease: c.ls}, key: k, since: time.Now(), c: c}
-	if ctxEnded(ctx) || !c.attach(lk) {
+	if !ctxEnded(ctx) {
+		lk = newLock(c, k, false)
+	}
+	if lk == nil {
 		c.unlockAsync(k)
 		if ctxEnded(ctx) {
 			return ended()
