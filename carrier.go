@@ -66,11 +66,11 @@ const (
 type shareOp struct {
 	kind   shareOpKind
 	key    Key
-	shared bool // opUnlock: of a shared-mode lock
-	q     string // opTag
-	args  []any  // opTag
-	state atomic.Uint32
-	done  chan struct{} // closed when the outcome is known
+	shared bool   // opUnlock: of a shared-mode lock
+	q      string // opTag
+	args   []any  // opTag
+	state  atomic.Uint32
+	done   chan struct{} // closed when the outcome is known
 
 	ok  bool  // opTry: granted; opUnlock: released; opTag: a row came
 	v   int64 // opTag's answer
