@@ -490,7 +490,9 @@ func (l *Locker) settle(ctx context.Context, conn *sql.Conn, id ident, st *state
 		l.discard(conn, k, "lock statement: "+err.Error())
 		return nil, err
 	case unwanted:
-		if rerr := l.release(conn, st, k, shared, o.pid); rerr != nil {
+		// Released as any lock is, then refused.
+		c := newDedicated(l, conn, id, st, o.pid, l.newLease(o.sent))
+		if rerr := c.release(newLock(c, k, shared)); rerr != nil {
 			return nil, errors.Join(err, rerr)
 		}
 		return nil, err

@@ -284,29 +284,6 @@ func (lk *Lock) lose(cause error) {
 	lk.end() // last: whoever waits on Done sees the stats and the log entry
 }
 
-// release runs the unlock statement on conn, on the backend pid, and gives
-// conn back to the pool only when PostgreSQL confirmed the unlock there. In
-// every other case it discards conn, so that the server ends the session and
-// releases whatever it held.
-func (l *Locker) release(conn *sql.Conn, st *statements, k Key, shared bool, pid int64) error {
-	q, args := st.UnlockSQL(shared, k.sqlKey(), pid)
-	var released bool
-	err := queryRow(l.unlockContext(), l.abandoned, conn, q, args, &released)
-	switch _, uerr := unlockAnswer(l.name(k), pid, err, released); {
-	case uerr == nil:
-		return conn.Close()
-	case errors.Is(err, sql.ErrConnDone):
-		// database/sql closed the connection itself, after its driver found
-		// it broken under an earlier statement.
-		return uerr
-	default:
-		// A session of its own is discarded even after a certain "not
-		// held": the server ends it, with whatever it holds.
-		l.discard(conn, k, "unlock: "+uerr.Error())
-		return uerr
-	}
-}
-
 // unlockAnswer is the one rule book for the answer to an unlock of the
 // lock named what on backend pid (err and released, as the statement gave
 // them): nil when the server confirmed it there, and otherwise the call's

@@ -6,13 +6,14 @@ import (
 	"sync"
 )
 
-// pinned is the core of both handles, Lock and Session: a connection of
-// the pool pinned for as long as its session holds locks, the backend it
-// runs on, and the handle's one lifecycle (held, then released or lost),
-// told through Done and Err. The handles embed it; its mu also guards
-// their own fields.
+// pinned is the core of both handles, Lock and Session: the backend that
+// holds their locks, and the handle's one lifecycle (held, then released
+// or lost), told through Done and Err. The handles embed it; its mu also
+// guards their own fields.
 type pinned struct {
-	l    *Locker
+	l *Locker
+	// conn is a Session's connection, pinned for as long as it holds
+	// locks (a Lock's session is its carrier, which holds the connection).
 	conn *sql.Conn
 	pid  int64
 	id   ident // who granted its locks (see checkServer)
