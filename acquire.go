@@ -479,6 +479,12 @@ func (e *engine) deadlineSlice(ctx context.Context, slice string) (string, time.
 // in errors.
 func (l *Locker) settle(ctx context.Context, conn *sql.Conn, id ident, st *statements, k Key, shared bool, o outcome, what string) (*Lock, error) {
 	v, err := judge(ctx, o, what, l.cfg.allowStandby, 0)
+	if v == refused && o.err != nil {
+		// A lock statement that failed, even for a reason the server is
+		// sure of, may have taken its key first (the settings it applies
+		// come after the grant): the connection is not given back.
+		v = uncertain
+	}
 	switch v {
 	case refused:
 		if o.err == nil && !o.ok && !o.standby {
@@ -490,9 +496,10 @@ func (l *Locker) settle(ctx context.Context, conn *sql.Conn, id ident, st *state
 		l.discard(conn, k, "lock statement: "+err.Error())
 		return nil, err
 	case unwanted:
-		// Released as any lock is, then refused.
+		// Released as a lock on a session of its own is, then refused;
+		// no Lock was handed out, so none is told or counted.
 		c := newDedicated(l, conn, id, st, o.pid, l.newLease(o.sent))
-		if rerr := c.release(newLock(c, k, shared)); rerr != nil {
+		if rerr := c.releaseKey(k, shared); rerr != nil {
 			return nil, errors.Join(err, rerr)
 		}
 		return nil, err

@@ -230,6 +230,38 @@ func (c *carrier) closeIfEmpty() {
 	s.mu.Unlock()
 }
 
+// unlock sends the unlock of k (in mode shared) through c's queue, and
+// returns the answer as unlockAnswer reads it. An uncertain one has
+// failed c already.
+func (c *carrier) unlock(k Key, shared bool) (uncertain bool, err error) {
+	op := newOp(opUnlock, k)
+	op.shared = shared
+	c.submit(op)
+	<-op.done
+	return unlockAnswer(c.l.name(k), c.pid, op.err, op.ok)
+}
+
+// releaseKey releases k, the one key of a dedicated session that no Lock
+// holds (a standby's unwanted grant), and ends the session.
+func (c *carrier) releaseKey(k Key, shared bool) error {
+	uncertain, err := c.unlock(k, shared)
+	c.ended(err, uncertain)
+	return err
+}
+
+// ended ends a dedicated session after the unlock of its one key: back to
+// the pool when the server confirmed it (the unlock set the settings
+// back), discarded otherwise, even after a certain "not held" (an
+// uncertain answer failed it already).
+func (c *carrier) ended(err error, uncertain bool) {
+	switch {
+	case err == nil:
+		c.closeDedicated()
+	case !uncertain:
+		c.fail(err)
+	}
+}
+
 // closeDedicated gives a dedicated session back to the pool once the
 // server confirmed the unlock of its lock (which set its settings back).
 func (c *carrier) closeDedicated() {
@@ -642,19 +674,10 @@ func (c *carrier) retire() {
 // it, an error wrapping ErrLockLost when the server says the carrier did
 // not hold it (that Lock only), or the error that discarded the carrier.
 func (c *carrier) release(lk *Lock) error {
-	op := newOp(opUnlock, lk.key)
-	op.shared = lk.shared
-	c.submit(op)
-	<-op.done
+	uncertain, err := c.unlock(lk.key, lk.shared)
 	c.detach(lk)
-	uncertain, err := unlockAnswer(c.l.name(lk.key), c.pid, op.err, op.ok)
 	if c.dedicated {
-		switch {
-		case err == nil:
-			c.closeDedicated() // its unlock set the settings back
-		case !uncertain:
-			c.fail(err) // a session of its own is discarded even then
-		}
+		c.ended(err, uncertain)
 		return err
 	}
 	if err != nil && !uncertain {
