@@ -52,6 +52,25 @@ type carrier struct {
 	spare   []*shareOp         // guarded by mu: the last batch's slice, for the next queue
 
 	gone chan struct{} // closed once a dead carrier's connection is discarded
+
+	// connMu is held across each statement on conn, and by whoever ends
+	// conn (closes, resets or discards it): database/sql's Conn is not safe
+	// to close while a call on it is starting (that call can find its
+	// driver connection gone, and panic). connDone, guarded by connMu: conn
+	// was ended; later statements fail with sql.ErrConnDone.
+	connMu   sync.Mutex
+	connDone bool
+}
+
+// endConn ends conn with end (close it, reset it, discard it) once no
+// statement of the queue's is on it, and only once.
+func (c *carrier) endConn(end func()) {
+	c.connMu.Lock()
+	defer c.connMu.Unlock()
+	if !c.connDone {
+		c.connDone = true
+		end()
+	}
 }
 
 type shareOpKind uint8
@@ -220,11 +239,13 @@ func (c *carrier) closeIfEmpty() {
 	tuned := c.tuned
 	c.mu.Unlock()
 	s.mu.Unlock()
-	if tuned {
-		c.l.closeSession(c.conn, c.pid)
-	} else {
-		c.conn.Close() // it never held a lock: nothing to set back
-	}
+	c.endConn(func() {
+		if tuned {
+			c.l.closeSession(c.conn, c.pid)
+		} else {
+			c.conn.Close() // it never held a lock: nothing to set back
+		}
+	})
 	s.mu.Lock()
 	s.remove(c) // counted until its reset is done
 	s.mu.Unlock()
@@ -270,7 +291,7 @@ func (c *carrier) closeDedicated() {
 	c.closed = true
 	c.mu.Unlock()
 	if closing {
-		c.conn.Close()
+		c.endConn(func() { c.conn.Close() })
 	}
 }
 
@@ -329,7 +350,7 @@ func (c *carrier) enqueue(op *shareOp) bool {
 // is the runner (enqueue returned true).
 func (c *carrier) drain() {
 	c.mu.Lock()
-	for len(c.queue) > 0 && c.dead == nil {
+	for len(c.queue) > 0 && c.dead == nil && !c.closed {
 		batch := c.queue
 		c.queue = nil
 		c.mu.Unlock()
@@ -343,10 +364,13 @@ func (c *carrier) drain() {
 	rest := c.queue
 	c.queue = nil
 	c.running = false
-	dead := c.dead
+	var why error
+	if len(rest) > 0 {
+		why = c.errLocked() // dead, or closed: a dedicated session ended with its lock
+	}
 	c.mu.Unlock()
 	for _, o := range rest {
-		o.err = dead
+		o.err = why
 		c.finish(o)
 	}
 	c.maybeLinger()
@@ -357,6 +381,11 @@ func (c *carrier) drain() {
 // before any caller hears it, so a caller that is told (and the process
 // stopped right after) never meets a lease that still looks busy.
 func (c *carrier) queryRow(q string, args []any, dest ...any) error {
+	c.connMu.Lock()
+	defer c.connMu.Unlock()
+	if c.connDone {
+		return sql.ErrConnDone
+	}
 	sent := c.ls.begin()
 	err := queryRow(c.l.unlockContext(), c.l.abandoned, c.conn, q, args, dest...)
 	c.ls.end(sent, err == nil || errors.Is(err, sql.ErrNoRows))
@@ -364,6 +393,11 @@ func (c *carrier) queryRow(q string, args []any, dest ...any) error {
 }
 
 func (c *carrier) queryRows(q string, args []any, row func([]driver.Value) error) error {
+	c.connMu.Lock()
+	defer c.connMu.Unlock()
+	if c.connDone {
+		return sql.ErrConnDone
+	}
 	sent := c.ls.begin()
 	err := queryRows(c.l.unlockContext(), c.l.abandoned, c.conn, q, args, row)
 	c.ls.end(sent, err == nil)
@@ -656,7 +690,7 @@ func (c *carrier) fail(cause error) {
 	for _, lk := range locks {
 		lk.lose(dead)
 	}
-	c.l.discard(c.conn, Key{}, what+": "+cause.Error())
+	c.endConn(func() { c.l.discard(c.conn, Key{}, what+": "+cause.Error()) })
 	close(c.gone)
 }
 

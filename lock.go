@@ -135,6 +135,13 @@ func (lk *Lock) Token(ctx context.Context) (int64, error) {
 // has begun, it returns ErrReleased or the loss, never a value it did not
 // get.
 func (lk *Lock) onSession(ctx context.Context, q string) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		// Nothing sent (a token would use up a transaction id for no one).
+		if e := lk.Err(); e != nil {
+			return 0, e
+		}
+		return 0, fmt.Errorf("sqllock: %s: %w", lk.l.name(lk.key), err)
+	}
 	c, o, sub := lk.key.lockTag()
 	q, args := lk.l.mode.TagArgs(q, int64(c), int64(o), sub)
 	v, ok, err := lk.c.onTag(ctx, q, args)
