@@ -479,10 +479,12 @@ func (e *engine) deadlineSlice(ctx context.Context, slice string) (string, time.
 // in errors.
 func (l *Locker) settle(ctx context.Context, conn *sql.Conn, id ident, st *statements, k Key, shared bool, o outcome, what string) (*Lock, error) {
 	v, err := judge(ctx, o, what, l.cfg.allowStandby, 0)
-	if v == refused && o.err != nil {
+	if v == refused && o.err != nil && !errors.Is(o.err, errDeadline) {
 		// A lock statement that failed, even for a reason the server is
 		// sure of, may have taken its key first (the settings it applies
-		// come after the grant): the connection is not given back.
+		// come after the grant): the connection is not given back. (A
+		// wait the server ended at ctx's deadline took nothing: the
+		// engine asked the session.)
 		v = uncertain
 	}
 	switch v {
