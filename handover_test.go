@@ -38,20 +38,15 @@ func poolSettings(t *testing.T, db *sql.DB, n int) []string {
 	return out
 }
 
-// waiterPID returns the pid that waits (not granted) for k.
+// waiterPID returns the pid that waits (not granted) for k; there must be
+// one.
 func waiterPID(t *testing.T, q sqllock.Querier, k sqllock.Key) int {
 	t.Helper()
-	locks, err := sqllock.Inspect(bg(), q, sqllock.WithKeys(k))
-	if err != nil {
-		t.Fatal(err)
+	pid := waitingPID(t, q, k)
+	if pid == 0 {
+		t.Fatalf("no waiter for %v", k)
 	}
-	for _, l := range locks {
-		if !l.Granted {
-			return l.PID
-		}
-	}
-	t.Fatalf("no waiter for %v: %+v", k, locks)
-	return 0
+	return pid
 }
 
 func waitNoShared(t *testing.T, l *sqllock.Locker) {

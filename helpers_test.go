@@ -133,3 +133,19 @@ func heldByAnotherRole(t *testing.T, k int64, appName string) (user *sql.DB, pri
 	}
 	return user, privileged
 }
+
+// waitingPID returns the pid of a session that waits (not granted) for k,
+// or 0.
+func waitingPID(t testing.TB, q sqllock.Querier, k sqllock.Key) int {
+	t.Helper()
+	locks, err := sqllock.Inspect(bg(), q, sqllock.WithKeys(k))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range locks {
+		if !l.Granted {
+			return l.PID
+		}
+	}
+	return 0
+}

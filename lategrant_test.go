@@ -229,18 +229,7 @@ func takenBy(t *testing.T, db *sql.DB, k sqllock.Key) func() {
 // its wait's lock_timeout has passed.
 func grantWhileStopped(t *testing.T, db *sql.DB, k sqllock.Key, release func(), pause time.Duration) {
 	t.Helper()
-	waiter := func() int {
-		locks, err := sqllock.Inspect(bg(), db, sqllock.WithKeys(k))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range locks {
-			if !l.Granted {
-				return l.PID
-			}
-		}
-		return 0
-	}
+	waiter := func() int { return waitingPID(t, db, k) }
 	start := time.Now()
 	pid := 0
 	for {
