@@ -59,6 +59,23 @@ func waitNoShared(t *testing.T, l *sqllock.Locker) {
 	}
 }
 
+// handoverConns is the pool size of the hand-over tests: carrierLimit 1,
+// one shared session.
+const handoverConns = 4
+
+// handoverPool opens a pool of handoverConns connections on a database of
+// its own, with drv; the settings its connections came with; and a pool of
+// the same database, with a Locker on it, for the other holders.
+func handoverPool(t *testing.T, srv *pgtest.Server, drv string) (db, odb *sql.DB, other *sqllock.Locker, before string) {
+	t.Helper()
+	dsn := srv.NewDatabase(t)
+	db = pgtest.Open(t, drv, dsn)
+	db.SetMaxOpenConns(handoverConns)
+	db.SetMaxIdleConns(handoverConns)
+	odb = pgtest.Open(t, "pgx", dsn)
+	return db, odb, sqllock.New(odb, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0)), sessionSettings(t, db)
+}
+
 // TestHandoverLeavesAsItCame: the handed-over session goes back to the
 // pool as it came on each path (not granted by the deadline, tuned or
 // not; granted then unlocked; its wait's connection killed).
@@ -68,14 +85,8 @@ func TestHandoverLeavesAsItCame(t *testing.T) {
 	srv := pgtest.Start(t)
 	for _, drv := range drivers {
 		t.Run(drv, func(t *testing.T) {
-			dsn := srv.NewDatabase(t)
-			db := pgtest.Open(t, drv, dsn)
-			const n = 4 // carrierLimit 1: one shared session
-			db.SetMaxOpenConns(n)
-			db.SetMaxIdleConns(n)
-			before := sessionSettings(t, db)
-			odb := pgtest.Open(t, "pgx", dsn)
-			other := sqllock.New(odb, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0))
+			db, odb, other, before := handoverPool(t, srv, drv)
+			const n = handoverConns
 			l := sqllock.New(db, sqllock.WithOrphanBound(4*time.Second), sqllock.WithKeepAlive(0), sqllock.WithApplicationName("handover"))
 			k, k2 := sqllock.Int64(7001), sqllock.Int64(7002)
 			check := func(what string) {
@@ -195,14 +206,8 @@ func TestHandoverRefusedThenGranted(t *testing.T) {
 	srv := pgtest.Start(t)
 	for _, drv := range drivers {
 		t.Run(drv, func(t *testing.T) {
-			dsn := srv.NewDatabase(t)
-			db := pgtest.Open(t, drv, dsn)
-			const n = 4
-			db.SetMaxOpenConns(n)
-			db.SetMaxIdleConns(n)
-			before := sessionSettings(t, db)
-			odb := pgtest.Open(t, "pgx", dsn)
-			other := sqllock.New(odb, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(0))
+			db, odb, other, before := handoverPool(t, srv, drv)
+			const n = handoverConns
 			l := sqllock.New(db, sqllock.WithOrphanBound(4*time.Second), sqllock.WithKeepAlive(500*time.Millisecond), sqllock.WithApplicationName("refused-then"))
 			k := sqllock.Int64(7101)
 			held, err := other.Lock(bg(), k)

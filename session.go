@@ -275,10 +275,10 @@ func (s *Session) Close(ctx context.Context) error {
 	return s.l.closeSession(s.conn, s.pid)
 }
 
-// pinSession takes a connection of the pool for a session that will hold
-// many locks (a Session, or a shared session): the server checked, the
-// backend's pid learnt, and the lock session's settings applied, in one
-// round trip once the server is known. what names the caller in errors.
+// pinSession takes a connection of the pool for a Session: the server
+// checked, the backend's pid learnt, and the lock session's settings
+// applied, in one round trip once the server is known. what names the
+// caller in errors.
 func (l *Locker) pinSession(ctx context.Context, what string) (*sql.Conn, int64, ident, error) {
 	conn, err := getConn(ctx, l.db)
 	if err != nil {
@@ -293,7 +293,7 @@ func (l *Locker) pinSession(ctx context.Context, what string) (*sql.Conn, int64,
 	var standby bool
 	if err := queryRow(ctx, l.abandoned, conn, l.sql().SessionSQL(), nil, &pid, &standby, skip); err != nil {
 		discardConn(conn)
-		return nil, 0, ident{}, &setupError{what: what, err: err}
+		return nil, 0, ident{}, fmt.Errorf("sqllock: %s: %w", what, err)
 	}
 	if standby && !l.cfg.allowStandby {
 		l.closeSession(conn, pid)
@@ -301,17 +301,6 @@ func (l *Locker) pinSession(ctx context.Context, what string) (*sql.Conn, int64,
 	}
 	return conn, pid, id, nil
 }
-
-// setupError is the failure of the statement that sets up a session
-// pinned by pinSession (after its connection was had and the server
-// checked).
-type setupError struct {
-	what string // the caller, for the message
-	err  error
-}
-
-func (e *setupError) Error() string { return "sqllock: " + e.what + ": " + e.err.Error() }
-func (e *setupError) Unwrap() error { return e.err }
 
 // closeSession sets the settings of a Session's connection back and gives
 // it back to the pool; when that is not confirmed on backend pid, it

@@ -2,6 +2,7 @@ package sqllock
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"sync"
 	"time"
@@ -314,10 +315,7 @@ func (l *Locker) carrierFor(ctx context.Context) (*carrier, error) {
 // instead of each opening its own limit.
 func (l *Locker) carrierRoom(n int) bool {
 	st := l.db.Stats()
-	limit := maxCarriers
-	if st.MaxOpenConnections > 0 {
-		limit = min(maxCarriers, st.MaxOpenConnections/4)
-	}
+	limit := carrierLimitOf(st)
 	return n < limit && (n == 0 || st.InUse < limit)
 }
 
@@ -327,8 +325,11 @@ func (l *Locker) carrierRoom(n int) bool {
 // session pinned for many locks would hold a third of it or more, and
 // keep it while they churn), and each lock takes a connection of its own
 // for as long as it is held.
-func (l *Locker) carrierLimit() int {
-	if n := l.db.Stats().MaxOpenConnections; n > 0 {
+func (l *Locker) carrierLimit() int { return carrierLimitOf(l.db.Stats()) }
+
+// carrierLimitOf is carrierLimit for a pool whose statistics are st.
+func carrierLimitOf(st sql.DBStats) int {
+	if n := st.MaxOpenConnections; n > 0 {
 		return min(maxCarriers, n/4)
 	}
 	return maxCarriers
