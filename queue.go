@@ -251,6 +251,14 @@ func (c *carrier) runOne(op *shareOp, unlock bool) {
 		if err == nil {
 			err = c.answered(pid, standby, op.ok && !c.tuned)
 		}
+		if err != nil && op.ok && standby {
+			// Granted on a standby that is refused: released here, before
+			// the call returns, not left to the discard (the server frees
+			// a discarded session's locks a moment after the call).
+			var released bool
+			q, args := st.UnlockSQL(false, op.key.sqlKey(), pid)
+			_ = c.queryRow(q, args, &released)
+		}
 	}
 	if err != nil {
 		op.ok = false
