@@ -29,7 +29,7 @@ func (l *Locker) withHolders(k Key, err error, keys ...Key) error {
 	if len(keys) == 0 {
 		keys = []Key{k}
 	}
-	hs, herr := Inspect(ctx, l.db, WithKeys(keys...), l.cfg.registry)
+	hs, herr := Inspect(ctx, l.db, l.cfg.registry, keys...)
 	if herr != nil {
 		hs = nil
 	}

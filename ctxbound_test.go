@@ -340,7 +340,7 @@ func TestStrayCancelDoesNotEndAWait(t *testing.T) {
 				pid := 0
 				for pid == 0 {
 					testkit.WaitWaiters(t, other, tc.key, 1)
-					hs, err := sqllock.Inspect(bg(), other, sqllock.WithKeys(tc.key))
+					hs, err := sqllock.Inspect(bg(), other, nil, tc.key)
 					if err != nil {
 						t.Fatal(err)
 					}

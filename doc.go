@@ -32,8 +32,8 @@
 // the lock is lost.
 //
 // A [Session] holds many locks on one pinned connection, taking or releasing
-// any number of keys in one round trip ([Session.TryLockMany],
-// [Session.UnlockMany]): a lock per job in a job queue.
+// any number of keys in one round trip ([Session.TryLock],
+// [Session.Unlock]): a lock per job in a job queue.
 //
 // Transaction-level locks ([LockTx], [TryLockTx], [Locker.InTx]) are
 // released by PostgreSQL when the transaction ends; they are the only

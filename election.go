@@ -21,8 +21,8 @@ import (
 //
 // The leader's value (what identifies the candidate, such as its host
 // name) is visible to everyone without a table: it is the
-// application_name of the session that holds the lock (prefixed with
-// [ElectionPrefix]), as pg_stat_activity and `sqllock inspect` show it.
+// application_name of the session that holds the lock, prefixed with
+// "sqllock-election:", as pg_stat_activity and `sqllock inspect` show it.
 //
 // An Election is safe for concurrent use.
 type Election struct {
@@ -31,12 +31,12 @@ type Election struct {
 	backoff backoff // Lead's pauses; tests shorten them
 }
 
-// ElectionPrefix starts the application_name of a candidate's session: the
+// electionPrefix starts the application_name of a candidate's session: the
 // rest is its value.
-const ElectionPrefix = "sqllock-election:"
+const electionPrefix = "sqllock-election:"
 
 // maxValue is the longest value: application_name holds 63 bytes.
-const maxValue = 63 - len(ElectionPrefix)
+const maxValue = 63 - len(electionPrefix)
 
 // Election returns the election on key k.
 func (l *Locker) Election(k Key) *Election {
@@ -60,7 +60,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Lock, error) {
 	if err := checkValue(value); err != nil {
 		return nil, err
 	}
-	return e.l.acquire(ctx, e.key, 0, ElectionPrefix+value)
+	return e.l.acquire(ctx, e.key, 0, electionPrefix+value)
 }
 
 // Lead campaigns with value, as [Election.Campaign] does, and runs fn each
@@ -246,7 +246,7 @@ func (ld Leader) String() string {
 // when no one does. It needs no privileges, and costs the leader nothing.
 func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	for try := 0; ; try++ {
-		hs, err := Inspect(ctx, e.l.db, WithKeys(e.key))
+		hs, err := Inspect(ctx, e.l.db, nil, e.key)
 		if err != nil {
 			return Leader{}, err
 		}
@@ -255,7 +255,7 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 			if !h.Granted || h.Shared {
 				continue
 			}
-			value, ok := strings.CutPrefix(h.ApplicationName, ElectionPrefix)
+			value, ok := strings.CutPrefix(h.ApplicationName, electionPrefix)
 			if !ok && try < leaderRetries && ctx.Err() == nil {
 				// Granted a moment ago: the statement that was granted
 				// the lock names its session next.

@@ -127,7 +127,7 @@ func waitWaiting(t *testing.T, db *sql.DB, k sqllock.Key) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		locks, err := sqllock.Inspect(bg(), db, sqllock.WithKeys(k))
+		locks, err := sqllock.Inspect(bg(), db, nil, k)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -478,7 +478,7 @@ func waitingAs(t *testing.T, db *sql.DB, k sqllock.Key, appName string) int {
 	var seen []sqllock.HeldLock
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
 		var err error
-		if seen, err = sqllock.Inspect(bg(), db, sqllock.WithKeys(k)); err != nil {
+		if seen, err = sqllock.Inspect(bg(), db, nil, k); err != nil {
 			t.Fatal(err)
 		}
 		for _, h := range seen {
@@ -497,7 +497,7 @@ func waitingAs(t *testing.T, db *sql.DB, k sqllock.Key, appName string) int {
 func waitingUntil(t *testing.T, db *sql.DB, k sqllock.Key, appName string, done <-chan error) (int, error) {
 	t.Helper()
 	for {
-		seen, err := sqllock.Inspect(bg(), db, sqllock.WithKeys(k))
+		seen, err := sqllock.Inspect(bg(), db, nil, k)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -30,8 +30,8 @@ func reindexPosts(context.Context) error { return nil }
 // second name for the same key panics there (docs/traps.md, docs/guide.md).
 var (
 	locks   = sqllock.NewRegistry()
-	reindex = locks.MustRegisterHash("cron:reindex_posts")
-	cleanup = locks.MustRegisterHash("cron:cleanup_old_logs")
+	reindex = locks.MustRegister("cron:reindex_posts", sqllock.Hash("cron:reindex_posts"))
+	cleanup = locks.MustRegister("cron:cleanup_old_logs", sqllock.Hash("cron:cleanup_old_logs"))
 )
 
 // Example is the cron pattern from the README.
@@ -135,7 +135,7 @@ func ExampleLocker_TryLock() {
 func ExampleLocker_RLock() {
 	locker := sqllock.New(db)
 	// Many readers may hold the shared lock; a writer's Lock waits for all of them.
-	lk, err := locker.RLock(context.Background(), sqllock.HashPair(3, "mv:top_posts"))
+	lk, err := locker.RLock(context.Background(), sqllock.Hash("mv:top_posts"))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func ExampleLockTx() {
 }
 
 func ExampleInspect() {
-	locks, err := sqllock.Inspect(context.Background(), db)
+	locks, err := sqllock.Inspect(context.Background(), db, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -187,7 +187,8 @@ func ExampleParseKey() {
 			fmt.Println(err)
 			continue
 		}
-		fmt.Println(k, k.IsPair())
+		_, _, pair := k.Pair()
+		fmt.Println(k, pair)
 	}
 	// Output:
 	// 12345 false
@@ -198,11 +199,9 @@ func ExampleParseKey() {
 
 func ExampleHash() {
 	fmt.Println(sqllock.Hash("cron:reindex_posts"))
-	fmt.Println(sqllock.HashPair(1, "reindex_posts"))
 	fmt.Println(interop.CRC32("cron:reindex_posts")) // Python's zlib.crc32(name)
 	// Output:
 	// 4387803684103558220
-	// (1,-1722923160)
 	// 3230921880
 }
 
@@ -230,7 +229,7 @@ func ExampleLocker_Session() {
 	for id := int32(1); id <= 100; id++ {
 		jobs = append(jobs, sqllock.Pair(2, id))
 	}
-	claimed, err := s.TryLockMany(ctx, jobs...)
+	claimed, err := s.TryLock(ctx, jobs...)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -238,7 +237,7 @@ func ExampleLocker_Session() {
 		_, id, _ := k.Pair()
 		log.Printf("working on job %d", id)
 	}
-	if err := s.UnlockMany(ctx, claimed...); err != nil {
+	if err := s.Unlock(ctx, claimed...); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -296,16 +295,13 @@ func Example_errors() {
 	// true
 }
 
-func ExampleRegistry_MustRegisterHash() {
-	name, ok := locks.Name(reindex)
-	fmt.Println(name, ok, reindex == sqllock.Hash("cron:reindex_posts"))
-	fmt.Println(cleanup != reindex)
+func ExampleRegistry_MustRegister() {
+	fmt.Println(reindex == sqllock.Hash("cron:reindex_posts"), cleanup != reindex)
 	for name, k := range locks.All() {
 		fmt.Println(name, k == sqllock.Hash(name))
 	}
 	// Output:
-	// cron:reindex_posts true true
-	// true
+	// true true
 	// cron:cleanup_old_logs true
 	// cron:reindex_posts true
 }

@@ -34,8 +34,17 @@ func ConnOf(lk *Lock) *sql.Conn {
 // The limits and defaults the tests check against.
 const (
 	DefaultUnlockTimeout = defaultUnlockTimeout
+	DefaultKeepAlive     = defaultKeepAlive
+	DefaultOrphanBound   = defaultOrphanBound
+	ElectionPrefix       = electionPrefix
 	MinKeepAlive         = minKeepAlive
 	MinOrphanBound       = minOrphanBound
 	MaxOrphanBound       = maxOrphanBound
 	MinServerVersion     = minServerVersion
 )
+
+// SemaphoreSlots returns the keys of the slots of semaphore name of n slots.
+var SemaphoreSlots = semaphoreSlots
+
+// SharedOf reports whether lk is held in shared mode.
+func SharedOf(lk *Lock) bool { return lk != nil && lk.shared }

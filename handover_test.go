@@ -153,7 +153,7 @@ func TestHandoverLeavesAsItCame(t *testing.T) {
 			if lk == nil {
 				t.FailNow()
 			}
-			locks, _ := sqllock.Inspect(bg(), odb, sqllock.WithKeys(k))
+			locks, _ := sqllock.Inspect(bg(), odb, nil, k)
 			if len(locks) != 1 || locks[0].ApplicationName != "handover" {
 				t.Errorf("(c) holder = %+v: want it named handover", locks)
 			}
@@ -242,7 +242,7 @@ func TestHandoverRefusedThenGranted(t *testing.T) {
 			}
 			wg.Wait()
 			locks = append(locks, first)
-			all, _ := sqllock.Inspect(bg(), odb)
+			all, _ := sqllock.Inspect(bg(), odb, nil)
 			for _, h := range all {
 				if h.Granted && h.ApplicationName != "refused-then" {
 					t.Errorf("holder %+v is not named", h)

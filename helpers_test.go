@@ -47,7 +47,7 @@ func holders(t testing.TB, q sqllock.Querier, k sqllock.Key) []int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	locks, err := sqllock.Inspect(ctx, q, sqllock.WithKeys(k))
+	locks, err := sqllock.Inspect(ctx, q, nil, k)
 	if err != nil {
 		t.Fatalf("Inspect: %v", err)
 	}
@@ -63,7 +63,7 @@ func holders(t testing.TB, q sqllock.Querier, k sqllock.Key) []int {
 // advisoryCount returns how many advisory locks exist in db's database.
 func advisoryCount(t testing.TB, q sqllock.Querier) int {
 	t.Helper()
-	locks, err := sqllock.Inspect(context.Background(), q)
+	locks, err := sqllock.Inspect(context.Background(), q, nil)
 	if err != nil {
 		t.Fatalf("Inspect: %v", err)
 	}
@@ -138,7 +138,7 @@ func heldByAnotherRole(t *testing.T, k int64, appName string) (user *sql.DB, pri
 // or 0.
 func waitingPID(t testing.TB, q sqllock.Querier, k sqllock.Key) int {
 	t.Helper()
-	locks, err := sqllock.Inspect(bg(), q, sqllock.WithKeys(k))
+	locks, err := sqllock.Inspect(bg(), q, nil, k)
 	if err != nil {
 		t.Fatal(err)
 	}

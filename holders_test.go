@@ -38,7 +38,7 @@ func TestHolders(t *testing.T) {
 		}()
 		defer func() { wcancel(); <-waited }()
 		testkit.WaitWaiters(t, db, k, 1)
-		hs, err := sqllock.Inspect(bg(), db, sqllock.WithKeys(k))
+		hs, err := sqllock.Inspect(bg(), db, nil, k)
 		if err != nil || len(hs) != 2 {
 			t.Fatalf("Holders = %v, %v; want the holder and the waiter", hs, err)
 		}
@@ -73,7 +73,7 @@ func TestHolders(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer lk2.Unlock(bg())
-		if hs, err := sqllock.Inspect(bg(), db, sqllock.WithKeys(sqllock.Int64(8))); err != nil || len(hs) != 1 || hs[0].ApplicationName != "mine" {
+		if hs, err := sqllock.Inspect(bg(), db, nil, sqllock.Int64(8)); err != nil || len(hs) != 1 || hs[0].ApplicationName != "mine" {
 			t.Fatalf("Holders of a lock whose DSN names its application = %v, %v", hs, err)
 		}
 	})

@@ -59,13 +59,16 @@ type HeldLock struct {
 // gets their locks with Hidden set and no query text. PostgreSQL cannot tell
 // a session-level from a transaction-level lock in pg_locks, and shows a lock
 // taken several times by one session once.
-func Inspect(ctx context.Context, q Querier, opts ...InspectOption) ([]HeldLock, error) {
+//
+// r, which may be nil, names the keys it knows. Given keys, Inspect
+// reports those keys only.
+func Inspect(ctx context.Context, q Querier, r *Registry, keys ...Key) ([]HeldLock, error) {
 	if isNil(q) {
 		return nil, fmt.Errorf("sqllock: Inspect: nil Querier")
 	}
-	var cfg inspectConfig
-	for _, o := range opts {
-		o.applyInspect(&cfg)
+	var only keySet
+	for _, k := range keys {
+		only.add(k)
 	}
 	rows, err := q.QueryContext(ctx, sqltext.InspectSQL)
 	if err != nil {
@@ -83,13 +86,13 @@ func Inspect(ctx context.Context, q Querier, opts ...InspectOption) ([]HeldLock,
 			return nil, fmt.Errorf("sqllock: inspect: %w", err)
 		}
 		k, ok := keyFromLockTag(pglocks.Tag{Classid: uint32(classid), Objid: uint32(objid), Objsubid: subid})
-		if !ok || (cfg.keys != nil && !cfg.keys[k]) {
+		if !ok || (len(keys) > 0 && !only.has(k)) {
 			continue
 		}
 		h.Key = k
 		h.Shared = mode == "ShareLock"
-		h.Name, _ = cfg.registry.Name(k)
-		if sem, slot, ok := cfg.registry.semaphore(k); ok {
+		h.Name, _ = r.name(k)
+		if sem, slot, ok := r.semaphore(k); ok {
 			h.Semaphore, h.Name = sem, fmt.Sprintf("%s[%d]", sem, slot)
 		}
 		h.Hidden = h.Query == "<insufficient privilege>"

@@ -128,7 +128,7 @@ func TestInspect(t *testing.T) {
 func TestInspectHiddenSessions(t *testing.T) {
 	t.Parallel()
 	user, privileged := heldByAnotherRole(t, 123, "")
-	locks, err := sqllock.Inspect(bg(), user)
+	locks, err := sqllock.Inspect(bg(), user, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -239,7 +239,7 @@ func TestUnlockAfterTerminateIsLost(t *testing.T) {
 		}
 		// Do reports it the same way.
 		err = l.Do(bg(), k, func(ctx context.Context) error {
-			locks, err := sqllock.Inspect(ctx, db, sqllock.WithKeys(k))
+			locks, err := sqllock.Inspect(ctx, db, nil, k)
 			if err != nil || len(locks) != 1 {
 				return errors.Join(errors.New("lock not visible"), err)
 			}

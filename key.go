@@ -30,7 +30,7 @@ const (
 //
 // The zero Key is not a valid key: every function that takes a Key rejects it
 // with an error wrapping [ErrInvalidKey], so a forgotten key is never locked
-// as 0 by accident. Build keys with [Int64], [Pair], [Hash], [HashPair],
+// as 0 by accident. Build keys with [Int64], [Pair], [Hash],
 // [ParseKey], or the constructors of package
 // github.com/sqllock/sqllock/interop for keys other tools compute.
 type Key struct {
@@ -56,21 +56,11 @@ func Pair(class, id int32) Key {
 // names a program knows.
 func Hash(name string) Key { return Int64(int64(fnv64a(name))) }
 
-// HashPair returns the pair-form key (class, h) where h is the low 32 bits of
-// the 64-bit FNV-1a hash of name. It combines an explicit namespace with a
-// readable name.
-func HashPair(class int32, name string) Key {
-	return Pair(class, int32(uint32(fnv64a(name))))
-}
-
 func fnv64a(s string) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(s)) // never fails
 	return h.Sum64()
 }
-
-// IsPair reports whether k is in the (int4, int4) key space.
-func (k Key) IsPair() bool { return k.form == formPair }
 
 // Int64 returns the bigint value of k. ok is false when k is not a
 // bigint-form key.

@@ -39,9 +39,6 @@ func TestKeyConstructors(t *testing.T) {
 			if got := tt.key.String(); got != tt.str {
 				t.Errorf("String() = %q, want %q", got, tt.str)
 			}
-			if got := tt.key.IsPair(); got != tt.pair {
-				t.Errorf("IsPair() = %v, want %v", got, tt.pair)
-			}
 			v, ok := tt.key.Int64()
 			if ok == tt.pair || (ok && v != tt.v) {
 				t.Errorf("Int64() = %d, %v; want %d, %v", v, ok, tt.v, !tt.pair)
@@ -108,10 +105,6 @@ func TestHash(t *testing.T) {
 	for _, tt := range tests {
 		if got, _ := Hash(tt.name).Int64(); uint64(got) != tt.want {
 			t.Errorf("Hash(%q) = %d, want %d", tt.name, got, int64(tt.want))
-		}
-		c, id, ok := HashPair(7, tt.name).Pair()
-		if !ok || c != 7 || uint32(id) != uint32(tt.want) {
-			t.Errorf("HashPair(7, %q) = (%d,%d), want (7,%d)", tt.name, c, id, int32(uint32(tt.want)))
 		}
 	}
 	if Hash("a") == Hash("b") {

@@ -2,8 +2,8 @@ package sqllock
 
 // keySet is a set of keys kept in maps keyed by the key's int64 value, one
 // per key form: Go hashes an int64 faster than the Key struct, and a
-// Session looks each of its keys up several times per TryLockMany and
-// UnlockMany (docs/benchmarks.md has the figures). The zero value is an
+// Session looks each of its keys up several times per TryLock and
+// Unlock (docs/benchmarks.md has the figures). The zero value is an
 // empty set.
 type keySet struct {
 	m [formPair + 1]map[int64]struct{} // by form

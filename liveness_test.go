@@ -61,7 +61,7 @@ func TestLostLockIsReported(t *testing.T) {
 		}
 		// Do cancels fn's context when the lock is lost.
 		err = l.Do(bg(), sqllock.Int64(6), func(ctx context.Context) error {
-			locks, err := sqllock.Inspect(ctx, db, sqllock.WithKeys(sqllock.Int64(6)))
+			locks, err := sqllock.Inspect(ctx, db, nil, sqllock.Int64(6))
 			if err != nil || len(locks) != 1 {
 				return errors.Join(errors.New("lock not visible"), err)
 			}

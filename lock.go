@@ -59,9 +59,6 @@ func (lk *Lock) Key() Key {
 	return lk.key
 }
 
-// Shared reports whether the lock is held in shared mode.
-func (lk *Lock) Shared() bool { return lk != nil && lk.shared }
-
 // PID returns the PostgreSQL backend process id that holds the lock (0 for
 // a nil Lock).
 func (lk *Lock) PID() int {

@@ -140,13 +140,13 @@ func operations(drv string) []operation {
 					}
 					check(b, rows.Close())
 				}, func() {
-					_, err := sqllock.Inspect(ctx, db)
+					_, err := sqllock.Inspect(ctx, db, nil)
 					check(b, err)
 				}, func() { c.Close() }
 		}},
 	}
 	for _, n := range []int{1, 100, 5000} {
-		ops = append(ops, operation{fmt.Sprintf("TryLockMany+UnlockMany/%d", n), func(b *testing.B, db *sql.DB) (func(), func(), func()) {
+		ops = append(ops, operation{fmt.Sprintf("TryLock+Unlock/%d", n), func(b *testing.B, db *sql.DB) (func(), func(), func()) {
 			c, l := pinned(b, db), sqllock.New(db, sqllock.WithKeepAlive(0))
 			s, err := l.Session(ctx)
 			check(b, err)
@@ -162,12 +162,12 @@ func operations(drv string) []operation {
 						b.Fatalf("unlocked %d of %d", got, n)
 					}
 				}, func() {
-					got, err := s.TryLockMany(ctx, keys...)
+					got, err := s.TryLock(ctx, keys...)
 					check(b, err)
 					if len(got) != n {
 						b.Fatalf("took %d of %d", len(got), n)
 					}
-					check(b, s.UnlockMany(ctx, got...))
+					check(b, s.Unlock(ctx, got...))
 				}, func() { c.Close(); s.Close(ctx) }
 		}})
 	}

@@ -30,9 +30,9 @@ type optionFunc func(*config)
 
 func (f optionFunc) apply(c *config) { f(c) }
 
-// DefaultKeepAlive is the keep-alive's interval when [WithKeepAlive] is
+// defaultKeepAlive is the keep-alive's interval when [WithKeepAlive] is
 // not given.
-const DefaultKeepAlive = 5 * time.Second
+const defaultKeepAlive = 5 * time.Second
 
 // defaultUnlockTimeout bounds an unlock when [WithUnlockTimeout] is not
 // given.
@@ -57,7 +57,7 @@ const (
 // orphan bound adapted to each other when only one was given, and the
 // errors of values no Locker can use.
 func newConfig(opts []Option) (config, error) {
-	c := config{keepAlive: DefaultKeepAlive, unlockTimeout: defaultUnlockTimeout, orphanBound: DefaultOrphanBound}
+	c := config{keepAlive: defaultKeepAlive, unlockTimeout: defaultUnlockTimeout, orphanBound: defaultOrphanBound}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)
@@ -99,7 +99,7 @@ func CheckOptions(opts ...Option) error {
 }
 
 // WithKeepAlive sets how often the Locker checks that its held locks still
-// exist (default [DefaultKeepAlive]); 0 turns the check off. The check runs
+// exist (default 5 s); 0 turns the check off. The check runs
 // on a connection of the pool (never on a lock's pinned connection), and covers all of the
 // Locker's locks and Sessions in one query. Each check, connection
 // included, waits at most the interval or one second, whichever is longer.
@@ -144,7 +144,7 @@ func WithUnlockTimeout(d time.Duration) Option {
 
 // WithOrphanBound sets how long the server keeps the lock of a holder that
 // died or was cut off (a power loss, a kernel panic, a paused VM, a network
-// partition): default [DefaultOrphanBound]; 0 leaves the server's settings
+// partition): default 30 s; 0 leaves the server's settings
 // alone (with Linux's defaults, such a lock lives over two hours).
 //
 // The statement that takes each session-level lock (and the one that
@@ -225,30 +225,6 @@ func WithDedicatedSessions() Option {
 // same key. Without it, locks on a standby fail with [ErrStandby].
 func WithAllowStandby() Option {
 	return optionFunc(func(c *config) { c.allowStandby = true })
-}
-
-// InspectOption configures [Inspect]: [WithKeys], or a [*Registry].
-type InspectOption interface{ applyInspect(*inspectConfig) }
-
-type inspectConfig struct {
-	registry *Registry
-	keys     map[Key]bool
-}
-
-type inspectOptionFunc func(*inspectConfig)
-
-func (f inspectOptionFunc) applyInspect(c *inspectConfig) { f(c) }
-
-// WithKeys limits [Inspect] to the given keys.
-func WithKeys(keys ...Key) InspectOption {
-	return inspectOptionFunc(func(c *inspectConfig) {
-		if c.keys == nil {
-			c.keys = map[Key]bool{}
-		}
-		for _, k := range keys {
-			c.keys[k] = true
-		}
-	})
 }
 
 // validAppName reports whether name may be rendered into SQL: printable

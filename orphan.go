@@ -13,9 +13,9 @@ import (
 // lock also sets, on its own session, TCP keep-alive settings that make the
 // server end a dead holder's session within the bound.
 
-// DefaultOrphanBound is how long the server keeps the lock of a holder that
+// defaultOrphanBound is how long the server keeps the lock of a holder that
 // died or was cut off (see [WithOrphanBound]).
-const DefaultOrphanBound = 30 * time.Second
+const defaultOrphanBound = 30 * time.Second
 
 // keepaliveSettings are the server settings for an orphan bound.
 type keepaliveSettings struct {

@@ -89,7 +89,7 @@ func TestPoolRule(t *testing.T) {
 			go func() {
 				// Let go once every call waits in the server.
 				for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-					found, err := sqllock.Inspect(bg(), observer, sqllock.WithKeys(keys...))
+					found, err := sqllock.Inspect(bg(), observer, nil, keys...)
 					waiting := 0
 					for _, h := range found {
 						if !h.Granted {

@@ -36,9 +36,6 @@ type semaphoreRef struct {
 // apply makes r an [Option] of [New].
 func (r *Registry) apply(c *config) { c.registry = r }
 
-// applyInspect makes r an [InspectOption].
-func (r *Registry) applyInspect(c *inspectConfig) { c.registry = r }
-
 // NewRegistry returns an empty Registry.
 func NewRegistry() *Registry {
 	return &Registry{byName: map[string]Key{}, byKey: map[Key]string{}, sems: map[int32]semaphoreRef{}}
@@ -137,22 +134,8 @@ func (r *Registry) MustRegister(name string, k Key) Key {
 	return k
 }
 
-// RegisterHash registers name under its hash, [Hash](name), the common
-// case, and returns that key. Errors are those of Register.
-func (r *Registry) RegisterHash(name string) (Key, error) {
-	k := Hash(name)
-	return k, r.Register(name, k)
-}
-
-// MustRegisterHash is like RegisterHash but panics on error:
-//
-//	var reindex = locks.MustRegisterHash("cron:reindex_posts")
-func (r *Registry) MustRegisterHash(name string) Key {
-	return r.MustRegister(name, Hash(name))
-}
-
-// Name returns the name registered for k.
-func (r *Registry) Name(k Key) (string, bool) {
+// name returns the name registered for k.
+func (r *Registry) name(k Key) (string, bool) {
 	if r == nil {
 		return "", false
 	}
@@ -160,17 +143,6 @@ func (r *Registry) Name(k Key) (string, bool) {
 	defer r.mu.RUnlock()
 	n, ok := r.byKey[k]
 	return n, ok
-}
-
-// Key returns the key registered under name.
-func (r *Registry) Key(name string) (Key, bool) {
-	if r == nil {
-		return Key{}, false
-	}
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	k, ok := r.byName[name]
-	return k, ok
 }
 
 // All returns every registered name and its key, sorted by name: a

@@ -32,14 +32,11 @@ func TestRegistry(t *testing.T) {
 			}
 		})
 	}
-	if n, ok := r.Name(Int64(1002)); !ok || n != "cron:cleanup_old_logs" {
+	if n, ok := r.name(Int64(1002)); !ok || n != "cron:cleanup_old_logs" {
 		t.Errorf("Name(1002) = %q, %v", n, ok)
 	}
-	if _, ok := r.Name(Int64(1003)); ok {
+	if _, ok := r.name(Int64(1003)); ok {
 		t.Error("Name(1003) found a name that was refused")
-	}
-	if k, ok := r.Key("job:daily_report"); !ok || k != Pair(0, 1001) {
-		t.Errorf("Key(job:daily_report) = %v, %v", k, ok)
 	}
 	var all []string
 	for n, k := range r.All() {
@@ -50,7 +47,7 @@ func TestRegistry(t *testing.T) {
 		t.Errorf("All() = %v, want %v", all, want)
 	}
 	var nilReg *Registry
-	if _, ok := nilReg.Name(Int64(1)); ok {
+	if _, ok := nilReg.name(Int64(1)); ok {
 		t.Error("nil Registry Name found something")
 	}
 }
@@ -109,7 +106,7 @@ func TestRegistryConcurrent(t *testing.T) {
 // are errors, not panics.
 func TestRegistrySemaphores(t *testing.T) {
 	r := NewRegistry()
-	slot := SemaphoreSlots("reports", 3)[0]
+	slot := semaphoreSlots("reports", 3)[0]
 	if err := r.Register("billing:job", slot); err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +131,7 @@ func TestRegistrySemaphores(t *testing.T) {
 			t.Errorf("RegisterSemaphore(x, %d) = %v, want ErrInvalidKey", n, err)
 		}
 	}
-	if keys := SemaphoreSlots("x", -1); len(keys) != 0 {
-		t.Fatalf("SemaphoreSlots(x, -1) = %v, want none", keys)
+	if keys := semaphoreSlots("x", -1); len(keys) != 0 {
+		t.Fatalf("semaphoreSlots(x, -1) = %v, want none", keys)
 	}
 }

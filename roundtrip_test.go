@@ -101,7 +101,7 @@ func TestRoundTrips(t *testing.T) {
 			// lib/pq spends two round trips on a statement with parameters.
 			perOp("LockTx, in an open transaction", map[string]float64{"postgres": 2, "pgx": 1}[drv], func() error { return sqllock.LockTx(bg(), tx, k) })
 			tx.Rollback()
-			perOp("Inspect", 1, func() error { _, err := sqllock.Inspect(bg(), db); return err })
+			perOp("Inspect", 1, func() error { _, err := sqllock.Inspect(bg(), db, nil); return err })
 			// A fencing token: one round trip on first use, none after.
 			perOp("Lock + Token + Token + Unlock", 3, lockTokens(l, k))
 			// Who leads an election: one query, whoever asks.
@@ -229,15 +229,15 @@ func TestRoundTrips(t *testing.T) {
 				for i := range keys {
 					keys[i] = sqllock.Pair(32, int32(i))
 				}
-				perOp(fmt.Sprintf("Session TryLockMany(%d) + UnlockMany(%d)", n, n), 2, func() error {
-					got, err := s.TryLockMany(bg(), keys...)
+				perOp(fmt.Sprintf("Session TryLock(%d) + Unlock(%d)", n, n), 2, func() error {
+					got, err := s.TryLock(bg(), keys...)
 					if err != nil {
 						return err
 					}
 					if len(got) != n {
-						return fmt.Errorf("TryLockMany took %d of %d", len(got), n)
+						return fmt.Errorf("TryLock took %d of %d", len(got), n)
 					}
-					return s.UnlockMany(bg(), got...)
+					return s.Unlock(bg(), got...)
 				})
 			}
 			s.Close(bg())

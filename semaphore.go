@@ -16,7 +16,7 @@ import (
 // same name and N, hold it at once: "at most 3 report generators in the
 // fleet". It is made of N advisory locks, its slots: the pair keys
 // (class, 0) to (class, N-1), where class is a 31-bit hash of the name
-// with the top bit set ([SemaphoreSlots] lists them).
+// with the top bit set.
 //
 // Each permit is an ordinary [Lock] on one slot: the same contract (it
 // pins a connection, Done and Err report a loss, Unlock is confirmed on
@@ -62,10 +62,9 @@ func semaphoreClass(name string) int32 {
 	return int32(h.Sum32() | 1<<31)
 }
 
-// SemaphoreSlots returns the keys of the slots of the semaphore name of n
-// slots, as [Inspect] reports them (to name them in a [Registry], say); none
-// for n below 1.
-func SemaphoreSlots(name string, n int) []Key {
+// semaphoreSlots returns the keys of the slots of the semaphore name of n
+// slots; none for n below 1.
+func semaphoreSlots(name string, n int) []Key {
 	if n < 1 {
 		return nil
 	}
@@ -105,7 +104,7 @@ func (s *Semaphore) acquire(ctx context.Context, try bool) (lk *Lock, err error)
 		return s.acquireOn(ctx, conn, id, try, name)
 	})
 	if err != nil && s.l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, errAbandoned) {
-		err = s.l.withHolders(Key{}, err, SemaphoreSlots(s.name, s.n)...)
+		err = s.l.withHolders(Key{}, err, semaphoreSlots(s.name, s.n)...)
 	}
 	return lk, err
 }

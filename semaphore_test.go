@@ -130,7 +130,7 @@ func TestSemaphoreProcesses(t *testing.T) {
 					running = false
 				default:
 				}
-				locks, err := sqllock.Inspect(bg(), observer)
+				locks, err := sqllock.Inspect(bg(), observer, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -271,7 +271,7 @@ func waitSemaphoreWaiter(t *testing.T, db *sql.DB, name string, n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		locks, err := sqllock.Inspect(bg(), db, sqllock.WithKeys(sqllock.SemaphoreSlots(name, n)...))
+		locks, err := sqllock.Inspect(bg(), db, nil, sqllock.SemaphoreSlots(name, n)...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,7 +13,7 @@ import (
 
 // Session holds many exclusive session-level locks on one pinned
 // connection: a lock per job in a job queue, or a leader's many resources.
-// TryLockMany and UnlockMany take or release any number of keys in one round
+// TryLock and Unlock take or release any number of keys in one round
 // trip; one keep-alive query per interval covers all of them.
 //
 // Every lock of a Session lives and dies with its one PostgreSQL session:
@@ -25,7 +25,7 @@ import (
 // PostgreSQL keeps all locks of all sessions in one shared table of about
 // max_locks_per_transaction × (max_connections + max_prepared_transactions)
 // entries (6,400 with the defaults). A Session with thousands of keys uses
-// that much of it; when it is full, TryLockMany returns [ErrLockTableFull],
+// that much of it; when it is full, TryLock returns [ErrLockTableFull],
 // releases whatever the failed call took, and the Session keeps its earlier
 // locks.
 //
@@ -59,16 +59,6 @@ func (l *Locker) Session(ctx context.Context) (*Session, error) {
 	s := &Session{pinned: pinned{l: l, conn: conn, pid: pid, id: id, lease: l.newLease(sent)}}
 	l.mon.add(s)
 	return s, nil
-}
-
-// TryLock takes k if no other session holds it, and reports whether it did.
-// A key the Session already holds is not taken twice: TryLock reports true.
-func (s *Session) TryLock(ctx context.Context, k Key) (bool, error) {
-	got, err := s.TryLockMany(ctx, k)
-	if err != nil {
-		return false, err
-	}
-	return len(got) == 1 || s.holds(k), nil
 }
 
 // Lock takes k, waiting while another session holds it; a key the Session
@@ -116,14 +106,20 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 	return nil
 }
 
-// TryLockMany tries to take every key in keys, in one round trip, and
-// returns those it took (in the order given). Keys the Session already
-// holds, and repeated keys, are taken once. When the server's lock table is
+// TryLock tries to take every key in keys that no other session holds, in
+// one round trip, and returns those the Session holds once it returns, in
+// the order given: a key it already held is not taken twice, and is
+// returned; a repeated key is returned once. With one key:
+//
+//	got, err := s.TryLock(ctx, k)
+//	if err == nil && len(got) == 1 { ... }
+//
+// When the server's lock table is
 // full it returns [ErrLockTableFull] and releases whatever this call took.
 // A ctx already done returns an error matching [ErrNotAcquired] and leaves
 // the Session as it was; a ctx that ends during the statement ends the
 // Session, since what it took is then unknown.
-func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
+func (s *Session) TryLock(ctx context.Context, keys ...Key) ([]Key, error) {
 	for _, k := range keys {
 		if err := k.valid(); err != nil {
 			return nil, err
@@ -138,7 +134,7 @@ func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
 	}
 	want := s.notHeld(keys)
 	if len(want) == 0 {
-		return nil, nil
+		return s.heldOf(keys), nil
 	}
 	query := func(q string, args []any, row func([]driver.Value) error) error {
 		return queryRows(ctx, s.l.abandoned, s.conn, q, args, row)
@@ -147,7 +143,7 @@ func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
 	if ctxEnded(ctx) || err != nil {
 		return nil, s.tryLockManyFailed(ctx, want, err)
 	}
-	got := make([]Key, 0, len(want)) // in the order given
+	got := make([]Key, 0, len(want))
 	for i, k := range want {
 		if took[i] {
 			got = append(got, k)
@@ -155,15 +151,15 @@ func (s *Session) TryLockMany(ctx context.Context, keys ...Key) ([]Key, error) {
 	}
 	s.add(got)
 	s.l.stats.contended.Add(int64(len(want) - len(got)))
-	return got, nil
+	return s.heldOf(keys), nil
 }
 
-// tryLockManyFailed settles a TryLockMany statement that failed (err) or
+// tryLockManyFailed settles a TryLock statement that failed (err) or
 // whose ctx ended, and returns the error to report.
 func (s *Session) tryLockManyFailed(ctx context.Context, want []Key, err error) error {
 	switch {
 	case ctxEnded(ctx):
-		s.loseLocked(fmt.Errorf("TryLockMany was cancelled: %w", ctxErr(ctx)))
+		s.loseLocked(fmt.Errorf("TryLock was cancelled: %w", ctxErr(ctx)))
 		return notAcquired(s.l.name(want[0]), ctxErr(ctx))
 	case errors.Is(err, ErrSessionChanged):
 		s.loseLocked(err)
@@ -174,25 +170,20 @@ func (s *Session) tryLockManyFailed(ctx context.Context, want []Key, err error) 
 		if rerr := s.releaseStray(ctx, want); rerr != nil {
 			s.loseLocked(fmt.Errorf("after a full lock table: %w", rerr))
 		}
-		return fmt.Errorf("%w: TryLockMany of %d keys: %w", ErrLockTableFull, len(want), err)
+		return fmt.Errorf("%w: TryLock of %d keys: %w", ErrLockTableFull, len(want), err)
 	}
-	s.loseLocked(fmt.Errorf("TryLockMany failed: %w", err))
+	s.loseLocked(fmt.Errorf("TryLock failed: %w", err))
 	return lockError(s.l.name(want[0]), err)
 }
 
-// Unlock releases k. Unlocking a key the Session does not hold is an error
-// (nothing happens on the server).
-func (s *Session) Unlock(ctx context.Context, k Key) error {
-	return s.UnlockMany(ctx, k)
-}
-
-// UnlockMany releases keys in one round trip; a key given twice is released
-// once. Each must be held by the Session. When PostgreSQL does not confirm
+// Unlock releases keys in one round trip; a key given twice is released
+// once. Each must be held by the Session: unlocking a key it does not hold
+// is an error, and nothing happens on the server. When PostgreSQL does not confirm
 // every unlock on the Session's backend, the Session is lost (and its
 // connection discarded) and the error wraps [ErrLockLost]. Like
 // Lock.Unlock, it ignores ctx's cancellation and is bounded by the unlock
 // timeout.
-func (s *Session) UnlockMany(ctx context.Context, keys ...Key) error {
+func (s *Session) Unlock(ctx context.Context, keys ...Key) error {
 	if err := s.begin(); err != nil {
 		return err
 	}

@@ -44,6 +44,22 @@ func (s *Session) heldOnce(keys []Key) ([]Key, *Key) {
 }
 
 // notHeld returns keys without repeats and without those the Session holds.
+// heldOf returns the keys of keys the Session holds, without repeats, in
+// the order given.
+func (s *Session) heldOf(keys []Key) []Key {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Key
+	var seen keySet
+	for _, k := range keys {
+		if s.held.has(k) && !seen.has(k) {
+			seen.add(k)
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
 func (s *Session) notHeld(keys []Key) []Key {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -66,23 +66,23 @@ func TestSessionManyLocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// TryLockMany of 1,000 keys: one round trip.
+	// TryLock of 1,000 keys: one round trip.
 	keys := manyKeys(1000, 1)
 	before := counter.Count()
-	got, err := s.TryLockMany(bg(), keys...)
+	got, err := s.TryLock(bg(), keys...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if trips := counter.Count() - before; trips > 3 {
-		t.Fatalf("TryLockMany of 1,000 keys took %d round trips, want at most 3", trips)
+		t.Fatalf("TryLock of 1,000 keys took %d round trips, want at most 3", trips)
 	}
 	if len(got) != 1000 || got[0] != keys[0] || got[999] != keys[999] {
-		t.Fatalf("TryLockMany took %d keys", len(got))
+		t.Fatalf("TryLock took %d keys", len(got))
 	}
 	// 5,000 locks on one connection.
-	more, err := s.TryLockMany(bg(), manyKeys(4000, 2)...)
+	more, err := s.TryLock(bg(), manyKeys(4000, 2)...)
 	if err != nil || len(more) != 4000 {
-		t.Fatalf("TryLockMany(4000) = %d, %v", len(more), err)
+		t.Fatalf("TryLock(4000) = %d, %v", len(more), err)
 	}
 	if n := len(s.Held()); n != 5000 {
 		t.Fatalf("Held() = %d keys, want 5000", n)
@@ -90,21 +90,22 @@ func TestSessionManyLocks(t *testing.T) {
 	if n := advisoryCount(t, observer); n != 5000 {
 		t.Fatalf("pg_locks shows %d locks, want 5000", n)
 	}
-	// Keys already held are not taken twice; others' keys are contended.
-	again, err := s.TryLockMany(bg(), keys[:10]...)
-	if err != nil || len(again) != 0 {
-		t.Fatalf("TryLockMany of held keys = %v, %v", again, err)
+	// Keys already held are not taken twice (and are reported held);
+	// others' keys are contended.
+	again, err := s.TryLock(bg(), keys[:10]...)
+	if err != nil || len(again) != 10 || again[9] != keys[9] {
+		t.Fatalf("TryLock of held keys = %v, %v", again, err)
 	}
 	other, err := sqllock.New(observer).Session(bg())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := other.TryLock(bg(), keys[5]); ok || err != nil {
-		t.Fatalf("another Session's TryLock of a held key = %v, %v", ok, err)
+	if got, err := other.TryLock(bg(), keys[5]); len(got) != 0 || err != nil {
+		t.Fatalf("another Session's TryLock of a held key = %v, %v", got, err)
 	}
-	mixed, err := other.TryLockMany(bg(), keys[0], sqllock.Int64(424242), keys[1])
+	mixed, err := other.TryLock(bg(), keys[0], sqllock.Int64(424242), keys[1])
 	if err != nil || len(mixed) != 1 || mixed[0] != sqllock.Int64(424242) {
-		t.Fatalf("TryLockMany with contended keys = %v, %v", mixed, err)
+		t.Fatalf("TryLock with contended keys = %v, %v", mixed, err)
 	}
 	// One keep-alive query per interval for all 5,000 locks.
 	// (Fewer on a loaded machine, where a check of 5,000 locks takes
@@ -126,7 +127,7 @@ func TestSessionManyLocks(t *testing.T) {
 	}
 	t.Logf("keep-alive: %d queries in %v for 5,000 locks", checks, window.Round(time.Millisecond))
 	// Unlock some, then Close releases the rest.
-	if err := s.UnlockMany(bg(), keys[:500]...); err != nil {
+	if err := s.Unlock(bg(), keys[:500]...); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Unlock(bg(), keys[500]); err != nil {
@@ -168,7 +169,7 @@ func TestSessionLost(t *testing.T) {
 		if err := s.Lock(bg(), sqllock.Int64(1)); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.TryLockMany(bg(), manyKeys(10, 3)...); err != nil {
+		if _, err := s.TryLock(bg(), manyKeys(10, 3)...); err != nil {
 			t.Fatal(err)
 		}
 		terminate(t, srv, s.PID())
@@ -193,8 +194,8 @@ func TestSessionLost(t *testing.T) {
 		}
 		done, cancelDone := context.WithCancel(bg())
 		cancelDone()
-		if _, err := s3.TryLockMany(done, sqllock.Int64(3)); !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
-			t.Fatalf("TryLockMany(done ctx) = %v", err)
+		if _, err := s3.TryLock(done, sqllock.Int64(3)); !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+			t.Fatalf("TryLock(done ctx) = %v", err)
 		}
 		if err := s3.Lock(done, sqllock.Int64(3)); !errors.Is(err, sqllock.ErrNotAcquired) || s3.Err() != nil {
 			t.Fatalf("Lock(done ctx) = %v, Err() = %v", err, s3.Err())
@@ -240,12 +241,12 @@ func TestSessionLockTableFull(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer s.Close(bg())
-		if _, err := s.TryLockMany(bg(), manyKeys(100, 4)...); err != nil {
+		if _, err := s.TryLock(bg(), manyKeys(100, 4)...); err != nil {
 			t.Fatal(err)
 		}
-		_, err = s.TryLockMany(bg(), manyKeys(100000, 5)...)
+		_, err = s.TryLock(bg(), manyKeys(100000, 5)...)
 		if !errors.Is(err, sqllock.ErrLockTableFull) {
-			t.Fatalf("TryLockMany past the lock table = %v, want ErrLockTableFull", err)
+			t.Fatalf("TryLock past the lock table = %v, want ErrLockTableFull", err)
 		}
 		if s.Err() != nil || len(s.Held()) != 100 {
 			t.Fatalf("after ErrLockTableFull: Err() = %v, Held() = %d; want the 100 earlier locks", s.Err(), len(s.Held()))
@@ -262,7 +263,7 @@ func TestSessionLockTableFull(t *testing.T) {
 	})
 }
 
-// TestSessionUnlockRepeatedKey: a key given twice to UnlockMany is released
+// TestSessionUnlockRepeatedKey: a key given twice to Unlock is released
 // once, and the Session keeps its other locks.
 func TestSessionUnlockRepeatedKey(t *testing.T) {
 	t.Parallel()
@@ -273,14 +274,14 @@ func TestSessionUnlockRepeatedKey(t *testing.T) {
 			t.Fatal(err)
 		}
 		a, b := sqllock.Int64(71), sqllock.Int64(72)
-		if got, err := s.TryLockMany(bg(), a, b); err != nil || len(got) != 2 {
-			t.Fatalf("TryLockMany = %v, %v", got, err)
+		if got, err := s.TryLock(bg(), a, b); err != nil || len(got) != 2 {
+			t.Fatalf("TryLock = %v, %v", got, err)
 		}
-		if err := s.UnlockMany(bg(), a, a); err != nil {
-			t.Fatalf("UnlockMany(k, k) = %v, want nil", err)
+		if err := s.Unlock(bg(), a, a); err != nil {
+			t.Fatalf("Unlock(k, k) = %v, want nil", err)
 		}
 		if err := s.Err(); err != nil {
-			t.Fatalf("Err() after UnlockMany(k, k) = %v", err)
+			t.Fatalf("Err() after Unlock(k, k) = %v", err)
 		}
 		if held := s.Held(); len(held) != 1 || held[0] != b {
 			t.Fatalf("Held() = %v, want [%v]", held, b)
@@ -288,8 +289,8 @@ func TestSessionUnlockRepeatedKey(t *testing.T) {
 		if pids := holders(t, db, b); len(pids) != 1 || pids[0] != s.PID() {
 			t.Fatalf("holders of %v = %v, want [%d]", b, pids, s.PID())
 		}
-		if err := s.UnlockMany(bg(), a); err == nil {
-			t.Fatal("UnlockMany of a released key = nil")
+		if err := s.Unlock(bg(), a); err == nil {
+			t.Fatal("Unlock of a released key = nil")
 		}
 		if err := s.Close(bg()); err != nil {
 			t.Fatal(err)
@@ -302,7 +303,7 @@ func TestSessionUnlockRepeatedKey(t *testing.T) {
 // it runs on a driver connection exactly once. lib/pq's Close, called a
 // second time under a cancellable context (the unlock's, always) before
 // its watcher goroutine has run, panics ("attempt to set nil err"): a
-// Session.UnlockMany did that with one processor.
+// Session.Unlock did that with one processor.
 func TestStatementRowsClosedOnce(t *testing.T) {
 	t.Parallel()
 	srv := pgtest.Start(t)
@@ -320,12 +321,12 @@ func TestStatementRowsClosedOnce(t *testing.T) {
 			defer cancel()
 			keys := manyKeys(10, 94)
 			for i := range 5 {
-				got, err := s.TryLockMany(ctx, keys...)
+				got, err := s.TryLock(ctx, keys...)
 				if err != nil || len(got) != len(keys) {
-					t.Fatalf("round %d: TryLockMany = %v, %v", i, got, err)
+					t.Fatalf("round %d: TryLock = %v, %v", i, got, err)
 				}
-				if err := s.UnlockMany(ctx, got...); err != nil {
-					t.Fatalf("round %d: UnlockMany: %v", i, err)
+				if err := s.Unlock(ctx, got...); err != nil {
+					t.Fatalf("round %d: Unlock: %v", i, err)
 				}
 			}
 			lk, err := l.Lock(ctx, keys[0])

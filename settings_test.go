@@ -85,8 +85,8 @@ func TestSessionLeavesAsItCame(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ok, err := s.TryLock(bg(), k); !ok || err != nil {
-			t.Fatalf("Session.TryLock = %v, %v", ok, err)
+		if got, err := s.TryLock(bg(), k); len(got) != 1 || err != nil {
+			t.Fatalf("Session.TryLock = %v, %v", got, err)
 		}
 		if err := s.Close(bg()); err != nil {
 			t.Fatal(err)
@@ -102,7 +102,7 @@ func TestSessionLeavesAsItCame(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		locks, err := sqllock.Inspect(bg(), odb, sqllock.WithKeys(k))
+		locks, err := sqllock.Inspect(bg(), odb, nil, k)
 		if err != nil || len(locks) != 1 || locks[0].PID != slk.PID() || locks[0].ApplicationName != "shared-leaves" {
 			t.Fatalf("Inspect of a lock on a shared session = %+v, %v: want its holder, named shared-leaves", locks, err)
 		}

@@ -132,7 +132,7 @@ func TestRegistryNamesInErrors(t *testing.T) {
 	srv := pgtest.Start(t)
 	db := pgtest.Open(t, "pgx", srv.NewDatabase(t))
 	reg := sqllock.NewRegistry()
-	k := reg.MustRegisterHash("cron:nightly_export")
+	k := reg.MustRegister("cron:nightly_export", sqllock.Hash("cron:nightly_export"))
 	l := sqllock.New(db, reg, sqllock.WithKeepAlive(0))
 	lk, err := l.Lock(bg(), k)
 	if err != nil {

@@ -181,12 +181,12 @@ func (l *Locker) TryDo(ctx context.Context, k Key, fn func(ctx context.Context) 
 
 // regName returns k's registry name, or "".
 func (l *Locker) regName(k Key) string {
-	n, _ := l.cfg.registry.Name(k)
+	n, _ := l.cfg.registry.name(k)
 	return n
 }
 
 func (l *Locker) name(k Key) string {
-	if n, ok := l.cfg.registry.Name(k); ok {
+	if n, ok := l.cfg.registry.name(k); ok {
 		return fmt.Sprintf("%s %q", k, n)
 	}
 	return k.String()

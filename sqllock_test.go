@@ -25,8 +25,8 @@ func TestLockUnlock(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Lock() = %v", err)
 		}
-		if lk.Key() != k || lk.Shared() || lk.Err() != nil {
-			t.Fatalf("Key() = %v, Shared() = %v, Err() = %v", lk.Key(), lk.Shared(), lk.Err())
+		if lk.Key() != k || sqllock.SharedOf(lk) || lk.Err() != nil {
+			t.Fatalf("Key() = %v, Shared() = %v, Err() = %v", lk.Key(), sqllock.SharedOf(lk), lk.Err())
 		}
 		if got := holders(t, db, k); !slices.Equal(got, []int{lk.PID()}) {
 			t.Fatalf("holders = %v, want [%d]", got, lk.PID())
@@ -104,8 +104,8 @@ func TestSharedLocks(t *testing.T) {
 		if err != nil {
 			t.Fatalf("second shared lock: %v", err)
 		}
-		if !a.Shared() || !b.Shared() || a.PID() == b.PID() {
-			t.Fatalf("shared locks: %v %v on %d %d", a.Shared(), b.Shared(), a.PID(), b.PID())
+		if !sqllock.SharedOf(a) || !sqllock.SharedOf(b) || a.PID() == b.PID() {
+			t.Fatalf("shared locks: %v %v on %d %d", sqllock.SharedOf(a), sqllock.SharedOf(b), a.PID(), b.PID())
 		}
 		if _, err := l.TryLock(bg(), k); !errors.Is(err, sqllock.ErrNotAcquired) {
 			t.Fatalf("TryLock() while shared = %v", err)
@@ -147,7 +147,7 @@ func TestBadInput(t *testing.T) {
 	if err := sqllock.LockTx(bg(), nil, sqllock.Int64(1)); err == nil {
 		t.Error("LockTx(nil tx) = nil")
 	}
-	if _, err := sqllock.Inspect(bg(), nil); err == nil {
+	if _, err := sqllock.Inspect(bg(), nil, nil); err == nil {
 		t.Error("Inspect(nil) = nil")
 	}
 	// Typed nils inside the interfaces are errors, not panics.
@@ -159,12 +159,12 @@ func TestBadInput(t *testing.T) {
 		t.Error("TryLockTx((*sql.Tx)(nil)) = nil")
 	}
 	var nilDB *sql.DB
-	if _, err := sqllock.Inspect(bg(), nilDB); err == nil {
+	if _, err := sqllock.Inspect(bg(), nilDB, nil); err == nil {
 		t.Error("Inspect((*sql.DB)(nil)) = nil")
 	}
 	// A nil Lock answers with zero values.
 	var nilLock *sqllock.Lock
-	if k, p, sh := nilLock.Key(), nilLock.PID(), nilLock.Shared(); k != (sqllock.Key{}) || p != 0 || sh {
+	if k, p, sh := nilLock.Key(), nilLock.PID(), sqllock.SharedOf(nilLock); k != (sqllock.Key{}) || p != 0 || sh {
 		t.Errorf("nil Lock: Key %v, PID %d, Shared %v; want zero values", k, p, sh)
 	}
 	var nilSession *sqllock.Session

@@ -95,7 +95,7 @@ func TestLockTxSqlx(t *testing.T) {
 		if err := sqllock.LockTx(bg(), tx, k); err != nil {
 			t.Fatalf("LockTx(*sqlx.Tx) = %v", err)
 		}
-		locks, err := sqllock.Inspect(bg(), xdb)
+		locks, err := sqllock.Inspect(bg(), xdb, nil)
 		if err != nil || len(locks) != 1 || locks[0].Key != k {
 			t.Fatalf("Inspect(*sqlx.DB) = %v, %v", locks, err)
 		}

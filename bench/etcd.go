@@ -260,7 +260,7 @@ func electionConfigs(short time.Duration, longTrials, trials int) []electionConf
 	return []electionConfig{
 		{name: "etcd, TTL 60 s (default)", system: "etcd", full: 60 * time.Second, wait: 2 * time.Minute, trials: longTrials},
 		{name: "etcd, TTL " + secs(short), system: "etcd", bound: short, full: short, wait: 4*short + 20*time.Second, trials: trials},
-		{name: "sqllock, defaults (orphan bound 30 s)", system: "sqllock", full: sqllock.DefaultOrphanBound, wait: 90 * time.Second, trials: longTrials},
+		{name: "sqllock, defaults (orphan bound 30 s)", system: "sqllock", full: 30 * time.Second, wait: 90 * time.Second, trials: longTrials},
 		{name: "sqllock, orphan bound " + secs(short), system: "sqllock", bound: short, full: short, wait: 4*short + 20*time.Second, trials: trials},
 	}
 }

@@ -89,7 +89,7 @@ func (r *report) write(dir string) error {
 	}
 	goal("handoff p50 ≤ 2 round trips (a unit of idle wake-ups: see below)", float64(hand.p50)/float64(r.rtt), 2, " round trips", false)
 	goal("5,000 locks held on ≤ 2 connections", 1, 2, " connection", false)
-	goal("TryLockMany of 5,000 keys in ≤ 3 round trips", float64(r.session.roundTrips), 3, " round trips", false)
+	goal("TryLock of 5,000 keys in ≤ 3 round trips", float64(r.session.roundTrips), 3, " round trips", false)
 	goal("keep-alive for 5,000 locks: one query per interval (10 intervals)", float64(r.session.keepAliveChecks)/10, 1, " queries per interval", false)
 	for _, g := range r.guard {
 		if strings.Contains(g.name, "(clean)") {
@@ -177,7 +177,7 @@ func (r *report) write(dir string) error {
 	// Session.
 	s := r.session
 	p("### 5,000 locks on one Session\n\n![session](session.png)\n\n| measure | value |\n|---|---|\n")
-	p("| locks held | %d, on 1 connection |\n| time to acquire all (`TryLockMany`) | %s |\n| round trips for that | %d |\n| Go heap per held lock | %.0f bytes |\n| keep-alive queries in 1 s at a 100 ms interval | %d (for all 5,000 locks) |\n\n",
+	p("| locks held | %d, on 1 connection |\n| time to acquire all (`TryLock`) | %s |\n| round trips for that | %d |\n| Go heap per held lock | %.0f bytes |\n| keep-alive queries in 1 s at a 100 ms interval | %d (for all 5,000 locks) |\n\n",
 		s.locks, fmtDur(s.acquire), s.roundTrips, s.bytesPerLock, s.keepAliveChecks)
 	p("PostgreSQL's shared lock table holds about `max_locks_per_transaction × (max_connections + max_prepared_transactions)` locks (6,400 with the defaults; the benchmark server has max_connections = 200, so 12,800): a Session is bounded by it, and a full table gives `ErrLockTableFull`.\n\n")
 	if err := barChart(dir, "session.png", "5,000 locks on one Session", "", []string{"acquire all (ms)", "round trips", "heap bytes / lock / 10", "keep-alive queries / s"},

@@ -91,7 +91,7 @@ func loop(n int, d time.Duration, op func(i int) error) (float64, error) {
 // sessionResult is the many-locks-on-one-Session row.
 type sessionResult struct {
 	locks           int
-	acquire         time.Duration // TryLockMany of all keys
+	acquire         time.Duration // TryLock of all keys
 	roundTrips      int64
 	bytesPerLock    float64
 	keepAliveChecks int64 // during one second at a 100 ms interval
@@ -124,7 +124,7 @@ func measureSession(e *env) (sessionResult, error) {
 	runtime.ReadMemStats(&before)
 	trips := counting.Count()
 	t := time.Now()
-	got, err := s.TryLockMany(e.ctx, keys...)
+	got, err := s.TryLock(e.ctx, keys...)
 	r := sessionResult{locks: len(got), acquire: time.Since(t), roundTrips: counting.Count() - trips}
 	if err != nil {
 		return r, err

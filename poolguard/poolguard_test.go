@@ -90,7 +90,7 @@ func (c dsnConnector) Driver() driver.Driver                        { return c.d
 
 func holders(t *testing.T, q sqllock.Querier, k sqllock.Key) []int {
 	t.Helper()
-	locks, err := sqllock.Inspect(bg, q, sqllock.WithKeys(k))
+	locks, err := sqllock.Inspect(bg, q, nil, k)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 // [VerifyNone] (a check function and a thin test helper over it, as goleak
 // has Find and VerifyNone), so that a test needs only this package.
 func Check(ctx context.Context, db *sql.DB) ([]sqllock.HeldLock, error) {
-	return sqllock.Inspect(ctx, db)
+	return sqllock.Inspect(ctx, db, nil)
 }
 
 // TestingT is the part of *testing.T (and testing.TB) that [VerifyNone]

@@ -67,7 +67,7 @@ func TestReindexJobWithPostgres(t *testing.T) {
 	if err := db.QueryRow("SELECT bool_and(indexed) FROM posts").Scan(&indexed); err != nil || !indexed {
 		t.Fatalf("posts indexed: %v, %v", indexed, err)
 	}
-	if locks, err := sqllock.Inspect(context.Background(), db); err != nil || len(locks) != 0 {
+	if locks, err := sqllock.Inspect(context.Background(), db, nil); err != nil || len(locks) != 0 {
 		t.Fatalf("locks left: %v, %v", locks, err)
 	}
 }

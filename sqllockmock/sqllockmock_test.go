@@ -129,7 +129,7 @@ func TestUserCodeWithPostgres(t *testing.T) {
 	if err := db.QueryRow("SELECT bool_and(indexed), (SELECT count(*) FROM reports) FROM posts").Scan(&indexed, &reports); err != nil || !indexed || reports != 1 {
 		t.Fatalf("effects: indexed %v, reports %d, %v", indexed, reports, err)
 	}
-	locks, err := sqllock.Inspect(context.Background(), db)
+	locks, err := sqllock.Inspect(context.Background(), db, nil)
 	if err != nil || len(locks) != 0 {
 		t.Fatalf("locks left: %v, %v", locks, err)
 	}

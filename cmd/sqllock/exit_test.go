@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -149,7 +150,7 @@ func exitCases(t *testing.T, dsn string) []exitCase {
 		{name: "negative timeout", dsn: dsn, args: []string{"run", "-w", "-5s", "k", "--", "true"}, code: exitUsage, want: "must not be negative"},
 		{name: "negative keep-alive", dsn: dsn, args: []string{"run", "--keep-alive", "-1s", "k", "--", "true"}, code: exitUsage, want: "must not be negative"},
 		{name: "empty key name", dsn: dsn, args: []string{"key", ""}, code: exitUsage, want: "empty NAME"},
-		{name: "holder told too late", dsn: dsn, args: []string{"run", "--keep-alive", "1h", "k", "--", "true"}, code: exitUsage, want: "the holder must be told first"},
+		{name: "holder told too late", dsn: dsn, args: []string{"run", "--keep-alive", "1h", "--orphan-bound", "30s", "k", "--", "true"}, code: exitUsage, want: "the holder must be told first"},
 		{name: "unreachable", dsn: "postgres://u:s3cret@127.0.0.1:1/db", args: []string{"run", "k", "--", "true"}, code: exitUnavailable, want: "cannot reach PostgreSQL at 127.0.0.1:1"},
 		{name: "standby", args: []string{"run", "-n", "k", "--", "true"}, code: exitSoftware, want: "standby", setup: func(t *testing.T) []string {
 			if !srv.Local() {
@@ -404,10 +405,12 @@ func TestRegistryFileWhitespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]sqllock.Key{"cron:a": sqllock.Int64(42), "cron:b": sqllock.Pair(1, 2), "cron:c": sqllock.Hash("cron:c")}
-	for name, k := range want {
-		if got, ok := reg.Key(name); !ok || got != k {
-			t.Errorf("Key(%q) = %v, %v; want %v", name, got, ok, k)
-		}
+	got := map[string]sqllock.Key{}
+	for name, k := range reg.All() {
+		got[name] = k
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("registry = %v, want %v", got, want)
 	}
 }
 

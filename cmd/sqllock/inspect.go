@@ -38,13 +38,12 @@ func inspectCmd(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fail(exitUsage, "inspect: unexpected argument %q", fs.Arg(0))
 	}
-	var opts []sqllock.InspectOption
+	var reg *sqllock.Registry
 	if *regFile != "" {
-		reg, err := loadRegistry(*regFile)
-		if err != nil {
+		var err error
+		if reg, err = loadRegistry(*regFile); err != nil {
 			return fail(exitUsage, "inspect: %v", err)
 		}
-		opts = append(opts, reg)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -54,7 +53,7 @@ func inspectCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	defer db.Close()
 	for {
-		locks, err := sqllock.Inspect(ctx, db, opts...)
+		locks, err := sqllock.Inspect(ctx, db, reg)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -139,8 +138,12 @@ func mode(l sqllock.HeldLock) string {
 	return "exclusive"
 }
 
+// electionPrefix starts the application_name of an Election candidate's
+// session, as sqllock's Election documents it.
+const electionPrefix = "sqllock-election:"
+
 func state(l sqllock.HeldLock) string {
-	_, candidate := strings.CutPrefix(l.ApplicationName, sqllock.ElectionPrefix)
+	_, candidate := strings.CutPrefix(l.ApplicationName, electionPrefix)
 	switch {
 	case l.Granted && candidate:
 		return "leader" // an Election's: APPLICATION shows its value
@@ -175,7 +178,7 @@ func printTable(w io.Writer, locks []sqllock.HeldLock, names bool) error {
 			continue
 		}
 		form := "bigint"
-		if l.Key.IsPair() {
+		if _, _, pair := l.Key.Pair(); pair {
 			form = "pair"
 		}
 		row := l.Key.String() + "\t" + form + "\t"

@@ -15,7 +15,6 @@ import (
 func keyCmd(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("sqllock key", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	class := fs.Int("class", 0, "the namespace (first int) of the pair form")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -23,28 +22,24 @@ func keyCmd(args []string, stdout, stderr io.Writer) error {
 		return fail(exitUsage, "")
 	}
 	if fs.NArg() != 1 {
-		return fail(exitUsage, "key: want exactly one NAME (usage: sqllock key [--class N] NAME)")
-	}
-	if *class < -1<<31 || *class > 1<<31-1 {
-		return fail(exitUsage, "key: --class %d is out of range for int4", *class)
+		return fail(exitUsage, "key: want exactly one NAME (usage: sqllock key NAME)")
 	}
 	name := fs.Arg(0)
 	if strings.TrimSpace(name) == "" {
 		return fail(exitUsage, "key: empty NAME (as run refuses an empty KEY)")
 	}
-	h, hp, c := sqllock.Hash(name), sqllock.HashPair(int32(*class), name), interop.CRC32(name)
+	h, c := sqllock.Hash(name), interop.CRC32(name)
 	fmt.Fprintf(stdout, "name      %s\n", strconv.Quote(name))
 	rows := []struct {
 		label, what string
 		k           sqllock.Key
 	}{
 		{"hash", "bigint, FNV-1a 64 (sqllock.Hash, the CLI's default)", h},
-		{"hashpair", "pair (class, FNV-1a low 32 bits) (sqllock.HashPair)", hp},
 		{"crc32", "bigint, zlib.crc32 (interop.CRC32, run --crc32)", c},
 	}
 	for _, r := range rows {
 		args := r.k.String()
-		if !r.k.IsPair() {
+		if _, _, pair := r.k.Pair(); !pair {
 			args = "(" + args + ")"
 		}
 		fmt.Fprintf(stdout, "%-9s %-22s %s\n          SELECT pg_try_advisory_lock%s;  SELECT pg_advisory_unlock%s;\n",

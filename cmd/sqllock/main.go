@@ -5,7 +5,7 @@
 //
 //	sqllock run [flags] KEY -- COMMAND [ARGS...]
 //	sqllock inspect [--json] [--watch INTERVAL] [--registry FILE]
-//	sqllock key [--class N] NAME
+//	sqllock key NAME
 //
 // KEY is a number (123), a pair (1,2), or a name, hashed with sqllock.Hash
 // (or with CRC-32 under --crc32, to share locks with Python code that uses
@@ -56,7 +56,7 @@ func fail(code int, format string, args ...any) error {
 const usage = `usage:
   sqllock run [flags] KEY -- COMMAND [ARGS...]   hold the lock KEY while COMMAND runs
   sqllock inspect [flags]                        list the advisory locks of the database
-  sqllock key [--class N] NAME                   print the keys of NAME and the SQL to use them
+  sqllock key NAME                             print the keys of NAME and the SQL to use them
 
 KEY is a number (123), a pair (1,2), or a name (hashed; --crc32 for zlib.crc32).
 The connection: --dsn, else DATABASE_URL, else the PG* environment variables.

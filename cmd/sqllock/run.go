@@ -33,6 +33,8 @@ type runFlags struct {
 	onLost         time.Duration
 	keepAlive      time.Duration
 	orphanBound    time.Duration
+	keepAliveSet   bool // the flag was given (else sqllock's default)
+	orphanBoundSet bool
 	holdAtLeast    time.Duration
 	slots          int
 	connectTimeout time.Duration
@@ -144,8 +146,8 @@ func runFlagSet(f *runFlags, stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&f.crc32, "crc32", false, "hash a KEY name with CRC-32 (Python's zlib.crc32) instead of FNV-1a")
 	fs.StringVar(&f.dsn, "dsn", "", "PostgreSQL connection string (default: DATABASE_URL, else PG* variables)")
 	fs.DurationVar(&f.onLost, "on-lost", 10*time.Second, "if the lock is lost, SIGTERM COMMAND, then SIGKILL it after this grace period")
-	fs.DurationVar(&f.keepAlive, "keep-alive", sqllock.DefaultKeepAlive, "how often to check that the lock is still held (0: never)")
-	fs.DurationVar(&f.orphanBound, "orphan-bound", sqllock.DefaultOrphanBound, "if this host dies or is cut off, the server frees the lock after this long (0: the server's TCP settings, hours)")
+	fs.DurationVar(&f.keepAlive, "keep-alive", 0, "how often to check that the lock is still held (default: sqllock's, 5s; 0: never)")
+	fs.DurationVar(&f.orphanBound, "orphan-bound", 0, "if this host dies or is cut off, the server frees the lock after this long (default: sqllock's, 30s; 0: the server's TCP settings, hours)")
 	fs.IntVar(&f.slots, "slots", 0, "a semaphore: at most N runs of KEY at once, fleet-wide (KEY is its name)")
 	fs.DurationVar(&f.holdAtLeast, "hold-at-least", 0, "keep the lock until at least this long after it was taken, even when COMMAND ends sooner (run once per tick across machines)")
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", defaultConnectTimeout, "give up connecting to the server after this long")
@@ -182,7 +184,12 @@ func parseRun(args []string, stderr io.Writer) (runSpec, error) {
 	sp.argv = rest
 	f := sp.f
 	slotsGiven := false
-	fs.Visit(func(fl *flag.Flag) { slotsGiven = slotsGiven || fl.Name == "slots" })
+	fs.Visit(func(fl *flag.Flag) {
+		slotsGiven = slotsGiven || fl.Name == "slots"
+		sp.f.keepAliveSet = sp.f.keepAliveSet || fl.Name == "keep-alive"
+		sp.f.orphanBoundSet = sp.f.orphanBoundSet || fl.Name == "orphan-bound"
+	})
+	f = sp.f
 	switch {
 	case f.conflictCode < 0 || f.conflictCode > 255:
 		return sp, fail(exitUsage, "run: --conflict-exit-code must be 0 to 255")
@@ -217,7 +224,14 @@ func parseRun(args []string, stderr io.Writer) (runSpec, error) {
 // lockerOptions are the Locker's options the flags ask for.
 func (f runFlags) lockerOptions() []sqllock.Option {
 	// One lock per process: a session of its own (nothing to share).
-	return []sqllock.Option{sqllock.WithKeepAlive(f.keepAlive), sqllock.WithOrphanBound(f.orphanBound), sqllock.WithHolders(), sqllock.WithDedicatedSessions()}
+	opts := []sqllock.Option{sqllock.WithHolders(), sqllock.WithDedicatedSessions()}
+	if f.keepAliveSet { // else sqllock's default, fitted to the orphan bound
+		opts = append(opts, sqllock.WithKeepAlive(f.keepAlive))
+	}
+	if f.orphanBoundSet {
+		opts = append(opts, sqllock.WithOrphanBound(f.orphanBound))
+	}
+	return opts
 }
 
 // errHelp reports that -h was asked for (usage already printed).
@@ -370,7 +384,7 @@ func runCmd(args []string, stderr io.Writer) error {
 func stillHeld(db *sql.DB, lk *sqllock.Lock) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	hs, err := sqllock.Inspect(ctx, db, sqllock.WithKeys(lk.Key()))
+	hs, err := sqllock.Inspect(ctx, db, nil, lk.Key())
 	if err != nil {
 		return false
 	}

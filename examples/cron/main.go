@@ -27,7 +27,7 @@ import (
 // would panic here, at start-up, instead of silently sharing a lock.
 var (
 	locks   = sqllock.NewRegistry()
-	reindex = locks.MustRegisterHash("cron:reindex_posts")
+	reindex = locks.MustRegister("cron:reindex_posts", sqllock.Hash("cron:reindex_posts"))
 )
 
 func main() {

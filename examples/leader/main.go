@@ -29,7 +29,7 @@ import (
 	"github.com/sqllock/sqllock/pgtest"
 )
 
-var electionKey = sqllock.HashPair(7, "leader:scheduler")
+var electionKey = sqllock.Hash("leader:scheduler")
 
 func main() {
 	candidate := flag.Int("candidate", 0, "run as candidate N (used by the demo itself)")

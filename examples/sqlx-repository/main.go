@@ -75,7 +75,7 @@ func run(ctx context.Context, w io.Writer) error {
 		fmt.Fprintf(w, "report %s: %d posts\n", r.Day.Format(time.DateOnly), r.Posts)
 	}
 	// Inspect takes a *sqlx.DB too; nothing is left held.
-	locks, err := sqllock.Inspect(ctx, db)
+	locks, err := sqllock.Inspect(ctx, db, nil)
 	if err != nil {
 		return err
 	}

@@ -98,7 +98,7 @@ func WaitWaiters(tb testing.TB, q sqllock.Querier, k sqllock.Key, n int) {
 	tb.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		locks, err := sqllock.Inspect(context.Background(), q, sqllock.WithKeys(k))
+		locks, err := sqllock.Inspect(context.Background(), q, nil, k)
 		if err != nil {
 			tb.Fatal(err)
 		}
