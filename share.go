@@ -172,21 +172,26 @@ func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, 
 		}
 		<-op.done // decided: the outcome is a moment away
 	}
-	switch {
-	case op.err != nil:
+	// The runner read the answer under a context of its own, and applied
+	// what it means to the carrier (a certain answer touches this key
+	// only; an uncertain one ended the carrier): what is left is the
+	// call's.
+	v, verr := judge(ctx, outcome{ok: op.ok, err: op.err, certain: true}, l.name(k), true, 0)
+	if v != granted {
 		l.share.free(k)
 		if ctxEnded(ctx) {
 			return ended()
 		}
+	}
+	switch {
+	case v == uncertain:
 		if connectionBroken(op.err) {
 			return nil, nil, false // the carrier died: a session of its own
 		}
-		return nil, lockError(l.name(k), op.err), true
-	case !op.ok:
-		l.share.free(k)
-		if ctxEnded(ctx) {
-			return ended()
-		}
+		return nil, verr, true
+	case v == refused && op.err != nil: // a deadlock victim, a full lock table
+		return nil, verr, true
+	case v == refused:
 		if !try {
 			// Wait on a session of its own: this one, when it holds
 			// nothing (no round trip to give it back and take another);
@@ -210,7 +215,7 @@ func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, 
 			return lk, err, true
 		}
 		l.stats.contended.Add(1)
-		return nil, fmt.Errorf("%w: %s is held by another session", ErrNotAcquired, l.name(k)), true
+		return nil, verr, true
 	}
 	if !ctxEnded(ctx) {
 		lk = newLock(c, k, false)
