@@ -2,6 +2,7 @@ package pgtest_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"os"
 	"os/exec"
@@ -64,6 +65,58 @@ func TestNewDatabaseIsolated(t *testing.T) {
 	var n int
 	if err := admin.QueryRow("SELECT count(*) FROM pg_database WHERE datname = $1", name).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("database %s still exists after its test: %d, %v", name, n, err)
+	}
+}
+
+// TestNewDatabaseReused: a database its test left with no objects goes to
+// the next test under another name, with no session and no lock of the
+// first left: a lock still held, on a connection still open, is gone, and
+// the old name no longer connects.
+func TestNewDatabaseReused(t *testing.T) {
+	srv := pgtest.Start(t)
+	ctx := context.Background()
+	var first string
+	var oid int
+	t.Run("first", func(t *testing.T) {
+		dsn := srv.NewDatabase(t)
+		first = pgtest.DatabaseOf(dsn)
+		db, err := sql.Open("pgx", dsn) // never closed: its session outlives the test
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := conn.QueryRowContext(ctx, "SELECT oid FROM pg_database WHERE datname = current_database()").Scan(&oid); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_lock(42)"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	dsn := srv.NewDatabase(t)
+	db := pgtest.Open(t, "pgx", dsn)
+	var again, sessions, locks int
+	if err := db.QueryRow(`SELECT d.oid,
+		(SELECT count(*) FROM pg_stat_activity a WHERE a.datid = d.oid AND a.pid <> pg_backend_pid()),
+		(SELECT count(*) FROM pg_locks l WHERE l.locktype = 'advisory' AND l.database = d.oid)
+		FROM pg_database d WHERE d.datname = current_database()`).Scan(&again, &sessions, &locks); err != nil {
+		t.Fatal(err)
+	}
+	if again != oid || pgtest.DatabaseOf(dsn) == first {
+		t.Fatalf("the next database is %s (oid %d), not %s (oid %d) renamed", pgtest.DatabaseOf(dsn), again, first, oid)
+	}
+	if sessions != 0 || locks != 0 {
+		t.Fatalf("the reused database has %d sessions and %d advisory locks of its last test", sessions, locks)
+	}
+	old, err := sql.Open("pgx", srv.DSNFor(first))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if err := old.PingContext(ctx); err == nil {
+		t.Fatalf("the old name %s still connects", first)
 	}
 }
 

@@ -45,6 +45,7 @@ type Server struct {
 
 	mu     sync.Mutex
 	dbSeq  int
+	free   []string // databases handed back clean, for NewDatabase to reuse
 	closed bool
 }
 
@@ -140,6 +141,9 @@ func (s *Server) Close() error {
 	}
 	s.closed = true
 	s.mu.Unlock()
+	if s.external != "" {
+		s.dropFree()
+	}
 	if s.closer != nil {
 		return s.closer()
 	}
@@ -148,42 +152,6 @@ func (s *Server) Close() error {
 
 // Admin opens a superuser connection pool. The caller closes it.
 func (s *Server) Admin() (*sql.DB, error) { return sql.Open("pgx", s.AdminDSN()) }
-
-// CreateDatabase creates a new database owned by Role and returns its name.
-func (s *Server) CreateDatabase(ctx context.Context, prefix string) (string, error) {
-	s.mu.Lock()
-	s.dbSeq++
-	n := s.dbSeq
-	s.mu.Unlock()
-	name := fmt.Sprintf("t%d_%s", n, sanitize(prefix))
-	if len(name) > 60 {
-		name = name[:60]
-	}
-	db, err := s.Admin()
-	if err != nil {
-		return "", err
-	}
-	defer db.Close()
-	owner := ""
-	if s.external == "" {
-		owner = " OWNER " + Role
-	}
-	if _, err := db.ExecContext(ctx, `CREATE DATABASE "`+name+`"`+owner); err != nil {
-		return "", fmt.Errorf("pgtest: create database %s: %w", name, err)
-	}
-	return name, nil
-}
-
-// DropDatabase drops a database made by CreateDatabase, ending its sessions.
-func (s *Server) DropDatabase(ctx context.Context, name string) error {
-	db, err := s.Admin()
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	_, err = db.ExecContext(ctx, `DROP DATABASE IF EXISTS "`+name+`" WITH (FORCE)`)
-	return err
-}
 
 func sanitize(s string) string {
 	var b strings.Builder
@@ -396,6 +364,29 @@ func startLocalWith(ctx context.Context, pidns bool) (*Server, error) {
 	return s, nil
 }
 
+// clusterRoot is the directory for clusters' files: memory (/dev/shm),
+// when it has room and TMPDIR names no other place, else the temporary
+// directory. Tests create and drop a database each, some three hundred
+// files every time: on a disk file system the server then spends much of
+// its time finding inodes for them (ext4's search skips recently deleted
+// ones), in memory almost none.
+func clusterRoot() string {
+	const room = 4 << 30 // a cluster and its databases need far less
+	if os.Getenv("TMPDIR") != "" {
+		return ""
+	}
+	var st syscall.Statfs_t
+	if syscall.Statfs("/dev/shm", &st) != nil || st.Bavail*uint64(st.Bsize) < room {
+		return ""
+	}
+	if f, err := os.CreateTemp("/dev/shm", "sqllock-pg-probe-"); err == nil {
+		f.Close()
+		os.Remove(f.Name())
+		return "/dev/shm"
+	}
+	return ""
+}
+
 // newCluster makes a data directory (initdb, or init(c) when given) and
 // starts postgres on a free port.
 func newCluster(ctx context.Context, name string, init func(c *cluster) error, opts ...clusterOption) (*cluster, string, error) {
@@ -407,7 +398,7 @@ func newCluster(ctx context.Context, name string, init func(c *cluster) error, o
 	if err != nil {
 		return nil, "", err
 	}
-	base, err := os.MkdirTemp("", "sqllock-pg-"+name+"-")
+	base, err := os.MkdirTemp(clusterRoot(), "sqllock-pg-"+name+"-")
 	if err != nil {
 		return nil, "", err
 	}

@@ -59,19 +59,27 @@ func Run(m *testing.M) int {
 	return code
 }
 
-// NewDatabase creates a database for tb alone, owned by the ordinary test
-// role, and returns its DSN. The database is dropped when tb ends.
+// NewDatabase gives tb a database of its own, owned by the ordinary test
+// role, and returns its DSN. When tb ends, the database's sessions are
+// ended and it is dropped, or, when tb left no objects or settings in it,
+// kept for a later NewDatabase under another name.
 func (s *Server) NewDatabase(tb testing.TB) string {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	name, err := s.CreateDatabase(ctx, tb.Name())
-	if err != nil {
-		tb.Fatal(err)
+	name := s.takeDatabase(ctx, tb.Name())
+	if name == "" {
+		var err error
+		if name, err = s.CreateDatabase(ctx, tb.Name()); err != nil {
+			tb.Fatal(err)
+		}
 	}
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
+		if s.giveBack(ctx, name) {
+			return
+		}
 		if err := s.DropDatabase(ctx, name); err != nil {
 			tb.Errorf("pgtest: drop database %s: %v", name, err)
 		}
