@@ -175,8 +175,12 @@ func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, 
 	// The runner read the answer under a context of its own, and applied
 	// what it means to the carrier (a certain answer touches this key
 	// only; an uncertain one ended the carrier): what is left is the
-	// call's.
-	v, verr := judge(ctx, outcome{ok: op.ok, err: op.err, certain: true}, l.name(k), true, 0)
+	// call's. (A plain grant is granted whatever else: judge, and the
+	// key's name it formats, are spared the common case.)
+	v, verr := granted, error(nil)
+	if op.err != nil || !op.ok {
+		v, verr = judge(ctx, outcome{ok: op.ok, err: op.err, certain: true}, l.name(k), true, 0)
+	}
 	if v != granted {
 		l.share.free(k)
 		if ctxEnded(ctx) {
