@@ -9,11 +9,13 @@ import (
 	"time"
 )
 
-// carrier is a session shared by many Locks of one Locker (the rules of
-// sharing are in share.go): it carries their locks, sends their statements
-// a batch at a time (submit), goes back to the pool a while after its last
-// lock (closeIfEmpty), and, after an uncertain outcome, is discarded with
-// every lock on it (fail).
+// carrier is a server session that holds locks, of one of three kinds: a
+// session shared by many Locks of one Locker (the rules of sharing are in
+// share.go), the dedicated session of one Lock, or the session of a user's
+// Session (owner). It owns its connection, its backend's identity and its
+// lease; it sends its Locks' statements a batch at a time (submit), goes
+// back to the pool a while after its last lock (closeIfEmpty), and, after
+// an uncertain outcome, is discarded with every lock on it (fail).
 type carrier struct {
 	l    *Locker
 	conn *sql.Conn
@@ -26,6 +28,11 @@ type carrier struct {
 	// unlock sets the settings back, and it goes back to the pool then.
 	dedicated bool
 	st        *statements
+	// owner is the user's Session whose keys this session holds (nil: it
+	// carries Locks). The Session runs its own calls, one at a time, on
+	// the connection (through queryRowCtx, queryRowsCtx, withConn); fail
+	// tells it, as it tells each Lock.
+	owner *Session
 
 	mu sync.Mutex
 	// pid is its backend, learnt from its first answer (0 until then);
@@ -52,13 +59,16 @@ type carrier struct {
 	// conn (closes, resets or discards it): database/sql's Conn is not safe
 	// to close while a call on it is starting (that call can find its
 	// driver connection gone, and panic). connDone, guarded by connMu: conn
-	// was ended; later statements fail with sql.ErrConnDone.
+	// was ended; later statements fail with sql.ErrConnDone. endNext,
+	// guarded by mu: how conn ends once the statement on it returns (see
+	// endConnSoon).
 	connMu   sync.Mutex
 	connDone bool
+	endNext  func()
 }
 
 // endConn ends conn with end (close it, reset it, discard it) once no
-// statement of the queue's is on it, and only once.
+// statement is on it, and only once.
 func (c *carrier) endConn(end func()) {
 	c.connMu.Lock()
 	defer c.connMu.Unlock()
@@ -68,11 +78,71 @@ func (c *carrier) endConn(end func()) {
 	}
 }
 
+// endConnSoon is endConn without waiting for a statement on conn: the
+// statement's caller ends conn as it returns (releaseConn). A Session's
+// wait lasts as long as its caller likes; whoever finds the session lost
+// does not wait for it.
+func (c *carrier) endConnSoon(end func()) {
+	c.mu.Lock()
+	if c.endNext == nil {
+		c.endNext = end
+	}
+	c.mu.Unlock()
+	if c.connMu.TryLock() {
+		c.endNextLocked()
+		c.connMu.Unlock()
+	}
+}
+
+// endNextLocked runs endConnSoon's end, if one is due; the caller holds
+// connMu.
+func (c *carrier) endNextLocked() {
+	c.mu.Lock()
+	end := c.endNext
+	c.endNext = nil
+	c.mu.Unlock()
+	if end != nil && !c.connDone {
+		c.connDone = true
+		end()
+	}
+}
+
+// holdConn and releaseConn bracket a statement on conn: holdConn fails
+// with sql.ErrConnDone once conn was ended; releaseConn ends it when
+// endConnSoon asked meanwhile.
+func (c *carrier) holdConn() error {
+	c.connMu.Lock()
+	if c.connDone {
+		c.connMu.Unlock()
+		return sql.ErrConnDone
+	}
+	return nil
+}
+
+func (c *carrier) releaseConn() {
+	c.connMu.Unlock()
+	c.mu.Lock()
+	due := c.endNext != nil
+	c.mu.Unlock()
+	// Whoever holds connMu now ends conn as its statement returns, if
+	// this TryLock finds it taken.
+	if due && c.connMu.TryLock() {
+		c.endNextLocked()
+		c.connMu.Unlock()
+	}
+}
+
 // newDedicated makes conn, backend pid, whose lock statement st just
 // granted it a lock (and applied its settings), the dedicated session of
 // that lock.
 func newDedicated(l *Locker, conn *sql.Conn, id ident, st *statements, pid int64, ls *lease) *carrier {
 	return &carrier{l: l, conn: conn, id: id, ls: ls, dedicated: true, st: st, pid: pid, tuned: true, held: map[*Lock]struct{}{}, gone: make(chan struct{})}
+}
+
+// newOwned makes conn, backend pid, set up for a Session (its settings
+// applied), the session of s.
+func newOwned(l *Locker, conn *sql.Conn, id ident, pid int64, ls *lease, s *Session) *carrier {
+	return &carrier{l: l, conn: conn, id: id, ls: ls, owner: s, pid: pid, tuned: true, held: map[*Lock]struct{}{}, gone: make(chan struct{})}
 }
 
 // err returns why the carrier is dead.
@@ -139,8 +209,8 @@ func (c *carrier) leave() {
 func (c *carrier) maybeLinger() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.dedicated || !c.idleLocked() {
-		return // a dedicated session ends with its lock (release)
+	if c.dedicated || c.owner != nil || !c.idleLocked() {
+		return // a dedicated session ends with its lock (release), a Session's with Close
 	}
 	c.idleAt = monoNow()
 	if c.armed {
@@ -287,7 +357,7 @@ func (c *carrier) fail(cause error) {
 		return
 	}
 	what := "shared session"
-	if c.dedicated {
+	if c.dedicated || c.owner != nil {
 		what = "session"
 	}
 	c.dead = fmt.Errorf("%s (backend %d) discarded: %w", what, c.pid, cause)
@@ -303,8 +373,27 @@ func (c *carrier) fail(cause error) {
 	for _, lk := range locks {
 		lk.lose(dead)
 	}
-	c.endConn(func() { c.l.discard(c.conn, Key{}, what+": "+cause.Error()) })
-	close(c.gone)
+	if c.owner != nil {
+		c.owner.markLost(cause) // its own words name the backend
+	}
+	c.endConnSoon(func() {
+		c.l.discard(c.conn, Key{}, what+": "+cause.Error())
+		close(c.gone)
+	})
+}
+
+// closeOwned gives a Session's session back to the pool, its settings set
+// back, once every unlock of its keys was confirmed; the caller runs no
+// statement on it any more.
+func (c *carrier) closeOwned() (err error) {
+	c.mu.Lock()
+	closing := c.dead == nil && !c.closed
+	c.closed = true
+	c.mu.Unlock()
+	if closing {
+		c.endConn(func() { err = c.l.closeSession(c.conn, c.pid) })
+	}
+	return err
 }
 
 // retire stops c from taking new locks: one of its locks was lost, or an

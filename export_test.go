@@ -48,3 +48,7 @@ var SemaphoreSlots = semaphoreSlots
 
 // SharedOf reports whether lk is held in shared mode.
 func SharedOf(lk *Lock) bool { return lk != nil && lk.shared }
+
+// LoseSession reports s lost, as the keep-alive does when it finds one of
+// its keys gone.
+func LoseSession(s *Session, cause error) { s.lose(cause) }

@@ -2,21 +2,18 @@ package sqllock
 
 import (
 	"context"
-	"database/sql"
 	"sync"
 )
 
-// pinned is the core of both handles, Lock and Session: the backend that
-// holds their locks, and the handle's one lifecycle (held, then released
+// pinned is the core of both handles, Lock and Session (each over the
+// carrier that owns its server session): the backend that holds their
+// locks, and the handle's one lifecycle (held, then released
 // or lost), told through Done and Err. The handles embed it; its mu also
 // guards their own fields.
 type pinned struct {
-	l *Locker
-	// conn is a Session's connection, pinned for as long as it holds
-	// locks (a Lock's session is its carrier, which holds the connection).
-	conn *sql.Conn
-	pid  int64
-	id   ident // who granted its locks (see checkServer)
+	l   *Locker
+	pid int64
+	id  ident // who granted its locks (see checkServer)
 	// lease is the session's idle clock (nil: not leased; see lease.go);
 	// a Lock on a shared session shares that session's.
 	lease *lease

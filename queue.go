@@ -1,9 +1,11 @@
 package sqllock
 
 import (
+	"context"
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"slices"
 	"sync/atomic"
 
 	"github.com/sqllock/sqllock/internal/pglocks"
@@ -114,26 +116,47 @@ func (c *carrier) drain() {
 // lease's busy mark around it: its outcome is recorded as a sign of life
 // before any caller hears it, so a caller that is told (and the process
 // stopped right after) never meets a lease that still looks busy.
+// The queue's statements are bounded like an unlock; a Session's own calls
+// pass their ctx (queryRowCtx, queryRowsCtx).
 func (c *carrier) queryRow(q string, args []any, dest ...any) error {
-	c.connMu.Lock()
-	defer c.connMu.Unlock()
-	if c.connDone {
-		return sql.ErrConnDone
+	return c.queryRowCtx(c.l.unlockContext(), q, args, dest...)
+}
+
+func (c *carrier) queryRows(q string, args []any, row func([]driver.Value) error) error {
+	return c.queryRowsCtx(c.l.unlockContext(), q, args, row)
+}
+
+func (c *carrier) queryRowCtx(ctx context.Context, q string, args []any, dest ...any) error {
+	if err := c.holdConn(); err != nil {
+		return err
 	}
+	defer c.releaseConn()
 	sent := c.ls.begin()
-	err := queryRow(c.l.unlockContext(), c.l.abandoned, c.conn, q, args, dest...)
+	err := queryRow(ctx, c.l.abandoned, c.conn, q, args, dest...)
 	c.ls.end(sent, err == nil || errors.Is(err, sql.ErrNoRows))
 	return err
 }
 
-func (c *carrier) queryRows(q string, args []any, row func([]driver.Value) error) error {
-	c.connMu.Lock()
-	defer c.connMu.Unlock()
-	if c.connDone {
-		return sql.ErrConnDone
+func (c *carrier) queryRowsCtx(ctx context.Context, q string, args []any, row func([]driver.Value) error) error {
+	if err := c.holdConn(); err != nil {
+		return err
 	}
+	defer c.releaseConn()
 	sent := c.ls.begin()
-	err := queryRows(c.l.unlockContext(), c.l.abandoned, c.conn, q, args, row)
+	err := queryRows(ctx, c.l.abandoned, c.conn, q, args, row)
+	c.ls.end(sent, err == nil)
+	return err
+}
+
+// withConn runs fn, statements of the engine's on conn (a Session's wait),
+// as queryRowCtx runs one.
+func (c *carrier) withConn(fn func(conn *sql.Conn) error) error {
+	if err := c.holdConn(); err != nil {
+		return err
+	}
+	defer c.releaseConn()
+	sent := c.ls.begin()
+	err := fn(c.conn)
 	c.ls.end(sent, err == nil)
 	return err
 }
@@ -322,9 +345,9 @@ func serverRefused(err error) bool {
 
 // releaseStray unlocks those of keys (the keys of a try statement that the
 // server failed) that the session holds: the statement took them before it
-// failed, and session-level locks outlive a failed statement. No other
-// Lock of the carrier holds any of them (the keys of a carrier's
-// operations are reserved).
+// failed, and session-level locks outlive a failed statement. No lock of
+// the carrier's holds any of them (the keys of a carrier's operations are
+// reserved; a Session tries only keys it does not hold).
 func (c *carrier) releaseStray(keys []sqltext.Key) error {
 	want := map[sqltext.Key]bool{}
 	for _, k := range keys {
@@ -341,16 +364,13 @@ func (c *carrier) releaseStray(keys []sqltext.Key) error {
 		}
 		return nil
 	})
-	for _, k := range stray {
-		if err != nil {
-			break
-		}
-		var released bool
-		q, args := c.l.plain.UnlockSQL(false, k, c.pid)
-		err = c.queryRow(q, args, &released)
-		if err == nil && !released {
+	for err == nil && len(stray) > 0 {
+		n := min(len(stray), sqltext.ManyRowsMax)
+		var released []bool
+		if released, err = many(c.l.mode, c.queryRows, "pg_advisory_unlock", c.pid, stray[:n]); err == nil && slices.Contains(released, false) {
 			err = errors.New("sqllock: a key the failed statement took was not held")
 		}
+		stray = stray[n:]
 	}
 	return err
 }

@@ -32,12 +32,12 @@ import (
 // A Session is safe for concurrent use; its calls run one at a time. After
 // Close, its methods return [ErrReleased].
 type Session struct {
-	pinned // the connection, its backend, state, err, Done (see pinned.go)
+	pinned          // its backend, state, err, Done (see pinned.go)
+	c      *carrier // its server session, which owns the connection
 
 	// callMu serialises the Session's calls, and is held across their
-	// round trips. gone is guarded by callMu: the connection was discarded.
+	// round trips.
 	callMu sync.Mutex
-	gone   bool
 
 	// pinned's mu guards the fields below. It is never held across a round
 	// trip, so that the keep-alive, Err and Held never wait for a call in
@@ -56,7 +56,8 @@ func (l *Locker) Session(ctx context.Context) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Session{pinned: pinned{l: l, conn: conn, pid: pid, id: id, lease: l.newLease(sent)}}
+	s := &Session{pinned: pinned{l: l, pid: pid, id: id, lease: l.newLease(sent)}}
+	s.c = newOwned(l, conn, id, pid, s.lease, s)
 	l.mon.add(s)
 	return s, nil
 }
@@ -89,7 +90,13 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 	}
 	// The engine's wait for a Session: one statement, visible to
 	// PostgreSQL's deadlock detector (the Session holds other locks).
-	o := s.l.waitOn(ctx, connWaiter{s.conn, s.l.abandoned}, sessionLevel, s.l.sql(), 0, k, s.pid, waitOne)
+	var o outcome
+	if err := s.c.withConn(func(conn *sql.Conn) error {
+		o = s.l.waitOn(ctx, connWaiter{conn, s.l.abandoned}, sessionLevel, s.l.sql(), 0, k, s.pid, waitOne)
+		return o.err
+	}); o.err == nil && err != nil {
+		o.err = err // the session was ended before the wait began
+	}
 	// The Session's server was checked when it opened: a standby's answer
 	// is not asked about again.
 	switch v, err := judge(ctx, o, s.l.name(k), true, s.pid); v {
@@ -137,7 +144,7 @@ func (s *Session) TryLock(ctx context.Context, keys ...Key) ([]Key, error) {
 		return s.heldOf(keys), nil
 	}
 	query := func(q string, args []any, row func([]driver.Value) error) error {
-		return queryRows(ctx, s.l.abandoned, s.conn, q, args, row)
+		return s.c.queryRowsCtx(ctx, q, args, row)
 	}
 	took, err := many(s.l.mode, query, "pg_try_advisory_lock", s.pid, sqlKeys(want))
 	if ctxEnded(ctx) || err != nil {
@@ -167,7 +174,7 @@ func (s *Session) tryLockManyFailed(ctx context.Context, want []Key, err error) 
 	case sqlState(err) == "53200":
 		// Session locks taken by the failed statement stay held: find and
 		// release them, keeping the Session's earlier locks.
-		if rerr := s.releaseStray(ctx, want); rerr != nil {
+		if rerr := s.c.releaseStray(sqlKeys(want)); rerr != nil {
 			s.loseLocked(fmt.Errorf("after a full lock table: %w", rerr))
 		}
 		return fmt.Errorf("%w: TryLock of %d keys: %w", ErrLockTableFull, len(want), err)
@@ -208,10 +215,7 @@ func (s *Session) unlockKeys(keys []Key) error {
 	s.markReleasing(keys)
 	released := false
 	defer func() { s.endRelease(keys, released) }()
-	query := func(q string, args []any, row func([]driver.Value) error) error {
-		return queryRows(s.l.unlockContext(), s.l.abandoned, s.conn, q, args, row)
-	}
-	answers, err := many(s.l.mode, query, "pg_advisory_unlock", s.pid, sqlKeys(keys))
+	answers, err := many(s.l.mode, s.c.queryRows, "pg_advisory_unlock", s.pid, sqlKeys(keys))
 	what, all := s.l.name(keys[0]), err == nil
 	for i, ok := range answers {
 		if !ok && all {
@@ -262,8 +266,7 @@ func (s *Session) Close(ctx context.Context) error {
 	}
 	s.l.mon.remove(s)
 	s.settle(stateReleased, ErrReleased)
-	s.gone = true
-	return s.l.closeSession(s.conn, s.pid)
+	return s.c.closeOwned()
 }
 
 // pinSession takes a connection of the pool for a Session: the server

@@ -3,13 +3,8 @@ package sqllock
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
-	"errors"
 	"fmt"
 	"sort"
-
-	"github.com/sqllock/sqllock/internal/pglocks"
-	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // The Session's state and accounting: which keys it holds, whether it is
@@ -89,9 +84,8 @@ func (s *Session) begin() error {
 	return nil
 }
 
-// end finishes a call: a Session that the keep-alive found lost while the
-// call ran has its connection discarded now that the call no longer uses
-// it.
+// end finishes a call. (A Session that the keep-alive found lost while the
+// call ran had its connection discarded as the call's statement returned.)
 func (s *Session) end() {
 	s.lease.end(0, false)
 	if s.Err() == nil && s.lease.due() {
@@ -100,9 +94,6 @@ func (s *Session) end() {
 		if err := s.touchLocked(s.l.unlockContext()); err != nil {
 			s.loseLocked(fmt.Errorf("the statement that keeps its session from going idle failed: %w", err))
 		}
-	}
-	if !s.gone && s.Err() != nil && errors.Is(s.Err(), ErrLockLost) {
-		s.discardConn()
 	}
 	s.callMu.Unlock()
 }
@@ -116,7 +107,7 @@ func (s *Session) touch(ctx context.Context) error {
 		return nil
 	}
 	defer s.callMu.Unlock()
-	if s.gone || s.Err() != nil {
+	if s.Err() != nil {
 		return nil
 	}
 	return s.touchLocked(ctx)
@@ -125,12 +116,7 @@ func (s *Session) touch(ctx context.Context) error {
 // touchLocked is touch; the caller holds callMu.
 func (s *Session) touchLocked(ctx context.Context) error {
 	var v int64
-	sent := monoNow()
-	err := queryRow(ctx, s.l.abandoned, s.conn, touchSQL, nil, &v)
-	if err == nil {
-		s.lease.sent(sent)
-	}
-	return err
+	return s.c.queryRowCtx(ctx, touchSQL, nil, &v) // a sign of life when it answers
 }
 
 func (s *Session) setReleased(err error) { s.settle(stateReleased, err) }
@@ -149,28 +135,16 @@ func (s *Session) add(keys []Key) {
 	s.l.stats.took(int64(len(keys)))
 }
 
-// lose marks the Session lost (from the keep-alive). It never waits for a
-// call in progress: that call discards the connection when it ends.
-func (s *Session) lose(cause error) {
-	if !s.markLost(cause) {
-		return
-	}
-	if s.callMu.TryLock() {
-		s.discardConn()
-		s.callMu.Unlock()
-	}
-}
+// lose marks the Session lost and discards its session: the server
+// releases its locks as the session ends. It never waits for a call in
+// progress: that call's statement discards the connection as it returns.
+func (s *Session) lose(cause error) { s.c.fail(cause) }
 
-// loseLocked marks the Session lost and discards its connection: the server
-// releases its locks as the session ends. The caller holds callMu.
-func (s *Session) loseLocked(cause error) {
-	if s.markLost(cause) {
-		s.discardConn()
-	}
-}
+// loseLocked is lose, for a call of the Session's (which holds callMu).
+func (s *Session) loseLocked(cause error) { s.c.fail(cause) }
 
-// markLost marks a usable Session lost and forgets its locks; it reports
-// whether it did.
+// markLost marks a usable Session lost and forgets its locks (its session
+// failed: see carrier.fail); it reports whether it did.
 func (s *Session) markLost(cause error) bool {
 	s.mu.Lock()
 	if s.state != stateHeld {
@@ -187,46 +161,6 @@ func (s *Session) markLost(cause error) bool {
 	s.l.emit(context.Background(), Event{Kind: EventLost, PID: int(s.pid), Err: err}, n)
 	s.pinned.end() // last: whoever waits on Done sees the stats and the events
 	return true
-}
-
-// discardConn ends the Session's connection. The caller holds callMu.
-func (s *Session) discardConn() {
-	if !s.gone {
-		s.gone = true
-		s.l.discard(s.conn, Key{}, "session lost")
-	}
-}
-
-// releaseStray unlocks the keys of want that the session holds but the
-// Session did not (taken by a statement that then failed).
-func (s *Session) releaseStray(ctx context.Context, want []Key) error {
-	var wanted keySet
-	for _, k := range want {
-		wanted.add(k)
-	}
-	var stray []Key
-	err := queryRows(context.WithoutCancel(ctx), nil, s.conn, sqltext.OwnSQL, nil, func(v []driver.Value) error {
-		r := pglocks.Scan(v)
-		if !r.Granted || r.Shared {
-			return nil
-		}
-		k, ok := keyFromLockTag(r.Tag)
-		if ok && wanted.has(k) && !s.holds(k) {
-			stray = append(stray, k)
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	for len(stray) > 0 {
-		n := min(len(stray), 1000)
-		if err := s.unlockKeys(stray[:n]); err != nil {
-			return err
-		}
-		stray = stray[n:]
-	}
-	return nil
 }
 
 // heldKeys is the keep-alive's view of the Session: the keys held and not
@@ -293,14 +227,14 @@ func (s *Session) Conn() *sql.Conn {
 		s.callMu.Lock()
 		err := s.l.stopLease(s.lease, func(ctx context.Context, q string) error {
 			var v int64
-			return queryRow(ctx, s.l.abandoned, s.conn, q, nil, &v)
+			return s.c.queryRowCtx(ctx, q, nil, &v)
 		})
 		if err != nil {
 			s.loseLocked(fmt.Errorf("its session could not be handed out: %w", err))
 		}
 		s.callMu.Unlock()
 	}
-	return s.conn
+	return s.c.conn
 }
 
 // PID returns the backend process id of the session.

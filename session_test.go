@@ -342,3 +342,68 @@ func TestStatementRowsClosedOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestSessionLostDuringWait: a Session found lost while its Lock waits in
+// the server is told at once (Err, Done), without waiting for the wait;
+// its connection is discarded as the wait returns, so the server frees
+// what it held and what the wait was granted.
+func TestSessionLostDuringWait(t *testing.T) {
+	t.Parallel()
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		a, b := sqllock.Int64(201), sqllock.Int64(202)
+		other := sqllock.New(pgtest.Open(t, "pgx", dsn))
+		holder, err := other.Lock(bg(), b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := sqllock.New(db).Session(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.TryLock(bg(), a); len(got) != 1 || err != nil {
+			t.Fatalf("TryLock(a) = %v, %v", got, err)
+		}
+		waited := make(chan error, 1)
+		go func() { waited <- s.Lock(bg(), b) }()
+		testkit.WaitWaiters(t, db, b, 1)
+
+		start := time.Now()
+		lost := make(chan struct{})
+		go func() {
+			sqllock.LoseSession(s, errors.New("found gone"))
+			close(lost)
+		}()
+		select {
+		case <-lost:
+		case <-time.After(2 * time.Second):
+			t.Fatal("reporting the Session lost waited for its Lock's wait")
+		}
+		select {
+		case <-s.Done():
+		case <-time.After(time.Second):
+			t.Fatal("Done not closed for a lost Session")
+		}
+		if !errors.Is(s.Err(), sqllock.ErrLockLost) {
+			t.Fatalf("Err() = %v, want ErrLockLost", s.Err())
+		}
+		t.Logf("told lost in %v, its wait still on", time.Since(start))
+		// The wait goes on in the server: the session holds a still.
+		if n := advisoryCount(t, db); n != 3 { // a, the holder's b, the wait for b
+			t.Fatalf("%d advisory locks while the lost Session waits, want 3", n)
+		}
+		if err := holder.Unlock(bg()); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-waited: // granted or not: the Session was lost
+		case <-time.After(5 * time.Second):
+			t.Fatal("the wait did not return once b was free")
+		}
+		waitNoLocks(t, db, 5*time.Second) // a and the granted b went with the session
+		if got, err := other.TryLock(bg(), a); err != nil {
+			t.Fatalf("TryLock(a) after the Session's end = %v", err)
+		} else if err := got.Unlock(bg()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
