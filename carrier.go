@@ -53,7 +53,7 @@ type carrier struct {
 	idleAt  int64              // guarded by mu: monoNow when it last became idle (holding nothing, no call)
 	spare   []*shareOp         // guarded by mu: the last batch's slice, for the next queue
 
-	gone chan struct{} // closed once a dead carrier's connection is discarded
+	gone chan struct{} // closed once conn is ended (closed, reset or discarded)
 
 	// connMu is held across each statement on conn, and by whoever ends
 	// conn (closes, resets or discards it): database/sql's Conn is not safe
@@ -68,14 +68,17 @@ type carrier struct {
 }
 
 // endConn ends conn with end (close it, reset it, discard it) once no
-// statement is on it, and only once.
+// statement is on it, and only once: the first end asked for, by endConn
+// or endConnSoon, is the one that runs.
 func (c *carrier) endConn(end func()) {
 	c.connMu.Lock()
 	defer c.connMu.Unlock()
-	if !c.connDone {
-		c.connDone = true
-		end()
+	c.mu.Lock()
+	if c.endNext == nil {
+		c.endNext = end
 	}
+	c.mu.Unlock()
+	c.endNextLocked()
 }
 
 // endConnSoon is endConn without waiting for a statement on conn: the
@@ -104,6 +107,7 @@ func (c *carrier) endNextLocked() {
 	if end != nil && !c.connDone {
 		c.connDone = true
 		end()
+		close(c.gone)
 	}
 }
 
@@ -348,17 +352,24 @@ func (c *carrier) handOver() (conn *sql.Conn, pid int64, tuned, ok bool) {
 // server releases everything it held as the session ends): the holders are
 // told first.
 func (c *carrier) fail(cause error) {
+	// A shared session leaves the shared ones as it dies, in one step, so
+	// that no call picks it meanwhile.
+	shared := !c.dedicated && c.owner == nil
 	s := &c.l.share
-	s.mu.Lock()
+	if shared {
+		s.mu.Lock()
+	}
 	c.mu.Lock()
 	if c.dead != nil {
 		c.mu.Unlock()
-		s.mu.Unlock()
+		if shared {
+			s.mu.Unlock()
+		}
 		return
 	}
-	what := "shared session"
-	if c.dedicated || c.owner != nil {
-		what = "session"
+	what := "session"
+	if shared {
+		what = "shared session"
 	}
 	c.dead = fmt.Errorf("%s (backend %d) discarded: %w", what, c.pid, cause)
 	locks := make([]*Lock, 0, len(c.held))
@@ -368,18 +379,17 @@ func (c *carrier) fail(cause error) {
 	c.unarmLocked()
 	dead := c.dead
 	c.mu.Unlock()
-	s.remove(c)
-	s.mu.Unlock()
+	if shared {
+		s.remove(c)
+		s.mu.Unlock()
+	}
 	for _, lk := range locks {
 		lk.lose(dead)
 	}
 	if c.owner != nil {
 		c.owner.markLost(cause) // its own words name the backend
 	}
-	c.endConnSoon(func() {
-		c.l.discard(c.conn, Key{}, what+": "+cause.Error())
-		close(c.gone)
-	})
+	c.endConnSoon(func() { c.l.discard(c.conn, Key{}, what+": "+cause.Error()) })
 }
 
 // closeOwned gives a Session's session back to the pool, its settings set

@@ -45,9 +45,9 @@
 // Calls that return a handle ([Locker.Lock], [Locker.TryLock], ...) report
 // a lock held elsewhere, or a context that ended first, as an error that
 // matches [ErrNotAcquired] (and, for a context, ctx.Err() too). Calls that
-// return a bool ([TryLockTx], [TryRLockTx], [Session.TryLock],
-// [Locker.TryDo]'s ran) report a lock held elsewhere as false with a nil
-// error; their errors are failures.
+// return a bool ([TryLockTx], [TryRLockTx], [Locker.TryDo]'s ran) report a
+// lock held elsewhere as false with a nil error, and [Session.TryLock]
+// leaves such a key out of the keys it returns; their errors are failures.
 //
 // # Errors
 //

@@ -13,9 +13,9 @@ import (
 // importantly, a second name for the same key, so two jobs can never share a
 // lock by accident.
 //
-// A *Registry is also an option of [New] and of [Inspect]: given to New
+// A *Registry is also an option of [New]: given to New
 // (sqllock.New(db, reg)), the Locker names keys with it in errors, events
-// and logs; given to Inspect, it fills [HeldLock].Name and the semaphore
+// and logs. Given to [Inspect], it fills [HeldLock].Name and the semaphore
 // fields.
 //
 // A Registry is safe for concurrent use. The zero value is not usable; call

@@ -99,14 +99,21 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 	}
 	// The Session's server was checked when it opened: a standby's answer
 	// is not asked about again.
-	switch v, err := judge(ctx, o, s.l.name(k), true, s.pid); v {
-	case refused:
+	switch v, err := judge(ctx, o, s.l.name(k), true, s.pid); {
+	case v == uncertain && errors.Is(o.err, sql.ErrConnDone) && s.Err() != nil:
+		return s.Err() // lost (by the keep-alive) before the wait began
+	case v == refused:
 		return err
-	case uncertain:
+	case v == uncertain:
 		s.loseLocked(err)
 		if errors.Is(err, ErrSessionChanged) {
 			return s.Err()
 		}
+		return err
+	}
+	if err := s.Err(); err != nil {
+		// Granted to a session found lost during the wait: it goes, and
+		// what it holds with it.
 		return err
 	}
 	s.add([]Key{k})
@@ -121,8 +128,8 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 //	got, err := s.TryLock(ctx, k)
 //	if err == nil && len(got) == 1 { ... }
 //
-// When the server's lock table is
-// full it returns [ErrLockTableFull] and releases whatever this call took.
+// When the server's lock table is full it returns [ErrLockTableFull] and
+// releases whatever this call took.
 // A ctx already done returns an error matching [ErrNotAcquired] and leaves
 // the Session as it was; a ctx that ends during the statement ends the
 // Session, since what it took is then unknown.
@@ -165,6 +172,8 @@ func (s *Session) TryLock(ctx context.Context, keys ...Key) ([]Key, error) {
 // whose ctx ended, and returns the error to report.
 func (s *Session) tryLockManyFailed(ctx context.Context, want []Key, err error) error {
 	switch {
+	case errors.Is(err, sql.ErrConnDone) && s.Err() != nil:
+		return s.Err() // lost (by the keep-alive) before the statement
 	case ctxEnded(ctx):
 		s.loseLocked(fmt.Errorf("TryLock was cancelled: %w", ctxErr(ctx)))
 		return notAcquired(s.l.name(want[0]), ctxErr(ctx))

@@ -38,7 +38,6 @@ func (s *Session) heldOnce(keys []Key) ([]Key, *Key) {
 	return uniq, nil
 }
 
-// notHeld returns keys without repeats and without those the Session holds.
 // heldOf returns the keys of keys the Session holds, without repeats, in
 // the order given.
 func (s *Session) heldOf(keys []Key) []Key {
@@ -55,6 +54,7 @@ func (s *Session) heldOf(keys []Key) []Key {
 	return out
 }
 
+// notHeld returns keys without repeats and without those the Session holds.
 func (s *Session) notHeld(keys []Key) []Key {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -356,7 +356,8 @@ func TestSessionLostDuringWait(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := sqllock.New(db).Session(bg())
+		l := sqllock.New(db)
+		s, err := l.Session(bg())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -395,9 +396,16 @@ func TestSessionLostDuringWait(t *testing.T) {
 			t.Fatal(err)
 		}
 		select {
-		case <-waited: // granted or not: the Session was lost
+		case err := <-waited:
+			// Granted, to a session that goes: the Session was lost.
+			if !errors.Is(err, sqllock.ErrLockLost) {
+				t.Fatalf("the lost Session's Lock = %v, want ErrLockLost", err)
+			}
 		case <-time.After(5 * time.Second):
 			t.Fatal("the wait did not return once b was free")
+		}
+		if held, st := s.Held(), l.Stats(); len(held) != 0 || st.Held != 0 {
+			t.Fatalf("a lost Session: Held() = %v, Stats().Held = %d", held, st.Held)
 		}
 		waitNoLocks(t, db, 5*time.Second) // a and the granted b went with the session
 		if got, err := other.TryLock(bg(), a); err != nil {

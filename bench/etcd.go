@@ -13,8 +13,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/sqllock/sqllock"
 )
 
 // Leader election against etcd: the time from a fault of the leader to
