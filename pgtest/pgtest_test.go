@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -94,6 +95,11 @@ func TestNewDatabaseReused(t *testing.T) {
 		if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_lock(42)"); err != nil {
 			t.Fatal(err)
 		}
+		// A temporary table's schema stays in the catalog; it is no object
+		// of the test's once the session ends.
+		if _, err := conn.ExecContext(ctx, "CREATE TEMP TABLE scratch (x int)"); err != nil {
+			t.Fatal(err)
+		}
 	})
 	dsn := srv.NewDatabase(t)
 	db := pgtest.Open(t, "pgx", dsn)
@@ -117,6 +123,48 @@ func TestNewDatabaseReused(t *testing.T) {
 	defer old.Close()
 	if err := old.PingContext(ctx); err == nil {
 		t.Fatalf("the old name %s still connects", first)
+	}
+}
+
+// TestNewDatabaseNotReusedWithLeftovers: a database in which its test left
+// anything of its own is dropped, not handed to the next test.
+func TestNewDatabaseNotReusedWithLeftovers(t *testing.T) {
+	srv := pgtest.Start(t)
+	admin, err := srv.Admin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	for _, leftover := range []string{
+		"CREATE TABLE t (x int)",
+		"SELECT lo_create(0)",
+		"COMMENT ON SCHEMA public IS 'mine'",
+		"GRANT CREATE ON SCHEMA public TO PUBLIC",
+		"REVOKE TEMPORARY ON DATABASE %s FROM PUBLIC",
+		"ALTER DATABASE %s SET work_mem = '8MB'",
+		"CREATE PUBLICATION mine",
+		"CREATE SCHEMA mine",
+	} {
+		var oid int
+		t.Run(leftover, func(t *testing.T) {
+			dsn := srv.NewDatabase(t)
+			name := pgtest.DatabaseOf(dsn)
+			db := pgtest.Open(t, "pgx", srv.AdminDSNFor(name))
+			if err := db.QueryRow("SELECT oid FROM pg_database WHERE datname = current_database()").Scan(&oid); err != nil {
+				t.Fatal(err)
+			}
+			q := leftover
+			if strings.Contains(q, "%s") {
+				q = fmt.Sprintf(q, `"`+name+`"`)
+			}
+			if _, err := db.Exec(q); err != nil {
+				t.Fatal(err)
+			}
+		})
+		var n int
+		if err := admin.QueryRow("SELECT count(*) FROM pg_database WHERE oid = $1", oid).Scan(&n); err != nil || n != 0 {
+			t.Errorf("after %q, the test's database (oid %d) was kept: %d, %v", leftover, oid, n, err)
+		}
 	}
 }
 

@@ -43,10 +43,14 @@ type Server struct {
 	closer   func() error
 	id       string // what runs a Provider's server (a container's id), else ""
 
-	mu     sync.Mutex
-	dbSeq  int
-	free   []string // databases handed back clean, for NewDatabase to reuse
-	closed bool
+	mu    sync.Mutex
+	dbSeq int
+	free  []string // databases handed back as they were made, for NewDatabase
+	// fresh is the fingerprint of a new database (see pristine); freshMu
+	// guards it.
+	freshMu sync.Mutex
+	fresh   string
+	closed  bool
 }
 
 // DSN returns a URL for Role on its default database.
@@ -141,9 +145,6 @@ func (s *Server) Close() error {
 	}
 	s.closed = true
 	s.mu.Unlock()
-	if s.external != "" {
-		s.dropFree()
-	}
 	if s.closer != nil {
 		return s.closer()
 	}

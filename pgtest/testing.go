@@ -77,7 +77,8 @@ func (s *Server) NewDatabase(tb testing.TB) string {
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if s.giveBack(ctx, name) {
+		name, kept := s.giveBack(ctx, name)
+		if kept {
 			return
 		}
 		if err := s.DropDatabase(ctx, name); err != nil {
