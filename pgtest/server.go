@@ -367,7 +367,7 @@ func startLocalWith(ctx context.Context, pidns bool) (*Server, error) {
 
 // clusterRoot is the directory for clusters' files: memory (/dev/shm),
 // when it has room and TMPDIR names no other place, else the temporary
-// directory. Tests create and drop a database each, some three hundred
+// directory. Tests create and drop a database each, hundreds of
 // files every time: on a disk file system the server then spends much of
 // its time finding inodes for them (ext4's search skips recently deleted
 // ones), in memory almost none.
