@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -33,6 +34,9 @@ type carrier struct {
 	// the connection (through queryRowCtx, queryRowsCtx, withConn); fail
 	// tells it, as it tells each Lock.
 	owner *Session
+	// handedOut: the owner handed conn to its caller (Session.Conn), whose
+	// statements on it run outside connMu.
+	handedOut atomic.Bool
 
 	mu sync.Mutex
 	// pid is its backend, learnt from its first answer (0 until then);
@@ -389,7 +393,15 @@ func (c *carrier) fail(cause error) {
 	if c.owner != nil {
 		c.owner.markLost(cause) // its own words name the backend
 	}
-	c.endConnSoon(func() { c.l.discard(c.conn, Key{}, what+": "+cause.Error()) })
+	end := func() { c.endConnSoon(func() { c.l.discard(c.conn, Key{}, what+": "+cause.Error()) }) }
+	if c.handedOut.Load() {
+		// A statement of the caller's own may be on conn, and database/sql
+		// makes the discard wait for it: the one who found the session
+		// lost (the keep-alive, say) does not.
+		go end()
+		return
+	}
+	end()
 }
 
 // closeOwned gives a Session's session back to the pool, its settings set

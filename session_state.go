@@ -219,6 +219,9 @@ func (s *Session) endRelease(keys []Key, released bool) {
 }
 
 // Conn returns the pinned connection: the session that holds the locks.
+// Statements of yours on it run as you run them; when the Session is lost
+// (Done is closed), the connection is discarded as soon as the statement
+// of yours on it, if any, returns.
 func (s *Session) Conn() *sql.Conn {
 	if s == nil {
 		return nil
@@ -234,6 +237,7 @@ func (s *Session) Conn() *sql.Conn {
 		}
 		s.callMu.Unlock()
 	}
+	s.c.handedOut.Store(true)
 	return s.c.conn
 }
 

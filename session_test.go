@@ -415,3 +415,61 @@ func TestSessionLostDuringWait(t *testing.T) {
 		}
 	})
 }
+
+// TestSessionConnStatementDoesNotDelayLoss: a statement of the caller's own
+// on Session.Conn() does not hold up whoever reports the Session lost (the
+// keep-alive, which watches the Locker's other locks too); the connection
+// is discarded once that statement returns.
+func TestSessionConnStatementDoesNotDelayLoss(t *testing.T) {
+	t.Parallel()
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		s, err := sqllock.New(db).Session(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.TryLock(bg(), sqllock.Int64(301)); len(got) != 1 || err != nil {
+			t.Fatalf("TryLock = %v, %v", got, err)
+		}
+		conn, pid := s.Conn(), s.PID()
+		slept := make(chan error, 1)
+		go func() {
+			_, err := conn.ExecContext(bg(), "SELECT pg_sleep(2)")
+			slept <- err
+		}()
+		observer := pgtest.Open(t, "pgx", dsn)
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			var state string
+			if err := observer.QueryRow("SELECT coalesce(wait_event, '') FROM pg_stat_activity WHERE pid = $1", pid).Scan(&state); err == nil && state == "PgSleep" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the caller's statement did not start")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		start := time.Now()
+		sqllock.LoseSession(s, errors.New("found gone"))
+		if took := time.Since(start); took > time.Second {
+			t.Fatalf("reporting the Session lost took %v: it waited for the caller's statement", took)
+		}
+		if !errors.Is(s.Err(), sqllock.ErrLockLost) {
+			t.Fatalf("Err() = %v, want ErrLockLost", s.Err())
+		}
+		if err := <-slept; err != nil {
+			t.Fatalf("the caller's statement: %v", err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			var n int
+			if err := observer.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the lost Session's backend is still there after the caller's statement returned")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+}
