@@ -115,8 +115,8 @@ func (c *carrier) drain() {
 // queryRow and queryRows run one statement on the carrier's session, the
 // lease's busy mark around it: its outcome is recorded as a sign of life
 // before any caller hears it, so a caller that is told (and the process
-// stopped right after) never meets a lease that still looks busy.
-// The queue's statements are bounded like an unlock; a Session's own calls
+// stopped right after) never meets a lease that still looks busy. The
+// queue's statements are bounded like an unlock; a Session's own calls
 // pass their ctx (queryRowCtx, queryRowsCtx).
 func (c *carrier) queryRow(q string, args []any, dest ...any) error {
 	return c.queryRowCtx(c.l.unlockContext(), q, args, dest...)

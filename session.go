@@ -105,7 +105,7 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 	case v == refused:
 		return err
 	case v == uncertain:
-		s.loseLocked(err)
+		s.lose(err)
 		if errors.Is(err, ErrSessionChanged) {
 			return s.Err()
 		}
@@ -129,8 +129,7 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 //	if err == nil && len(got) == 1 { ... }
 //
 // When the server's lock table is full it returns [ErrLockTableFull] and
-// releases whatever this call took.
-// A ctx already done returns an error matching [ErrNotAcquired] and leaves
+// releases whatever this call took. A ctx already done returns an error matching [ErrNotAcquired] and leaves
 // the Session as it was; a ctx that ends during the statement ends the
 // Session, since what it took is then unknown.
 func (s *Session) TryLock(ctx context.Context, keys ...Key) ([]Key, error) {
@@ -175,28 +174,28 @@ func (s *Session) tryLockManyFailed(ctx context.Context, want []Key, err error) 
 	case errors.Is(err, sql.ErrConnDone) && s.Err() != nil:
 		return s.Err() // lost (by the keep-alive) before the statement
 	case ctxEnded(ctx):
-		s.loseLocked(fmt.Errorf("TryLock was cancelled: %w", ctxErr(ctx)))
+		s.lose(fmt.Errorf("TryLock was cancelled: %w", ctxErr(ctx)))
 		return notAcquired(s.l.name(want[0]), ctxErr(ctx))
 	case errors.Is(err, ErrSessionChanged):
-		s.loseLocked(err)
+		s.lose(err)
 		return s.Err()
 	case sqlState(err) == "53200":
 		// Session locks taken by the failed statement stay held: find and
 		// release them, keeping the Session's earlier locks.
 		if rerr := s.c.releaseStray(sqlKeys(want)); rerr != nil {
-			s.loseLocked(fmt.Errorf("after a full lock table: %w", rerr))
+			s.lose(fmt.Errorf("after a full lock table: %w", rerr))
 		}
 		return fmt.Errorf("%w: TryLock of %d keys: %w", ErrLockTableFull, len(want), err)
 	}
-	s.loseLocked(fmt.Errorf("TryLock failed: %w", err))
+	s.lose(fmt.Errorf("TryLock failed: %w", err))
 	return lockError(s.l.name(want[0]), err)
 }
 
 // Unlock releases keys in one round trip; a key given twice is released
 // once. Each must be held by the Session: unlocking a key it does not hold
-// is an error, and nothing happens on the server. When PostgreSQL does not confirm
-// every unlock on the Session's backend, the Session is lost (and its
-// connection discarded) and the error wraps [ErrLockLost]. Like
+// is an error, and nothing happens on the server. When PostgreSQL does not
+// confirm every unlock on the Session's backend, the Session is lost (and
+// its connection discarded) and the error wraps [ErrLockLost]. Like
 // Lock.Unlock, it ignores ctx's cancellation and is bounded by the unlock
 // timeout.
 func (s *Session) Unlock(ctx context.Context, keys ...Key) error {
@@ -237,7 +236,7 @@ func (s *Session) unlockKeys(keys []Key) error {
 	// An unlock not confirmed on the Session's backend, certainly or not,
 	// loses the whole Session: its locks live and die together.
 	if _, uerr := unlockAnswer(what, s.pid, err, all); uerr != nil {
-		s.loseLocked(uerr)
+		s.lose(uerr)
 		if errors.Is(uerr, ErrLockLost) {
 			return s.Err()
 		}

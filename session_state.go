@@ -74,7 +74,7 @@ func (s *Session) notHeld(keys []Key) []Key {
 func (s *Session) begin() error {
 	s.callMu.Lock()
 	if s.lease.expired() {
-		s.loseLocked(s.lease.expiredError())
+		s.lose(s.lease.expiredError())
 	}
 	if err := s.Err(); err != nil {
 		s.callMu.Unlock()
@@ -92,7 +92,7 @@ func (s *Session) end() {
 		// A long call (a wait): show life now, rather than at the
 		// keep-alive's next tick, which could find the lease expired.
 		if err := s.touchLocked(s.l.unlockContext()); err != nil {
-			s.loseLocked(fmt.Errorf("the statement that keeps its session from going idle failed: %w", err))
+			s.lose(fmt.Errorf("the statement that keeps its session from going idle failed: %w", err))
 		}
 	}
 	s.callMu.Unlock()
@@ -137,11 +137,9 @@ func (s *Session) add(keys []Key) {
 
 // lose marks the Session lost and discards its session: the server
 // releases its locks as the session ends. It never waits for a call in
-// progress: that call's statement discards the connection as it returns.
+// progress (that call's statement discards the connection as it returns),
+// so the keep-alive and the Session's own calls use it alike.
 func (s *Session) lose(cause error) { s.c.fail(cause) }
-
-// loseLocked is lose, for a call of the Session's (which holds callMu).
-func (s *Session) loseLocked(cause error) { s.c.fail(cause) }
 
 // markLost marks a usable Session lost and forgets its locks (its session
 // failed: see carrier.fail); it reports whether it did.
@@ -233,7 +231,7 @@ func (s *Session) Conn() *sql.Conn {
 			return s.c.queryRowCtx(ctx, q, nil, &v)
 		})
 		if err != nil {
-			s.loseLocked(fmt.Errorf("its session could not be handed out: %w", err))
+			s.lose(fmt.Errorf("its session could not be handed out: %w", err))
 		}
 		s.callMu.Unlock()
 	}
