@@ -127,29 +127,16 @@ func (c *carrier) queryRows(q string, args []any, row func([]driver.Value) error
 }
 
 func (c *carrier) queryRowCtx(ctx context.Context, q string, args []any, dest ...any) error {
-	if err := c.holdConn(); err != nil {
-		return err
-	}
-	defer c.releaseConn()
-	sent := c.ls.begin()
-	err := queryRow(ctx, c.l.abandoned, c.conn, q, args, dest...)
-	c.ls.end(sent, err == nil || errors.Is(err, sql.ErrNoRows))
-	return err
+	return c.withConn(func(conn *sql.Conn) error { return queryRow(ctx, c.l.abandoned, conn, q, args, dest...) })
 }
 
 func (c *carrier) queryRowsCtx(ctx context.Context, q string, args []any, row func([]driver.Value) error) error {
-	if err := c.holdConn(); err != nil {
-		return err
-	}
-	defer c.releaseConn()
-	sent := c.ls.begin()
-	err := queryRows(ctx, c.l.abandoned, c.conn, q, args, row)
-	c.ls.end(sent, err == nil)
-	return err
+	return c.withConn(func(conn *sql.Conn) error { return queryRows(ctx, c.l.abandoned, conn, q, args, row) })
 }
 
-// withConn runs fn, statements of the engine's on conn (a Session's wait),
-// as queryRowCtx runs one.
+// withConn runs fn, statements on conn (a query, a Session's wait), under
+// connMu and the lease's busy mark; an answer, rows or none, is a sign of
+// life.
 func (c *carrier) withConn(fn func(conn *sql.Conn) error) error {
 	if err := c.holdConn(); err != nil {
 		return err
@@ -157,7 +144,7 @@ func (c *carrier) withConn(fn func(conn *sql.Conn) error) error {
 	defer c.releaseConn()
 	sent := c.ls.begin()
 	err := fn(c.conn)
-	c.ls.end(sent, err == nil)
+	c.ls.end(sent, err == nil || errors.Is(err, sql.ErrNoRows))
 	return err
 }
 
