@@ -330,8 +330,10 @@ func (lk lostKey) cause(h heldKey) error {
 		return errors.New("keep-alive: another server answers than the one that granted it (the server restarted, or a failover moved the primary): its session cannot be there")
 	case 3:
 		return fmt.Errorf("keep-alive: backend %d is another session now (its session ended and the pid was reused)", h.pid)
+	case 4:
+		return fmt.Errorf("keep-alive: its session (backend %d) ended (terminated, or its connection closed)", h.pid)
 	}
-	return fmt.Errorf("keep-alive: backend %d no longer holds it (session ended, server restarted, or session swapped by a pooler)", h.pid)
+	return fmt.Errorf("keep-alive: backend %d no longer holds it (released behind the Locker's back, or its session swapped by a pooler)", h.pid)
 }
 
 // queryLost returns the keys that the server does not show as granted to

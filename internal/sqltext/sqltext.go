@@ -376,10 +376,12 @@ func DetectMode(d driver.Driver) Mode {
 // KeepAliveSQL returns, for lists of expected locks, the 1-based positions of
 // those that are not granted to their backend any more, each with why:
 //
-//	1  the server does not show the lock granted to that pid
+//	1  the server does not show the lock granted to that pid, whose
+//	   session lives on
 //	2  another server answers (another start than the one granted it:
 //	   restarted, or failed over to)
 //	3  that pid is another backend now (another start: the pid was reused)
+//	4  no backend has that pid: its session ended
 //
 // A lock's server and backend starts are those VersionSQL read on its
 // connection (0: unknown, not compared). The lists are passed as array
@@ -387,7 +389,8 @@ func DetectMode(d driver.Driver) Mode {
 var KeepAliveSQL = `WITH s AS (SELECT ` + serverStart + ` AS server),
  b AS (SELECT a.pid, ` + micros("a.backend_start") + ` AS backend FROM pg_catalog.pg_stat_get_activity(NULL) AS a)
 SELECT h.i, CASE WHEN h.server <> 0 AND h.server <> s.server THEN 2
-  WHEN h.backend <> 0 AND h.backend <> coalesce(b.backend, 0) THEN 3 ELSE 1 END
+  WHEN b.pid IS NULL THEN 4
+  WHEN h.backend <> 0 AND h.backend <> b.backend THEN 3 ELSE 1 END
  FROM unnest($1::text::int4[], $2::text::int8[], $3::text::int8[], $4::text::int4[], $5::text::bool[], $6::text::int8[], $7::text::int8[])
  WITH ORDINALITY AS h(pid, classid, objid, objsubid, shared, server, backend, i)
  CROSS JOIN s LEFT JOIN b ON b.pid = h.pid
