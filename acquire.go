@@ -112,8 +112,29 @@ func (w connWaiter) queryRow(ctx context.Context, q string, args []any, dest ...
 // txWaiter is a transaction.
 type txWaiter struct{ tx Tx }
 
+// queryRow runs q in the transaction, bounded by ctx (see bounded): the
+// row is read into values of its own, so that a statement left to finish
+// alone writes nothing of the caller's.
 func (w txWaiter) queryRow(ctx context.Context, q string, args []any, dest ...any) error {
-	return w.tx.QueryRowContext(ctx, q, args...).Scan(dest...)
+	vals, err := bounded(ctx, func() ([]driver.Value, error) {
+		raw := make([]any, len(dest))
+		ptrs := make([]any, len(dest))
+		for i := range raw {
+			ptrs[i] = &raw[i]
+		}
+		if err := w.tx.QueryRowContext(ctx, q, args...).Scan(ptrs...); err != nil {
+			return nil, err
+		}
+		vals := make([]driver.Value, len(raw))
+		for i, v := range raw {
+			vals[i] = v
+		}
+		return vals, nil
+	}, nil)
+	if err != nil {
+		return err
+	}
+	return assign(dest, vals)
 }
 
 // outcome is what the server answered to an acquisition.
@@ -494,7 +515,7 @@ func (l *Locker) withConn(ctx context.Context, what string, take func(conn *sql.
 		}
 		id, err := l.checkServer(ctx, conn)
 		if err != nil {
-			conn.Close() // no lock statement ran on it
+			l.putBack(conn) // no lock statement ran on it
 			if ctxEnded(ctx) {
 				return nil, notAcquired(what, ctxErr(ctx))
 			}

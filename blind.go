@@ -113,6 +113,22 @@ func getConn(ctx context.Context, db *sql.DB) (*sql.Conn, error) {
 	return conn, err
 }
 
+// bounded runs f, statements on a transaction or a querier of the
+// caller's, and returns its result; when f has not returned abandonGrace
+// after ctx ended (a driver that does not give up a read when its context
+// ends, on a network that stopped answering), it returns an error wrapping
+// errAbandoned and ctx's error, and f finishes alone, its result handed to
+// cleanup (nil: dropped).
+func bounded[T any](ctx context.Context, f func() (T, error), cleanup func(T, error)) (T, error) {
+	if ctx.Done() == nil {
+		return f()
+	}
+	if cleanup == nil {
+		cleanup = func(T, error) {}
+	}
+	return leaveAtEnd(ctx, abandonGrace, func(func() bool) (T, error) { return f() }, func() {}, cleanup)
+}
+
 // connectTimeout bounds the setup of a connection whose caller left.
 const connectTimeout = 30 * time.Second
 

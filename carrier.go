@@ -352,9 +352,10 @@ func (c *carrier) handOver() (conn *sql.Conn, pid int64, tuned, ok bool) {
 }
 
 // fail marks the carrier dead after an uncertain outcome (or a lost lock),
-// tells every Lock on it that it is lost, then discards its connection (the
-// server releases everything it held as the session ends): the holders are
-// told first.
+// marks every Lock on it (and its Session) lost, then discards its
+// connection (the server releases everything it held as the session
+// ends), and then tells the observers: the holders are told first, and an
+// observer that Unlocks a lost lock finds its session ended or ending.
 func (c *carrier) fail(cause error) {
 	// A shared session leaves the shared ones as it dies, in one step, so
 	// that no call picks it meanwhile.
@@ -387,11 +388,16 @@ func (c *carrier) fail(cause error) {
 		s.remove(c)
 		s.mu.Unlock()
 	}
+	events := make([]Event, 0, len(locks)+1)
 	for _, lk := range locks {
-		lk.lose(dead)
+		if e, ok := lk.markLost(dead); ok {
+			events = append(events, e)
+		}
 	}
 	if c.owner != nil {
-		c.owner.markLost(cause) // its own words name the backend
+		if e, ok := c.owner.markLost(cause); ok { // its own words name the backend
+			events = append(events, e)
+		}
 	}
 	end := func() { c.endConnSoon(func() { c.l.discard(c.conn, Key{}, what+": "+cause.Error()) }) }
 	if c.handedOut.Load() {
@@ -399,22 +405,34 @@ func (c *carrier) fail(cause error) {
 		// makes the discard wait for it: the one who found the session
 		// lost (the keep-alive, say) does not.
 		go end()
-		return
+	} else {
+		end()
 	}
-	end()
+	for _, e := range events {
+		c.l.tell(context.Background(), e)
+	}
 }
 
 // closeOwned gives a Session's session back to the pool, its settings set
 // back, once every unlock of its keys was confirmed; the caller runs no
-// statement on it any more.
+// statement on it any more. A session whose connection was handed to the
+// caller (Session.Conn) is closed instead: the caller's statements may
+// have changed it in ways no reset is sure to undo (settings, temporary
+// tables, prepared statements, LISTEN), and it must not bring them back
+// to the pool.
 func (c *carrier) closeOwned() (err error) {
 	c.mu.Lock()
 	closing := c.dead == nil && !c.closed
 	c.closed = true
 	c.mu.Unlock()
-	if closing {
-		c.endConn(func() { err = c.l.closeSession(c.conn, c.pid) })
+	if !closing {
+		return nil
 	}
+	if c.handedOut.Load() {
+		c.endConn(func() { discardConn(c.conn) })
+		return nil
+	}
+	c.endConn(func() { err = c.l.closeSession(c.conn, c.pid) })
 	return err
 }
 

@@ -18,6 +18,13 @@ import (
 // emit counts e in the Locker's Stats (n locks, for the kinds that end
 // locks) and sends it to the observers.
 func (l *Locker) emit(ctx context.Context, e Event, n int64) {
+	l.count(e, n)
+	l.tell(ctx, e)
+}
+
+// count counts e in the Locker's Stats: n locks, for the kinds that end
+// locks.
+func (l *Locker) count(e Event, n int64) {
 	switch e.Kind {
 	case EventReleased:
 		l.stats.released(n)
@@ -26,6 +33,10 @@ func (l *Locker) emit(ctx context.Context, e Event, n int64) {
 	case EventDiscarded:
 		l.stats.discarded.Add(1)
 	}
+}
+
+// tell sends e, counted already, to the observers.
+func (l *Locker) tell(ctx context.Context, e Event) {
 	if len(l.observers) == 0 {
 		return
 	}

@@ -253,3 +253,104 @@ func TestWindowsCount(t *testing.T) {
 		}
 	})
 }
+
+// unlocker is an Observer that Unlocks each lock it is told was lost,
+// and records how long each Unlock took.
+type unlocker struct {
+	mu    sync.Mutex
+	locks map[sqllock.Key]*sqllock.Lock
+	took  []time.Duration
+}
+
+func (u *unlocker) AcquireStart(context.Context, sqllock.Acquisition) func(*sqllock.Lock, error) {
+	return func(lk *sqllock.Lock, err error) {
+		if lk != nil {
+			u.mu.Lock()
+			u.locks[lk.Key()] = lk
+			u.mu.Unlock()
+		}
+	}
+}
+
+func (u *unlocker) Event(ctx context.Context, e sqllock.Event) {
+	if e.Kind != sqllock.EventLost {
+		return
+	}
+	u.mu.Lock()
+	lk := u.locks[e.Key]
+	u.mu.Unlock()
+	if lk == nil {
+		return
+	}
+	began := time.Now()
+	lk.Unlock(ctx)
+	u.mu.Lock()
+	u.took = append(u.took, time.Since(began))
+	u.mu.Unlock()
+}
+
+// TestObserverUnlocksLostLock: an observer that Unlocks a lock as it is
+// told the lock was lost does not stall the keep-alive: two holders on
+// one terminated session are both told within a few keep-alive
+// intervals, and each Unlock returns at once (the session is ended
+// before the observers are told).
+func TestObserverUnlocksLostLock(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	const keepAlive = 100 * time.Millisecond
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		u := &unlocker{locks: map[sqllock.Key]*sqllock.Lock{}}
+		l := sqllock.New(db, sqllock.WithObserver(u), sqllock.WithKeepAlive(keepAlive))
+		a, err := l.Lock(bg(), sqllock.Int64(72))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := l.Lock(bg(), sqllock.Int64(73))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.PID() != b.PID() {
+			t.Fatalf("the two locks are on backends %d and %d, want one shared session", a.PID(), b.PID())
+		}
+		began := time.Now()
+		terminate(t, srv, a.PID())
+		for _, lk := range []*sqllock.Lock{a, b} {
+			select {
+			case <-lk.Done():
+			case <-time.After(20 * time.Second):
+				t.Fatalf("lock %v not told of its loss", lk.Key())
+			}
+		}
+		told := time.Since(began)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			u.mu.Lock()
+			n, took := len(u.took), append([]time.Duration(nil), u.took...)
+			u.mu.Unlock()
+			if n == 2 {
+				t.Logf("both told after %v; the observer's Unlocks took %v", told.Round(time.Millisecond), took)
+				for _, d := range took {
+					if d > time.Second {
+						t.Errorf("an observer's Unlock of a lost lock took %v, want at once", d)
+					}
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the observer Unlocked %d of 2 lost locks", n)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if told > 3*time.Second {
+			t.Errorf("both holders told after %v, want within a few keep-alive intervals (%v)", told, keepAlive)
+		}
+		for _, lk := range []*sqllock.Lock{a, b} {
+			if err := lk.Unlock(bg()); !errors.Is(err, sqllock.ErrReleased) {
+				t.Errorf("Unlock after the observer's = %v, want ErrReleased", err)
+			}
+		}
+		if st := l.Stats(); st.Held != 0 || st.Lost != 2 {
+			t.Errorf("Stats() = %+v, want Held 0, Lost 2", st)
+		}
+	})
+}

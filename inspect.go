@@ -66,6 +66,38 @@ func Inspect(ctx context.Context, q Querier, r *Registry, keys ...Key) ([]HeldLo
 	if isNil(q) {
 		return nil, fmt.Errorf("sqllock: Inspect: nil Querier")
 	}
+	// Bounded by ctx whatever the driver does (see bounded).
+	out, err := bounded(ctx, func() ([]HeldLock, error) { return readLocks(ctx, q, r, keys) }, nil)
+	if err != nil {
+		return nil, err
+	}
+	waiters := map[Key]int{}
+	for _, h := range out {
+		if !h.Granted {
+			waiters[h.Key]++
+		}
+	}
+	for i := range out {
+		if out[i].Granted {
+			out[i].Waiters = waiters[out[i].Key]
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if a.Key != b.Key {
+			return a.Key.less(b.Key)
+		}
+		if a.Granted != b.Granted {
+			return a.Granted
+		}
+		return a.PID < b.PID
+	})
+	return out, nil
+}
+
+// readLocks runs Inspect's query on q and decodes its rows: those of keys
+// only, when keys are given.
+func readLocks(ctx context.Context, q Querier, r *Registry, keys []Key) ([]HeldLock, error) {
 	var only keySet
 	for _, k := range keys {
 		only.add(k)
@@ -108,27 +140,6 @@ func Inspect(ctx context.Context, q Querier, r *Registry, keys ...Key) ([]HeldLo
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("sqllock: inspect: %w", err)
 	}
-	waiters := map[Key]int{}
-	for _, h := range out {
-		if !h.Granted {
-			waiters[h.Key]++
-		}
-	}
-	for i := range out {
-		if out[i].Granted {
-			out[i].Waiters = waiters[out[i].Key]
-		}
-	}
-	sort.SliceStable(out, func(i, j int) bool {
-		a, b := out[i], out[j]
-		if a.Key != b.Key {
-			return a.Key.less(b.Key)
-		}
-		if a.Granted != b.Granted {
-			return a.Granted
-		}
-		return a.PID < b.PID
-	})
 	return out, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
@@ -27,15 +28,17 @@ type monitor struct {
 	running  bool                 // guarded by mu
 	failures int                  // guarded by mu: consecutive failed checks
 
-	// starved is set while checks find the pool at its limit; inflight is
-	// closed when a check that outlived its timeout returns. Only the loop
-	// goroutine uses them.
-	starved  bool
-	inflight chan struct{}
-	// dialing is closed when a connection setup that outlived its check
-	// has ended, its connection in the pool; nil when there is none. Only
-	// the checks' goroutines use it, one at a time (see inflight).
-	dialing chan struct{}
+	// starved is set while checks find the pool at its limit. Only the
+	// loop goroutine uses it.
+	starved bool
+	// asking counts the keep-alive's queries under way, those of earlier
+	// ticks that never returned included (see ask).
+	asking atomic.Int64
+
+	// dialing is closed when a connection setup that outlived its query
+	// has ended, its connection in the pool; nil when there is none.
+	dialMu  sync.Mutex
+	dialing chan struct{} // guarded by dialMu
 }
 
 // watched is something the keep-alive checks: a Lock, or a Session with
@@ -150,36 +153,8 @@ func (m *monitor) check(ws []watched) {
 	if len(keys) == 0 {
 		return
 	}
-	// A check still running from an earlier tick is a failed check: some
-	// drivers (lib/pq) do not give up a read when the context ends, and a
-	// partition can hold one for many minutes. Never start a second one.
-	timeout := m.l.checkTimeout()
-	if m.inflight != nil {
-		select {
-		case <-m.inflight:
-			m.inflight = nil
-		case <-time.After(timeout):
-			m.failed(ws, fmt.Errorf("the previous check has not returned for %v", 2*timeout))
-			return
-		}
-	}
-	res := make(chan checkResult, 1)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		res <- m.query(keys, timeout)
-	}()
-	var r checkResult
 	began := time.Now()
-	select {
-	case r = <-res:
-	case <-time.After(timeout + checkGrace):
-		m.inflight = done
-		err := fmt.Errorf("no answer within %v", timeout)
-		m.l.emit(context.Background(), Event{Kind: EventKeepAlive, Duration: time.Since(began), Err: err}, 0)
-		m.failed(ws, err)
-		return
-	}
+	r := m.ask(keys, m.l.checkTimeout())
 	if !r.skipped {
 		m.l.emit(context.Background(), Event{Kind: EventKeepAlive, Duration: time.Since(began), Err: r.err}, 0)
 	}
@@ -211,6 +186,74 @@ func (m *monitor) check(ws []watched) {
 // before it counts it failed and lets it finish alone.
 const checkGrace = 100 * time.Millisecond
 
+// maxAsking bounds the keep-alive's queries under way: some drivers
+// (lib/pq) do not give up a read when its context ends, and a connection
+// whose server stopped answering (a partition, a stopped backend) can
+// hold one for minutes.
+const maxAsking = 4
+
+// ask runs the keep-alive query for keys and returns the first answer
+// within timeout (plus checkGrace). One connection that does not answer
+// says nothing of the server, only of that connection (an idle pooled
+// connection whose backend hung, a half-open one): when the query, sent,
+// has not answered by half the timeout, or failed, it is asked once more,
+// on another connection (the first one is still busy with it), and either
+// answer will do. (A query still waiting for a connection to be set up is
+// not asked again: another setup would not be quicker.) A query that never returns is left to finish alone,
+// and counted in asking until it does.
+func (m *monitor) ask(keys []heldKey, timeout time.Duration) checkResult {
+	if n := m.asking.Load(); n >= maxAsking {
+		return checkResult{err: fmt.Errorf("%d earlier checks have not returned", n)}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	res := make(chan checkResult, 2)
+	var sent atomic.Bool // the first query has its connection
+	start := func() {
+		m.asking.Add(1)
+		go func() {
+			defer m.asking.Add(-1)
+			res <- m.query(ctx, keys, &sent)
+		}()
+	}
+	start()
+	started, running := 1, 1
+	again := time.NewTimer(timeout / 2)
+	defer again.Stop()
+	end := time.NewTimer(timeout + checkGrace)
+	defer end.Stop()
+	last := checkResult{err: fmt.Errorf("no answer within %v", timeout)}
+	for {
+		select {
+		case r := <-res:
+			running--
+			if r.err == nil && !r.skipped {
+				return r
+			}
+			last = r
+			if running > 0 {
+				continue // the other may answer yet
+			}
+			if started == 1 && !r.skipped && ctx.Err() == nil && m.asking.Load() < maxAsking {
+				start() // failed at once: ask again now
+				started, running = 2, 1
+				continue
+			}
+			return last
+		case <-again.C:
+			if started == 1 && sent.Load() && m.asking.Load() < maxAsking {
+				start()
+				started, running = 2, running+1
+			}
+		case <-end.C:
+			if last.skipped {
+				return last
+			}
+			return checkResult{err: fmt.Errorf("no answer within %v", timeout)}
+		}
+	}
+}
+
 // checkResult is what one keep-alive query found.
 type checkResult struct {
 	lost    []lostKey // the keys the server no longer shows
@@ -218,10 +261,9 @@ type checkResult struct {
 	skipped bool      // no connection: the pool is at its limit
 }
 
-// query runs one keep-alive query for keys within timeout.
-func (m *monitor) query(keys []heldKey, timeout time.Duration) checkResult {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
+// query runs one keep-alive query for keys, bounded by ctx (as far as
+// the driver honours it); sent is set once it has its connection.
+func (m *monitor) query(ctx context.Context, keys []heldKey, sent *atomic.Bool) checkResult {
 	// No connection is not evidence about the server: the Locker's own
 	// locks and waiters may hold all of them. Such a check is skipped, not
 	// failed; it does not queue for a connection either, so that it never
@@ -239,6 +281,7 @@ func (m *monitor) query(keys []heldKey, timeout time.Duration) checkResult {
 			return checkResult{err: err}
 		}
 		m.l.stats.keepAlive.Add(1)
+		sent.Store(true)
 		lost, err := queryLost(ctx, m.l.mode, conn, keys)
 		conn.Close()
 		// A pooled connection the driver had closed (a wrapper that hides
@@ -259,10 +302,17 @@ var errPoolFull = errors.New("sqllock: pool at its limit")
 // timeout would never get a connection while setups take longer than that
 // (a loaded machine), and two such checks report every lock lost.
 func (m *monitor) conn(ctx context.Context) (*sql.Conn, error) {
-	if m.dialing != nil {
+	m.dialMu.Lock()
+	prev := m.dialing
+	m.dialMu.Unlock()
+	if prev != nil {
 		select {
-		case <-m.dialing:
-			m.dialing = nil
+		case <-prev:
+			m.dialMu.Lock()
+			if m.dialing == prev {
+				m.dialing = nil
+			}
+			m.dialMu.Unlock()
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
@@ -277,7 +327,11 @@ func (m *monitor) conn(ctx context.Context) (*sql.Conn, error) {
 			defer cancel()
 			return m.l.db.Conn(cctx)
 		},
-		func() { m.dialing = dialing },
+		func() {
+			m.dialMu.Lock()
+			m.dialing = dialing
+			m.dialMu.Unlock()
+		},
 		func(conn *sql.Conn, err error) {
 			if err == nil {
 				conn.Close() // to the pool, for the next check

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -444,4 +445,68 @@ func pgxConnector(t *testing.T) driver.Connector {
 		t.Fatal(err)
 	}
 	return inner
+}
+
+// TestKeepAliveHungIdleConn: one idle pooled connection whose backend
+// stopped answering (stopped with SIGSTOP: its kernel still answers TCP,
+// as with a half-open connection) says nothing of the server. The
+// keep-alive asks again on another connection, and a held lock and a
+// Session are not reported lost, whatever the driver does with a read
+// whose context ended (lib/pq goes on reading).
+func TestKeepAliveHungIdleConn(t *testing.T) {
+	t.Parallel()
+	const keepAlive = 100 * time.Millisecond
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(keepAlive))
+		lk, err := l.Lock(bg(), sqllock.Int64(93))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lk.Unlock(bg())
+		s, err := l.Session(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(bg())
+		if _, err := s.TryLock(bg(), sqllock.Int64(94)); err != nil {
+			t.Fatal(err)
+		}
+		// The pool's one idle connection: the next check's.
+		c, err := db.Conn(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid := backendPID(t, c)
+		c.Close()
+		if st := db.Stats(); st.Idle != 1 {
+			t.Fatalf("the pool keeps %d idle connections, want 1", st.Idle)
+		}
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		resumed := false
+		resume := func() {
+			if !resumed {
+				resumed = true
+				syscall.Kill(pid, syscall.SIGCONT)
+			}
+		}
+		defer resume()
+		// Several checks' worth: each finds the hung connection busy with
+		// the first one's query, or takes it and asks again elsewhere.
+		time.Sleep(20*keepAlive + 2*time.Second)
+		if err := lk.Err(); err != nil {
+			t.Errorf("Lock.Err() = %v, want nil (the server holds it)", err)
+		}
+		if err := s.Err(); err != nil {
+			t.Errorf("Session.Err() = %v, want nil (the server holds it)", err)
+		}
+		if st := l.Stats(); st.Lost != 0 {
+			t.Errorf("Stats().Lost = %d, want 0", st.Lost)
+		}
+		if got := holders(t, pgtest.Open(t, "pgx", dsn), sqllock.Int64(93)); len(got) != 1 || got[0] != lk.PID() {
+			t.Errorf("holders of 93 = %v, want [%d]", got, lk.PID())
+		}
+		resume()
+	})
 }

@@ -255,12 +255,33 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 }
 
 // lose marks a held lock as lost with cause; it does nothing once Unlock
-// has begun.
+// has begun. The session is discarded, and every lock on it is lost with
+// it: whatever the keep-alive saw (the key gone, or no answer at all),
+// only the end of the session makes sure that it holds nothing should the
+// network heal, behind the back of a holder that was told it lost the
+// lock; a session that ended anyway loses nothing more. The holder is
+// told first (Done), then the session ends, then the observers are told:
+// an observer may Unlock the lost lock, which then finds its session
+// ended or ending.
 func (lk *Lock) lose(cause error) {
+	e, ok := lk.markLost(cause)
+	if !ok {
+		return
+	}
+	lk.c.fail(cause)
+	lk.l.tell(context.Background(), e)
+}
+
+// markLost marks a held lock lost with cause, counts it, and closes Done,
+// in that order (whoever waits on Done sees the stats); it returns the
+// event for the observers, and false when the lock was not held (lost
+// already, or Unlock has begun). The lock leaves its session once that
+// session has ended.
+func (lk *Lock) markLost(cause error) (Event, bool) {
 	lk.mu.Lock()
 	if lk.state != stateHeld {
 		lk.mu.Unlock()
-		return
+		return Event{}, false
 	}
 	lk.state = stateLost
 	lk.closeWindow()
@@ -269,23 +290,16 @@ func (lk *Lock) lose(cause error) {
 	discarded := make(chan struct{})
 	lk.discarded = discarded
 	lk.mu.Unlock()
-	lk.l.emit(context.Background(), Event{Kind: EventLost, Key: lk.key, Name: lk.l.regName(lk.key), PID: int(lk.pid), Held: time.Since(lk.since), Err: err}, 1)
-	// The session is discarded, and every lock on it is lost with it.
-	// Whatever the keep-alive saw (the key gone, or no answer at all),
-	// only the end of the session makes sure that it holds nothing should
-	// the network heal, behind the back of a holder that was told it lost
-	// the lock; a session that ended anyway loses nothing more. It takes
-	// no new lock from now on. In a goroutine: a statement of sqllock's
-	// own on it (a Token, say) may hold it until the network answers.
 	c := lk.c
-	c.retire()
 	go func() {
-		c.fail(cause)
 		<-c.gone
 		c.detach(lk)
 		close(discarded)
 	}()
-	lk.end() // last: whoever waits on Done sees the stats and the log entry
+	e := Event{Kind: EventLost, Key: lk.key, Name: lk.l.regName(lk.key), PID: int(lk.pid), Held: time.Since(lk.since), Err: err}
+	lk.l.count(e, 1)
+	lk.end()
+	return e, true
 }
 
 // unlockAnswer is the one rule book for the answer to an unlock of the
@@ -340,6 +354,16 @@ func (l *Locker) discard(conn *sql.Conn, k Key, why string) {
 		return // its abandoned statement closes it as it returns
 	}
 	discardConn(conn)
+}
+
+// putBack gives conn, which holds no lock, back to the pool as it is; a
+// connection whose statement was abandoned closes as that statement
+// returns (closing it now would wait for it).
+func (l *Locker) putBack(conn *sql.Conn) {
+	if l.abandoned.has(conn) {
+		return
+	}
+	conn.Close()
 }
 
 func discardConn(conn *sql.Conn) {

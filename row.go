@@ -103,7 +103,7 @@ func (c *call) run(dc any) error {
 }
 
 // queryRow runs q, which returns one row, on conn and stores its columns in
-// dest (each a *bool, *int64, *sql.NullBool, or skip).
+// dest (each a *bool, *int64, *string, *sql.NullBool, or skip).
 func queryRow(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string, args []any, dest ...any) error {
 	c := &call{ctx: ctx, q: q}
 	c.args = namedValues(c.argBuf[:], args)
@@ -199,6 +199,15 @@ func assign(dest []any, vals []driver.Value) error {
 				return err
 			}
 		case skipColumn:
+		case *string:
+			switch t := v.(type) {
+			case string:
+				*d = t
+			case []byte:
+				*d = string(t)
+			default:
+				return fmt.Errorf("sqllock: column %d is %T, want text", i+1, v)
+			}
 		case *int64:
 			switch n := v.(type) {
 			case int64:

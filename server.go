@@ -35,8 +35,11 @@ func (l *Locker) checkServer(ctx context.Context, conn *sql.Conn) (ident, error)
 	var v string
 	var pid int64
 	var id ident
-	if err := conn.QueryRowContext(ctx, sqltext.VersionSQL).Scan(&v, &pid, &id.server, &id.backend); err != nil {
-		if sqlState(err) != "" && conn.QueryRowContext(ctx, sqltext.PlainVersionSQL).Scan(&v) == nil {
+	// Bounded as every statement of the Locker's: a blind driver's first
+	// statement on a connection whose server stopped answering must not
+	// hold the call past its context.
+	if err := queryRow(ctx, l.abandoned, conn, sqltext.VersionSQL, nil, &v, &pid, &id.server, &id.backend); err != nil {
+		if sqlState(err) != "" && queryRow(ctx, l.abandoned, conn, sqltext.PlainVersionSQL, nil, &v) == nil {
 			if err := supported(v); err != nil {
 				return ident{}, err // a server that only looks like PostgreSQL
 			}

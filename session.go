@@ -247,9 +247,10 @@ func (s *Session) unlockKeys(keys []Key) error {
 }
 
 // Close releases every lock the Session holds, confirming each unlock, and
-// returns the connection to the pool; when an unlock is not confirmed, the
-// connection is discarded and the error wraps ErrLockLost. Close on a
-// closed Session returns ErrReleased; on a lost one, its Err.
+// returns the connection to the pool, its settings as they came (or, when
+// [Session.Conn] handed it out, closes it); when an unlock is not
+// confirmed, the connection is discarded and the error wraps ErrLockLost.
+// Close on a closed Session returns ErrReleased; on a lost one, its Err.
 func (s *Session) Close(ctx context.Context) error {
 	if s == nil {
 		return ErrReleased
@@ -288,13 +289,16 @@ func (l *Locker) pinSession(ctx context.Context, what string) (*sql.Conn, int64,
 	}
 	id, err := l.checkServer(ctx, conn)
 	if err != nil {
-		conn.Close()
+		l.putBack(conn)
 		return nil, 0, ident{}, err
 	}
 	var pid int64
 	var standby bool
 	if err := queryRow(ctx, l.abandoned, conn, l.sql().SessionSQL(), nil, &pid, &standby, skip); err != nil {
-		discardConn(conn)
+		// Its settings may be applied: not given back. (A statement the
+		// Locker abandoned closes its connection as it returns: the
+		// discard does not wait for it.)
+		l.discard(conn, Key{}, what+": "+err.Error())
 		return nil, 0, ident{}, fmt.Errorf("sqllock: %s: %w", what, err)
 	}
 	if standby && !l.cfg.allowStandby {

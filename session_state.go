@@ -141,13 +141,14 @@ func (s *Session) add(keys []Key) {
 // so the keep-alive and the Session's own calls use it alike.
 func (s *Session) lose(cause error) { s.c.fail(cause) }
 
-// markLost marks a usable Session lost and forgets its locks (its session
-// failed: see carrier.fail); it reports whether it did.
-func (s *Session) markLost(cause error) bool {
+// markLost marks a usable Session lost, forgets its locks, counts them
+// and closes Done (its session failed: see carrier.fail); it returns the
+// event for the observers, and false when the Session was not usable.
+func (s *Session) markLost(cause error) (Event, bool) {
 	s.mu.Lock()
 	if s.state != stateHeld {
 		s.mu.Unlock()
-		return false
+		return Event{}, false
 	}
 	n := int64(s.held.len())
 	s.state = stateLost
@@ -156,9 +157,10 @@ func (s *Session) markLost(cause error) bool {
 	err := s.err
 	s.mu.Unlock()
 	s.l.mon.remove(s)
-	s.l.emit(context.Background(), Event{Kind: EventLost, PID: int(s.pid), Err: err}, n)
-	s.pinned.end() // last: whoever waits on Done sees the stats and the events
-	return true
+	e := Event{Kind: EventLost, PID: int(s.pid), Err: err}
+	s.l.count(e, n)
+	s.pinned.end() // last: whoever waits on Done sees the stats
+	return e, true
 }
 
 // heldKeys is the keep-alive's view of the Session: the keys held and not
@@ -219,7 +221,10 @@ func (s *Session) endRelease(keys []Key, released bool) {
 // Conn returns the pinned connection: the session that holds the locks.
 // Statements of yours on it run as you run them; when the Session is lost
 // (Done is closed), the connection is discarded as soon as the statement
-// of yours on it, if any, returns.
+// of yours on it, if any, returns. Once Conn was called, [Session.Close]
+// closes the connection instead of giving it back to the pool: what your
+// statements changed on the session (settings, temporary tables, prepared
+// statements) never reaches the pool's other users.
 func (s *Session) Conn() *sql.Conn {
 	if s == nil {
 		return nil

@@ -473,3 +473,51 @@ func TestSessionConnStatementDoesNotDelayLoss(t *testing.T) {
 		}
 	})
 }
+
+// TestSessionConnSettingsStayOut: settings made on Session.Conn() never
+// come back through the pool: Close closes a connection it handed out.
+func TestSessionConnSettingsStayOut(t *testing.T) {
+	t.Parallel()
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		db.SetMaxOpenConns(2)
+		l := sqllock.New(db, sqllock.WithKeepAlive(0))
+		s, err := l.Session(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.TryLock(bg(), sqllock.Int64(95)); err != nil {
+			t.Fatal(err)
+		}
+		conn := s.Conn()
+		for _, q := range []string{"SET lock_timeout = '1ms'", "SET statement_timeout = '50ms'", "SET application_name = 'leaked'"} {
+			if _, err := conn.ExecContext(bg(), q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.Close(bg()); err != nil {
+			t.Fatalf("Close() = %v", err)
+		}
+		// Every connection the pool hands out now, the Session's among
+		// them were it given back, has the server's settings.
+		conns := make([]*sql.Conn, 2)
+		for i := range conns {
+			if conns[i], err = db.Conn(bg()); err != nil {
+				t.Fatal(err)
+			}
+			defer conns[i].Close()
+			var st, app string
+			if err := conns[i].QueryRowContext(bg(), "SELECT current_setting('statement_timeout'), current_setting('application_name')").Scan(&st, &app); err != nil {
+				t.Fatal(err)
+			}
+			if st != "0" || app == "leaked" {
+				t.Errorf("a pooled connection has statement_timeout %q, application_name %q: the Session's settings came back", st, app)
+			}
+			if _, err := conns[i].ExecContext(bg(), "SELECT pg_sleep(0.1)"); err != nil {
+				t.Errorf("pg_sleep(0.1) on a pooled connection: %v", err)
+			}
+		}
+		if got := holders(t, pgtest.Open(t, "pgx", dsn), sqllock.Int64(95)); len(got) != 0 {
+			t.Errorf("holders of 95 after Close = %v", got)
+		}
+	})
+}

@@ -162,7 +162,17 @@ func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, 
 		}
 	}()
 	op := newOp(opTry, k)
-	c.submit(op)
+	if c.enqueue(op) {
+		if ctx.Done() == nil {
+			c.drain() // nothing ends the call early: run the queue here
+		} else {
+			// The queue's statements are bounded by the unlock timeout,
+			// not by this call's ctx (they carry other calls' keys too):
+			// run it aside, so that the call leaves at ctx's end whatever
+			// the server does.
+			go c.drain()
+		}
+	}
 	select {
 	case <-op.done:
 	case <-ctx.Done():
@@ -357,7 +367,7 @@ func (l *Locker) openCarrier(ctx context.Context) (*carrier, error) {
 	}
 	id, err := l.checkServer(ctx, conn)
 	if err != nil {
-		conn.Close() // no statement of a lock ran on it
+		l.putBack(conn) // no statement of a lock ran on it
 		return nil, err
 	}
 	return &carrier{l: l, conn: conn, id: id, ls: l.newLease(sent), held: map[*Lock]struct{}{}, gone: make(chan struct{})}, nil

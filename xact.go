@@ -102,7 +102,7 @@ func lockTx(ctx context.Context, tx Tx, k Key, kind lockKind) (bool, error) {
 // ctx goes on the wait goes on. A lost cancel then costs at most a slice.
 func (e *engine) waitTxSliced(ctx context.Context, tx Tx, kind lockKind, k Key) outcome {
 	var dt string
-	if err := tx.QueryRowContext(ctx, "SELECT current_setting('deadlock_timeout')").Scan(&dt); err != nil {
+	if err := (txWaiter{tx}).queryRow(ctx, "SELECT current_setting('deadlock_timeout')", nil, &dt); err != nil {
 		return outcome{err: err}
 	}
 	d, err := time.ParseDuration(dt)
@@ -117,7 +117,7 @@ func (e *engine) waitTxSliced(ctx context.Context, tx Tx, kind lockKind, k Key) 
 	for {
 		began := time.Now()
 		var o outcome
-		o.err = tx.QueryRowContext(ctx, q, args...).Scan(&o.ok)
+		o.err = txWaiter{tx}.queryRow(ctx, q, args, &o.ok)
 		switch {
 		case o.err == nil:
 			// The transaction keeps what its subtransaction took.
@@ -139,7 +139,7 @@ const txSliceMin = 2 * time.Second
 
 // txExec runs a statement that returns no row in tx.
 func txExec(ctx context.Context, tx Tx, q string) error {
-	if err := tx.QueryRowContext(ctx, q).Scan(); err != nil && !errors.Is(err, sql.ErrNoRows) {
+	if err := (txWaiter{tx}).queryRow(ctx, q, nil); err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return err
 	}
 	return nil
@@ -183,7 +183,13 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 	if err := k.valid(); err != nil {
 		return err
 	}
-	tx, err := begin(ctx)
+	// Bounded by ctx whatever the driver does (see bounded): a transaction
+	// begun after the call left is rolled back.
+	tx, err := bounded(ctx, func() (T, error) { return begin(ctx) }, func(tx T, err error) {
+		if err == nil && !isNil(tx) {
+			tx.Rollback()
+		}
+	})
 	if err != nil {
 		if ctxEnded(ctx) {
 			return notAcquired(l.name(k), ctxErr(ctx))
@@ -195,6 +201,13 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 	}
 	committed := false
 	defer func() {
+		if !committed && errors.Is(err, errAbandoned) {
+			// A statement of the transaction's is still running: the
+			// rollback would wait for it. It runs once the statement
+			// returns.
+			go tx.Rollback()
+			return
+		}
 		if !committed {
 			if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) && err != nil {
 				err = errors.Join(err, fmt.Errorf("sqllock: rollback: %w", rerr))
