@@ -237,7 +237,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		stop := context.AfterFunc(sctx, func() {
 			time.AfterFunc(abandonGrace, func() {
 				if returned.CompareAndSwap(false, true) {
-					e.cancelWait(pid, k)
+					e.cancelWait(ctx, pid, k)
 				}
 			})
 		})
@@ -339,7 +339,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		// longer than the driver got: if nothing reaches the server, the
 		// call must still return by its deadline.
 		done := make(chan struct{})
-		go func() { e.cancelWait(pid, k); close(done) }()
+		go func() { e.cancelWait(ctx, pid, k); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(abandonGrace):
@@ -353,7 +353,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		// The abandoned backend may still be queued for k (a driver that
 		// closes the socket sends no cancel request): take it out of the
 		// queue before anyone can grant it the lock.
-		e.cancelWait(pid, k)
+		e.cancelWait(ctx, pid, k)
 	}
 	return o
 }
@@ -602,12 +602,18 @@ const cancelWaitTimeout = 2 * time.Second
 // (it sits in the backend's socket buffer): cancelWait then watches the
 // backend until it runs the statement (and cancels it), finishes it, or
 // ends. It is best effort: when no connection can be had in time, the
-// server still releases the lock as the abandoned session ends.
-func (e *engine) cancelWait(pid int64, k Key) {
+// server still releases the lock as the abandoned session ends. It takes
+// at most cancelWaitTimeout, and no longer than that past the deadline of
+// the wait's ctx, if it had one: the call returns by then.
+func (e *engine) cancelWait(waitCtx context.Context, pid int64, k Key) {
 	if e.db == nil || pid == 0 {
 		return // the engine without a pool (LockTx), or no backend known
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), cancelWaitTimeout)
+	until := time.Now().Add(cancelWaitTimeout)
+	if dl, ok := waitCtx.Deadline(); ok && dl.Add(cancelWaitTimeout).Before(until) {
+		until = dl.Add(cancelWaitTimeout)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), until)
 	defer cancel()
 	// A connection and statements bounded like the lock's own: a server
 	// that stopped answering cannot hold this past its timeout. A pool at

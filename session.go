@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 )
 
 // Session holds many exclusive session-level locks on one pinned
@@ -35,9 +34,9 @@ type Session struct {
 	pinned          // its backend, state, err, Done (see pinned.go)
 	c      *carrier // its server session, which owns the connection
 
-	// callMu serialises the Session's calls, and is held across their
+	// calls serialises the Session's calls, and is held across their
 	// round trips.
-	callMu sync.Mutex
+	calls callSlot
 
 	// pinned's mu guards the fields below. It is never held across a round
 	// trip, so that the keep-alive, Err and Held never wait for a call in
@@ -56,7 +55,7 @@ func (l *Locker) Session(ctx context.Context) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Session{pinned: pinned{l: l, pid: pid, id: id, lease: l.newLease(sent)}}
+	s := &Session{pinned: pinned{l: l, pid: pid, id: id, lease: l.newLease(sent)}, calls: make(callSlot, 1)}
 	s.c = newOwned(l, conn, id, pid, s.lease, s)
 	l.mon.add(s)
 	return s, nil
@@ -78,7 +77,7 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 	if err := k.valid(); err != nil {
 		return err
 	}
-	if err := s.begin(); err != nil {
+	if err := s.begin(ctx); err != nil {
 		return err
 	}
 	defer s.end()
@@ -138,7 +137,7 @@ func (s *Session) TryLock(ctx context.Context, keys ...Key) ([]Key, error) {
 			return nil, err
 		}
 	}
-	if err := s.begin(); err != nil {
+	if err := s.begin(ctx); err != nil {
 		return nil, err
 	}
 	defer s.end()
@@ -199,7 +198,7 @@ func (s *Session) tryLockManyFailed(ctx context.Context, want []Key, err error) 
 // Lock.Unlock, it ignores ctx's cancellation and is bounded by the unlock
 // timeout.
 func (s *Session) Unlock(ctx context.Context, keys ...Key) error {
-	if err := s.begin(); err != nil {
+	if err := s.begin(context.Background()); err != nil {
 		return err
 	}
 	defer s.end()
@@ -215,7 +214,7 @@ func (s *Session) Unlock(ctx context.Context, keys ...Key) error {
 
 // unlockKeys releases keys, which the session holds, in one statement, and
 // forgets them; when an unlock is not confirmed on the Session's backend it
-// loses the Session. The caller holds callMu.
+// loses the Session. The caller holds calls.
 func (s *Session) unlockKeys(keys []Key) error {
 	if len(keys) == 0 {
 		return nil
@@ -255,7 +254,7 @@ func (s *Session) Close(ctx context.Context) error {
 	if s == nil {
 		return ErrReleased
 	}
-	s.callMu.Lock()
+	s.calls.lock()
 	defer s.end()
 	s.mu.Lock()
 	state, err := s.state, s.err

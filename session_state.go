@@ -69,15 +69,37 @@ func (s *Session) notHeld(keys []Key) []Key {
 	return want
 }
 
-// begin starts a call: it takes callMu and checks that the Session is
-// usable. end must follow when begin returns nil.
-func (s *Session) begin() error {
-	s.callMu.Lock()
+// callSlot serialises a Session's calls: one at a time; a call that waits
+// for its turn gives up when its ctx ends.
+type callSlot chan struct{}
+
+func (c callSlot) lock()   { c <- struct{}{} }
+func (c callSlot) unlock() { <-c }
+
+func (c callSlot) tryLock() bool {
+	select {
+	case c <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// begin starts a call: it takes calls, or returns an error matching
+// ErrNotAcquired and ctx's error when ctx ends first (a call of the
+// Session's waits, as long as its caller lets it), and checks that the
+// Session is usable. end must follow when begin returns nil.
+func (s *Session) begin(ctx context.Context) error {
+	select {
+	case s.calls <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("%w: another call of the Session's is under way: %w", ErrNotAcquired, ctx.Err())
+	}
 	if s.lease.expired() {
 		s.lose(s.lease.expiredError())
 	}
 	if err := s.Err(); err != nil {
-		s.callMu.Unlock()
+		s.calls.unlock()
 		return err
 	}
 	s.lease.begin() // the session is busy, not idle, until end
@@ -95,7 +117,7 @@ func (s *Session) end() {
 			s.lose(fmt.Errorf("the statement that keeps its session from going idle failed: %w", err))
 		}
 	}
-	s.callMu.Unlock()
+	s.calls.unlock()
 }
 
 func (s *Session) leaseOf() *lease { return s.lease }
@@ -103,17 +125,17 @@ func (s *Session) leaseOf() *lease { return s.lease }
 // touch runs the lease's statement on the Session's connection, unless a
 // call is in progress (its session is not idle).
 func (s *Session) touch(ctx context.Context) error {
-	if !s.callMu.TryLock() {
+	if !s.calls.tryLock() {
 		return nil
 	}
-	defer s.callMu.Unlock()
+	defer s.calls.unlock()
 	if s.Err() != nil {
 		return nil
 	}
 	return s.touchLocked(ctx)
 }
 
-// touchLocked is touch; the caller holds callMu.
+// touchLocked is touch; the caller holds calls.
 func (s *Session) touchLocked(ctx context.Context) error {
 	var v int64
 	return s.c.queryRowCtx(ctx, touchSQL, nil, &v) // a sign of life when it answers
@@ -230,7 +252,7 @@ func (s *Session) Conn() *sql.Conn {
 		return nil
 	}
 	if s.lease != nil && !s.lease.off.Load() {
-		s.callMu.Lock()
+		s.calls.lock()
 		err := s.l.stopLease(s.lease, func(ctx context.Context, q string) error {
 			var v int64
 			return s.c.queryRowCtx(ctx, q, nil, &v)
@@ -238,7 +260,7 @@ func (s *Session) Conn() *sql.Conn {
 		if err != nil {
 			s.lose(fmt.Errorf("its session could not be handed out: %w", err))
 		}
-		s.callMu.Unlock()
+		s.calls.unlock()
 	}
 	s.c.handedOut.Store(true)
 	return s.c.conn
