@@ -25,6 +25,9 @@ type Tx interface {
 // aborts it; there is no unlock. These are the only advisory locks that work
 // behind a transaction-mode pooler.
 //
+// LockTx first tries the lock without waiting, in one round trip; only
+// when another session holds k does it wait.
+//
 // When ctx ends first, LockTx returns an error matching both
 // [ErrNotAcquired] and ctx.Err(); the transaction may then be unusable and
 // must be rolled back, which releases anything it holds. ctx bounds the
@@ -59,9 +62,13 @@ func TryRLockTx(ctx context.Context, tx Tx, k Key) (bool, error) {
 }
 
 // lockTx takes a transaction-level lock of kind in tx, through the engine
-// without a Locker: with no pool to cancel an abandoned wait from, a wait
-// is one statement (no try first: its pid would serve nothing), ended by
-// ctx through the driver; the caller's rollback, which the doc requires
+// without a Locker. Every call starts with the same non-waiting statement,
+// whatever ctx: one round trip when the key is free. Only
+// a waiting call that finds the key held then waits, as ctx allows: in
+// one statement under a context that never ends or has a deadline (the
+// server keeps it), in slices under one that can only be cancelled
+// (waitTxSliced). With no pool to cancel an abandoned wait from, ctx ends
+// it through the driver; the caller's rollback, which the doc requires
 // after a ctx that ended, takes the backend out of the queue. The key is
 // bound as a parameter, which every driver accepts.
 func lockTx(ctx context.Context, tx Tx, k Key, kind lockKind) (bool, error) {
@@ -75,17 +82,13 @@ func lockTx(ctx context.Context, tx Tx, k Key, kind lockKind) (bool, error) {
 		return false, notAcquired(k.String(), err)
 	}
 	e := &engine{mode: bindKeys} // no pool to cancel a wait from, no logger
-	var o outcome
-	_, deadline := ctx.Deadline()
-	switch {
-	case kind.IsTry():
-		o = e.tryOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k)
-	case !deadline && ctx.Done() != nil:
-		if o = e.tryOn(ctx, txWaiter{tx}, xactLevel, nil, kind|kindTry, k); o.err == nil && !o.ok {
+	o := e.tryOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k)
+	if !kind.IsTry() && o.err == nil && !o.ok {
+		if _, deadline := ctx.Deadline(); !deadline && ctx.Done() != nil {
 			o = e.waitTxSliced(ctx, tx, kind, k)
+		} else {
+			o = e.waitOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k, o.pid, waitOne)
 		}
-	default:
-		o = e.waitOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k, 0, waitOne)
 	}
 	return o.ok, settleTx(ctx, k.String(), o)
 }
@@ -215,10 +218,11 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 }
 
 // lockInTx takes the exclusive transaction-level lock k in tx, InTx's own
-// transaction. Like a session lock it tries first, so that a wait knows its
-// backend's pid: when ctx ends during the wait, that backend is taken out
-// of k's queue (see Locker.cancelWait) rather than left to be granted the
-// lock and sit idle in its transaction until it notices its client left.
+// transaction. It tries first, with the statement LockTx starts with, so
+// that a wait knows its backend's pid: when ctx ends during the wait, that
+// backend is taken out of k's queue (see Locker.cancelWait) rather than
+// left to be granted the lock and sit idle in its transaction until it
+// notices its client left.
 func (l *Locker) lockInTx(ctx context.Context, tx Tx, k Key) error {
 	if err := ctx.Err(); err != nil {
 		return notAcquired(l.name(k), err)
