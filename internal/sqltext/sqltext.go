@@ -374,6 +374,11 @@ func (m Mode) XactDeadlineLockSQL(kind Kind, k Key, timeout string) (string, []a
 		" LATERAL (SELECT " + kind.Fn() + "(" + a + ") WHERE s.v IS NOT NULL) AS l", args
 }
 
+// RecoverySQL asks whether the server is a standby: InTx asks it when a
+// BEGIN is refused (lib/pq begins read-write transactions, which a
+// standby refuses).
+const RecoverySQL = "SELECT pg_is_in_recovery()"
+
 // DetectMode picks Inline for lib/pq, whose parameterized queries cost
 // an extra round trip (an unnamed prepare, then the execution), and Bind
 // for every other driver: pgx caches one prepared statement per SQL text, so
