@@ -56,8 +56,10 @@ const acquireAttempts = 3
 //     PostgreSQL's deadlock detector;
 //   - a transaction: InTx's (try, then one wait statement, for the same
 //     reason: the transaction may hold other locks), or the caller's
-//     (LockTx and kin: one statement, without a pool to cancel from; the
-//     caller's rollback ends the wait).
+//     (LockTx and kin: try, then a wait without a pool to cancel from; the
+//     caller's rollback ends it). Every transaction-level call starts with
+//     the same try, whatever its context: it reports the backend and
+//     whether the server is a standby, and takes nothing there.
 //
 // In every case a wait knows its backend's pid, and when ctx ends during
 // it, the backend is taken out of the queue (cancelWait); the owner then
@@ -142,7 +144,7 @@ type outcome struct {
 	sent    int64 // monoNow when the statement that answered was sent (the lease)
 	ok      bool  // granted
 	pid     int64 // the backend
-	standby bool  // the server is a standby (session-level statements)
+	standby bool  // the server is a standby (the non-waiting and session-level statements)
 	err     error
 	// certain: the driver read the answer before the statement's context
 	// ended (a wait bounded by ctx's deadline reads it a little past it),
@@ -167,8 +169,10 @@ const (
 func (e *engine) tryOn(ctx context.Context, w waiter, lv level, st *statements, kind lockKind, k Key) outcome {
 	var o outcome
 	if lv == xactLevel {
-		q, args := e.mode.XactTryPIDSQL(kind, k.sqlKey())
-		o.err = w.queryRow(ctx, q, args, &o.ok, &o.pid)
+		// The same statement for every call, whatever ctx: it takes
+		// nothing on a standby.
+		q, args := e.mode.XactTrySQL(kind, k.sqlKey())
+		o.err = w.queryRow(ctx, q, args, &o.ok, &o.pid, &o.standby)
 		return o
 	}
 	q, args := st.TrySQL(kind|kindTry, k.sqlKey())

@@ -1,8 +1,10 @@
 package sqllock_test
 
 import (
+	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -85,25 +87,8 @@ func TestServerRestart(t *testing.T) {
 func TestStandby(t *testing.T) {
 	long(t)
 	srv := pgtest.Start(t)
-	if !srv.Local() {
-		pgtest.Unavailable(t, "a local cluster (for a standby)", errors.New("SQLLOCK_TEST_DSN or Docker server"))
-	}
 	dsn := srv.NewDatabase(t)
-	standby := pgtest.StartStandby(t, srv)
-	sdsn := standby.DSNFor(pgtest.DatabaseOf(dsn))
-	var sdb *sql.DB
-	deadline := time.Now().Add(30 * time.Second)
-	for { // wait until the new database has replicated
-		sdb = pgtest.Open(t, "pgx", sdsn)
-		if sdb.Ping() == nil {
-			break
-		}
-		sdb.Close()
-		if time.Now().After(deadline) {
-			t.Fatal("database did not reach the standby")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	sdsn, sdb := startStandby(t, srv, dsn)
 	for _, drv := range drivers {
 		t.Run(drv, func(t *testing.T) {
 			db := pgtest.Open(t, drv, sdsn)
@@ -131,6 +116,168 @@ func TestStandby(t *testing.T) {
 			}
 			onStandby.Unlock(bg())
 			onPrimary.Unlock(bg())
+		})
+	}
+}
+
+// startStandby starts a hot standby of srv for t, and returns the DSN of
+// database dsn on it and a pgx pool of it, once the database has
+// replicated.
+func startStandby(t *testing.T, srv *pgtest.Server, dsn string) (string, *sql.DB) {
+	t.Helper()
+	if !srv.Local() {
+		pgtest.Unavailable(t, "a local cluster (for a standby)", errors.New("SQLLOCK_TEST_DSN or Docker server"))
+	}
+	standby := pgtest.StartStandby(t, srv)
+	sdsn := standby.DSNFor(pgtest.DatabaseOf(dsn))
+	deadline := time.Now().Add(30 * time.Second)
+	for { // wait until the new database has replicated
+		sdb := pgtest.Open(t, "pgx", sdsn)
+		if sdb.Ping() == nil {
+			return sdsn, sdb
+		}
+		sdb.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("database did not reach the standby")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestStandbyTxLocks: transaction-level locks on a hot standby do not
+// conflict with the primary's either, so LockTx and kin, and InTx, are
+// refused with ErrStandby while the primary holds the key, whatever the
+// context, and the standby is granted nothing: its pg_locks shows no
+// advisory lock, even while the transaction is still open. (A standby
+// refuses some BEGINs: lib/pq's READ WRITE, anyone's SERIALIZABLE; InTx
+// says ErrStandby there too.)
+func TestStandbyTxLocks(t *testing.T) {
+	long(t)
+	srv := pgtest.Start(t)
+	dsn := srv.NewDatabase(t)
+	sdsn, sdb := startStandby(t, srv, dsn)
+	k := sqllock.Int64(32)
+	holder, err := pgtest.Open(t, "pgx", dsn).Conn(bg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if _, err := holder.ExecContext(bg(), "SELECT pg_advisory_lock(32)"); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.ExecContext(bg(), "SELECT pg_advisory_unlock_all()")
+	contexts := []struct {
+		name string
+		ctx  func(t *testing.T) context.Context
+	}{
+		{"background", func(*testing.T) context.Context { return bg() }},
+		{"cancellable", func(t *testing.T) context.Context { return t.Context() }},
+		{"deadline", func(t *testing.T) context.Context {
+			ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+			t.Cleanup(cancel)
+			return ctx
+		}},
+	}
+	calls := []struct {
+		name string
+		call func(ctx context.Context, tx *sql.Tx) error
+	}{
+		{"LockTx", func(ctx context.Context, tx *sql.Tx) error { return sqllock.LockTx(ctx, tx, k) }},
+		{"RLockTx", func(ctx context.Context, tx *sql.Tx) error { return sqllock.RLockTx(ctx, tx, k) }},
+		{"TryLockTx", func(ctx context.Context, tx *sql.Tx) error {
+			ok, err := sqllock.TryLockTx(ctx, tx, k)
+			if ok && err == nil {
+				return errors.New("granted")
+			}
+			return err
+		}},
+		{"TryRLockTx", func(ctx context.Context, tx *sql.Tx) error {
+			ok, err := sqllock.TryRLockTx(ctx, tx, k)
+			if ok && err == nil {
+				return errors.New("granted")
+			}
+			return err
+		}},
+	}
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			db := pgtest.Open(t, drv, sdsn)
+			for _, c := range contexts {
+				for _, call := range calls {
+					t.Run(call.name+"/"+c.name, func(t *testing.T) {
+						tx, err := db.BeginTx(bg(), &sql.TxOptions{ReadOnly: true})
+						if err != nil {
+							t.Fatal(err)
+						}
+						defer tx.Rollback()
+						if err := call.call(c.ctx(t), tx); !errors.Is(err, sqllock.ErrStandby) {
+							t.Fatalf("%s() on a standby while the primary holds the key = %v, want ErrStandby", call.name, err)
+						}
+						// The transaction is still open: a lock it took would show.
+						if n := advisoryCount(t, sdb); n != 0 {
+							t.Fatalf("%d advisory locks on the standby", n)
+						}
+					})
+				}
+				// nil: lib/pq's BEGIN READ WRITE is refused; read-only: the
+				// lock statement is; serializable: BEGIN is, whatever the
+				// driver.
+				for i, opts := range []*sql.TxOptions{nil, {ReadOnly: true}, {ReadOnly: true, Isolation: sql.LevelSerializable}} {
+					t.Run(fmt.Sprintf("InTx/%s/%s", c.name, []string{"default", "readonly", "serializable"}[i]), func(t *testing.T) {
+						ran := false
+						err := sqllock.New(db).InTx(c.ctx(t), k, opts, func(*sql.Tx) error {
+							ran = true
+							return nil
+						})
+						if !errors.Is(err, sqllock.ErrStandby) || ran {
+							t.Fatalf("InTx() on a standby while the primary holds the key = %v (fn ran: %v), want ErrStandby", err, ran)
+						}
+						if n := advisoryCount(t, sdb); n != 0 {
+							t.Fatalf("%d advisory locks on the standby", n)
+						}
+					})
+				}
+			}
+		})
+	}
+}
+
+// TestStandbyInTxAllowed: a Locker made WithAllowStandby takes InTx's lock
+// on a standby, as it takes its session locks there: the standby's
+// pg_locks shows it while fn runs (and the primary's holder holds the key
+// all the same: the danger the option names).
+func TestStandbyInTxAllowed(t *testing.T) {
+	long(t)
+	srv := pgtest.Start(t)
+	dsn := srv.NewDatabase(t)
+	sdsn, sdb := startStandby(t, srv, dsn)
+	k := sqllock.Int64(33)
+	holder, err := pgtest.Open(t, "pgx", dsn).Conn(bg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if _, err := holder.ExecContext(bg(), "SELECT pg_advisory_lock(33)"); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.ExecContext(bg(), "SELECT pg_advisory_unlock_all()")
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			l := sqllock.New(pgtest.Open(t, drv, sdsn), sqllock.WithAllowStandby())
+			ran := false
+			err := l.InTx(t.Context(), k, &sql.TxOptions{ReadOnly: true}, func(*sql.Tx) error {
+				ran = true
+				if got := holders(t, sdb, k); len(got) != 1 {
+					t.Errorf("holders on the standby inside InTx = %v, want one", got)
+				}
+				return nil
+			})
+			if err != nil || !ran {
+				t.Fatalf("InTx() with WithAllowStandby = %v (fn ran: %v), want nil", err, ran)
+			}
+			if n := advisoryCount(t, sdb); n != 0 {
+				t.Fatalf("%d advisory locks left on the standby", n)
+			}
 		})
 	}
 }

@@ -34,8 +34,10 @@ var (
 
 	// ErrStandby is returned by the acquiring calls when the server is a hot
 	// standby (pg_is_in_recovery() is true): locks taken there do not
-	// conflict with the primary's. The lock is released before returning.
-	// WithAllowStandby turns the check off.
+	// conflict with the primary's. Nothing is left held: a session-level
+	// lock is released before returning, a transaction-level one is never
+	// taken. WithAllowStandby turns the check off for a Locker's calls
+	// (InTx among them); LockTx and kin always refuse a standby.
 	ErrStandby = errors.New("sqllock: server is a standby")
 
 	// ErrSessionChanged is returned, or wrapped by ErrLockLost, when a

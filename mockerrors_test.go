@@ -141,6 +141,72 @@ func TestStandbyRefused(t *testing.T) {
 	}
 }
 
+// TestStandbyRefusedTx: a transaction-level call whose first statement is
+// answered by a standby (in_recovery true, nothing taken) returns
+// ErrStandby at once, whatever its context, and sends nothing more; InTx
+// does not run fn.
+func TestStandbyRefusedTx(t *testing.T) {
+	k := sqllock.Int64(5)
+	standby := func(q *sqlmock.ExpectedQuery) {
+		q.WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid", "in_recovery"}).AddRow(false, sqllockmock.PID, true))
+	}
+	calls := []struct {
+		name   string
+		expect func(sqlmock.Sqlmock) *sqlmock.ExpectedQuery
+		call   func(ctx context.Context, tx *sql.Tx) error
+	}{
+		{"LockTx", func(m sqlmock.Sqlmock) *sqlmock.ExpectedQuery { return sqllockmock.ExpectLockTx(m, k) },
+			func(ctx context.Context, tx *sql.Tx) error { return sqllock.LockTx(ctx, tx, k) }},
+		{"RLockTx", func(m sqlmock.Sqlmock) *sqlmock.ExpectedQuery { return sqllockmock.ExpectRLockTx(m, k) },
+			func(ctx context.Context, tx *sql.Tx) error { return sqllock.RLockTx(ctx, tx, k) }},
+		{"TryLockTx", func(m sqlmock.Sqlmock) *sqlmock.ExpectedQuery { return sqllockmock.ExpectTryLockTx(m, k, false) },
+			func(ctx context.Context, tx *sql.Tx) error { _, err := sqllock.TryLockTx(ctx, tx, k); return err }},
+		{"TryRLockTx", func(m sqlmock.Sqlmock) *sqlmock.ExpectedQuery { return sqllockmock.ExpectTryRLockTx(m, k, false) },
+			func(ctx context.Context, tx *sql.Tx) error { _, err := sqllock.TryRLockTx(ctx, tx, k); return err }},
+	}
+	contexts := []struct {
+		name string
+		ctx  func(t *testing.T) context.Context
+	}{
+		{"background", func(*testing.T) context.Context { return bg() }},
+		{"cancellable", func(t *testing.T) context.Context { return t.Context() }},
+		{"deadline", func(t *testing.T) context.Context {
+			ctx, cancel := context.WithTimeout(bg(), time.Minute)
+			t.Cleanup(cancel)
+			return ctx
+		}},
+	}
+	for _, c := range contexts {
+		for _, call := range calls {
+			t.Run(call.name+"/"+c.name, func(t *testing.T) {
+				db, mock := newMock(t)
+				mock.ExpectBegin()
+				standby(call.expect(mock))
+				mock.ExpectRollback()
+				tx, err := db.BeginTx(bg(), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Rollback()
+				if err := call.call(c.ctx(t), tx); !errors.Is(err, sqllock.ErrStandby) {
+					t.Fatalf("%s() answered by a standby = %v, want ErrStandby", call.name, err)
+				}
+			})
+		}
+		t.Run("InTx/"+c.name, func(t *testing.T) {
+			db, mock := newMock(t)
+			mock.ExpectBegin()
+			standby(sqllockmock.ExpectInTxLock(mock, k))
+			mock.ExpectRollback()
+			ran := false
+			err := sqllock.New(db, sqllock.WithKeepAlive(0)).InTx(c.ctx(t), k, nil, func(*sql.Tx) error { ran = true; return nil })
+			if !errors.Is(err, sqllock.ErrStandby) || ran {
+				t.Fatalf("InTx() answered by a standby = %v (fn ran: %v), want ErrStandby", err, ran)
+			}
+		})
+	}
+}
+
 func TestLockErrorsClassified(t *testing.T) {
 	k := sqllock.Int64(3)
 	tests := []struct {

@@ -222,7 +222,10 @@ func WithDedicatedSessions() Option {
 // WithAllowStandby lets the Locker take locks on a hot standby. This is
 // dangerous: a standby's advisory locks do not conflict with the primary's,
 // so a client of the primary and a client of the standby can both "hold" the
-// same key. Without it, locks on a standby fail with [ErrStandby].
+// same key. Without it, locks on a standby fail with [ErrStandby]. It
+// covers the Locker's calls, [Locker.InTx] among them (begin a read-only
+// transaction there: a standby refuses read-write ones), not [LockTx] and
+// its kin, which always refuse a standby.
 func WithAllowStandby() Option {
 	return optionFunc(func(c *config) { c.allowStandby = true })
 }

@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"strconv"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // Tx is a database transaction: *sql.Tx and *sqlx.Tx satisfy it. *sql.DB
@@ -25,6 +27,12 @@ type Tx interface {
 // aborts it; there is no unlock. These are the only advisory locks that work
 // behind a transaction-mode pooler.
 //
+// LockTx first tries the lock without waiting, in one round trip that also
+// asks whether the server is a hot standby; only when another session
+// holds k does it wait. On a standby it takes nothing and returns
+// [ErrStandby]: a standby's locks do not conflict with the primary's, and
+// no option allows them here (tx stays usable).
+//
 // When ctx ends first, LockTx returns an error matching both
 // [ErrNotAcquired] and ctx.Err(); the transaction may then be unusable and
 // must be rolled back, which releases anything it holds. ctx bounds the
@@ -40,28 +48,36 @@ func LockTx(ctx context.Context, tx Tx, k Key) error {
 }
 
 // TryLockTx takes the exclusive transaction-level lock k in tx if no other
-// session holds it, and reports whether it did. It does not wait.
+// session holds it, and reports whether it did. It does not wait. On a
+// hot standby it takes nothing and returns false and [ErrStandby].
 func TryLockTx(ctx context.Context, tx Tx, k Key) (bool, error) {
 	return lockTx(ctx, tx, k, kindTry)
 }
 
 // RLockTx takes the transaction-level lock k in shared mode, waiting while
-// another session holds it exclusively.
+// another session holds it exclusively. It is refused on a hot standby as
+// [LockTx] is.
 func RLockTx(ctx context.Context, tx Tx, k Key) error {
 	_, err := lockTx(ctx, tx, k, kindShared)
 	return err
 }
 
 // TryRLockTx takes the transaction-level lock k in shared mode if no other
-// session holds it exclusively, and reports whether it did.
+// session holds it exclusively, and reports whether it did. On a hot
+// standby it takes nothing and returns false and [ErrStandby].
 func TryRLockTx(ctx context.Context, tx Tx, k Key) (bool, error) {
 	return lockTx(ctx, tx, k, kindTry|kindShared)
 }
 
 // lockTx takes a transaction-level lock of kind in tx, through the engine
-// without a Locker: with no pool to cancel an abandoned wait from, a wait
-// is one statement (no try first: its pid would serve nothing), ended by
-// ctx through the driver; the caller's rollback, which the doc requires
+// without a Locker. Every call starts with the same non-waiting statement,
+// whatever ctx: one round trip when the key is free, which also says
+// whether the server is a standby (refused, and nothing taken there). Only
+// a waiting call that finds the key held then waits, as ctx allows: in
+// one statement under a context that never ends or has a deadline (the
+// server keeps it), in slices under one that can only be cancelled
+// (waitTxSliced). With no pool to cancel an abandoned wait from, ctx ends
+// it through the driver; the caller's rollback, which the doc requires
 // after a ctx that ended, takes the backend out of the queue. The key is
 // bound as a parameter, which every driver accepts.
 func lockTx(ctx context.Context, tx Tx, k Key, kind lockKind) (bool, error) {
@@ -75,19 +91,20 @@ func lockTx(ctx context.Context, tx Tx, k Key, kind lockKind) (bool, error) {
 		return false, notAcquired(k.String(), err)
 	}
 	e := &engine{mode: bindKeys} // no pool to cancel a wait from, no logger
-	var o outcome
-	_, deadline := ctx.Deadline()
-	switch {
-	case kind.IsTry():
-		o = e.tryOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k)
-	case !deadline && ctx.Done() != nil:
-		if o = e.tryOn(ctx, txWaiter{tx}, xactLevel, nil, kind|kindTry, k); o.err == nil && !o.ok {
+	o := e.tryOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k)
+	if !kind.IsTry() && o.err == nil && !o.ok && !o.standby {
+		if _, deadline := ctx.Deadline(); !deadline && ctx.Done() != nil {
 			o = e.waitTxSliced(ctx, tx, kind, k)
+		} else {
+			o = e.waitOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k, o.pid, waitOne)
 		}
-	default:
-		o = e.waitOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k, 0, waitOne)
 	}
-	return o.ok, settleTx(ctx, k.String(), o)
+	err := settleTx(ctx, k.String(), o, false)
+	if errors.Is(err, ErrStandby) {
+		// No option allows a standby here: say only what to do.
+		err = fmt.Errorf("%w (lock %s): its advisory locks do not conflict with the primary's; connect to the primary", ErrStandby, k)
+	}
+	return o.ok, err
 }
 
 // waitTxSliced is a transaction's wait under a context that can be
@@ -167,6 +184,12 @@ func isNil(v any) bool {
 // begin, lock or commit. A ctx that ends while InTx waits for the lock
 // returns an error matching [ErrNotAcquired] and ctx.Err(), and the wait
 // leaves the server's queue before InTx returns.
+//
+// On a hot standby InTx returns an error matching [ErrStandby], and fn does
+// not run: the lock statement takes nothing there, and a BEGIN the standby
+// refuses (lib/pq begins every transaction that is not read-only as READ
+// WRITE) is reported so too. A Locker made [WithAllowStandby] takes the
+// lock there; begin a read-only transaction then (opts.ReadOnly).
 func (l *Locker) InTx(ctx context.Context, k Key, opts *sql.TxOptions, fn func(tx *sql.Tx) error) error {
 	return InTxWith(ctx, l, k, func(ctx context.Context) (*sql.Tx, error) { return l.db.BeginTx(ctx, opts) }, fn)
 }
@@ -193,6 +216,9 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 	if err != nil {
 		if ctxEnded(ctx) {
 			return notAcquired(l.name(k), ctxErr(ctx))
+		}
+		if !l.cfg.allowStandby && l.beginRefusedByStandby(ctx, err) {
+			return fmt.Errorf("%w (begin: %w)", standbyError("lock "+l.name(k)), err)
 		}
 		return fmt.Errorf("sqllock: begin: %w", err)
 	}
@@ -227,29 +253,47 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 	return nil
 }
 
+// beginRefusedByStandby reports whether err, a failed BEGIN, was a
+// standby's refusal: lib/pq begins every transaction that is not read-only
+// as READ WRITE, which a standby refuses ("cannot set transaction
+// read-write mode during recovery", 0A000), as it refuses a serializable
+// one (0A000 too) or a write (25006). Only for those codes is the server
+// asked whether it is in recovery.
+func (l *Locker) beginRefusedByStandby(ctx context.Context, err error) bool {
+	if st := sqlState(err); st != "0A000" && st != "25006" {
+		return false
+	}
+	var r bool
+	return l.db.QueryRowContext(ctx, sqltext.RecoverySQL).Scan(&r) == nil && r
+}
+
 // lockInTx takes the exclusive transaction-level lock k in tx, InTx's own
-// transaction. Like a session lock it tries first, so that a wait knows its
-// backend's pid: when ctx ends during the wait, that backend is taken out
-// of k's queue (see Locker.cancelWait) rather than left to be granted the
-// lock and sit idle in its transaction until it notices its client left.
+// transaction. It tries first, with the statement LockTx starts with, so
+// that a wait knows its backend's pid: when ctx ends during the wait, that
+// backend is taken out of k's queue (see Locker.cancelWait) rather than
+// left to be granted the lock and sit idle in its transaction until it
+// notices its client left. On a standby the try takes nothing, and the
+// call is refused, unless the Locker was made WithAllowStandby: then it
+// waits, which takes the lock there.
 func (l *Locker) lockInTx(ctx context.Context, tx Tx, k Key) error {
 	if err := ctx.Err(); err != nil {
 		return notAcquired(l.name(k), err)
 	}
 	w := txWaiter{tx}
 	o := l.tryOn(ctx, w, xactLevel, nil, 0, k)
-	if o.err == nil && !o.ok {
+	if o.err == nil && !o.ok && (!o.standby || l.cfg.allowStandby) {
 		o = l.waitOn(ctx, w, xactLevel, nil, 0, k, o.pid, waitOne)
 	}
-	return settleTx(ctx, l.name(k), o)
+	return settleTx(ctx, l.name(k), o, l.cfg.allowStandby)
 }
 
 // settleTx turns the outcome of a transaction-level acquisition into the
 // call's error: a ctx that ended is "not acquired" whatever the driver said
-// (the caller rolls the transaction back, which releases what it holds).
-func settleTx(ctx context.Context, what string, o outcome) error {
-	v, err := judge(ctx, o, what, true, 0)
-	if v == refused && o.err == nil && !o.ok {
+// (the caller rolls the transaction back, which releases what it holds); a
+// standby is refused unless standbyOK.
+func settleTx(ctx context.Context, what string, o outcome, standbyOK bool) error {
+	v, err := judge(ctx, o, what, standbyOK, 0)
+	if v == refused && o.err == nil && !o.ok && (!o.standby || standbyOK) {
 		return nil // a try that found the key held: false, and no error
 	}
 	return err

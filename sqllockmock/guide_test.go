@@ -48,6 +48,33 @@ func TestReindexJob(t *testing.T) {
 	}
 }
 
+// TestReindexJobAnyContext: TestReindexJob's expectations hold whatever
+// context the code under test is given.
+func TestReindexJobAnyContext(t *testing.T) {
+	for _, c := range contexts {
+		t.Run(c.name, func(t *testing.T) {
+			db, mock, err := sqlmock.New()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			locker := sqllock.New(db, sqllock.WithKeepAlive(0))
+			key := sqllock.Hash("cron:reindex_posts")
+			sqllockmock.ExpectServerCheck(mock)
+			sqllockmock.ExpectTryLock(mock, key, true)
+			mock.ExpectExec("UPDATE posts").WillReturnResult(sqlmock.NewResult(0, 3))
+			sqllockmock.ExpectUnlock(mock, key)
+			ran, err := reindexJob(c.ctx(t), locker, db)
+			if !ran || err != nil {
+				t.Fatalf("reindexJob() under a %s context = %v, %v; want true, nil", c.name, ran, err)
+			}
+			if err := mock.ExpectationsWereMet(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
 // TestReindexJobWithPostgres: the code under TestReindexJob, with the
 // same Locker, against a real server.
 func TestReindexJobWithPostgres(t *testing.T) {

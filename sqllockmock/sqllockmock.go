@@ -19,8 +19,11 @@
 // [Locker.Do] and [Locker.TryDo] issue the lock statement, then fn's
 // statements, then the unlock statement: expect them in that order.
 // Transaction-scoped locks run inside the transaction: ExpectBegin, then
-// ExpectLockTx, then the transaction's statements, then ExpectCommit or
-// ExpectRollback.
+// ExpectLockTx (ExpectInTxLock for InTx), then the transaction's
+// statements, then ExpectCommit or ExpectRollback. These hold whatever
+// context the code under test passes (context.Background(), t.Context(),
+// one with a deadline): every lock call starts with a statement that does
+// not depend on its context, and a free key is granted by it.
 //
 // The helpers match sqllock's statements with the default regular
 // expression matcher. This repository tests the same code once against
@@ -105,35 +108,39 @@ func ExpectRUnlock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
 	return expectUnlock(mock, true, k)
 }
 
-// ExpectLockTx expects LockTx to take k in the current transaction, with a
-// context that has no deadline (with one, the wait statement carries it as
-// its own lock_timeout: another statement). For InTx, use ExpectInTxLock.
+// ExpectLockTx expects LockTx to take k in the current transaction, and
+// grants it, whatever the context LockTx is given (none, one that can be
+// cancelled, one with a deadline): every transaction-level lock call
+// starts with the same non-waiting statement, which grants a free key, and
+// only a call that finds the key held sends statements that depend on its
+// context. It is also the statement of Locker.InTx and InTxWith (see
+// ExpectInTxLock).
 func ExpectLockTx(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
 	return expectXact(mock, 0, k, true)
 }
 
-// ExpectInTxLock expects Locker.InTx to take k in the transaction it began
-// (after ExpectBegin), and grants it. InTx starts with the non-waiting
-// function, which also reports the backend pid.
+// ExpectInTxLock expects Locker.InTx (or InTxWith) to take k in the
+// transaction it began (after ExpectBegin), and grants it, whatever the
+// context: the same expectation as ExpectLockTx, under the name of the
+// call it is for.
 func ExpectInTxLock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
-	q, args := sqltext.Bind.XactTryPIDSQL(0, key(k))
-	return mock.ExpectQuery(exact(q)).WithArgs(values(args)...).
-		WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid"}).AddRow(true, PID))
+	return ExpectLockTx(mock, k)
 }
 
-// ExpectTryLockTx expects TryLockTx to try k in the current transaction.
+// ExpectTryLockTx expects TryLockTx to try k in the current transaction,
+// whatever the context; acquired says whether the mock server grants it.
 func ExpectTryLockTx(mock sqlmock.Sqlmock, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
 	return expectXact(mock, sqltext.Try, k, acquired)
 }
 
 // ExpectRLockTx expects RLockTx to take k in shared mode in the current
-// transaction.
+// transaction, and grants it, whatever the context (as ExpectLockTx).
 func ExpectRLockTx(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
 	return expectXact(mock, sqltext.Shared, k, true)
 }
 
 // ExpectTryRLockTx expects TryRLockTx to try k in shared mode in the
-// current transaction.
+// current transaction, whatever the context.
 func ExpectTryRLockTx(mock sqlmock.Sqlmock, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
 	return expectXact(mock, sqltext.Try|sqltext.Shared, k, acquired)
 }
@@ -163,15 +170,12 @@ func expectUnlock(mock sqlmock.Sqlmock, shared bool, k sqllock.Key) *sqlmock.Exp
 		WillReturnRows(sqlmock.NewRows([]string{"released"}).AddRow(true))
 }
 
+// expectXact expects the non-waiting statement of kind, with which every
+// transaction-level lock call starts, answered by a primary.
 func expectXact(mock sqlmock.Sqlmock, kind sqltext.Kind, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
-	if kind.IsTry() {
-		q, args := sqltext.Bind.XactTryPIDSQL(kind, key(k))
-		return mock.ExpectQuery(exact(q)).WithArgs(values(args)...).
-			WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid"}).AddRow(acquired, PID))
-	}
-	q, args := sqltext.Bind.XactLockSQL(kind, key(k))
+	q, args := sqltext.Bind.XactTrySQL(kind, key(k))
 	return mock.ExpectQuery(exact(q)).WithArgs(values(args)...).
-		WillReturnRows(sqlmock.NewRows([]string{"acquired"}).AddRow(acquired))
+		WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid", "in_recovery"}).AddRow(acquired, PID, false))
 }
 
 // key returns k as the statements take it.

@@ -3,9 +3,11 @@ package sqllockmock_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -198,5 +200,111 @@ func TestExpectLockAfterWait(t *testing.T) {
 	}
 	if err := mock.ExpectationsWereMet(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// contexts are the kinds of context code under test may pass to a lock
+// call: none that ends, one that can be cancelled, one with a deadline.
+var contexts = []struct {
+	name string
+	ctx  func(t *testing.T) context.Context
+}{
+	{"background", func(*testing.T) context.Context { return context.Background() }},
+	{"cancellable", func(t *testing.T) context.Context { return t.Context() }},
+	{"deadline", func(t *testing.T) context.Context {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		t.Cleanup(cancel)
+		return ctx
+	}},
+}
+
+// TestTxHelpersAnyContext: the documented sequence (ExpectBegin, the lock
+// helper, the transaction's statements, ExpectCommit) passes for every
+// transaction-level helper whatever context the code under test passes.
+func TestTxHelpersAnyContext(t *testing.T) {
+	k := sqllock.Pair(7, 8)
+	tests := []struct {
+		name   string
+		expect func(sqlmock.Sqlmock)
+		// call runs the lock call and a statement in a transaction.
+		call func(ctx context.Context, db *sql.DB) error
+	}{
+		{"ExpectLockTx", func(m sqlmock.Sqlmock) { sqllockmock.ExpectLockTx(m, k) }, inTx(func(ctx context.Context, tx *sql.Tx) error {
+			return sqllock.LockTx(ctx, tx, k)
+		})},
+		{"ExpectRLockTx", func(m sqlmock.Sqlmock) { sqllockmock.ExpectRLockTx(m, k) }, inTx(func(ctx context.Context, tx *sql.Tx) error {
+			return sqllock.RLockTx(ctx, tx, k)
+		})},
+		{"ExpectTryLockTx", func(m sqlmock.Sqlmock) { sqllockmock.ExpectTryLockTx(m, k, true) }, inTx(func(ctx context.Context, tx *sql.Tx) error {
+			return wantTry(sqllock.TryLockTx(ctx, tx, k))(true)
+		})},
+		{"ExpectTryLockTx not acquired", func(m sqlmock.Sqlmock) { sqllockmock.ExpectTryLockTx(m, k, false) }, inTx(func(ctx context.Context, tx *sql.Tx) error {
+			return wantTry(sqllock.TryLockTx(ctx, tx, k))(false)
+		})},
+		{"ExpectTryRLockTx", func(m sqlmock.Sqlmock) { sqllockmock.ExpectTryRLockTx(m, k, true) }, inTx(func(ctx context.Context, tx *sql.Tx) error {
+			return wantTry(sqllock.TryRLockTx(ctx, tx, k))(true)
+		})},
+		{"ExpectInTxLock", func(m sqlmock.Sqlmock) { sqllockmock.ExpectInTxLock(m, k) }, func(ctx context.Context, db *sql.DB) error {
+			return sqllock.New(db, sqllock.WithKeepAlive(0)).InTx(ctx, k, nil, func(tx *sql.Tx) error {
+				_, err := tx.ExecContext(ctx, "INSERT INTO reports (day) VALUES (1)")
+				return err
+			})
+		}},
+		{"ExpectLockTx for InTx", func(m sqlmock.Sqlmock) { sqllockmock.ExpectLockTx(m, k) }, func(ctx context.Context, db *sql.DB) error {
+			return sqllock.New(db, sqllock.WithKeepAlive(0)).InTx(ctx, k, nil, func(tx *sql.Tx) error {
+				_, err := tx.ExecContext(ctx, "INSERT INTO reports (day) VALUES (1)")
+				return err
+			})
+		}},
+	}
+	for _, tt := range tests {
+		for _, c := range contexts {
+			t.Run(tt.name+"/"+c.name, func(t *testing.T) {
+				db, mock, err := sqlmock.New()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer db.Close()
+				mock.ExpectBegin()
+				tt.expect(mock)
+				mock.ExpectExec("INSERT INTO reports").WillReturnResult(sqlmock.NewResult(1, 1))
+				mock.ExpectCommit()
+				if err := tt.call(c.ctx(t), db); err != nil {
+					t.Fatalf("call under a %s context = %v", c.name, err)
+				}
+				if err := mock.ExpectationsWereMet(); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+}
+
+// inTx returns code under test that begins a transaction, takes a lock in
+// it with lock, inserts a row and commits.
+func inTx(lock func(ctx context.Context, tx *sql.Tx) error) func(ctx context.Context, db *sql.DB) error {
+	return func(ctx context.Context, db *sql.DB) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		if err := lock(ctx, tx); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO reports (day) VALUES (1)"); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+}
+
+// wantTry turns a try's answer into an error unless it is want, nil.
+func wantTry(ok bool, err error) func(want bool) error {
+	return func(want bool) error {
+		if err != nil || ok != want {
+			return fmt.Errorf("try = %v, %v; want %v, nil", ok, err, want)
+		}
+		return nil
 	}
 }

@@ -111,14 +111,13 @@ func (m Mode) KeyArgs(k Key, first int) (string, []any) {
 // bound caches the bind-mode transaction-level Statements, which do not
 // depend on the key's value: built once, they cost no allocation per lock.
 var bound = func() (c struct {
-	xact [KindCount][2]string // by kind (with Xact), then [bigint, pair]
+	xact    [2][2]string // waits, by [exclusive, shared], then [bigint, pair]
+	xactTry [2][2]string // first statements, the same way
 }) {
-	for kind := range Kind(KindCount) {
-		if kind&Xact == 0 {
-			continue
-		}
+	for sh, shared := range []bool{false, true} {
 		for f, k := range []Key{{}, {Pair: true}} {
-			c.xact[kind][f], _ = Bind.BuildXactLockSQL(kind, k)
+			c.xact[sh][f], _ = Bind.BuildXactLockSQL(SharedKind(shared), k)
+			c.xactTry[sh][f], _ = Bind.BuildXactTrySQL(SharedKind(shared), k)
 		}
 	}
 	return c
@@ -313,26 +312,47 @@ func (s *Statements) ResetSQL(pid int64) (string, []any) {
 // once per Locker, not in every wait).
 const WaitSliceSQL = "SELECT greatest(1, (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::int8)"
 
-// XactLockSQL returns the statement that takes a transaction-level lock. Its
-// single row is (acquired bool).
-func (m Mode) XactLockSQL(kind Kind, k Key) (string, []any) {
-	kind |= Xact
+// XactTrySQL returns the statement with which every transaction-level
+// lock call starts, whatever its context and whether or not it may wait:
+// it tries the lock without waiting (one round trip when the key is free),
+// and reports the backend and whether the server is a standby. On a
+// standby it takes nothing: pg_is_in_recovery() is read once, in a
+// subquery kept apart (OFFSET 0), and the try function is called only
+// when it is false (a standby's advisory locks do not conflict with the
+// primary's). Its single row is (acquired bool, pid int, in_recovery
+// bool). Only a call that finds the key held, and may wait, sends a wait
+// statement after it (XactLockSQL, XactDeadlineLockSQL).
+func (m Mode) XactTrySQL(kind Kind, k Key) (string, []any) {
 	if m == Bind {
-		return bound.xact[kind][formIndex(k)], bindArgs(k)
+		return bound.xactTry[sharedIndex(kind.IsShared())][formIndex(k)], bindArgs(k)
+	}
+	return m.BuildXactTrySQL(kind, k)
+}
+
+func (m Mode) BuildXactTrySQL(kind Kind, k Key) (string, []any) {
+	a, args := m.KeyArgs(k, 1)
+	fn := (kind | Xact | Try).Fn()
+	return "SELECT CASE WHEN s.r THEN false ELSE " + fn + "(" + a + ") END, pg_backend_pid(), s.r" +
+		" FROM (SELECT pg_is_in_recovery() AS r OFFSET 0) AS s", args
+}
+
+// XactLockSQL returns the statement with which a transaction waits for a
+// transaction-level lock (kind's Try is ignored) for as long as it takes.
+// Its single row is (acquired bool).
+func (m Mode) XactLockSQL(kind Kind, k Key) (string, []any) {
+	if m == Bind {
+		return bound.xact[sharedIndex(kind.IsShared())][formIndex(k)], bindArgs(k)
 	}
 	return m.BuildXactLockSQL(kind, k)
 }
 
 func (m Mode) BuildXactLockSQL(kind Kind, k Key) (string, []any) {
 	a, args := m.KeyArgs(k, 1)
-	if kind.IsTry() {
-		return "SELECT " + kind.Fn() + "(" + a + ")", args
-	}
-	return "SELECT true FROM " + kind.Fn() + "(" + a + ")", args
+	return "SELECT true FROM " + (kind&^Try | Xact).Fn() + "(" + a + ")", args
 }
 
 // XactDeadlineLockSQL returns the statement with which a transaction
-// waits for a transaction-level lock (kind is not Try) for at most
+// waits for a transaction-level lock (kind's Try is ignored) for at most
 // timeout (a duration the server reads, such as "250ms"): the wait's own
 // lock_timeout, 55P03 when it fires, so that the server keeps the
 // caller's deadline even when the driver's cancel never reaches it. A
@@ -341,7 +361,7 @@ func (m Mode) BuildXactLockSQL(kind Kind, k Key) (string, []any) {
 // transaction's setting is set back as the lock is granted (a 55P03
 // aborts the transaction anyway). Its single row is (acquired bool).
 func (m Mode) XactDeadlineLockSQL(kind Kind, k Key, timeout string) (string, []any) {
-	kind |= Xact
+	kind = kind&^Try | Xact
 	a, args := m.KeyArgs(k, 1)
 	t := "'" + timeout + "'"
 	if m == Bind {
@@ -354,13 +374,10 @@ func (m Mode) XactDeadlineLockSQL(kind Kind, k Key, timeout string) (string, []a
 		" LATERAL (SELECT " + kind.Fn() + "(" + a + ") WHERE s.v IS NOT NULL) AS l", args
 }
 
-// XactTryPIDSQL returns the statement with which InTx tries a
-// transaction-level lock in its own transaction: its single row is
-// (acquired bool, pid int), the pid settling a wait that follows.
-func (m Mode) XactTryPIDSQL(kind Kind, k Key) (string, []any) {
-	q, args := m.XactLockSQL(kind|Try, k)
-	return q + ", pg_backend_pid()", args
-}
+// RecoverySQL asks whether the server is a standby: InTx asks it when a
+// BEGIN is refused (lib/pq begins read-write transactions, which a
+// standby refuses).
+const RecoverySQL = "SELECT pg_is_in_recovery()"
 
 // DetectMode picks Inline for lib/pq, whose parameterized queries cost
 // an extra round trip (an unnamed prepare, then the execution), and Bind

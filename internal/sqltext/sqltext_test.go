@@ -52,8 +52,18 @@ func TestStatements(t *testing.T) {
 			t.Errorf("statement = %q, %v; want %q with %d args", tt.q, tt.args, tt.want, tt.n)
 		}
 	}
-	if q, _ := Bind.XactLockSQL(Try|Shared, Key{V: 1}); q != "SELECT pg_try_advisory_xact_lock_shared($1)" {
-		t.Errorf("xactLockSQL = %q", q)
+	if q, _ := Bind.XactLockSQL(Shared, Key{V: 1}); q != "SELECT true FROM pg_advisory_xact_lock_shared($1)" {
+		t.Errorf("XactLockSQL = %q", q)
+	}
+	// Every transaction-level call's first statement, whether it may wait
+	// or not: the try function, called only off a standby.
+	for _, kind := range []Kind{0, Try} {
+		if q, _ := Bind.XactTrySQL(kind|Shared, Key{V: 1}); q != "SELECT CASE WHEN s.r THEN false ELSE pg_try_advisory_xact_lock_shared($1) END, pg_backend_pid(), s.r FROM (SELECT pg_is_in_recovery() AS r OFFSET 0) AS s" {
+			t.Errorf("XactTrySQL(%d) = %q", kind, q)
+		}
+	}
+	if q, args := Inline.XactTrySQL(0, Key{Pair: true, Class: 3, ID: -4}); q != "SELECT CASE WHEN s.r THEN false ELSE pg_try_advisory_xact_lock(3, -4) END, pg_backend_pid(), s.r FROM (SELECT pg_is_in_recovery() AS r OFFSET 0) AS s" || len(args) != 0 {
+		t.Errorf("inline XactTrySQL = %q, %v", q, args)
 	}
 }
 
@@ -77,8 +87,12 @@ func TestLockFuncs(t *testing.T) {
 			continue
 		}
 		for _, k := range []Key{Key{V: 9}, Key{Pair: true, Class: 1, ID: 2}} {
-			cached, _ := Bind.XactLockSQL(kind, k)
-			built, _ := Bind.BuildXactLockSQL(kind, k)
+			// A try kind's first statement calls its function; a waiting
+			// kind's wait statement does (the first statement tries).
+			cached, built := first(Bind.XactTrySQL(kind, k)), first(Bind.BuildXactTrySQL(kind, k))
+			if !kind.IsTry() {
+				cached, built = first(Bind.XactLockSQL(kind, k)), first(Bind.BuildXactLockSQL(kind, k))
+			}
 			if cached != built || !strings.Contains(cached, fn+"(") {
 				t.Errorf("kind %d, key %v: cached %q, built %q", kind, k, cached, built)
 			}
