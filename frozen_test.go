@@ -40,10 +40,22 @@ type frozenSetup struct {
 }
 
 var frozenCalls = []frozenCall{
-	{"Lock", func(ctx context.Context, f *frozenSetup) error { _, err := f.l.Lock(ctx, sqllock.Int64(1801)); return err }},
-	{"TryLock", func(ctx context.Context, f *frozenSetup) error { _, err := f.l.TryLock(ctx, sqllock.Int64(1802)); return err }},
-	{"RLock", func(ctx context.Context, f *frozenSetup) error { _, err := f.l.RLock(ctx, sqllock.Int64(1803)); return err }},
-	{"TryRLock", func(ctx context.Context, f *frozenSetup) error { _, err := f.l.TryRLock(ctx, sqllock.Int64(1804)); return err }},
+	{"Lock", func(ctx context.Context, f *frozenSetup) error {
+		_, err := f.l.Lock(ctx, sqllock.Int64(1801))
+		return err
+	}},
+	{"TryLock", func(ctx context.Context, f *frozenSetup) error {
+		_, err := f.l.TryLock(ctx, sqllock.Int64(1802))
+		return err
+	}},
+	{"RLock", func(ctx context.Context, f *frozenSetup) error {
+		_, err := f.l.RLock(ctx, sqllock.Int64(1803))
+		return err
+	}},
+	{"TryRLock", func(ctx context.Context, f *frozenSetup) error {
+		_, err := f.l.TryRLock(ctx, sqllock.Int64(1804))
+		return err
+	}},
 	{"Do", func(ctx context.Context, f *frozenSetup) error {
 		return f.l.Do(ctx, sqllock.Int64(1805), func(context.Context) error { return nil })
 	}},
@@ -53,8 +65,14 @@ var frozenCalls = []frozenCall{
 	}},
 	{"Session", func(ctx context.Context, f *frozenSetup) error { _, err := f.l.Session(ctx); return err }},
 	{"Session.Lock", func(ctx context.Context, f *frozenSetup) error { return f.s.Lock(ctx, sqllock.Int64(1808)) }},
-	{"Session.TryLock", func(ctx context.Context, f *frozenSetup) error { _, err := f.s2.TryLock(ctx, sqllock.Int64(1809)); return err }},
-	{"Semaphore.Acquire", func(ctx context.Context, f *frozenSetup) error { _, err := f.l.Semaphore("frozen", 2).Acquire(ctx); return err }},
+	{"Session.TryLock", func(ctx context.Context, f *frozenSetup) error {
+		_, err := f.s2.TryLock(ctx, sqllock.Int64(1809))
+		return err
+	}},
+	{"Semaphore.Acquire", func(ctx context.Context, f *frozenSetup) error {
+		_, err := f.l.Semaphore("frozen", 2).Acquire(ctx)
+		return err
+	}},
 	{"Semaphore.TryAcquire", func(ctx context.Context, f *frozenSetup) error {
 		_, err := f.l.Semaphore("frozen-try", 2).TryAcquire(ctx)
 		return err
@@ -63,9 +81,15 @@ var frozenCalls = []frozenCall{
 		_, err := f.l.Election(sqllock.Int64(1812)).Campaign(ctx, "frozen")
 		return err
 	}},
-	{"Election.Leader", func(ctx context.Context, f *frozenSetup) error { _, err := f.l.Election(sqllock.Int64(1813)).Leader(ctx); return err }},
+	{"Election.Leader", func(ctx context.Context, f *frozenSetup) error {
+		_, err := f.l.Election(sqllock.Int64(1813)).Leader(ctx)
+		return err
+	}},
 	{"LockTx", func(ctx context.Context, f *frozenSetup) error { return sqllock.LockTx(ctx, f.tx, sqllock.Int64(1814)) }},
-	{"TryLockTx", func(ctx context.Context, f *frozenSetup) error { _, err := sqllock.TryLockTx(ctx, f.tx2, sqllock.Int64(1815)); return err }},
+	{"TryLockTx", func(ctx context.Context, f *frozenSetup) error {
+		_, err := sqllock.TryLockTx(ctx, f.tx2, sqllock.Int64(1815))
+		return err
+	}},
 	{"InTx", func(ctx context.Context, f *frozenSetup) error {
 		return f.l.InTx(ctx, sqllock.Int64(1816), nil, func(*sql.Tx) error { return nil })
 	}},
