@@ -5,11 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/testkit"
 	"github.com/sqllock/sqllock/pgtest"
 )
 
@@ -231,4 +234,88 @@ func TestLockTimeoutRule(t *testing.T) {
 		}
 		waitFree(t, db, k, 5*time.Second)
 	})
+}
+
+// TestWaitingSessionsNamed: with WithApplicationName, a Locker's waiting
+// sessions carry the name, as its holding ones do (pg_stat_activity and
+// Inspect tell whose waiters they are); a session whose DSN names it
+// keeps that name while it waits.
+func TestWaitingSessionsNamed(t *testing.T) {
+	t.Parallel()
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		for _, tc := range []struct {
+			name string
+			db   *sql.DB
+			want string
+		}{
+			{"option", db, "svc-waiters"},
+			{"dsn", pgtest.Open(t, driverOf(db), withDSNParam(dsn, "application_name", "from-dsn")), "from-dsn"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				k := sqllock.Int64(96)
+				if tc.name == "dsn" {
+					k = sqllock.Int64(97)
+				}
+				holder, err := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithKeepAlive(0)).Lock(bg(), k)
+				if err != nil {
+					t.Fatal(err)
+				}
+				l := sqllock.New(tc.db, sqllock.WithKeepAlive(0), sqllock.WithApplicationName("svc-waiters"))
+				const waiters = 5
+				var wg sync.WaitGroup
+				got := make(chan *sqllock.Lock, waiters)
+				for range waiters {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						lk, err := l.Lock(bg(), k)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						got <- lk
+					}()
+				}
+				testkit.WaitWaiters(t, db, k, 1)
+				locks, err := sqllock.Inspect(bg(), db, nil, k)
+				if err != nil {
+					t.Fatal(err)
+				}
+				waiting := 0
+				for _, h := range locks {
+					if h.Granted {
+						continue
+					}
+					waiting++
+					if h.ApplicationName != tc.want {
+						t.Errorf("a waiting session (pid %d) is named %q, want %q", h.PID, h.ApplicationName, tc.want)
+					}
+				}
+				if waiting == 0 {
+					t.Fatal("no waiting session seen")
+				}
+				holder.Unlock(bg())
+				for range waiters {
+					lk := <-got
+					if hs, err := sqllock.Inspect(bg(), db, nil, k); err != nil || len(hs) == 0 || !hs[0].Granted || hs[0].ApplicationName != tc.want {
+						t.Errorf("the holder is %+v (%v), want one named %q", hs, err, tc.want)
+					}
+					lk.Unlock(bg())
+				}
+				wg.Wait()
+			})
+		}
+	})
+}
+
+// withDSNParam returns dsn (a URL or key=value pairs) with one more
+// parameter.
+func withDSNParam(dsn, name, value string) string {
+	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
+		q := u.Query()
+		q.Set(name, value)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	return dsn + " " + name + "=" + value
 }

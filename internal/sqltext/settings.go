@@ -51,22 +51,27 @@ func (s Settings) Tune() string {
 		exprs = append(exprs, set("application_name", s.AppName))
 	case s.AppName != "":
 		// Only when the session has none (set on the DSN, say): it is never
-		// overwritten.
-		exprs = append(exprs, "CASE WHEN current_setting('application_name') = '' THEN "+set("application_name", s.AppName)+" END")
+		// overwritten. (A wait statement names its session for the wait's
+		// length first: see Waiting.)
+		exprs = append(exprs, "CASE WHEN current_setting('application_name') IN ('', '"+s.AppName+"') THEN "+set("application_name", s.AppName)+" END")
 	}
 	return concat(exprs)
 }
 
 // Waiting returns the SQL expression that names a waiting session with
-// AppName, for an AppName forced on it (an election's candidates): set
-// local to the wait statement, the name lasts as long as the wait and
-// leaves with it (granted, the statement's Tune then sets it for the
-// session). "" when nothing is forced.
+// AppName, as a holding one is named: set local to the wait statement, the
+// name lasts as long as the wait and leaves with it (granted, the
+// statement's Tune then sets it for the session). A forced AppName (an
+// election's candidates) replaces the session's own; another one is set
+// only on a session that has none. "" when there is no AppName.
 func (s Settings) Waiting() string {
-	if s.AppName == "" || !s.ForceAppName {
+	switch {
+	case s.AppName == "":
 		return ""
+	case s.ForceAppName:
+		return "set_config('application_name', '" + s.AppName + "', true)"
 	}
-	return "set_config('application_name', '" + s.AppName + "', true)"
+	return "CASE WHEN current_setting('application_name') = '' THEN set_config('application_name', '" + s.AppName + "', true) END"
 }
 
 // Untune returns the SQL expression that sets back what Tune applied:
