@@ -425,3 +425,64 @@ func TestPgBouncerSessionMode(t *testing.T) {
 		})
 	}
 }
+
+// TestPgBouncerNoTwoHolders: behind PgBouncer in transaction mode, two
+// Lockers that take one key one after another land on one server
+// session, where advisory locks are re-entrant: the second must be
+// refused (held, or ErrSessionChanged), never granted, with both drivers,
+// shared and dedicated sessions, and pools of 1 and 4 server sessions.
+func TestPgBouncerNoTwoHolders(t *testing.T) {
+	long(t)
+	srv := pgtest.Start(t)
+	if !srv.Local() {
+		pgtest.Unavailable(t, "a local cluster (for PgBouncer)", errors.New("SQLLOCK_TEST_DSN or Docker server"))
+	}
+	dsn := srv.NewDatabase(t)
+	observer := pgtest.Open(t, "pgx", dsn)
+	const rounds = 20
+	for _, pool := range []int{1, 4} {
+		b := pgtest.StartPgBouncer(t, srv, "transaction", pool)
+		bdsn := b.DSNFor(pgtest.DatabaseOf(dsn))
+		for _, drv := range drivers {
+			for _, sessions := range []string{"shared", "dedicated"} {
+				t.Run(fmt.Sprintf("pool %d/%s/%s", pool, drv, sessions), func(t *testing.T) {
+					d := bdsn
+					if drv == "pgx" {
+						d += "&default_query_exec_mode=simple_protocol"
+					}
+					opts := []sqllock.Option{sqllock.WithKeepAlive(0)}
+					if sessions == "dedicated" {
+						opts = append(opts, sqllock.WithDedicatedSessions())
+					}
+					two, refused, sessionChanged := 0, 0, 0
+					for r := range rounds {
+						k := sqllock.Int64(int64(91000 + 100*pool + r))
+						la := sqllock.New(pgtest.Open(t, drv, d), opts...)
+						lb := sqllock.New(pgtest.Open(t, drv, d), opts...)
+						ctx, cancel := context.WithTimeout(bg(), 5*time.Second)
+						a, errA := la.Lock(ctx, k)
+						cancel()
+						bl, errB := lb.TryLock(bg(), k)
+						switch {
+						case errA == nil && errB == nil:
+							two++
+							t.Errorf("round %d: both Lockers hold %v (backends %d and %d)", r, k, a.PID(), bl.PID())
+						case errors.Is(errB, sqllock.ErrSessionChanged) || errors.Is(errA, sqllock.ErrSessionChanged):
+							sessionChanged++
+						case errB != nil:
+							refused++
+						}
+						if a != nil {
+							a.Unlock(bg())
+						}
+						if bl != nil {
+							bl.Unlock(bg())
+						}
+					}
+					left := advisoryCount(t, observer)
+					t.Logf("%d rounds: %d with two holders, %d refused as held, %d refused with ErrSessionChanged; %d advisory locks left on the server", rounds, two, refused, sessionChanged, left)
+				})
+			}
+		}
+	}
+}
