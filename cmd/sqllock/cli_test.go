@@ -322,6 +322,29 @@ func TestKey(t *testing.T) {
 	}
 }
 
+// TestKeyDocIsOutput: docs/cli.md shows sqllock key's output whole, as
+// the command prints it.
+func TestKeyDocIsOutput(t *testing.T) {
+	b, err := os.ReadFile("../../docs/cli.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const prompt = "$ sqllock key "
+	_, rest, ok := strings.Cut(string(b), "```\n"+prompt)
+	if !ok {
+		t.Fatalf("docs/cli.md has no block starting %q", prompt)
+	}
+	rest, _, _ = strings.Cut(rest, "```")
+	name, doc, _ := strings.Cut(rest, "\n")
+	var out, errb bytes.Buffer
+	if code := run([]string{"key", name}, &out, &errb); code != 0 {
+		t.Fatalf("sqllock key %s = %d: %s", name, code, errb.String())
+	}
+	if out.String() != doc {
+		t.Errorf("docs/cli.md shows for sqllock key %s:\n%s\nthe command prints:\n%s", name, doc, out.String())
+	}
+}
+
 func TestBadInput(t *testing.T) {
 	srv := pgtest.Start(t)
 	tests := []struct {
