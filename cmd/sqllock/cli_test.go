@@ -527,6 +527,42 @@ func TestRunHelp(t *testing.T) {
 	}
 }
 
+// TestUsageAligned: the usage text's commands start their descriptions
+// in one column.
+func TestUsageAligned(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"--help"}, &out, &errb); code != 0 {
+		t.Fatalf("sqllock --help = %d", code)
+	}
+	cols := map[int][]string{}
+	for _, l := range strings.Split(out.String(), "\n") {
+		if !strings.HasPrefix(l, "  sqllock ") {
+			continue
+		}
+		gap := strings.Index(l, "   ")
+		if gap < 0 {
+			t.Fatalf("usage line %q has no description", l)
+		}
+		desc := len(l) - len(strings.TrimLeft(l[gap:], " "))
+		cols[desc] = append(cols[desc], l)
+	}
+	if len(cols) != 1 {
+		t.Errorf("the usage text's descriptions start in %d columns, want one:\n%s", len(cols), out.String())
+	}
+}
+
+// TestKeyHelp: key -h says what the command does, as run -h and inspect
+// -h do.
+func TestKeyHelp(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"key", "-h"}, &out, &errb); code != 0 {
+		t.Fatalf("key -h = %d", code)
+	}
+	if !strings.Contains(errb.String(), "usage: sqllock key NAME") || !strings.Contains(errb.String(), "zlib.crc32") {
+		t.Errorf("key -h printed %q", errb.String())
+	}
+}
+
 // TestInspectElection: inspect shows an election's leader, with its value,
 // and its waiting candidates.
 func TestInspectElection(t *testing.T) {
