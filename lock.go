@@ -410,10 +410,14 @@ func runError(fnErr, unlockErr error) error {
 // ErrReleased for a nil Lock; Unlock may still be called during the window,
 // to release it early (the window then ends). Calling UnlockAfter again
 // replaces the window: the release happens d after acquisition for the
-// last d given.
+// last d given. d is at most 7 days (168 h): a longer one is an error, and
+// the lock is left as it was.
 func (lk *Lock) UnlockAfter(d time.Duration) error {
 	if lk == nil {
 		return ErrReleased
+	}
+	if err := windowError("Lock.UnlockAfter", d); err != nil {
+		return err
 	}
 	if err := lk.Err(); err != nil {
 		return err
