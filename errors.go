@@ -114,6 +114,18 @@ func ctxErr(ctx context.Context) error {
 	return context.DeadlineExceeded
 }
 
+// mustContext panics when ctx is nil, naming call, the exported function
+// or method given it: a nil context is a programmer's error, caught at the
+// call before anything is sent or any state changes. Further down it would
+// do harm: database/sql, given one, panics while holding its own mutex and
+// leaves the whole *sql.DB stuck, and an Unlock would release the lock,
+// then panic with its handle left in a false state.
+func mustContext(ctx context.Context, call string) {
+	if ctx == nil {
+		panic("sqllock: " + call + " called with a nil context")
+	}
+}
+
 func notAcquired(k string, ctxErr error) error {
 	return fmt.Errorf("%w: %s: %w", ErrNotAcquired, k, ctxErr)
 }

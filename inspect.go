@@ -63,6 +63,7 @@ type HeldLock struct {
 // r, which may be nil, names the keys it knows. Given keys, Inspect
 // reports those keys only.
 func Inspect(ctx context.Context, q Querier, r *Registry, keys ...Key) ([]HeldLock, error) {
+	mustContext(ctx, "Inspect")
 	if isNil(q) {
 		return nil, fmt.Errorf("sqllock: Inspect: nil Querier")
 	}

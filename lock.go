@@ -90,6 +90,7 @@ func (lk *Lock) PID() int {
 // the lock any more, and [ErrReleased] after Unlock. ctx bounds the round
 // trip.
 func (lk *Lock) Token(ctx context.Context) (int64, error) {
+	mustContext(ctx, "Lock.Token")
 	if lk == nil {
 		return 0, ErrReleased
 	}
@@ -211,6 +212,7 @@ func (lk *Lock) Err() error {
 // wrapping the cause when the unlock statement failed (the connection is
 // then discarded and the lock is released by the server).
 func (lk *Lock) Unlock(ctx context.Context) error {
+	mustContext(ctx, "Lock.Unlock")
 	if lk == nil {
 		return ErrReleased
 	}

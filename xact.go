@@ -35,6 +35,7 @@ type Tx interface {
 // server's deadlock_timeout. Other errors:
 // [ErrDeadlock] (tx is aborted), [ErrLockTableFull], [ErrInvalidKey].
 func LockTx(ctx context.Context, tx Tx, k Key) error {
+	mustContext(ctx, "LockTx")
 	_, err := lockTx(ctx, tx, k, 0)
 	return err
 }
@@ -42,12 +43,14 @@ func LockTx(ctx context.Context, tx Tx, k Key) error {
 // TryLockTx takes the exclusive transaction-level lock k in tx if no other
 // session holds it, and reports whether it did. It does not wait.
 func TryLockTx(ctx context.Context, tx Tx, k Key) (bool, error) {
+	mustContext(ctx, "TryLockTx")
 	return lockTx(ctx, tx, k, kindTry)
 }
 
 // RLockTx takes the transaction-level lock k in shared mode, waiting while
 // another session holds it exclusively.
 func RLockTx(ctx context.Context, tx Tx, k Key) error {
+	mustContext(ctx, "RLockTx")
 	_, err := lockTx(ctx, tx, k, kindShared)
 	return err
 }
@@ -55,6 +58,7 @@ func RLockTx(ctx context.Context, tx Tx, k Key) error {
 // TryRLockTx takes the transaction-level lock k in shared mode if no other
 // session holds it exclusively, and reports whether it did.
 func TryRLockTx(ctx context.Context, tx Tx, k Key) (bool, error) {
+	mustContext(ctx, "TryRLockTx")
 	return lockTx(ctx, tx, k, kindTry|kindShared)
 }
 
@@ -168,6 +172,7 @@ func isNil(v any) bool {
 // returns an error matching [ErrNotAcquired] and ctx.Err(), and the wait
 // leaves the server's queue before InTx returns.
 func (l *Locker) InTx(ctx context.Context, k Key, opts *sql.TxOptions, fn func(tx *sql.Tx) error) error {
+	mustContext(ctx, "Locker.InTx")
 	return InTxWith(ctx, l, k, func(ctx context.Context) (*sql.Tx, error) { return l.db.BeginTx(ctx, opts) }, fn)
 }
 
@@ -180,6 +185,7 @@ func (l *Locker) InTx(ctx context.Context, k Key, opts *sql.TxOptions, fn func(t
 //		func(ctx context.Context) (*sqlx.Tx, error) { return dbx.BeginTxx(ctx, nil) },
 //		func(tx *sqlx.Tx) error { ... })
 func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Context) (T, error), fn func(tx T) error) (err error) {
+	mustContext(ctx, "InTxWith")
 	if err := k.valid(); err != nil {
 		return err
 	}
