@@ -57,6 +57,12 @@
 // the details (the key, its registry name, the backend). Each variable's
 // documentation says which calls return it.
 //
+// Misuse panics instead, at the call and before anything is sent: a nil
+// *sql.DB given to [New], and a nil context given to any call that takes
+// one (the panic names the call: "sqllock: Locker.Lock called with a nil
+// context"). Use context.Background() or context.TODO() where no context
+// is at hand.
+//
 // # The traps it prevents
 //
 // A forgotten unlock, a lock that rides back into the pool, a cancelled

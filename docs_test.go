@@ -136,3 +136,39 @@ func TestSnippetProblems(t *testing.T) {
 		}
 	}
 }
+
+// TestExamplesNeedNoSetup: README.md says every example runs with `go run`
+// and no setup, starting a throwaway PostgreSQL unless DATABASE_URL is set:
+// each program under examples/ starts one (pgtest.DatabaseURL or
+// pgtest.Embedded). Each example's own test runs it.
+func TestExamplesNeedNoSetup(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "no setup") {
+		t.Fatal("README.md no longer promises examples that need no setup: update this test")
+	}
+	dirs, err := filepath.Glob("examples/*")
+	if err != nil || len(dirs) == 0 {
+		t.Fatalf("no examples: %v", err)
+	}
+	starts := regexp.MustCompile(`\bpgtest\.(DatabaseURL|Embedded)\(`)
+	for _, dir := range dirs {
+		files, _ := filepath.Glob(filepath.Join(dir, "*.go"))
+		found := false
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			src, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			found = found || starts.Match(src)
+		}
+		if !found {
+			t.Errorf("%s starts no server of its own: `go run` fails without DATABASE_URL", dir)
+		}
+	}
+}

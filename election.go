@@ -57,6 +57,7 @@ func (l *Locker) Election(k Key) *Election {
 // [ErrInvalidKey] for an unusable value. [Election.Lead] is the loop
 // around it: most programs want that instead.
 func (e *Election) Campaign(ctx context.Context, value string) (*Lock, error) {
+	mustContext(ctx, "Election.Campaign")
 	if err := checkValue(value); err != nil {
 		return nil, err
 	}
@@ -94,6 +95,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Lock, error) {
 // value or key ([ErrInvalidKey]), a server without advisory locks
 // ([ErrUnsupportedServer]), a closed *sql.DB. Lead panics if fn is nil.
 func (e *Election) Lead(ctx context.Context, value string, fn func(ctx context.Context, term *Lock) error) error {
+	mustContext(ctx, "Election.Lead")
 	if fn == nil {
 		panic("sqllock: Election.Lead called with a nil fn")
 	}
@@ -245,6 +247,7 @@ func (ld Leader) String() string {
 // Leader returns who leads now, in one query: the zero Leader (PID 0)
 // when no one does. It needs no privileges, and costs the leader nothing.
 func (e *Election) Leader(ctx context.Context) (Leader, error) {
+	mustContext(ctx, "Election.Leader")
 	for try := 0; ; try++ {
 		hs, err := Inspect(ctx, e.l.db, nil, e.key)
 		if err != nil {
@@ -286,6 +289,7 @@ const leaderRetries = 20
 // and nothing for the candidates. A leadership shorter than the interval
 // can go unseen. A failed query is retried at the next interval.
 func (e *Election) Observe(ctx context.Context) <-chan Leader {
+	mustContext(ctx, "Election.Observe")
 	interval := e.l.cfg.keepAlive
 	if interval <= 0 {
 		interval = time.Second

@@ -116,6 +116,18 @@ func ctxErr(ctx context.Context) error {
 	return context.DeadlineExceeded
 }
 
+// mustContext panics when ctx is nil, naming call, the exported function
+// or method given it: a nil context is a programmer's error, caught at the
+// call before anything is sent or any state changes. Further down it would
+// do harm: database/sql, given one, panics while holding its own mutex and
+// leaves the whole *sql.DB stuck, and an Unlock would release the lock,
+// then panic with its handle left in a false state.
+func mustContext(ctx context.Context, call string) {
+	if ctx == nil {
+		panic("sqllock: " + call + " called with a nil context")
+	}
+}
+
 func notAcquired(k string, ctxErr error) error {
 	return fmt.Errorf("%w: %s: %w", ErrNotAcquired, k, ctxErr)
 }
@@ -179,22 +191,38 @@ type HeldError struct {
 	err     error
 }
 
-// Error implements error: the refusal, then the first holder. Of a
-// session of another role (one whose query the server hides from this
-// role), it gives only the backend: error strings end up in logs that
-// other people read, and what another role names its sessions is not
-// theirs to see there ([HeldError].Holders keeps every field).
+// Error implements error: the refusal, naming the first holder once, as
+// in "sqllock: lock not acquired: 42 is held by pid 1234 (application
+// "billing", idle) from 10.0.0.7 since 15:04:05", or a wait's end and
+// "; held by" the holder. Of a session of another role (one whose query
+// the server hides from this role), it gives only the backend: error
+// strings end up in logs that other people read, and what another role
+// names its sessions is not theirs to see there ([HeldError].Holders
+// keeps every field).
 func (e *HeldError) Error() string {
+	msg := e.err.Error()
 	for _, h := range e.Holders {
-		if h.Granted {
-			if h.Hidden {
-				return fmt.Sprintf("%s; held by backend %d, a session of another role", e.err, h.PID)
-			}
-			return e.err.Error() + "; held by " + h.String()
+		if !h.Granted {
+			continue
 		}
+		by := h.holder()
+		if h.Hidden {
+			by = fmt.Sprintf("backend %d, a session of another role", h.PID)
+		}
+		if rest, ok := strings.CutSuffix(msg, heldElsewhere); ok {
+			return rest + "is held by " + by // a refusal: "another session" named
+		}
+		if e.Key == (Key{}) {
+			return msg + "; one slot held by " + by // a semaphore's
+		}
+		return msg + "; held by " + by
 	}
-	return e.err.Error()
+	return msg
 }
+
+// heldElsewhere ends the error of a lock refused because another session
+// holds it (see judge), which a HeldError replaces with the holder.
+const heldElsewhere = "is held by another session"
 
 // Unwrap returns the refusal (which wraps ErrNotAcquired).
 func (e *HeldError) Unwrap() error { return e.err }

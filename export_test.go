@@ -40,6 +40,9 @@ const (
 	MinKeepAlive         = minKeepAlive
 	MinOrphanBound       = minOrphanBound
 	MaxOrphanBound       = maxOrphanBound
+	MaxKeepAlive         = maxKeepAlive
+	MaxUnlockTimeout     = maxUnlockTimeout
+	MaxHoldWindow        = maxHoldWindow
 	MinServerVersion     = minServerVersion
 )
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -115,4 +116,58 @@ func TestHeldErrorOfAnotherRole(t *testing.T) {
 	if s := held.Holders[0].String(); strings.Contains(s, ", )") || !strings.Contains(s, "another role") {
 		t.Fatalf("HeldLock.String() = %q", s)
 	}
+}
+
+// TestHeldErrorText: a WithHolders error names the holder once, in the
+// refusal's own words: "…42 is held by pid N (…)", not "…is held by
+// another session; held by key 42 exclusive held by pid N (…)".
+func TestHeldErrorText(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		k := sqllock.Int64(4242)
+		holder := sqllock.New(db, sqllock.WithApplicationName("billing-worker"))
+		lk, err := holder.Lock(bg(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lk.Unlock(bg())
+		sem, err := holder.Semaphore("exports", 1).TryAcquire(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sem.Unlock(bg())
+		waiter := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithHolders())
+		// by is how the error must name the holder h: its session, once.
+		by := func(h sqllock.HeldLock, pid int) string {
+			s := fmt.Sprintf(`pid %d (application "billing-worker", idle)`, pid)
+			if h.ClientAddr != "" {
+				s += " from " + h.ClientAddr
+			}
+			return s + " since " + h.Since.Format("15:04:05")
+		}
+		_, err = waiter.TryLock(bg(), k)
+		var held *sqllock.HeldError
+		if !errors.As(err, &held) || len(held.Holders) == 0 {
+			t.Fatalf("TryLock of a held key = %v, want a HeldError", err)
+		}
+		if want := "sqllock: lock not acquired: 4242 is held by " + by(held.Holders[0], lk.PID()); err.Error() != want {
+			t.Errorf("TryLock's error:\n got %q\nwant %q", err, want)
+		}
+		_, err = waiter.Semaphore("exports", 1).TryAcquire(bg())
+		if !errors.As(err, &held) || len(held.Holders) == 0 {
+			t.Fatalf("TryAcquire of a full semaphore = %v, want a HeldError", err)
+		}
+		if want := `sqllock: lock not acquired: all 1 slots of semaphore "exports" are held; one slot held by ` + by(held.Holders[0], sem.PID()); err.Error() != want {
+			t.Errorf("TryAcquire's error:\n got %q\nwant %q", err, want)
+		}
+		ctx, cancel := context.WithTimeout(bg(), 100*time.Millisecond)
+		defer cancel()
+		_, err = waiter.Lock(ctx, k)
+		if !errors.As(err, &held) || len(held.Holders) == 0 {
+			t.Fatalf("Lock past its deadline = %v, want a HeldError", err)
+		}
+		if want := "sqllock: lock not acquired: 4242: context deadline exceeded; held by " + by(held.Holders[0], lk.PID()); !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("Lock's error past its deadline:\n got %q\nwant %q (and the waiters, if any)", err, want)
+		}
+	})
 }

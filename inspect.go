@@ -63,6 +63,7 @@ type HeldLock struct {
 // r, which may be nil, names the keys it knows. Given keys, Inspect
 // reports those keys only.
 func Inspect(ctx context.Context, q Querier, r *Registry, keys ...Key) ([]HeldLock, error) {
+	mustContext(ctx, "Inspect")
 	if isNil(q) {
 		return nil, fmt.Errorf("sqllock: Inspect: nil Querier")
 	}
@@ -181,7 +182,16 @@ func (h HeldLock) String() string {
 			b.WriteString(" since " + h.WaitStart.Format("15:04:05.000"))
 		}
 	}
-	fmt.Fprintf(&b, " by pid %d", h.PID)
+	b.WriteString(" by " + h.holder())
+	return b.String()
+}
+
+// holder describes the session of the lock and its hold, as the end of
+// String: "pid 1234 (application "app", idle) from ADDR since 15:04:05, 2
+// waiting", "pid 1235 (...), blocked by [1234]".
+func (h HeldLock) holder() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "pid %d", h.PID)
 	var about []string
 	if h.ApplicationName != "" {
 		about = append(about, "application "+strconv.Quote(h.ApplicationName))

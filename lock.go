@@ -90,6 +90,7 @@ func (lk *Lock) PID() int {
 // the lock any more, and [ErrReleased] after Unlock. ctx bounds the round
 // trip.
 func (lk *Lock) Token(ctx context.Context) (int64, error) {
+	mustContext(ctx, "Lock.Token")
 	if lk == nil {
 		return 0, ErrReleased
 	}
@@ -211,6 +212,7 @@ func (lk *Lock) Err() error {
 // wrapping the cause when the unlock statement failed (the connection is
 // then discarded and the lock is released by the server).
 func (lk *Lock) Unlock(ctx context.Context) error {
+	mustContext(ctx, "Lock.Unlock")
 	if lk == nil {
 		return ErrReleased
 	}
@@ -434,10 +436,14 @@ func runError(fnErr, unlockErr error) error {
 // ErrReleased for a nil Lock; Unlock may still be called during the window,
 // to release it early (the window then ends). Calling UnlockAfter again
 // replaces the window: the release happens d after acquisition for the
-// last d given.
+// last d given. d is at most 7 days (168 h): a longer one is an error, and
+// the lock is left as it was.
 func (lk *Lock) UnlockAfter(d time.Duration) error {
 	if lk == nil {
 		return ErrReleased
+	}
+	if err := windowError("Lock.UnlockAfter", d); err != nil {
+		return err
 	}
 	if err := lk.Err(); err != nil {
 		return err

@@ -44,12 +44,23 @@ const (
 	// raised to it (a check per millisecond helps no one, and loads the
 	// server).
 	minKeepAlive = 100 * time.Millisecond
+	// maxKeepAlive is the longest keep-alive interval: checks an hour
+	// apart already tell a cut-off holder up to three hours late.
+	maxKeepAlive = time.Hour
+	// maxUnlockTimeout is the longest unlock timeout: an unlock that a
+	// server has not answered within an hour will not be answered, and
+	// the unlock's context must stay representable (see unlockContext).
+	maxUnlockTimeout = time.Hour
 	// minOrphanBound is the shortest orphan bound: TCP keep-alive settings
 	// count in seconds.
 	minOrphanBound = 3 * time.Second
 	// maxOrphanBound is the longest orphan bound: Linux takes at most
 	// 32,767 s for tcp_keepalives_idle, a third of the bound.
 	maxOrphanBound = 27 * time.Hour
+	// maxHoldWindow is the longest hold window (WithHoldAtLeast,
+	// Lock.UnlockAfter): a window need only outlast the skew of the
+	// machines' clocks and schedulers, and a week covers every period.
+	maxHoldWindow = 7 * 24 * time.Hour
 )
 
 // newConfig applies opts over the defaults and validates the result in
@@ -63,15 +74,28 @@ func newConfig(opts []Option) (config, error) {
 			o.apply(&c)
 		}
 	}
-	if len(c.errs) > 0 {
-		return c, errors.Join(c.errs...)
+	errs := c.errs
+	switch {
+	case c.keepAlive < 0:
+		errs = append(errs, fmt.Errorf("sqllock: WithKeepAlive(%v): negative interval (0 turns the keep-alive off)", c.keepAlive))
+	case c.keepAlive > maxKeepAlive:
+		errs = append(errs, fmt.Errorf("sqllock: WithKeepAlive(%v): the interval must be at most %v (0 turns the keep-alive off)", c.keepAlive, maxKeepAlive))
+	}
+	if c.unlockTimeout <= 0 || c.unlockTimeout > maxUnlockTimeout {
+		errs = append(errs, fmt.Errorf("sqllock: WithUnlockTimeout(%v): the unlock must be bounded, by a positive timeout of at most %v", c.unlockTimeout, maxUnlockTimeout))
+	}
+	switch {
+	case c.orphanBound < 0:
+		errs = append(errs, fmt.Errorf("sqllock: WithOrphanBound(%v): negative bound (0 turns it off)", c.orphanBound))
+	case c.orphanBound > 0 && (c.orphanBound < minOrphanBound || c.orphanBound > maxOrphanBound):
+		errs = append(errs, fmt.Errorf("sqllock: WithOrphanBound(%v): the bound must be from %v to %v (TCP keep-alive settings count in seconds, and Linux takes at most 32767 s for the first probe)",
+			c.orphanBound, minOrphanBound, maxOrphanBound))
+	}
+	if len(errs) > 0 {
+		return c, errors.Join(errs...)
 	}
 	if c.keepAlive > 0 && c.keepAlive < minKeepAlive {
 		c.keepAlive = minKeepAlive
-	}
-	if c.orphanBound > 0 && (c.orphanBound < minOrphanBound || c.orphanBound > maxOrphanBound) {
-		return c, fmt.Errorf("sqllock: WithOrphanBound(%v): the bound must be from %v to %v (TCP keep-alive settings count in seconds, and Linux takes at most 32767 s for the first probe)",
-			c.orphanBound, minOrphanBound, maxOrphanBound)
 	}
 	if boundsError(c.keepAlive, c.orphanBound) != nil {
 		switch {
@@ -88,9 +112,10 @@ func newConfig(opts []Option) (config, error) {
 }
 
 // CheckOptions returns the error of opts that [New] would panic with, or
-// nil: negative durations, an invalid application name, an orphan bound
-// out of range, or a keep-alive and an orphan bound, both given, that let
-// the server free a cut-off holder's lock before the holder is told.
+// nil: a duration out of its range (negative, or above the maximum each
+// option's doc states), an invalid application name, or a keep-alive and
+// an orphan bound, both given, that let the server free a cut-off holder's
+// lock before the holder is told.
 // Programs that read settings from their configuration call it first (the
 // sqllock command does).
 func CheckOptions(opts ...Option) error {
@@ -117,29 +142,21 @@ func CheckOptions(opts ...Option) error {
 // One goroutine runs the checks while locks are held and ends within one
 // interval of the last release.
 //
-// An interval below 100 ms is raised to it. When WithOrphanBound is
-// not given, the orphan bound is raised, if need be, to fit the interval
-// (see [WithOrphanBound]). A negative d is an error (see [CheckOptions]).
+// d is from 0 (off) to 1 h; an interval below 100 ms is raised to it, and
+// a negative d or one above 1 h is an error (see [CheckOptions]). When
+// WithOrphanBound is not given, the orphan bound is raised, if need be, to
+// fit the interval (see [WithOrphanBound]).
 func WithKeepAlive(d time.Duration) Option {
-	return optionFunc(func(c *config) {
-		if d < 0 {
-			c.errs = append(c.errs, fmt.Errorf("sqllock: WithKeepAlive(%v): negative interval (0 turns the keep-alive off)", d))
-		}
-		c.keepAlive, c.keepAliveSet = d, true
-	})
+	return optionFunc(func(c *config) { c.keepAlive, c.keepAliveSet = d, true })
 }
 
-// WithUnlockTimeout bounds the unlock statement (default 5 s): it is cancelled after between d and 1.25 d. Unlock
-// does not use its caller's cancellation: a cancelled context still
-// releases the lock. An unlock must be bounded: d must be positive (see
-// [CheckOptions]).
+// WithUnlockTimeout bounds the unlock statement (default 5 s): it is
+// cancelled after between d and 1.25 d. Unlock does not use its caller's
+// cancellation: a cancelled context still releases the lock. An unlock
+// must be bounded: d must be positive and at most 1 h; anything else is
+// an error (see [CheckOptions]).
 func WithUnlockTimeout(d time.Duration) Option {
-	return optionFunc(func(c *config) {
-		if d <= 0 {
-			c.errs = append(c.errs, fmt.Errorf("sqllock: WithUnlockTimeout(%v): the unlock must be bounded", d))
-		}
-		c.unlockTimeout = d
-	})
+	return optionFunc(func(c *config) { c.unlockTimeout = d })
 }
 
 // WithOrphanBound sets how long the server keeps the lock of a holder that
@@ -164,16 +181,11 @@ func WithUnlockTimeout(d time.Duration) Option {
 // WithOrphanBound is given, the other adapts to it: the keep-alive is
 // lowered to fit the bound (to a fifth of it, or less below 5 s), or the
 // bound is raised to fit the keep-alive. When both are given and break the
-// rule, that is an error. The bound must be from 3 s to 27 h (Linux takes
-// at most 32,767 s for tcp_keepalives_idle, a third of the bound); a
-// negative d is an error (see [CheckOptions]).
+// rule, that is an error. d is 0 (off) or from 3 s to 27 h (Linux takes
+// at most 32,767 s for tcp_keepalives_idle, a third of the bound);
+// anything else is an error (see [CheckOptions]).
 func WithOrphanBound(d time.Duration) Option {
-	return optionFunc(func(c *config) {
-		if d < 0 {
-			c.errs = append(c.errs, fmt.Errorf("sqllock: WithOrphanBound(%v): negative bound (0 turns it off)", d))
-		}
-		c.orphanBound, c.orphanSet = d, true
-	})
+	return optionFunc(func(c *config) { c.orphanBound, c.orphanSet = d, true })
 }
 
 // WithApplicationName gives the session of every lock the Locker takes the
@@ -268,8 +280,9 @@ func (f doOptionFunc) applyDo(c *doConfig) { f(c) }
 // schedulers and the schedule's period (period minus a margin smaller than
 // period − skew): then exactly one machine runs each tick. The window
 // belongs to the task, so tasks of different schedules share one Locker.
-// 0 (the default) releases as fn returns; a negative d makes Do return an
-// error before taking the lock.
+// 0 (the default) releases as fn returns. d is from 0 to 7 days (168 h):
+// a negative d, or a longer one, makes Do return an error before taking
+// the lock.
 func WithHoldAtLeast(d time.Duration) DoOption {
 	return doOptionFunc(func(c *doConfig) { c.holdAtLeast = d })
 }
@@ -285,5 +298,14 @@ func newDoConfig(opts []DoOption) (doConfig, error) {
 	if c.holdAtLeast < 0 {
 		return c, fmt.Errorf("sqllock: WithHoldAtLeast(%v): negative window", c.holdAtLeast)
 	}
-	return c, nil
+	return c, windowError("WithHoldAtLeast", c.holdAtLeast)
+}
+
+// windowError returns the error of a hold window d that call (an option or
+// method) refuses as too long, or nil.
+func windowError(call string, d time.Duration) error {
+	if d > maxHoldWindow {
+		return fmt.Errorf("sqllock: %s(%v): the window must be at most %v (it need only outlast the skew of the machines' clocks)", call, d, maxHoldWindow)
+	}
+	return nil
 }

@@ -91,12 +91,13 @@ func boundFor(keepAlive time.Duration) time.Duration {
 }
 
 // keepAliveFor returns a keep-alive interval that tells a cut-off holder
-// within three quarters of orphan (see boundsError): a fifth of it, or, for
-// bounds below 5 s, whose checks must fail faster than their 1 s floor,
-// what is left of three quarters of it after two checks, with a margin.
+// within three quarters of orphan (see boundsError): a fifth of it (at
+// most the longest interval, maxKeepAlive), or, for bounds below 5 s,
+// whose checks must fail faster than their 1 s floor, what is left of
+// three quarters of it after two checks, with a margin.
 func keepAliveFor(orphan time.Duration) time.Duration {
 	if orphan >= 5*time.Second {
-		return orphan / 5
+		return min(orphan/5, maxKeepAlive)
 	}
 	return max(minKeepAlive, (orphan*3/4-failedChecksBeforeLost*time.Second)*4/5)
 }

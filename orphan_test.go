@@ -1,8 +1,9 @@
 package sqllock
 
 import (
+	"context"
 	"database/sql"
-
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -94,6 +95,12 @@ func TestOptionsAdapt(t *testing.T) {
 		{[]Option{WithKeepAlive(-time.Second)}, "negative"},
 		{[]Option{WithOrphanBound(-time.Second)}, "negative"},
 		{[]Option{WithUnlockTimeout(0)}, "bounded"},
+		{[]Option{WithUnlockTimeout(MaxUnlockTimeout + 1)}, "at most 1h"},
+		{[]Option{WithUnlockTimeout(math.MaxInt64)}, "at most 1h"},
+		{[]Option{WithKeepAlive(MaxKeepAlive + 1)}, "at most 1h"},
+		{[]Option{WithKeepAlive(math.MaxInt64), WithOrphanBound(0)}, "at most 1h"},
+		{[]Option{WithOrphanBound(MaxOrphanBound + 1)}, "to 27h"},
+		{[]Option{WithOrphanBound(math.MaxInt64)}, "to 27h"},
 		{[]Option{WithApplicationName("it's")}, "printable ASCII"},
 	}
 	for _, b := range bad {
@@ -117,6 +124,22 @@ func TestCheckOptions(t *testing.T) {
 	if err := CheckOptions(); err != nil {
 		t.Fatalf("CheckOptions() of the defaults = %v", err)
 	}
+	// Every duration at its maximum, alone and together.
+	for _, opts := range [][]Option{
+		{WithKeepAlive(MaxKeepAlive)},
+		{WithKeepAlive(MaxKeepAlive), WithOrphanBound(0)},
+		{WithUnlockTimeout(MaxUnlockTimeout)},
+		{WithOrphanBound(MaxOrphanBound)},
+		{WithKeepAlive(MaxKeepAlive), WithOrphanBound(MaxOrphanBound), WithUnlockTimeout(MaxUnlockTimeout)},
+	} {
+		c, err := newConfig(opts)
+		if err != nil {
+			t.Errorf("CheckOptions(%v) = %v, want nil", opts, err)
+		}
+		if c.keepAlive > MaxKeepAlive || c.orphanBound > MaxOrphanBound {
+			t.Errorf("CheckOptions(%v) adapted the keep-alive to %v and the bound to %v: out of range", opts, c.keepAlive, c.orphanBound)
+		}
+	}
 	if err := CheckOptions(WithKeepAlive(time.Hour), WithOrphanBound(time.Minute)); err == nil || !strings.Contains(err.Error(), "told first") {
 		t.Fatalf("CheckOptions(WithKeepAlive(1h), WithOrphanBound(1m)) = %v, want the rule", err)
 	}
@@ -133,4 +156,20 @@ func mockDB(t *testing.T) *sql.DB {
 	}
 	t.Cleanup(func() { db.Close() })
 	return db
+}
+
+// TestHoldWindowBound: a hold window is from 0 to MaxHoldWindow; Do
+// refuses another before it takes the lock.
+func TestHoldWindowBound(t *testing.T) {
+	for _, d := range []time.Duration{0, time.Second, MaxHoldWindow} {
+		if _, err := newDoConfig([]DoOption{WithHoldAtLeast(d)}); err != nil {
+			t.Errorf("WithHoldAtLeast(%v) = %v, want nil", d, err)
+		}
+	}
+	for _, d := range []time.Duration{-time.Second, MaxHoldWindow + 1, math.MaxInt64} {
+		err := New(mockDB(t), WithKeepAlive(0)).Do(t.Context(), Int64(1), func(context.Context) error { return nil }, WithHoldAtLeast(d))
+		if err == nil || !strings.HasPrefix(err.Error(), "sqllock: WithHoldAtLeast(") {
+			t.Errorf("Do with WithHoldAtLeast(%v) = %v, want its refusal (and nothing sent)", d, err)
+		}
+	}
 }

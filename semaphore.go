@@ -80,6 +80,7 @@ func semaphoreSlots(name string, n int) []Key {
 // otherwise returns an error matching [ErrNotAcquired] at once. Release
 // the permit with its Unlock. Other errors are those of [Locker.TryLock].
 func (s *Semaphore) TryAcquire(ctx context.Context) (*Lock, error) {
+	mustContext(ctx, "Semaphore.TryAcquire")
 	return s.acquire(ctx, true)
 }
 
@@ -92,6 +93,7 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Lock, error) {
 // When ctx ends first, Acquire returns an error matching [ErrNotAcquired]
 // and ctx.Err(), and no slot stays held.
 func (s *Semaphore) Acquire(ctx context.Context) (*Lock, error) {
+	mustContext(ctx, "Semaphore.Acquire")
 	return s.acquire(ctx, false)
 }
 

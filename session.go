@@ -50,6 +50,7 @@ type Session struct {
 // not a standby (unless WithAllowStandby) in the same round trip that learns
 // the backend pid. ctx bounds only this call.
 func (l *Locker) Session(ctx context.Context) (*Session, error) {
+	mustContext(ctx, "Locker.Session")
 	sent := monoNow()
 	conn, pid, id, err := l.pinSession(ctx, "session")
 	if err != nil {
@@ -74,6 +75,7 @@ func (l *Locker) Session(ctx context.Context) (*Session, error) {
 // While Lock waits, the keep-alive keeps watching the Session's other
 // locks, and Err, Held and Done answer at once.
 func (s *Session) Lock(ctx context.Context, k Key) error {
+	mustContext(ctx, "Session.Lock")
 	if err := k.valid(); err != nil {
 		return err
 	}
@@ -132,6 +134,7 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 // the Session as it was; a ctx that ends during the statement ends the
 // Session, since what it took is then unknown.
 func (s *Session) TryLock(ctx context.Context, keys ...Key) ([]Key, error) {
+	mustContext(ctx, "Session.TryLock")
 	for _, k := range keys {
 		if err := k.valid(); err != nil {
 			return nil, err
@@ -198,6 +201,7 @@ func (s *Session) tryLockManyFailed(ctx context.Context, want []Key, err error) 
 // Lock.Unlock, it ignores ctx's cancellation and is bounded by the unlock
 // timeout.
 func (s *Session) Unlock(ctx context.Context, keys ...Key) error {
+	mustContext(ctx, "Session.Unlock")
 	if err := s.begin(context.Background()); err != nil {
 		return err
 	}
@@ -251,6 +255,7 @@ func (s *Session) unlockKeys(keys []Key) error {
 // confirmed, the connection is discarded and the error wraps ErrLockLost.
 // Close on a closed Session returns ErrReleased; on a lost one, its Err.
 func (s *Session) Close(ctx context.Context) error {
+	mustContext(ctx, "Session.Close")
 	if s == nil {
 		return ErrReleased
 	}

@@ -97,7 +97,7 @@ func judge(ctx context.Context, o outcome, what string, standbyOK bool, pid int6
 		}
 		return refused, standbyError("lock " + what)
 	case !o.ok:
-		return refused, fmt.Errorf("%w: %s is held by another session", ErrNotAcquired, what)
+		return refused, fmt.Errorf("%w: %s "+heldElsewhere, ErrNotAcquired, what)
 	}
 	return granted, nil
 }

@@ -117,6 +117,7 @@ func New(db *sql.DB, opts ...Option) *Locker {
 // [Session] holds locks on a session whose connection is the caller's to
 // use.
 func (l *Locker) Lock(ctx context.Context, k Key) (*Lock, error) {
+	mustContext(ctx, "Locker.Lock")
 	return l.acquire(ctx, k, 0, "")
 }
 
@@ -124,6 +125,7 @@ func (l *Locker) Lock(ctx context.Context, k Key) (*Lock, error) {
 // otherwise returns an error matching [ErrNotAcquired] at once. Its other
 // errors are those of [Locker.Lock].
 func (l *Locker) TryLock(ctx context.Context, k Key) (*Lock, error) {
+	mustContext(ctx, "Locker.TryLock")
 	return l.acquire(ctx, k, kindTry, "")
 }
 
@@ -131,12 +133,14 @@ func (l *Locker) TryLock(ctx context.Context, k Key) (*Lock, error) {
 // it exclusively. Any number of sessions can share it. Errors are those of
 // [Locker.Lock].
 func (l *Locker) RLock(ctx context.Context, k Key) (*Lock, error) {
+	mustContext(ctx, "Locker.RLock")
 	return l.acquire(ctx, k, kindShared, "")
 }
 
 // TryRLock takes the lock k in shared mode if no session holds it
 // exclusively, and otherwise returns an error matching [ErrNotAcquired].
 func (l *Locker) TryRLock(ctx context.Context, k Key) (*Lock, error) {
+	mustContext(ctx, "Locker.TryRLock")
 	return l.acquire(ctx, k, kindTry|kindShared, "")
 }
 
@@ -149,6 +153,7 @@ func (l *Locker) TryRLock(ctx context.Context, k Key) (*Lock, error) {
 // that matches both (a lost lock matches [ErrLockLost]). opts are this
 // task's own settings ([WithHoldAtLeast]).
 func (l *Locker) Do(ctx context.Context, k Key, fn func(ctx context.Context) error, opts ...DoOption) error {
+	mustContext(ctx, "Locker.Do")
 	c, err := newDoConfig(opts)
 	if err != nil {
 		return err
@@ -165,6 +170,7 @@ func (l *Locker) Do(ctx context.Context, k Key, fn func(ctx context.Context) err
 // (false, nil) at once without running fn. Otherwise it behaves like
 // [Locker.Do] and returns ran = true.
 func (l *Locker) TryDo(ctx context.Context, k Key, fn func(ctx context.Context) error, opts ...DoOption) (ran bool, err error) {
+	mustContext(ctx, "Locker.TryDo")
 	c, err := newDoConfig(opts)
 	if err != nil {
 		return false, err

@@ -2,6 +2,7 @@ package sqllock_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
 	"sync"
@@ -174,4 +175,38 @@ func TestHoldWindowRefused(t *testing.T) {
 	if st := l.Stats(); st.Acquired != 0 {
 		t.Errorf("Stats().Acquired = %d, want 0", st.Acquired)
 	}
+}
+
+// TestDurationMaxima: a Locker made with the longest unlock timeout takes
+// and releases a lock (unlockTimeout plus its epoch overflowed once, and
+// every call failed), and a hold window longer than the maximum is refused
+// with the lock left as it was.
+func TestDurationMaxima(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		l := sqllock.New(db, sqllock.WithUnlockTimeout(sqllock.MaxUnlockTimeout), sqllock.WithKeepAlive(sqllock.MaxKeepAlive))
+		k := sqllock.Int64(607)
+		lk, err := l.Lock(bg(), k)
+		if err != nil {
+			t.Fatalf("Lock with the longest unlock timeout = %v", err)
+		}
+		if err := lk.UnlockAfter(sqllock.MaxHoldWindow + 1); err == nil || !strings.Contains(err.Error(), "at most") {
+			t.Errorf("UnlockAfter(%v) = %v, want an error", sqllock.MaxHoldWindow+1, err)
+		}
+		if err := lk.Err(); err != nil || len(holders(t, db, k)) != 1 || l.Stats().Windows != 0 {
+			t.Fatalf("after a refused window: Err() = %v, holders %v, %+v; want the lock held as before", err, holders(t, db, k), l.Stats())
+		}
+		if err := lk.UnlockAfter(sqllock.MaxHoldWindow); err != nil {
+			t.Fatalf("UnlockAfter(%v) = %v", sqllock.MaxHoldWindow, err)
+		}
+		if err := lk.Unlock(bg()); err != nil {
+			t.Fatalf("Unlock during the window = %v", err)
+		}
+		waitFree(t, db, k, time.Second)
+		ran, err := l.TryDo(bg(), k, func(context.Context) error { return nil })
+		if !ran || err != nil {
+			t.Fatalf("TryDo with the longest unlock timeout = %v, %v", ran, err)
+		}
+		waitFree(t, db, k, time.Second)
+	})
 }

@@ -43,6 +43,7 @@ type Tx interface {
 // server's deadlock_timeout. Other errors:
 // [ErrDeadlock] (tx is aborted), [ErrLockTableFull], [ErrInvalidKey].
 func LockTx(ctx context.Context, tx Tx, k Key) error {
+	mustContext(ctx, "LockTx")
 	_, err := lockTx(ctx, tx, k, 0)
 	return err
 }
@@ -51,6 +52,7 @@ func LockTx(ctx context.Context, tx Tx, k Key) error {
 // session holds it, and reports whether it did. It does not wait. On a
 // hot standby it takes nothing and returns false and [ErrStandby].
 func TryLockTx(ctx context.Context, tx Tx, k Key) (bool, error) {
+	mustContext(ctx, "TryLockTx")
 	return lockTx(ctx, tx, k, kindTry)
 }
 
@@ -58,6 +60,7 @@ func TryLockTx(ctx context.Context, tx Tx, k Key) (bool, error) {
 // another session holds it exclusively. It is refused on a hot standby as
 // [LockTx] is.
 func RLockTx(ctx context.Context, tx Tx, k Key) error {
+	mustContext(ctx, "RLockTx")
 	_, err := lockTx(ctx, tx, k, kindShared)
 	return err
 }
@@ -66,6 +69,7 @@ func RLockTx(ctx context.Context, tx Tx, k Key) error {
 // session holds it exclusively, and reports whether it did. On a hot
 // standby it takes nothing and returns false and [ErrStandby].
 func TryRLockTx(ctx context.Context, tx Tx, k Key) (bool, error) {
+	mustContext(ctx, "TryRLockTx")
 	return lockTx(ctx, tx, k, kindTry|kindShared)
 }
 
@@ -191,6 +195,7 @@ func isNil(v any) bool {
 // WRITE) is reported so too. A Locker made [WithAllowStandby] takes the
 // lock there; begin a read-only transaction then (opts.ReadOnly).
 func (l *Locker) InTx(ctx context.Context, k Key, opts *sql.TxOptions, fn func(tx *sql.Tx) error) error {
+	mustContext(ctx, "Locker.InTx")
 	return InTxWith(ctx, l, k, func(ctx context.Context) (*sql.Tx, error) { return l.db.BeginTx(ctx, opts) }, fn)
 }
 
@@ -203,6 +208,7 @@ func (l *Locker) InTx(ctx context.Context, k Key, opts *sql.TxOptions, fn func(t
 //		func(ctx context.Context) (*sqlx.Tx, error) { return dbx.BeginTxx(ctx, nil) },
 //		func(tx *sqlx.Tx) error { ... })
 func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Context) (T, error), fn func(tx T) error) (err error) {
+	mustContext(ctx, "InTxWith")
 	if err := k.valid(); err != nil {
 		return err
 	}

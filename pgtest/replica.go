@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -90,6 +91,9 @@ type Bouncer struct {
 	dir  string
 	cmd  *exec.Cmd
 	done chan error
+
+	closeOnce sync.Once
+	closeErr  error // the first Close's result
 }
 
 // findPgBouncer returns the path of the pgbouncer binary.
@@ -200,8 +204,15 @@ func (b *Bouncer) DSNFor(db string) string {
 	return dsn(Role, b.s.password, b.Host, b.Port, db)
 }
 
-// Close stops the bouncer and removes its files.
+// Close stops the bouncer and removes its files. It may be called more
+// than once (StartPgBouncer's cleanup calls it too): later calls return
+// the first one's result.
 func (b *Bouncer) Close() error {
+	b.closeOnce.Do(func() { b.closeErr = b.close() })
+	return b.closeErr
+}
+
+func (b *Bouncer) close() error {
 	if b.cmd != nil {
 		b.cmd.Process.Signal(syscall.SIGINT)
 		select {

@@ -429,6 +429,25 @@ func TestVerifyNone(t *testing.T) {
 	}
 }
 
+// TestCheckNilContext: Check panics at a nil context with its own name,
+// before the pool sees it.
+func TestCheckNilContext(t *testing.T) {
+	srv := pgtest.Start(t)
+	db := pgtest.Open(t, "pgx", srv.NewDatabase(t))
+	var nilCtx context.Context
+	func() {
+		defer func() {
+			if p := recover(); p != "poolguard: Check called with a nil context" {
+				t.Errorf("Check(nil) panicked with %v", p)
+			}
+		}()
+		poolguard.Check(nilCtx, db)
+	}()
+	if _, err := poolguard.Check(bg, db); err != nil {
+		t.Fatalf("Check() after Check(nil) = %v", err)
+	}
+}
+
 // TestCheckAlways: a lock taken inside a stored function, whose call text
 // does not mention an advisory function, is invisible to the default guard
 // and caught with WithCheckAlways.

@@ -12,8 +12,12 @@ import (
 // Check returns the advisory locks, held or awaited, that any session holds
 // in db's current database. It is sqllock.Inspect, kept here as the core of
 // [VerifyNone] (a check function and a thin test helper over it, as goleak
-// has Find and VerifyNone), so that a test needs only this package.
+// has Find and VerifyNone), so that a test needs only this package. A nil
+// ctx panics, as it does in sqllock.
 func Check(ctx context.Context, db *sql.DB) ([]sqllock.HeldLock, error) {
+	if ctx == nil {
+		panic("poolguard: Check called with a nil context")
+	}
 	return sqllock.Inspect(ctx, db, nil)
 }
 

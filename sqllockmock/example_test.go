@@ -18,7 +18,7 @@ func Example() {
 	locker := sqllock.New(db, sqllock.WithKeepAlive(0)) // no background queries in unit tests
 	key := sqllock.Hash("cron:reindex_posts")
 
-	sqllockmock.ExpectServerCheck(mock) // once per Locker, before its first session lock
+	sqllockmock.ExpectServerCheck(mock) // once per Locker and connection (a mock has one), before its first session lock
 	sqllockmock.ExpectTryLock(mock, key, true)
 	mock.ExpectExec("UPDATE posts").WillReturnResult(sqlmock.NewResult(0, 3))
 	sqllockmock.ExpectUnlock(mock, key)

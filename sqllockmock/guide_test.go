@@ -35,7 +35,7 @@ func TestReindexJob(t *testing.T) {
 	// No keep-alive query at an unpredictable moment.
 	locker := sqllock.New(db, sqllock.WithKeepAlive(0))
 	key := sqllock.Hash("cron:reindex_posts")
-	sqllockmock.ExpectServerCheck(mock) // once per Locker, before its first session lock
+	sqllockmock.ExpectServerCheck(mock) // once per Locker and connection (a mock has one), before its first session lock
 	sqllockmock.ExpectTryLock(mock, key, true)
 	mock.ExpectExec("UPDATE posts").WillReturnResult(sqlmock.NewResult(0, 3))
 	sqllockmock.ExpectUnlock(mock, key)
@@ -102,6 +102,8 @@ func TestReindexJobWithPostgres(t *testing.T) {
 // TestReindexJobTwice: the expectations are the same for the second lock
 // of a Locker, which finds its shared session still open, and for a Locker
 // made WithDedicatedSessions, whose every lock has a session of its own.
+// The server check comes once per Locker and connection: a second Locker
+// on the same mock sends it again.
 func TestReindexJobTwice(t *testing.T) {
 	for _, tt := range []struct {
 		name string
@@ -129,6 +131,17 @@ func TestReindexJobTwice(t *testing.T) {
 				if !ran || err != nil {
 					t.Fatalf("reindexJob() #%d = %v, %v; want true, nil", i+1, ran, err)
 				}
+			}
+			if err := mock.ExpectationsWereMet(); err != nil {
+				t.Fatal(err)
+			}
+			other := sqllock.New(db, append(tt.opts, sqllock.WithKeepAlive(0))...)
+			sqllockmock.ExpectServerCheck(mock)
+			sqllockmock.ExpectTryLock(mock, key, true)
+			mock.ExpectExec("UPDATE posts").WillReturnResult(sqlmock.NewResult(0, 3))
+			sqllockmock.ExpectUnlock(mock, key)
+			if ran, err := reindexJob(context.Background(), other, db); !ran || err != nil {
+				t.Fatalf("reindexJob() of a second Locker = %v, %v; want true, nil", ran, err)
 			}
 			if err := mock.ExpectationsWereMet(); err != nil {
 				t.Fatal(err)

@@ -11,7 +11,7 @@
 //
 //	db, mock, _ := sqlmock.New()
 //	locker := sqllock.New(db, sqllock.WithKeepAlive(0))
-//	sqllockmock.ExpectServerCheck(mock) // once per Locker, before its first session lock
+//	sqllockmock.ExpectServerCheck(mock) // once per Locker and connection (a mock has one), before its first session lock
 //	sqllockmock.ExpectTryLock(mock, key, true)
 //	// ... expectations of the code that runs under the lock ...
 //	sqllockmock.ExpectUnlock(mock, key)
@@ -52,10 +52,12 @@ const PID = 4242
 // ServerVersion is the version() the server check is answered with.
 const ServerVersion = "PostgreSQL 16.4 on x86_64-pc-linux-gnu"
 
-// ExpectServerCheck expects the version() query a Locker sends once per
-// connection (a mock database has one), before its first session-level lock (Lock, TryLock, a Session, a Semaphore), to
-// refuse servers without real advisory locks. Transaction-level locks
-// (LockTx, InTx) send none: do not expect it for them.
+// ExpectServerCheck expects the version() query a Locker sends on each
+// connection before its first session-level lock there (Lock, TryLock, a
+// Session, a Semaphore), to refuse servers without real advisory locks: a
+// mock database has one connection, so expect it once per Locker.
+// Transaction-level locks (LockTx, InTx) send none: do not expect it for
+// them.
 func ExpectServerCheck(mock sqlmock.Sqlmock) *sqlmock.ExpectedQuery {
 	return mock.ExpectQuery(exact(sqltext.VersionSQL)).
 		WillReturnRows(sqlmock.NewRows([]string{"version", "pid", "server_start", "backend_start"}).AddRow(ServerVersion, PID, int64(0), int64(0)))

@@ -322,6 +322,29 @@ func TestKey(t *testing.T) {
 	}
 }
 
+// TestKeyDocIsOutput: docs/cli.md shows sqllock key's output whole, as
+// the command prints it.
+func TestKeyDocIsOutput(t *testing.T) {
+	b, err := os.ReadFile("../../docs/cli.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const prompt = "$ sqllock key "
+	_, rest, ok := strings.Cut(string(b), "```\n"+prompt)
+	if !ok {
+		t.Fatalf("docs/cli.md has no block starting %q", prompt)
+	}
+	rest, _, _ = strings.Cut(rest, "```")
+	name, doc, _ := strings.Cut(rest, "\n")
+	var out, errb bytes.Buffer
+	if code := run([]string{"key", name}, &out, &errb); code != 0 {
+		t.Fatalf("sqllock key %s = %d: %s", name, code, errb.String())
+	}
+	if out.String() != doc {
+		t.Errorf("docs/cli.md shows for sqllock key %s:\n%s\nthe command prints:\n%s", name, doc, out.String())
+	}
+}
+
 func TestBadInput(t *testing.T) {
 	srv := pgtest.Start(t)
 	tests := []struct {
@@ -501,6 +524,42 @@ func TestRunHelp(t *testing.T) {
 		if !strings.Contains(errb.String(), want) {
 			t.Errorf("inspect -h lacks %q:\n%s", want, errb.String())
 		}
+	}
+}
+
+// TestUsageAligned: the usage text's commands start their descriptions
+// in one column.
+func TestUsageAligned(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"--help"}, &out, &errb); code != 0 {
+		t.Fatalf("sqllock --help = %d", code)
+	}
+	cols := map[int][]string{}
+	for _, l := range strings.Split(out.String(), "\n") {
+		if !strings.HasPrefix(l, "  sqllock ") {
+			continue
+		}
+		gap := strings.Index(l, "   ")
+		if gap < 0 {
+			t.Fatalf("usage line %q has no description", l)
+		}
+		desc := len(l) - len(strings.TrimLeft(l[gap:], " "))
+		cols[desc] = append(cols[desc], l)
+	}
+	if len(cols) != 1 {
+		t.Errorf("the usage text's descriptions start in %d columns, want one:\n%s", len(cols), out.String())
+	}
+}
+
+// TestKeyHelp: key -h says what the command does, as run -h and inspect
+// -h do.
+func TestKeyHelp(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"key", "-h"}, &out, &errb); code != 0 {
+		t.Fatalf("key -h = %d", code)
+	}
+	if !strings.Contains(errb.String(), "usage: sqllock key NAME") || !strings.Contains(errb.String(), "zlib.crc32") {
+		t.Errorf("key -h printed %q", errb.String())
 	}
 }
 

@@ -31,7 +31,7 @@ import (
 var exitRows = map[string][]string{
 	"COMMAND's":         {"command status"},
 	"conflict code (1)": {"held elsewhere -n", "held elsewhere -w", "conflict code -E"},
-	"64":                {"bad flag", "flag after KEY", "negative timeout", "negative keep-alive", "empty key name", "holder told too late"},
+	"64":                {"bad flag", "flag after KEY", "negative timeout", "negative keep-alive", "empty key name", "holder told too late", "keep-alive too long", "hold window too long"},
 	"69":                {"unreachable"},
 	"70":                {"standby"},
 	"75":                {"lost while running", "lost before the command ended"},
@@ -150,6 +150,8 @@ func exitCases(t *testing.T, dsn string) []exitCase {
 		{name: "negative timeout", dsn: dsn, args: []string{"run", "-w", "-5s", "k", "--", "true"}, code: exitUsage, want: "must not be negative"},
 		{name: "negative keep-alive", dsn: dsn, args: []string{"run", "--keep-alive", "-1s", "k", "--", "true"}, code: exitUsage, want: "must not be negative"},
 		{name: "empty key name", dsn: dsn, args: []string{"key", ""}, code: exitUsage, want: "empty NAME"},
+		{name: "keep-alive too long", dsn: dsn, args: []string{"run", "--keep-alive", "2h", "--orphan-bound", "0", "k", "--", "true"}, code: exitUsage, want: "at most 1h"},
+		{name: "hold window too long", dsn: dsn, args: []string{"run", "--hold-at-least", "169h", "k", "--", "true"}, code: exitUsage, want: "from 0 to 168h"},
 		{name: "holder told too late", dsn: dsn, args: []string{"run", "--keep-alive", "1h", "--orphan-bound", "30s", "k", "--", "true"}, code: exitUsage, want: "the holder must be told first"},
 		{name: "unreachable", dsn: "postgres://u:s3cret@127.0.0.1:1/db", args: []string{"run", "k", "--", "true"}, code: exitUnavailable, want: "cannot reach PostgreSQL at 127.0.0.1:1"},
 		{name: "standby", args: []string{"run", "-n", "k", "--", "true"}, code: exitSoftware, want: "standby", setup: func(t *testing.T) []string {
@@ -637,6 +639,23 @@ func TestRunHoldWindowSignalsAndLoss(t *testing.T) {
 	cmd.Wait()
 	if code := cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(errb.String(), "during the hold window") || strings.Contains(errb.String(), "before sh ended") {
 		t.Fatalf("loss during the window: exit %d, stderr %q; want 0 and a warning about the window", code, errb.String())
+	}
+}
+
+// TestHoldAtLeastLimitIsLibrarys: --hold-at-least's maximum is the
+// longest window Lock.UnlockAfter takes.
+func TestHoldAtLeastLimitIsLibrarys(t *testing.T) {
+	_, db := database(t)
+	lk, err := sqllock.New(db).Lock(context.Background(), sqllock.Int64(909))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Unlock(context.Background())
+	if err := lk.UnlockAfter(maxHoldAtLeast + 1); err == nil {
+		t.Errorf("UnlockAfter(%v) = nil: the library takes a longer window than --hold-at-least", maxHoldAtLeast+1)
+	}
+	if err := lk.UnlockAfter(maxHoldAtLeast); err != nil {
+		t.Errorf("UnlockAfter(%v) = %v: the library refuses a window --hold-at-least takes", maxHoldAtLeast, err)
 	}
 }
 

@@ -15,6 +15,11 @@ import (
 func keyCmd(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("sqllock key", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, "usage: sqllock key NAME\n"+
+			"  print NAME's keys (sqllock.Hash, the CLI's default, and zlib.crc32, run --crc32)\n"+
+			"  and the SQL to take and release them; no flags, no connection\n")
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil

@@ -56,7 +56,7 @@ func fail(code int, format string, args ...any) error {
 const usage = `usage:
   sqllock run [flags] KEY -- COMMAND [ARGS...]   hold the lock KEY while COMMAND runs
   sqllock inspect [flags]                        list the advisory locks of the database
-  sqllock key NAME                             print the keys of NAME and the SQL to use them
+  sqllock key NAME                               print the keys of NAME and the SQL to use them
 
 KEY is a number (123), a pair (1,2), or a name (hashed; --crc32 for zlib.crc32).
 The connection: --dsn, else DATABASE_URL, else the PG* environment variables.

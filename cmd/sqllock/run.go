@@ -52,6 +52,11 @@ type runSpec struct {
 // defaultConnectTimeout bounds connecting to the server.
 const defaultConnectTimeout = 15 * time.Second
 
+// maxHoldAtLeast is the longest --hold-at-least: the longest window
+// Lock.UnlockAfter takes (7 days), refused before anything runs rather
+// than after COMMAND.
+const maxHoldAtLeast = 7 * 24 * time.Hour
+
 const runUsage = "usage: sqllock run [flags] KEY -- COMMAND [ARGS...]"
 
 // runHelpTail is the end of run's -h: exit codes and examples.
@@ -205,8 +210,8 @@ func parseRun(args []string, stderr io.Writer) (runSpec, error) {
 		return sp, fail(exitUsage, "run: --slots must be 1 to 1024 (got %d)", f.slots)
 	case f.slots > 0 && f.shared:
 		return sp, fail(exitUsage, "run: --slots and --shared do not go together")
-	case f.holdAtLeast < 0:
-		return sp, fail(exitUsage, "run: --hold-at-least must not be negative (got %v)", f.holdAtLeast)
+	case f.holdAtLeast < 0 || f.holdAtLeast > maxHoldAtLeast:
+		return sp, fail(exitUsage, "run: --hold-at-least must be from 0 to %v (got %v)", maxHoldAtLeast, f.holdAtLeast)
 	case f.orphanBound < 0:
 		return sp, fail(exitUsage, "run: --orphan-bound must not be negative (got %v; 0 turns it off)", f.orphanBound)
 	}

@@ -1,7 +1,11 @@
 // Command quickstart is the README's first example, as a program: the cron
 // pattern against the server in DATABASE_URL.
 //
-//	DATABASE_URL=postgres://... go run ./examples/quickstart
+//	go run ./examples/quickstart
+//
+// With DATABASE_URL unset, it starts a throwaway PostgreSQL from the local
+// binaries first (throwaway.go), as the other examples do; the program
+// below, which the README prints, is what a reader writes.
 package main
 
 import (
