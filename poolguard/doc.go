@@ -30,6 +30,6 @@
 //
 // Locks held through the sqllock package cost nothing here: sqllock runs its
 // own statements through [Conn.WithoutGuard], since it already returns a
-// connection only after a confirmed unlock. Statements a program runs on
-// Session.Conn() itself are still checked.
+// connection only after a confirmed unlock. A connection a Session handed
+// out (Session.Conn) is closed, not pooled, when the Session closes.
 package poolguard
