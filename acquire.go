@@ -98,14 +98,21 @@ func (e *engine) debug(ctx context.Context, msg string, k Key, attrs ...slog.Att
 // waiter is a session the engine runs statements on.
 type waiter interface {
 	queryRow(ctx context.Context, q string, args []any, dest ...any) error
+	// mark is the session's owner mark (see sqltext.Statements; "" for a
+	// transaction's).
+	mark() string
 }
 
-// connWaiter is a connection of the Locker's: statements run on the driver
-// connection, bounded for drivers that ignore their context (lib/pq).
+// connWaiter is a connection of the Locker's, marked m: statements run on
+// the driver connection, bounded for drivers that ignore their context
+// (lib/pq).
 type connWaiter struct {
 	conn  *sql.Conn
 	blind *abandonSet
+	m     string
 }
+
+func (w connWaiter) mark() string { return w.m }
 
 func (w connWaiter) queryRow(ctx context.Context, q string, args []any, dest ...any) error {
 	return queryRow(ctx, w.blind, w.conn, q, args, dest...)
@@ -113,6 +120,8 @@ func (w connWaiter) queryRow(ctx context.Context, q string, args []any, dest ...
 
 // txWaiter is a transaction.
 type txWaiter struct{ tx Tx }
+
+func (txWaiter) mark() string { return "" }
 
 // queryRow runs q in the transaction, bounded by ctx (see bounded): the
 // row is read into values of its own, so that a statement left to finish
@@ -175,9 +184,14 @@ func (e *engine) tryOn(ctx context.Context, w waiter, lv level, st *statements, 
 		o.err = w.queryRow(ctx, q, args, &o.ok, &o.pid, &o.standby)
 		return o
 	}
-	q, args := st.TrySQL(kind|kindTry, k.sqlKey())
+	q, args := st.TrySQL(kind|kindTry, k.sqlKey(), w.mark())
 	o.sent = monoNow()
-	o.err = w.queryRow(ctx, q, args, &o.ok, &o.pid, &o.standby)
+	var ok sql.NullBool
+	o.err = w.queryRow(ctx, q, args, &ok, &o.pid, &o.standby)
+	o.ok = ok.Bool
+	if o.err == nil && !ok.Valid {
+		o.err = foreignSession() // nothing was tried
+	}
 	if o.err == nil {
 		e.observeRTT(time.Duration(monoNow() - o.sent))
 	}
@@ -265,9 +279,12 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 				o.err = errDeadline
 			}
 		} else {
-			q, args := st.WaitSQL(kind&^kindTry, k.sqlKey(), slice)
+			q, args := st.WaitSQL(kind&^kindTry, k.sqlKey(), slice, w.mark())
 			o.sent = monoNow()
 			o.err = w.queryRow(sctx, q, args, &o.ok, &o.pid, &o.standby)
+			if errors.Is(o.err, sql.ErrNoRows) {
+				o.err = foreignSession() // nothing was waited for
+			}
 			// The server's own answer (granted, or its lock_timeout), read
 			// before the statement's context ended and not after a cancel
 			// of ctx, is certain, however late for ctx's deadline.
@@ -367,7 +384,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 // outcome (granted, or the check failed: uncertain).
 func (e *engine) grantedAfterTimeout(ctx context.Context, w waiter, st *statements, kind lockKind, k Key, o *outcome) bool {
 	c, ob, sub := k.lockTag()
-	q, args := st.GrantedSQL(kind&^kindTry, int64(c), int64(ob), sub)
+	q, args := st.GrantedSQL(kind&^kindTry, int64(c), int64(ob), sub, w.mark())
 	g := outcome{pid: o.pid, sent: monoNow()}
 	// After a wait the server ended at the deadline, the question comes
 	// within the deadline's margin, or, when the wait's answer was read
@@ -573,7 +590,7 @@ func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind, named string
 // the pid: an uncontended lock costs one round trip either way, a contended
 // one two the first time.
 func (l *Locker) acquireOn(ctx context.Context, conn *sql.Conn, id ident, st *statements, k Key, kind lockKind) (*Lock, error) {
-	w := connWaiter{conn, l.abandoned}
+	w := connWaiter{conn, l.abandoned, l.newMark()}
 	var o outcome
 	if kind.IsTry() {
 		o = l.tryOn(ctx, w, sessionLevel, st, kind, k)
@@ -591,7 +608,7 @@ func (l *Locker) acquireOn(ctx context.Context, conn *sql.Conn, id ident, st *st
 			}
 		}
 	}
-	return l.settle(ctx, conn, id, st, k, kind.IsShared(), o, l.name(k))
+	return l.settle(ctx, conn, id, st, w.m, k, kind.IsShared(), o, l.name(k))
 }
 
 // cancelWaitTimeout bounds cancelWait.

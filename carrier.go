@@ -22,6 +22,9 @@ type carrier struct {
 	conn *sql.Conn
 	id   ident  // who granted its locks (see checkServer)
 	ls   *lease // its idle clock (see lease.go)
+	// mark is its owner mark, which its statements carry and its
+	// settings apply (see sqltext.Statements).
+	mark string
 	// dedicated: a session of one lock (a lock that waited, a shared-mode
 	// lock, a permit, a candidate, any lock of WithDedicatedSessions),
 	// which no other call picks, whose statements are st (the lock's
@@ -143,14 +146,14 @@ func (c *carrier) releaseConn() {
 // newDedicated makes conn, backend pid, whose lock statement st just
 // granted it a lock (and applied its settings), the dedicated session of
 // that lock.
-func newDedicated(l *Locker, conn *sql.Conn, id ident, st *statements, pid int64, ls *lease) *carrier {
-	return &carrier{l: l, conn: conn, id: id, ls: ls, dedicated: true, st: st, pid: pid, tuned: true, held: map[*Lock]struct{}{}, gone: make(chan struct{})}
+func newDedicated(l *Locker, conn *sql.Conn, id ident, st *statements, mark string, pid int64, ls *lease) *carrier {
+	return &carrier{l: l, conn: conn, id: id, ls: ls, mark: mark, dedicated: true, st: st, pid: pid, tuned: true, held: map[*Lock]struct{}{}, gone: make(chan struct{})}
 }
 
 // newOwned makes conn, backend pid, set up for a Session (its settings
 // applied), the session of s.
-func newOwned(l *Locker, conn *sql.Conn, id ident, pid int64, ls *lease, s *Session) *carrier {
-	return &carrier{l: l, conn: conn, id: id, ls: ls, owner: s, pid: pid, tuned: true, held: map[*Lock]struct{}{}, gone: make(chan struct{})}
+func newOwned(l *Locker, conn *sql.Conn, id ident, mark string, pid int64, ls *lease, s *Session) *carrier {
+	return &carrier{l: l, conn: conn, id: id, ls: ls, mark: mark, owner: s, pid: pid, tuned: true, held: map[*Lock]struct{}{}, gone: make(chan struct{})}
 }
 
 // err returns why the carrier is dead.
@@ -335,27 +338,29 @@ func (c *carrier) closeDedicated() {
 // to a call that found its key held, to wait on: the carrier closes (no
 // call picks it from now on) and its connection becomes the waiter's, its
 // pid known, its settings applied when tuned is true (to be set back
-// should the wait not be granted). ok is false when the carrier is in use.
-func (c *carrier) handOver() (conn *sql.Conn, pid int64, tuned, ok bool) {
+// should the wait not be granted), its mark the carrier's. ok is false
+// when the carrier is in use.
+func (c *carrier) handOver() (w connWaiter, pid int64, tuned, ok bool) {
 	s := &c.l.share
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.idleLocked() || c.pid == 0 {
-		return nil, 0, false, false
+		return connWaiter{}, 0, false, false
 	}
 	c.closed = true
 	c.unarmLocked()
 	s.remove(c)
-	return c.conn, c.pid, c.tuned, true
+	return connWaiter{c.conn, c.l.abandoned, c.mark}, c.pid, c.tuned, true
 }
 
 // fail marks the carrier dead after an uncertain outcome (or a lost lock),
 // marks every Lock on it (and its Session) lost, then discards its
 // connection (the server releases everything it held as the session
-// ends), and then tells the observers: the holders are told first, and an
-// observer that Unlocks a lost lock finds its session ended or ending.
+// ends), and then tells the observers and closes the handles' Done: the
+// holders are told first (Err), and an observer that Unlocks a lost lock
+// finds its session ended or ending.
 func (c *carrier) fail(cause error) {
 	// A shared session leaves the shared ones as it dies, in one step, so
 	// that no call picks it meanwhile.
@@ -388,15 +393,15 @@ func (c *carrier) fail(cause error) {
 		s.remove(c)
 		s.mu.Unlock()
 	}
-	events := make([]Event, 0, len(locks)+1)
+	losses := make([]lossNote, 0, len(locks)+1)
 	for _, lk := range locks {
-		if e, ok := lk.markLost(dead); ok {
-			events = append(events, e)
+		if n, ok := lk.markLost(dead); ok {
+			losses = append(losses, n)
 		}
 	}
 	if c.owner != nil {
-		if e, ok := c.owner.markLost(cause); ok { // its own words name the backend
-			events = append(events, e)
+		if n, ok := c.owner.markLost(cause); ok { // its own words name the backend
+			losses = append(losses, n)
 		}
 	}
 	end := func() { c.endConnSoon(func() { c.l.discard(c.conn, Key{}, what+": "+cause.Error()) }) }
@@ -408,8 +413,8 @@ func (c *carrier) fail(cause error) {
 	} else {
 		end()
 	}
-	for _, e := range events {
-		c.l.tell(context.Background(), e)
+	for _, n := range losses {
+		n.tell()
 	}
 }
 

@@ -171,6 +171,14 @@ func standbyError(what string) error {
 	return fmt.Errorf("%w (%s): its advisory locks do not conflict with the primary's; connect to the primary (or use WithAllowStandby)", ErrStandby, what)
 }
 
+// foreignSession is the error of a lock statement that found its server
+// session marked by another lock session (see sqltext.Statements), and
+// took nothing: a transaction-mode pooler put two clients on one server
+// session.
+func foreignSession() error {
+	return fmt.Errorf("%w: the server session already carries another client's lock session: a transaction-mode pooler (such as PgBouncer with pool_mode=transaction) is in the way; session locks are unsafe there, use LockTx or InTx", ErrSessionChanged)
+}
+
 // sessionChanged says what a changed backend means (now is 0 when the
 // new backend's pid is not known).
 func sessionChanged(was, now int64) error {

@@ -262,28 +262,42 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 // only the end of the session makes sure that it holds nothing should the
 // network heal, behind the back of a holder that was told it lost the
 // lock; a session that ended anyway loses nothing more. The holder is
-// told first (Done), then the session ends, then the observers are told:
-// an observer may Unlock the lost lock, which then finds its session
-// ended or ending.
+// told first (Err), then the session ends, then the observers are told,
+// then Done closes: an observer may Unlock the lost lock, which then
+// finds its session ended or ending, and whoever waits on Done sees the
+// stats and the events.
 func (lk *Lock) lose(cause error) {
-	e, ok := lk.markLost(cause)
+	n, ok := lk.markLost(cause)
 	if !ok {
 		return
 	}
 	lk.c.fail(cause)
-	lk.l.tell(context.Background(), e)
+	n.tell()
 }
 
-// markLost marks a held lock lost with cause, counts it, and closes Done,
-// in that order (whoever waits on Done sees the stats); it returns the
-// event for the observers, and false when the lock was not held (lost
-// already, or Unlock has begun). The lock leaves its session once that
-// session has ended.
-func (lk *Lock) markLost(cause error) (Event, bool) {
+// lossNote is a loss marked, to tell: its event for the observers, and
+// the end of its handle (Done), after them.
+type lossNote struct {
+	l   *Locker
+	e   Event
+	end func()
+}
+
+// tell tells the observers of the loss, then closes the handle's Done.
+func (n lossNote) tell() {
+	n.l.tell(context.Background(), n.e)
+	n.end()
+}
+
+// markLost marks a held lock lost with cause (Err says so from now on)
+// and counts it; it returns the loss to tell (see lossNote), and false
+// when the lock was not held (lost already, or Unlock has begun). The
+// lock leaves its session once that session has ended.
+func (lk *Lock) markLost(cause error) (lossNote, bool) {
 	lk.mu.Lock()
 	if lk.state != stateHeld {
 		lk.mu.Unlock()
-		return Event{}, false
+		return lossNote{}, false
 	}
 	lk.state = stateLost
 	lk.closeWindow()
@@ -300,8 +314,7 @@ func (lk *Lock) markLost(cause error) (Event, bool) {
 	}()
 	e := Event{Kind: EventLost, Key: lk.key, Name: lk.l.regName(lk.key), PID: int(lk.pid), Held: time.Since(lk.since), Err: err}
 	lk.l.count(e, 1)
-	lk.end()
-	return e, true
+	return lossNote{lk.l, e, lk.end}, true
 }
 
 // unlockAnswer is the one rule book for the answer to an unlock of the

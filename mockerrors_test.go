@@ -277,7 +277,7 @@ func TestSharedUnlockOutcomes(t *testing.T) {
 	keys := []sqllock.Key{sqllock.Int64(1), sqllock.Int64(2), sqllock.Int64(3)}
 	for _, k := range keys {
 		v, _ := k.Int64()
-		mock.ExpectQuery(`pg_try_advisory_lock\(\$1\)`).WithArgs(v).
+		mock.ExpectQuery(`pg_try_advisory_lock\(\$1\)`).WithArgs(v, sqlmock.AnyArg()).
 			WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid", "in_recovery"}).AddRow(true, sqllockmock.PID, false))
 	}
 	locks := make([]*sqllock.Lock, len(keys))

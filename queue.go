@@ -254,10 +254,15 @@ func (c *carrier) runOne(op *shareOp, unlock bool) {
 		if !c.tuned {
 			st = c.l.sql()
 		}
-		q, args := st.TrySQL(sqltext.Try, op.key.sqlKey())
+		q, args := st.TrySQL(sqltext.Try, op.key.sqlKey(), c.mark)
 		var pid int64
 		var standby bool
-		err = c.queryRow(q, args, &op.ok, &pid, &standby)
+		var ok sql.NullBool
+		err = c.queryRow(q, args, &ok, &pid, &standby)
+		op.ok = ok.Bool
+		if err == nil && !ok.Valid {
+			err = foreignSession() // nothing was tried
+		}
 		if err == nil {
 			err = c.answered(pid, standby, op.ok && !c.tuned)
 		}
@@ -311,7 +316,11 @@ func (c *carrier) answered(pid int64, standby, tuned bool) error {
 func (c *carrier) tune() error {
 	var pid int64
 	var standby bool
-	err := c.queryRow(c.l.sql().SessionSQL(), nil, &pid, &standby, skip)
+	q, args := c.l.sql().SessionSQL(c.mark)
+	err := c.queryRow(q, args, &pid, &standby, skip)
+	if err == nil && pid == 0 {
+		err = foreignSession() // nothing was applied
+	}
 	if err == nil {
 		err = c.answered(pid, standby, true)
 	}

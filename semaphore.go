@@ -116,11 +116,15 @@ func (s *Semaphore) acquire(ctx context.Context, try bool) (lk *Lock, err error)
 // the engine's wait, and tries them all again.
 func (s *Semaphore) acquireOn(ctx context.Context, conn *sql.Conn, id ident, try bool, name string) (*Lock, error) {
 	l := s.l
-	w := connWaiter{conn, l.abandoned}
+	w := connWaiter{conn, l.abandoned, l.newMark()}
 	for {
 		var slot int64
 		o := outcome{sent: monoNow()} // the permit's lease begins with this statement
-		o.err = w.queryRow(ctx, s.trySQL(), nil, &slot, &o.pid, &o.standby, skip)
+		q, args := l.mode.Arrays(s.trySQL(), w.m)
+		o.err = w.queryRow(ctx, q, args, &slot, &o.pid, &o.standby, skip)
+		if o.err == nil && slot == -2 {
+			o.err = foreignSession() // nothing was tried
+		}
 		if o.err == nil {
 			l.observeRTT(time.Duration(monoNow() - o.sent))
 		}
@@ -130,7 +134,7 @@ func (s *Semaphore) acquireOn(ctx context.Context, conn *sql.Conn, id ident, try
 			k = Pair(s.class, int32(slot))
 		}
 		if o.ok || o.err != nil || try || ctxEnded(ctx) || o.standby && !l.cfg.allowStandby {
-			lk, err := l.settle(ctx, conn, id, l.sql(), k, false, o, name)
+			lk, err := l.settle(ctx, conn, id, l.sql(), w.m, k, false, o, name)
 			if errors.Is(err, ErrNotAcquired) && !ctxEnded(ctx) {
 				err = fmt.Errorf("%w: all %d slots of %s are held", ErrNotAcquired, s.n, name)
 			}
@@ -143,6 +147,6 @@ func (s *Semaphore) acquireOn(ctx context.Context, conn *sql.Conn, id ident, try
 			l.log(ctx, slog.LevelDebug, "sqllock: semaphore: trying every slot again", Key{}, slog.String("semaphore", s.name))
 			continue
 		}
-		return l.settle(ctx, conn, id, l.sql(), k, false, o, name)
+		return l.settle(ctx, conn, id, l.sql(), w.m, k, false, o, name)
 	}
 }

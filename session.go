@@ -52,12 +52,13 @@ type Session struct {
 func (l *Locker) Session(ctx context.Context) (*Session, error) {
 	mustContext(ctx, "Locker.Session")
 	sent := monoNow()
-	conn, pid, id, err := l.pinSession(ctx, "session")
+	mark := l.newMark()
+	conn, pid, id, err := l.pinSession(ctx, "session", mark)
 	if err != nil {
 		return nil, err
 	}
 	s := &Session{pinned: pinned{l: l, pid: pid, id: id, lease: l.newLease(sent)}, calls: make(callSlot, 1)}
-	s.c = newOwned(l, conn, id, pid, s.lease, s)
+	s.c = newOwned(l, conn, id, mark, pid, s.lease, s)
 	l.mon.add(s)
 	return s, nil
 }
@@ -93,7 +94,7 @@ func (s *Session) Lock(ctx context.Context, k Key) error {
 	// PostgreSQL's deadlock detector (the Session holds other locks).
 	var o outcome
 	if err := s.c.withConn(func(conn *sql.Conn) error {
-		o = s.l.waitOn(ctx, connWaiter{conn, s.l.abandoned}, sessionLevel, s.l.sql(), 0, k, s.pid, waitOne)
+		o = s.l.waitOn(ctx, connWaiter{conn, s.l.abandoned, s.c.mark}, sessionLevel, s.l.sql(), 0, k, s.pid, waitOne)
 		return o.err
 	}); o.err == nil && err != nil {
 		o.err = err // the session was ended before the wait began
@@ -284,9 +285,9 @@ func (s *Session) Close(ctx context.Context) error {
 
 // pinSession takes a connection of the pool for a Session: the server
 // checked, the backend's pid learnt, and the lock session's settings
-// applied, in one round trip once the server is known. what names the
-// caller in errors.
-func (l *Locker) pinSession(ctx context.Context, what string) (*sql.Conn, int64, ident, error) {
+// applied, its owner mark mark, in one round trip once the server is
+// known. what names the caller in errors.
+func (l *Locker) pinSession(ctx context.Context, what, mark string) (*sql.Conn, int64, ident, error) {
 	conn, err := getConn(ctx, l.db)
 	if err != nil {
 		return nil, 0, ident{}, fmt.Errorf("sqllock: %s: get connection: %w", what, err)
@@ -298,7 +299,11 @@ func (l *Locker) pinSession(ctx context.Context, what string) (*sql.Conn, int64,
 	}
 	var pid int64
 	var standby bool
-	if err := queryRow(ctx, l.abandoned, conn, l.sql().SessionSQL(), nil, &pid, &standby, skip); err != nil {
+	q, args := l.sql().SessionSQL(mark)
+	if err := queryRow(ctx, l.abandoned, conn, q, args, &pid, &standby, skip); err != nil || pid == 0 {
+		if err == nil {
+			err = foreignSession() // nothing was applied
+		}
 		// Its settings may be applied: not given back. (A statement the
 		// Locker abandoned closes its connection as it returns: the
 		// discard does not wait for it.)

@@ -163,14 +163,14 @@ func (s *Session) add(keys []Key) {
 // so the keep-alive and the Session's own calls use it alike.
 func (s *Session) lose(cause error) { s.c.fail(cause) }
 
-// markLost marks a usable Session lost, forgets its locks, counts them
-// and closes Done (its session failed: see carrier.fail); it returns the
-// event for the observers, and false when the Session was not usable.
-func (s *Session) markLost(cause error) (Event, bool) {
+// markLost marks a usable Session lost, forgets its locks and counts
+// them (its session failed: see carrier.fail); it returns the loss to
+// tell, and false when the Session was not usable.
+func (s *Session) markLost(cause error) (lossNote, bool) {
 	s.mu.Lock()
 	if s.state != stateHeld {
 		s.mu.Unlock()
-		return Event{}, false
+		return lossNote{}, false
 	}
 	n := int64(s.held.len())
 	s.state = stateLost
@@ -181,8 +181,7 @@ func (s *Session) markLost(cause error) (Event, bool) {
 	s.l.mon.remove(s)
 	e := Event{Kind: EventLost, PID: int(s.pid), Err: err}
 	s.l.count(e, n)
-	s.pinned.end() // last: whoever waits on Done sees the stats
-	return e, true
+	return lossNote{s.l, e, s.pinned.end}, true
 }
 
 // heldKeys is the keep-alive's view of the Session: the keys held and not

@@ -13,9 +13,9 @@ import (
 // cancelled statement as a success), or a failed statement, leave the
 // outcome uncertain, and the connection is discarded (PostgreSQL releases
 // every lock of a session that ends); a lock granted on a standby is
-// released; a refused one gives conn back to the pool. what names the call
-// in errors.
-func (l *Locker) settle(ctx context.Context, conn *sql.Conn, id ident, st *statements, k Key, shared bool, o outcome, what string) (*Lock, error) {
+// released; a refused one gives conn back to the pool. mark is the
+// session's owner mark; what names the call in errors.
+func (l *Locker) settle(ctx context.Context, conn *sql.Conn, id ident, st *statements, mark string, k Key, shared bool, o outcome, what string) (*Lock, error) {
 	v, err := judge(ctx, o, what, l.cfg.allowStandby, 0)
 	if v == refused && o.err != nil && !errors.Is(o.err, errDeadline) {
 		// A lock statement that failed, even for a reason the server is
@@ -38,13 +38,13 @@ func (l *Locker) settle(ctx context.Context, conn *sql.Conn, id ident, st *state
 	case unwanted:
 		// Released as a lock on a session of its own is, then refused;
 		// no Lock was handed out, so none is told or counted.
-		c := newDedicated(l, conn, id, st, o.pid, l.newLease(o.sent))
+		c := newDedicated(l, conn, id, st, mark, o.pid, l.newLease(o.sent))
 		if rerr := c.releaseKey(k, shared); rerr != nil {
 			return nil, errors.Join(err, rerr)
 		}
 		return nil, err
 	}
-	lk := newLock(newDedicated(l, conn, id, st, o.pid, l.newLease(o.sent)), k, shared)
+	lk := newLock(newDedicated(l, conn, id, st, mark, o.pid, l.newLease(o.sent)), k, shared)
 	l.stats.took(1)
 	l.mon.add(lk)
 	return lk, nil

@@ -213,16 +213,17 @@ func (l *Locker) acquireShared(ctx context.Context, k Key, try bool) (lk *Lock, 
 			l.share.markHot(k)
 			left = true
 			c.leave()
-			conn, pid, tuned, ok := c.handOver()
+			w, pid, tuned, ok := c.handOver()
 			if !ok {
 				return nil, nil, false
 			}
-			o := l.waitOn(ctx, connWaiter{conn, l.abandoned}, sessionLevel, l.sql(), 0, k, pid, waitSliced)
+			conn := w.conn
+			o := l.waitOn(ctx, w, sessionLevel, l.sql(), 0, k, pid, waitSliced)
 			if o.err == nil {
 				l.pids.set(driverConnOf(conn), o.pid) // as acquireOn does: its next wait needs no try
 			}
 			o.tuned = tuned
-			lk, err = l.settle(ctx, conn, c.id, l.sql(), k, false, o, l.name(k))
+			lk, err = l.settle(ctx, conn, c.id, l.sql(), w.m, k, false, o, l.name(k))
 			if err != nil && connectionBroken(err) && !ctxEnded(ctx) {
 				return nil, nil, false // it died meanwhile: another
 			}
@@ -370,7 +371,7 @@ func (l *Locker) openCarrier(ctx context.Context) (*carrier, error) {
 		l.putBack(conn) // no statement of a lock ran on it
 		return nil, err
 	}
-	return &carrier{l: l, conn: conn, id: id, ls: l.newLease(sent), held: map[*Lock]struct{}{}, gone: make(chan struct{})}, nil
+	return &carrier{l: l, conn: conn, id: id, ls: l.newLease(sent), mark: l.newMark(), held: map[*Lock]struct{}{}, gone: make(chan struct{})}, nil
 }
 
 // remove drops c from the carriers. The caller holds s.mu.

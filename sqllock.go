@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +46,10 @@ type Locker struct {
 	// plain their statements (the settings are applied once per session).
 	share sharing
 	plain *statements
+
+	// markBase and marks make the owner marks of its sessions (newMark).
+	markBase string
+	marks    atomic.Uint64
 
 	serverMu sync.Mutex
 	serverOK atomic.Bool  // set under serverMu: the server was checked and is supported
@@ -93,8 +99,15 @@ func New(db *sql.DB, opts ...Option) *Locker {
 		l.abandoned = &abandonSet{}
 	}
 	l.mon = newMonitor(l)
-	l.plain = sqltext.NewStatements(l.mode, "''", "''")
+	l.plain = sqltext.Plain(l.mode)
+	l.markBase = strconv.FormatUint(rand.Uint64(), 36)
 	return l
+}
+
+// newMark returns an owner mark for a new lock session (see
+// sqltext.Statements): unique to it, among every process's.
+func (l *Locker) newMark() string {
+	return l.markBase + "." + strconv.FormatUint(l.marks.Add(1), 36)
 }
 
 // Lock takes the exclusive lock k, waiting (in the server) as long as

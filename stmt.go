@@ -72,10 +72,9 @@ type manyQuery func(q string, args []any, row func([]driver.Value) error) error
 // must be answered. For more than sqltext.ManyRowsMax keys the answers
 // come aggregated in one row (the positions not answered true).
 func many(mode stmtMode, query manyQuery, fn string, pid int64, keys []sqltext.Key) ([]bool, error) {
-	only, agg := "", ""
-	if fn == "pg_advisory_unlock" {
-		only = strconv.FormatInt(pid, 10)
-	}
+	// Run on backend pid only: a statement that a pooler sent to another
+	// server session takes and releases nothing there.
+	only, agg := strconv.FormatInt(pid, 10), ""
 	if len(keys) > sqltext.ManyRowsMax {
 		agg = sqltext.AggNotTaken
 	}

@@ -77,7 +77,7 @@ func ExpectLockAfterWait(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQ
 	expectTry(mock, 0, k, false)
 	mock.ExpectQuery(exact(sqltext.WaitSliceSQL)).
 		WillReturnRows(sqlmock.NewRows([]string{"slice"}).AddRow(int64(500)))
-	q, args := statements.WaitSQL(0, key(k), "500ms")
+	q, args := statements.WaitSQL(0, key(k), "500ms", mark)
 	return mock.ExpectQuery(pattern(q)).WithArgs(values(args)...).
 		WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid", "in_recovery"}).AddRow(true, PID, false))
 }
@@ -150,18 +150,19 @@ func ExpectTryRLockTx(mock sqlmock.Sqlmock, k sqllock.Key, acquired bool) *sqlmo
 // settings stands, in the statements the helpers expect, for the
 // expression with which a Locker applies (or resets) the settings of a
 // lock session, which depend on its options (sqllock.WithOrphanBound,
-// WithApplicationName) and on the server's version: pattern matches it
-// with any text.
+// WithApplicationName) and on the server's version, and for the condition
+// a statement puts on the session's owner mark, which depends on whether
+// the session is set up yet: pattern matches it with any text.
 const settings = "\x00"
 
 // statements are sqllock's own statements (bind mode: go-sqlmock is not
 // lib/pq), with settings in place of the session settings.
-var statements = sqltext.NewStatements(sqltext.Bind, settings, settings)
+var statements = sqltext.Described(settings)
 
 // expectTry expects the non-waiting lock statement of kind, with which
 // every session-level lock call starts.
 func expectTry(mock sqlmock.Sqlmock, kind sqltext.Kind, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
-	q, args := statements.TrySQL(kind|sqltext.Try, key(k))
+	q, args := statements.TrySQL(kind|sqltext.Try, key(k), mark)
 	return mock.ExpectQuery(pattern(q)).WithArgs(values(args)...).
 		WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid", "in_recovery"}).AddRow(acquired, PID, false))
 }
@@ -187,11 +188,19 @@ func key(k sqllock.Key) sqltext.Key {
 	return sqltext.Key{Pair: pair, V: v, Class: c, ID: i}
 }
 
+// mark stands, in the statements the helpers expect, for the owner mark
+// of the Locker's session, which is its own: values matches it with any
+// argument.
+const mark = "mark"
+
 // values returns a statement's bound values as go-sqlmock expects them.
 func values(args []any) []driver.Value {
 	vs := make([]driver.Value, len(args))
 	for i, a := range args {
 		vs[i] = a
+		if a == mark {
+			vs[i] = sqlmock.AnyArg()
+		}
 	}
 	return vs
 }

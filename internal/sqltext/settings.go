@@ -32,7 +32,8 @@ type Settings struct {
 // introduced are left out for older majors (a test of the version in the
 // statement would cost more than all the settings).
 func (s Settings) Tune() string {
-	var exprs []string
+	// The session's owner mark, o.m of the statement (see Statements).
+	exprs := []string{"set_config('" + markSetting + "', o.m, false)"}
 	if s.Major >= 14 {
 		exprs = append(exprs, set("idle_session_timeout", strconv.Itoa(s.IdleTimeoutMs)))
 	}
@@ -78,7 +79,7 @@ func (s Settings) Waiting() string {
 // set_config with a NULL value resets a setting to the value the session
 // started with (what RESET does).
 func (s Settings) Untune() string {
-	var exprs []string
+	exprs := []string{reset(markSetting)}
 	if s.Major >= 14 {
 		exprs = append(exprs, reset("idle_session_timeout"))
 	}

@@ -147,14 +147,27 @@ func bindArgs(k Key, extra ...any) []any {
 // by the statement that is granted the lock, only once it is (a refused
 // try changes nothing), and undone (Settings.Untune) by the statement that
 // releases it; so a connection goes back to the pool with the settings it
-// came with, at no extra round trip. A forced name (Settings.Waiting) is
-// also set local to each wait statement, so that a waiting session shows
-// it, and no longer.
+// came with, at no extra round trip. A name (Settings.Waiting) is also set
+// local to each wait statement, so that a waiting session shows it, and
+// no longer.
+//
+// The owner mark. Advisory locks are re-entrant within a server session,
+// so two clients that a transaction-mode pooler (PgBouncer with
+// pool_mode=transaction) puts on one server session would both be granted
+// one key. Every lock session carries a mark of its own (the setting
+// sqllock.owner, applied with its settings and reset with them), given to
+// each statement that takes a lock as its last parameter, and such a
+// statement takes nothing on a server session that carries another mark:
+// one not yet set up (Statements of settings) takes a session whose mark
+// is empty or its own; one set up already (Plain), a session whose mark
+// is its own. Elsewhere the statement answers NULL where it would answer
+// whether it took the lock (see each statement).
 type Statements struct {
 	mode    Mode
-	tune    string // an SQL expression that applies the settings
+	tune    string // an SQL expression that applies the settings (and the mark, o.m)
 	untune  string // an SQL expression that sets them back (RESET)
 	waiting string // one that applies, for a wait's length, what a waiting session shows ("": none)
+	gate    string // the condition on the session's mark, o.m
 
 	// Bind mode: built once per Locker, no allocation per lock.
 	try    [2][2]string // [exclusive, shared][bigint, pair]
@@ -162,23 +175,73 @@ type Statements struct {
 	unlock [2][2]string
 }
 
+// NewStatements returns the Statements of sessions not yet set up, whose
+// settings are applied by tune and set back by untune.
 func NewStatements(mode Mode, tune, untune string) *Statements {
-	return newStatements(mode, tune, untune, "")
+	return newStatements(mode, tune, untune, "", freshGate)
 }
 
-// ForSettings returns the Statements of lock sessions that need st: its
-// Tune and Untune, and its Waiting on the wait statement.
+// ForSettings returns the Statements of lock sessions that need st, not
+// yet set up: its Tune and Untune, and its Waiting on the wait statement.
 func ForSettings(mode Mode, st Settings) *Statements {
-	return newStatements(mode, st.Tune(), st.Untune(), st.Waiting())
+	return newStatements(mode, st.Tune(), st.Untune(), st.Waiting(), freshGate)
 }
 
-func newStatements(mode Mode, tune, untune, waiting string) *Statements {
-	s := &Statements{mode: mode, tune: tune, untune: untune, waiting: waiting}
+// Described returns Statements whose settings and condition on the owner
+// mark are all the text any (sqllockmock's patterns match any text there):
+// they describe those of any Locker, set up or not.
+func Described(any string) *Statements {
+	return newStatements(Bind, any, any, "", any)
+}
+
+// Plain returns the Statements of lock sessions set up already: they apply
+// and reset nothing, and run only on a session that carries their mark.
+func Plain(mode Mode) *Statements {
+	return newStatements(mode, "''", "''", "", ownGate)
+}
+
+// The owner mark's setting, and the conditions on it (see Statements).
+const (
+	markSetting = "sqllock.owner"
+	freshGate   = "coalesce(current_setting('" + markSetting + "', true), '') IN ('', o.m)"
+	ownGate     = "current_setting('" + markSetting + "', true) = o.m"
+)
+
+// ValidMark reports whether mark can be a session's owner mark: 1 to 40
+// bytes of digits, lower-case letters, dots and dashes (rendered into the
+// SQL text for Inline mode).
+func ValidMark(mark string) bool {
+	if mark == "" || len(mark) > 40 {
+		return false
+	}
+	for i := 0; i < len(mark); i++ {
+		c := mark[i]
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'z' || c == '.' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// markFrom returns the FROM item that names the session's mark o.m: bound
+// as parameter n, or rendered into the text (Inline).
+func (m Mode) markFrom(n int, mark string) (string, []any) {
+	if m == Inline {
+		if !ValidMark(mark) {
+			panic("sqltext: invalid owner mark " + strconv.Quote(mark))
+		}
+		return "(SELECT '" + mark + "'::text AS m OFFSET 0) AS o", nil
+	}
+	return "(SELECT $" + strconv.Itoa(n) + "::text AS m OFFSET 0) AS o", []any{mark}
+}
+
+func newStatements(mode Mode, tune, untune, waiting, gate string) *Statements {
+	s := &Statements{mode: mode, tune: tune, untune: untune, waiting: waiting, gate: gate}
 	if mode == Bind {
 		for sh, shared := range []bool{false, true} {
 			for f, k := range []Key{{}, {Pair: true}} {
-				s.try[sh][f], _ = s.BuildTrySQL(Try|SharedKind(shared), k)
-				s.wait[sh][f], _ = s.BuildWaitSQL(SharedKind(shared), k, "")
+				s.try[sh][f], _ = s.BuildTrySQL(Try|SharedKind(shared), k, "")
+				s.wait[sh][f], _ = s.BuildWaitSQL(SharedKind(shared), k, "", "")
 				s.unlock[sh][f], _ = s.BuildUnlockSQL(shared, k, 0)
 			}
 		}
@@ -187,22 +250,24 @@ func newStatements(mode Mode, tune, untune, waiting string) *Statements {
 }
 
 // TrySQL returns the statement that tries a session-level lock (kind has
-// Try). Its single row is (acquired bool, pid int, in_recovery bool); it
-// applies the settings only when acquired (a shared session's first try
-// is this statement too, so a lock that opens one sends what a lock on a
-// session of its own does).
-func (s *Statements) TrySQL(kind Kind, k Key) (string, []any) {
+// Try) on the session marked mark. Its single row is (acquired bool, pid
+// int, in_recovery bool), acquired NULL (and nothing tried) on a session
+// of another mark; it applies the settings only when acquired (a shared
+// session's first try is this statement too, so a lock that opens one
+// sends what a lock on a session of its own does).
+func (s *Statements) TrySQL(kind Kind, k Key, mark string) (string, []any) {
 	if s.mode == Bind {
-		return s.try[sharedIndex(kind.IsShared())][formIndex(k)], bindArgs(k)
+		return s.try[sharedIndex(kind.IsShared())][formIndex(k)], bindArgs(k, mark)
 	}
-	return s.BuildTrySQL(kind, k)
+	return s.BuildTrySQL(kind, k, mark)
 }
 
-func (s *Statements) BuildTrySQL(kind Kind, k Key) (string, []any) {
+func (s *Statements) BuildTrySQL(kind Kind, k Key, mark string) (string, []any) {
 	a, args := s.mode.KeyArgs(k, 1)
+	from, margs := s.mode.markFrom(len(args)+1, mark)
 	// CASE evaluates the settings only when the try succeeded (concat
 	// never returns NULL).
-	return "SELECT CASE WHEN " + kind.Fn() + "(" + a + ") THEN " + s.tune + " IS NOT NULL ELSE false END, pg_backend_pid(), pg_is_in_recovery()", args
+	return "SELECT CASE WHEN " + s.gate + " THEN CASE WHEN " + kind.Fn() + "(" + a + ") THEN " + s.tune + " IS NOT NULL ELSE false END END, pg_backend_pid(), pg_is_in_recovery() FROM " + from, append(args, margs...)
 }
 
 // WaitSQL returns the statement with which a Locker waits for a
@@ -215,28 +280,30 @@ func (s *Statements) BuildTrySQL(kind Kind, k Key) (string, []any) {
 // for a CREATE INDEX CONCURRENTLY (or REINDEX CONCURRENTLY, DETACH
 // PARTITION CONCURRENTLY, ...) of the holder, which waits for old
 // snapshots, to be reported a deadlock. A session that holds nothing but
-// its wait is in no genuine deadlock, so nothing is lost.
-func (s *Statements) WaitSQL(kind Kind, k Key, slice string) (string, []any) {
+// its wait is in no genuine deadlock, so nothing is lost. On a session of
+// another mark than mark it waits for nothing and answers no row.
+func (s *Statements) WaitSQL(kind Kind, k Key, slice, mark string) (string, []any) {
 	if s.mode == Bind {
-		return s.wait[sharedIndex(kind.IsShared())][formIndex(k)], bindArgs(k, slice)
+		return s.wait[sharedIndex(kind.IsShared())][formIndex(k)], bindArgs(k, slice, mark)
 	}
-	return s.BuildWaitSQL(kind, k, slice)
+	return s.BuildWaitSQL(kind, k, slice, mark)
 }
 
-func (s *Statements) BuildWaitSQL(kind Kind, k Key, slice string) (string, []any) {
+func (s *Statements) BuildWaitSQL(kind Kind, k Key, slice, mark string) (string, []any) {
 	a, args := s.mode.KeyArgs(k, 1)
 	timeout := "'" + slice + "'"
 	if s.mode == Bind {
 		timeout = "$" + strconv.Itoa(len(args)+1)
 		args = append(args, slice)
 	}
+	from, margs := s.mode.markFrom(len(args)+1, mark)
 	set := "set_config('lock_timeout', " + timeout + ", true)"
 	if s.waiting != "" {
 		set = "concat(" + set + ", " + s.waiting + ")"
 	}
 	return "SELECT " + s.tune + " IS NOT NULL, pg_backend_pid(), pg_is_in_recovery()" +
-		" FROM (SELECT " + set + ") AS s(v), " +
-		"LATERAL (SELECT " + kind.Fn() + "(" + a + ") WHERE s.v IS NOT NULL) AS l", args
+		" FROM " + from + ", LATERAL (SELECT CASE WHEN " + s.gate + " THEN " + set + " END OFFSET 0) AS s(v), " +
+		"LATERAL (SELECT " + kind.Fn() + "(" + a + ") WHERE s.v IS NOT NULL) AS l", append(args, margs...)
 }
 
 // GrantedSQL returns the statement that asks, after a wait statement
@@ -245,14 +312,16 @@ func (s *Statements) BuildWaitSQL(kind Kind, k Key, slice string) (string, []any
 // PostgreSQL keeps the grant (the error's cleanup keeps a lock granted
 // before it). Its single row, only when the session that runs it holds
 // the lock whose tag is (classid, objid, objsubid) in kind's mode, is that
-// of WaitSQL, the settings applied (they were undone with the failed
-// statement).
-func (s *Statements) GrantedSQL(kind Kind, classid, objid int64, objsubid int) (string, []any) {
+// of WaitSQL, the settings (and mark) applied: they were undone with the
+// failed statement.
+func (s *Statements) GrantedSQL(kind Kind, classid, objid int64, objsubid int, mark string) (string, []any) {
 	mode := "ExclusiveLock"
 	if kind.IsShared() {
 		mode = "ShareLock"
 	}
-	return s.mode.TagArgs("SELECT "+s.tune+" IS NOT NULL, pg_backend_pid(), pg_is_in_recovery()"+heldByMe+" AND l.mode = '"+mode+"'", classid, objid, objsubid)
+	from, margs := s.mode.markFrom(4, mark)
+	q, args := s.mode.TagArgs("SELECT "+s.tune+" IS NOT NULL, pg_backend_pid(), pg_is_in_recovery() FROM "+from+", pg_catalog.pg_locks l"+heldWhere+" AND l.mode = '"+mode+"'", classid, objid, objsubid)
+	return q, append(args, margs...)
 }
 
 // UnlockSQL returns the statement that releases a session-level lock, and
@@ -277,12 +346,15 @@ func (s *Statements) BuildUnlockSQL(shared bool, k Key, pid int64) (string, []an
 }
 
 // SemaphoreTrySQL returns the statement that takes the first free slot of
-// the n slots of class: its single row is (slot or -1, pid, in_recovery,
-// the settings' text). CASE takes the first slot whose try succeeds and
-// tries no further: one round trip, and never more than one slot.
+// the n slots of class, its mark as parameter $1 (render it with
+// Mode.Arrays): its single row is (slot, or -1 when none is free, or -2
+// on a session of another mark; pid, in_recovery, the settings' text).
+// CASE takes the first slot whose try succeeds and tries no further: one
+// round trip, and never more than one slot.
 func (s *Statements) SemaphoreTrySQL(class int32, n int) string {
 	var b strings.Builder
-	b.WriteString("SELECT l.slot, pg_backend_pid(), pg_is_in_recovery(), CASE WHEN l.slot >= 0 THEN " + s.tune + " END FROM (SELECT CASE")
+	b.WriteString("SELECT l.slot, pg_backend_pid(), pg_is_in_recovery(), CASE WHEN l.slot >= 0 THEN " + s.tune + " END" +
+		" FROM (SELECT $1::text AS m OFFSET 0) AS o, LATERAL (SELECT CASE WHEN NOT " + s.gate + " THEN -2")
 	c := strconv.Itoa(int(class))
 	for i := range n {
 		fmt.Fprintf(&b, " WHEN pg_try_advisory_lock(%s, %d) THEN %d", c, i, i)
@@ -291,10 +363,13 @@ func (s *Statements) SemaphoreTrySQL(class int32, n int) string {
 	return b.String()
 }
 
-// SessionSQL returns the statement that starts a Session: its single row
-// is (pid, in_recovery, the settings' text); it applies the settings.
-func (s *Statements) SessionSQL() string {
-	return "SELECT pg_backend_pid(), pg_is_in_recovery(), " + s.tune
+// SessionSQL returns the statement that starts a Session (or sets up a
+// shared session for a batch), marked mark: its single row is (pid,
+// in_recovery, the settings' text); it applies the settings. On a session
+// of another mark it applies nothing, and answers pid 0.
+func (s *Statements) SessionSQL(mark string) (string, []any) {
+	from, args := s.mode.markFrom(1, mark)
+	return "SELECT coalesce(CASE WHEN " + s.gate + " THEN pg_backend_pid() END, 0), pg_is_in_recovery(), CASE WHEN " + s.gate + " THEN " + s.tune + " END FROM " + from, args
 }
 
 // ResetSQL returns the statement that sets a Session's settings back as
@@ -580,7 +655,10 @@ const HeldSQL = `SELECT 1::int8` + heldByMe
 
 // heldByMe selects the row of pg_locks of the advisory lock whose tag is
 // ($1, $2, $3), granted to the session that runs the statement.
-const heldByMe = ` FROM pg_catalog.pg_locks l
+const heldByMe = ` FROM pg_catalog.pg_locks l` + heldWhere
+
+// heldWhere is heldByMe's condition on pg_locks l.
+const heldWhere = `
  WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_backend_pid()
   AND l.classid::int8 = $1::int8 AND l.objid::int8 = $2::int8 AND l.objsubid = $3::int4`
 

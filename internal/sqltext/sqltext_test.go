@@ -36,16 +36,18 @@ func TestStatements(t *testing.T) {
 		want string
 		n    int
 	}{
-		{q: first(bind.TrySQL(Try, Key{V: 5})), args: second(bind.TrySQL(Try, Key{V: 5})),
-			want: "SELECT CASE WHEN pg_try_advisory_lock($1) THEN T IS NOT NULL ELSE false END, pg_backend_pid(), pg_is_in_recovery()", n: 1},
-		{q: first(inline.TrySQL(Try|Shared, Key{Pair: true, Class: -1, ID: 2})), args: second(inline.TrySQL(Try|Shared, Key{Pair: true, Class: -1, ID: 2})),
-			want: "SELECT CASE WHEN pg_try_advisory_lock_shared(-1, 2) THEN T IS NOT NULL ELSE false END, pg_backend_pid(), pg_is_in_recovery()"},
+		{q: first(bind.TrySQL(Try, Key{V: 5}, "m.1")), args: second(bind.TrySQL(Try, Key{V: 5}, "m.1")),
+			want: "SELECT CASE WHEN coalesce(current_setting('sqllock.owner', true), '') IN ('', o.m) THEN CASE WHEN pg_try_advisory_lock($1) THEN T IS NOT NULL ELSE false END END, pg_backend_pid(), pg_is_in_recovery() FROM (SELECT $2::text AS m OFFSET 0) AS o", n: 2},
+		{q: first(inline.TrySQL(Try|Shared, Key{Pair: true, Class: -1, ID: 2}, "m.1")), args: second(inline.TrySQL(Try|Shared, Key{Pair: true, Class: -1, ID: 2}, "m.1")),
+			want: "SELECT CASE WHEN coalesce(current_setting('sqllock.owner', true), '') IN ('', o.m) THEN CASE WHEN pg_try_advisory_lock_shared(-1, 2) THEN T IS NOT NULL ELSE false END END, pg_backend_pid(), pg_is_in_recovery() FROM (SELECT 'm.1'::text AS m OFFSET 0) AS o"},
+		{q: first(Plain(Bind).TrySQL(Try, Key{V: 5}, "m.1")), args: second(Plain(Bind).TrySQL(Try, Key{V: 5}, "m.1")),
+			want: "SELECT CASE WHEN current_setting('sqllock.owner', true) = o.m THEN CASE WHEN pg_try_advisory_lock($1) THEN '' IS NOT NULL ELSE false END END, pg_backend_pid(), pg_is_in_recovery() FROM (SELECT $2::text AS m OFFSET 0) AS o", n: 2},
 		{q: first(inline.UnlockSQL(false, Key{V: 7}, 42)), args: second(inline.UnlockSQL(false, Key{V: 7}, 42)),
 			want: "SELECT CASE WHEN pg_advisory_unlock((7)::bigint) THEN U IS NOT NULL ELSE false END WHERE pg_backend_pid() = 42"},
 		{q: first(bind.UnlockSQL(true, Key{Pair: true, Class: 3, ID: 4}, 42)), args: second(bind.UnlockSQL(true, Key{Pair: true, Class: 3, ID: 4}, 42)),
 			want: "SELECT CASE WHEN pg_advisory_unlock_shared($1, $2) THEN U IS NOT NULL ELSE false END WHERE pg_backend_pid() = $3::int4", n: 3},
-		{q: first(bind.WaitSQL(0, Key{V: 1}, "0")), args: second(bind.WaitSQL(0, Key{V: 1}, "0")),
-			want: "SELECT T IS NOT NULL, pg_backend_pid(), pg_is_in_recovery() FROM (SELECT set_config('lock_timeout', $2, true)) AS s(v), LATERAL (SELECT pg_advisory_lock($1) WHERE s.v IS NOT NULL) AS l", n: 2},
+		{q: first(bind.WaitSQL(0, Key{V: 1}, "0", "m.1")), args: second(bind.WaitSQL(0, Key{V: 1}, "0", "m.1")),
+			want: "SELECT T IS NOT NULL, pg_backend_pid(), pg_is_in_recovery() FROM (SELECT $3::text AS m OFFSET 0) AS o, LATERAL (SELECT CASE WHEN coalesce(current_setting('sqllock.owner', true), '') IN ('', o.m) THEN set_config('lock_timeout', $2, true) END OFFSET 0) AS s(v), LATERAL (SELECT pg_advisory_lock($1) WHERE s.v IS NOT NULL) AS l", n: 3},
 	}
 	for _, tt := range tests {
 		if tt.q != tt.want || len(tt.args) != tt.n {
@@ -103,8 +105,8 @@ func TestLockFuncs(t *testing.T) {
 		for _, k := range []Key{Key{V: 9}, Key{Pair: true, Class: 1, ID: 2}} {
 			pairs := [][2]string{
 				{first(bind.UnlockSQL(shared, k, 1)), first(bind.BuildUnlockSQL(shared, k, 1))},
-				{first(bind.TrySQL(Try|SharedKind(shared), k)), first(bind.BuildTrySQL(Try|SharedKind(shared), k))},
-				{first(bind.WaitSQL(SharedKind(shared), k, "1ms")), first(bind.BuildWaitSQL(SharedKind(shared), k, "1ms"))},
+				{first(bind.TrySQL(Try|SharedKind(shared), k, "m")), first(bind.BuildTrySQL(Try|SharedKind(shared), k, "m"))},
+				{first(bind.WaitSQL(SharedKind(shared), k, "1ms", "m")), first(bind.BuildWaitSQL(SharedKind(shared), k, "1ms", "m"))},
 			}
 			for _, p := range pairs {
 				if p[0] != p[1] {
