@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core"
 )
 
 // Election is a leader election on a key: of the candidates that campaign
@@ -61,7 +63,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Lock, error) {
 	if err := checkValue(value); err != nil {
 		return nil, err
 	}
-	return e.l.acquire(ctx, e.key, 0, electionPrefix+value)
+	return e.l.acquire(ctx, e.key, false, false, electionPrefix+value)
 }
 
 // Lead campaigns with value, as [Election.Campaign] does, and runs fn each
@@ -114,7 +116,7 @@ func (e *Election) Lead(ctx context.Context, value string, fn func(ctx context.C
 			}
 			// Lost: another candidate leads now, or this one's server or
 			// session is in trouble; either way, pause first.
-		case ctxEnded(ctx):
+		case core.CtxEnded(ctx):
 			return e.ended(ctx, false, err)
 		case permanent(err):
 			return err
@@ -138,7 +140,7 @@ func (e *Election) Lead(ctx context.Context, value string, fn func(ctx context.C
 // campaigns again (the term was lost while fn ran) or returns err.
 func (e *Election) lead(ctx context.Context, ld *Lock, fn func(context.Context, *Lock) error) (again bool, err error) {
 	tctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(ld.context(), func() { cancel(ld.Err()) })
+	stop := context.AfterFunc(ld.h.Context(), func() { cancel(ld.Err()) })
 	returned := false
 	defer func() {
 		stop()
@@ -151,7 +153,7 @@ func (e *Election) lead(ctx context.Context, ld *Lock, fn func(context.Context, 
 	returned = true
 	// What ended fn's term, as fn returned: ctx, a loss it was told of,
 	// its own Unlock, or nothing (fn is done).
-	ended := ctxEnded(ctx)
+	ended := core.CtxEnded(ctx)
 	told := errors.Is(context.Cause(tctx), ErrLockLost)
 	var rerr error
 	if !errors.Is(ld.Err(), ErrReleased) {
@@ -174,11 +176,11 @@ func (e *Election) lead(ctx context.Context, ld *Lock, fn func(context.Context, 
 // err (fn's, or the resignation's, or the last campaign's): err when it
 // matches ctx's, else one that does, and carries err.
 func (e *Election) ended(ctx context.Context, leading bool, err error) error {
-	cerr := ctxErr(ctx)
+	cerr := core.CtxErr(ctx)
 	if errors.Is(err, cerr) {
 		return err
 	}
-	end := notAcquired("election "+e.l.name(e.key), cerr)
+	end := core.NotAcquired("election "+e.l.name(e.key), cerr)
 	if leading {
 		end = fmt.Errorf("sqllock: election %s: the term ended with the context: %w", e.l.name(e.key), cerr)
 	}

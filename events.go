@@ -8,32 +8,12 @@ import (
 	"time"
 )
 
-// One event path: every lock call and every event goes through emit and
-// startAcquire, which update Stats first and then tell the observers, the
+// One event path: every lock call and every event goes through tell and
+// startAcquire, the core having updated Stats first, to the observers, the
 // logger being one of them (logObserver). User code (an Observer, a
 // slog.Handler) runs under recover: a panic in it is reported to the
 // logger at Error level and never reaches the lock path, so a lock is
 // never left held, and Stats never disagree with what observers were told.
-
-// emit counts e in the Locker's Stats (n locks, for the kinds that end
-// locks) and sends it to the observers.
-func (l *Locker) emit(ctx context.Context, e Event, n int64) {
-	l.count(e, n)
-	l.tell(ctx, e)
-}
-
-// count counts e in the Locker's Stats: n locks, for the kinds that end
-// locks.
-func (l *Locker) count(e Event, n int64) {
-	switch e.Kind {
-	case EventReleased:
-		l.stats.released(n)
-	case EventLost:
-		l.stats.lostHeld(n)
-	case EventDiscarded:
-		l.stats.discarded.Add(1)
-	}
-}
 
 // tell sends e, counted already, to the observers.
 func (l *Locker) tell(ctx context.Context, e Event) {
@@ -120,7 +100,7 @@ func (o logObserver) AcquireStart(ctx context.Context, a Acquisition) func(*Lock
 			return
 		}
 		o.l.log(ctx, slog.LevelDebug, "sqllock: acquired", lk.key,
-			slog.Bool("shared", lk.shared), slog.Int64("pid", lk.pid), slog.Duration("wait", time.Since(start)))
+			slog.Bool("shared", lk.h.Shared()), slog.Int64("pid", lk.h.PID()), slog.Duration("wait", time.Since(start)))
 	}
 }
 

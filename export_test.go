@@ -3,33 +3,24 @@ package sqllock
 import (
 	"context"
 	"database/sql"
+
+	"github.com/sqllock/sqllock/internal/core"
 )
 
 // SetAfterBlindStatement makes f run after each statement on a blind
-// driver (lib/pq) returns, before its result is handed over (see
-// boundedRaw); the returned func takes f away.
+// driver (lib/pq) returns, before its result is handed over; the returned
+// func takes f away.
 func SetAfterBlindStatement(f func(ctx context.Context, err error, left func() bool)) (restore func()) {
-	afterBlindStatement.Store(&f)
-	return func() { afterBlindStatement.Store(nil) }
+	return core.SetAfterBlindStatement(f)
 }
 
 // LeaseBusy is how many statements the lease of lk's session counts in
 // flight; -1 when the session is not leased.
-func LeaseBusy(lk *Lock) int32 {
-	if lk.lease == nil {
-		return -1
-	}
-	return lk.lease.busy.Load()
-}
+func LeaseBusy(lk *Lock) int32 { return lk.h.LeaseBusy() }
 
 // ConnOf is the connection that holds lk when it has a session of its own
 // (nil on a shared session): for tests that look at that session.
-func ConnOf(lk *Lock) *sql.Conn {
-	if lk.c.dedicated {
-		return lk.c.conn
-	}
-	return nil
-}
+func ConnOf(lk *Lock) *sql.Conn { return lk.h.Conn() }
 
 // The limits and defaults the tests check against.
 const (
@@ -43,15 +34,15 @@ const (
 	MaxKeepAlive         = maxKeepAlive
 	MaxUnlockTimeout     = maxUnlockTimeout
 	MaxHoldWindow        = maxHoldWindow
-	MinServerVersion     = minServerVersion
+	MinServerVersion     = core.MinServerVersion
 )
 
 // SemaphoreSlots returns the keys of the slots of semaphore name of n slots.
 var SemaphoreSlots = semaphoreSlots
 
 // SharedOf reports whether lk is held in shared mode.
-func SharedOf(lk *Lock) bool { return lk != nil && lk.shared }
+func SharedOf(lk *Lock) bool { return lk != nil && lk.h.Shared() }
 
 // LoseSession reports s lost, as the keep-alive does when it finds one of
 // its keys gone.
-func LoseSession(s *Session, cause error) { s.lose(cause) }
+func LoseSession(s *Session, cause error) { s.o.Lose(cause) }

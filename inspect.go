@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/core"
 	"github.com/sqllock/sqllock/internal/pglocks"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
@@ -68,7 +69,7 @@ func Inspect(ctx context.Context, q Querier, r *Registry, keys ...Key) ([]HeldLo
 		return nil, fmt.Errorf("sqllock: Inspect: nil Querier")
 	}
 	// Bounded by ctx whatever the driver does (see bounded).
-	out, err := bounded(ctx, func() ([]HeldLock, error) { return readLocks(ctx, q, r, keys) }, nil)
+	out, err := core.Bounded(ctx, func() ([]HeldLock, error) { return readLocks(ctx, q, r, keys) }, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -99,9 +100,9 @@ func Inspect(ctx context.Context, q Querier, r *Registry, keys ...Key) ([]HeldLo
 // readLocks runs Inspect's query on q and decodes its rows: those of keys
 // only, when keys are given.
 func readLocks(ctx context.Context, q Querier, r *Registry, keys []Key) ([]HeldLock, error) {
-	var only keySet
+	only := make(map[Key]bool, len(keys))
 	for _, k := range keys {
-		only.add(k)
+		only[k] = true
 	}
 	rows, err := q.QueryContext(ctx, sqltext.InspectSQL)
 	if err != nil {
@@ -119,7 +120,7 @@ func readLocks(ctx context.Context, q Querier, r *Registry, keys []Key) ([]HeldL
 			return nil, fmt.Errorf("sqllock: inspect: %w", err)
 		}
 		k, ok := keyFromLockTag(pglocks.Tag{Classid: uint32(classid), Objid: uint32(objid), Objsubid: subid})
-		if !ok || (len(keys) > 0 && !only.has(k)) {
+		if !ok || (len(keys) > 0 && !only[k]) {
 			continue
 		}
 		h.Key = k

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/sqllock/sqllock/internal/core"
 	"github.com/sqllock/sqllock/internal/pglocks"
 )
 
@@ -213,4 +214,37 @@ func clip(s string, n int) string {
 		i--
 	}
 	return s[:i] + "…"
+}
+
+// sqlKey returns k as the core and its statements take it.
+func (k Key) sqlKey() core.Key {
+	c, i, pair := k.Pair()
+	v, _ := k.Int64()
+	return core.Key{Pair: pair, V: v, Class: c, ID: i}
+}
+
+// sqlKeys returns keys as the core takes them.
+func sqlKeys(keys []Key) []core.Key {
+	out := make([]core.Key, len(keys))
+	for i, k := range keys {
+		out[i] = k.sqlKey()
+	}
+	return out
+}
+
+// keyOf returns the Key of k, a key as the core has it.
+func keyOf(k core.Key) Key {
+	if k.Pair {
+		return Pair(k.Class, k.ID)
+	}
+	return Int64(k.V)
+}
+
+// keysOf returns the Keys of keys.
+func keysOf(keys []core.Key) []Key {
+	out := make([]Key, len(keys))
+	for i, k := range keys {
+		out[i] = keyOf(k)
+	}
+	return out
 }

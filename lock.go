@@ -2,14 +2,13 @@ package sqllock
 
 import (
 	"context"
-	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/core"
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
@@ -24,31 +23,21 @@ import (
 // Done is closed and Err is non-nil; Unlock then returns an error and
 // never panics, so `defer lk.Unlock(ctx)` is always safe, even on a nil Lock.
 type Lock struct {
-	pinned // its backend, lease, state, err, Done (see pinned.go)
-	key    Key
-	shared bool
-	since  time.Time
+	l     *Locker
+	h     *core.Hold // the lock, on its session (see core.Hold)
+	key   Key
+	since time.Time
 
 	unlockMu sync.Mutex // serialises Unlock
 
-	discarded chan struct{} // guarded by mu: set when lost, closed once the connection is discarded
-	window    *time.Timer   // guarded by mu: the open hold window's release (see UnlockAfter)
-	token     int64         // guarded by mu: the fencing token, 0 until asked for
-
-	// c is the session that holds the lock: one of the Locker's shared
-	// sessions, or one of its own (c.dedicated). Every statement about the
-	// lock goes through c's queue.
-	c *carrier
+	mu     sync.Mutex
+	window *time.Timer // guarded by mu: the open hold window's release (see UnlockAfter)
+	token  int64       // guarded by mu: the fencing token, 0 until asked for
 }
 
-// newLock returns the handle of k, held in mode shared by c's session, and
-// records it there; nil when c died meanwhile.
-func newLock(c *carrier, k Key, shared bool) *Lock {
-	lk := &Lock{pinned: pinned{l: c.l, pid: c.pid, id: c.id, lease: c.ls}, key: k, shared: shared, since: time.Now(), c: c}
-	if !c.attach(lk) {
-		return nil
-	}
-	return lk
+// newLock returns the handle of h, the lock of k.
+func newLock(l *Locker, h *core.Hold, k Key) *Lock {
+	return &Lock{l: l, h: h, key: k, since: h.Since()}
 }
 
 // Key returns the lock's key (the zero Key for a nil Lock).
@@ -65,7 +54,7 @@ func (lk *Lock) PID() int {
 	if lk == nil {
 		return 0
 	}
-	return int(lk.pid)
+	return int(lk.h.PID())
 }
 
 // Token returns the lock's fencing token: a number that grows across the
@@ -94,85 +83,34 @@ func (lk *Lock) Token(ctx context.Context) (int64, error) {
 	if lk == nil {
 		return 0, ErrReleased
 	}
-	lk.mu.Lock()
-	t, err := lk.token, lk.err
-	lk.mu.Unlock()
-	if err != nil {
+	if err := lk.h.Err(); err != nil {
 		return 0, err
 	}
+	lk.mu.Lock()
+	t := lk.token
+	lk.mu.Unlock()
 	if t != 0 {
 		return t, nil
 	}
-	if t, err = lk.onSession(ctx, sqltext.TokenSQL); err != nil {
+	t, err := lk.h.Tag(ctx, sqltext.TokenSQL)
+	if err != nil {
 		return 0, err
 	}
-	if ctxEnded(ctx) {
+	if core.CtxEnded(ctx) {
 		// The statement may have been cut short as its commit waited for
 		// a synchronous standby: PostgreSQL then answers all the same,
 		// with a token that the standby may not have.
-		return 0, fmt.Errorf("sqllock: token of %s: %w", lk.l.name(lk.key), ctxErr(ctx))
+		return 0, fmt.Errorf("sqllock: token of %s: %w", lk.l.name(lk.key), core.CtxErr(ctx))
+	}
+	if err := lk.h.Err(); err != nil {
+		return 0, err
 	}
 	lk.mu.Lock()
 	defer lk.mu.Unlock()
-	if lk.err != nil {
-		return 0, lk.err
-	}
 	if lk.token == 0 {
 		lk.token = t
 	}
 	return lk.token, nil
-}
-
-// onSession runs q, a statement about the lock's tag ($1, $2, $3) that
-// answers one integer on the session that holds it and no row otherwise,
-// on the lock's session, through its queue (ctx bounds the wait for the
-// answer, not the statement, so that no driver poisons the session by
-// giving a statement up). No row is the server's word that the lock is
-// lost, and so is a session that ended under the statement: the lock is
-// then marked lost at once, and the error wraps ErrLockLost. Once Unlock
-// has begun, it returns ErrReleased or the loss, never a value it did not
-// get.
-func (lk *Lock) onSession(ctx context.Context, q string) (int64, error) {
-	if err := ctx.Err(); err != nil {
-		// Nothing sent (a token would use up a transaction id for no one).
-		if e := lk.Err(); e != nil {
-			return 0, e
-		}
-		return 0, fmt.Errorf("sqllock: %s: %w", lk.l.name(lk.key), err)
-	}
-	c, o, sub := lk.key.lockTag()
-	q, args := lk.l.mode.TagArgs(q, int64(c), int64(o), sub)
-	v, ok, err := lk.c.onTag(ctx, q, args)
-	if err == nil && !ok {
-		err = sql.ErrNoRows
-	}
-	if err == nil {
-		return v, nil
-	}
-	switch {
-	case errors.Is(err, ErrLockLost):
-		return 0, err // lost before the statement was sent
-	case lk.releasing():
-		// Unlock took the session (it may have closed it) or the lock
-		// from under the statement.
-	case errors.Is(err, sql.ErrNoRows):
-		lk.lose(fmt.Errorf("its session (backend %d) no longer holds it", lk.pid))
-	case lk.error() != nil:
-		// Its session ended under the statement, and told it.
-	default:
-		return 0, fmt.Errorf("sqllock: %s: %w", lk.l.name(lk.key), err)
-	}
-	if e := lk.Err(); e != nil {
-		return 0, e
-	}
-	return 0, ErrReleased
-}
-
-// releasing reports whether Unlock has begun (or ended).
-func (lk *Lock) releasing() bool {
-	lk.mu.Lock()
-	defer lk.mu.Unlock()
-	return lk.state == stateReleasing || lk.state == stateReleased
 }
 
 // Done returns a channel that is closed when the lock is released or lost
@@ -181,7 +119,7 @@ func (lk *Lock) Done() <-chan struct{} {
 	if lk == nil {
 		return closedChan
 	}
-	return lk.done()
+	return lk.h.Done()
 }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
@@ -193,24 +131,24 @@ func (lk *Lock) Err() error {
 	if lk == nil {
 		return ErrReleased
 	}
-	if lk.lease.expired() {
-		lk.lose(lk.lease.expiredError())
-	}
-	return lk.error()
+	return lk.h.Err()
 }
 
-// Unlock releases the lock and returns the connection to the pool once
-// PostgreSQL confirms the unlock on the backend that was granted the lock;
-// otherwise it discards the connection, so the server releases the lock as
-// the session ends.
+// Unlock releases the lock: the Locker's next caller waiting for its key
+// takes it over (see [Locker.Lock]), or its session unlocks it, and the
+// session goes back to the pool once PostgreSQL confirms the unlock on the
+// backend that was granted the lock (a shared session, once it holds
+// nothing for a while); otherwise the session is discarded, so the server
+// releases the lock as the session ends.
 //
 // Unlock does not run its statement under ctx: the statement is bounded by
 // the Locker's unlock timeout instead, so Unlock works with an already
-// cancelled context; ctx's values reach the Locker's logger. It returns [ErrReleased] for a nil or released lock, an error
-// wrapping [ErrLockLost] when the lock turned out not to be held (lost while
-// held: the critical section may not have been exclusive), and an error
-// wrapping the cause when the unlock statement failed (the connection is
-// then discarded and the lock is released by the server).
+// cancelled context; ctx's values reach the Locker's logger. It returns
+// [ErrReleased] for a nil or released lock, an error wrapping
+// [ErrLockLost] when the lock turned out not to be held (lost while held:
+// the critical section may not have been exclusive), and an error wrapping
+// the cause when the unlock statement failed (the session is then
+// discarded and the lock is released by the server).
 func (lk *Lock) Unlock(ctx context.Context) error {
 	mustContext(ctx, "Lock.Unlock")
 	if lk == nil {
@@ -219,171 +157,17 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 	lk.unlockMu.Lock()
 	defer lk.unlockMu.Unlock()
 	lk.mu.Lock()
-	state, lostErr, discarded := lk.state, lk.err, lk.discarded
-	if state == stateHeld {
-		lk.state = stateReleasing
-		lk.closeWindow()
-	}
+	lk.closeWindow()
 	lk.mu.Unlock()
-	if state == stateReleased {
-		return ErrReleased
-	}
-	lk.l.mon.remove(lk)
-	var err error
-	final := ErrReleased
-	switch {
-	case state == stateLost:
-		// Reported, logged, counted and discarded when it was found lost;
-		// wait for that discard, so that Unlock returns with the session
-		// ended or ending.
-		select {
-		case <-discarded:
-		case <-time.After(lk.l.cfg.unlockTimeout):
-		}
-		err, final = lostErr, lostErr
-	default:
-		err = lk.c.release(lk)
-		e := Event{Kind: EventReleased, Key: lk.key, PID: int(lk.pid), Err: err}
-		if errors.Is(err, ErrLockLost) {
-			e.Kind, final = EventLost, err
-		}
+	first, err := lk.h.Release()
+	if first && !errors.Is(err, ErrLockLost) { // a loss is told by the core
+		e := Event{Kind: EventReleased, Key: lk.key, PID: int(lk.h.PID()), Err: err}
 		if len(lk.l.observers) > 0 { // nothing is built on the hot path unless someone listens
 			e.Name, e.Held = lk.l.regName(lk.key), time.Since(lk.since)
+			lk.l.tell(ctx, e)
 		}
-		lk.l.emit(ctx, e, 1)
 	}
-	lk.settle(stateReleased, final)
 	return err
-}
-
-// lose marks a held lock as lost with cause; it does nothing once Unlock
-// has begun. The session is discarded, and every lock on it is lost with
-// it: whatever the keep-alive saw (the key gone, or no answer at all),
-// only the end of the session makes sure that it holds nothing should the
-// network heal, behind the back of a holder that was told it lost the
-// lock; a session that ended anyway loses nothing more. The holder is
-// told first (Err), then the session ends, then the observers are told,
-// then Done closes: an observer may Unlock the lost lock, which then
-// finds its session ended or ending, and whoever waits on Done sees the
-// stats and the events.
-func (lk *Lock) lose(cause error) {
-	n, ok := lk.markLost(cause)
-	if !ok {
-		return
-	}
-	lk.c.fail(cause)
-	n.tell()
-}
-
-// lossNote is a loss marked, to tell: its event for the observers, and
-// the end of its handle (Done), after them.
-type lossNote struct {
-	l   *Locker
-	e   Event
-	end func()
-}
-
-// tell tells the observers of the loss, then closes the handle's Done.
-func (n lossNote) tell() {
-	n.l.tell(context.Background(), n.e)
-	n.end()
-}
-
-// markLost marks a held lock lost with cause (Err says so from now on)
-// and counts it; it returns the loss to tell (see lossNote), and false
-// when the lock was not held (lost already, or Unlock has begun). The
-// lock leaves its session once that session has ended.
-func (lk *Lock) markLost(cause error) (lossNote, bool) {
-	lk.mu.Lock()
-	if lk.state != stateHeld {
-		lk.mu.Unlock()
-		return lossNote{}, false
-	}
-	lk.state = stateLost
-	lk.closeWindow()
-	lk.err = fmt.Errorf("%w: %s: %w", ErrLockLost, lk.l.name(lk.key), cause)
-	err := lk.err
-	discarded := make(chan struct{})
-	lk.discarded = discarded
-	lk.mu.Unlock()
-	c := lk.c
-	go func() {
-		<-c.gone
-		c.detach(lk)
-		close(discarded)
-	}()
-	e := Event{Kind: EventLost, Key: lk.key, Name: lk.l.regName(lk.key), PID: int(lk.pid), Held: time.Since(lk.since), Err: err}
-	lk.l.count(e, 1)
-	return lossNote{lk.l, e, lk.end}, true
-}
-
-// unlockAnswer is the one rule book for the answer to an unlock of the
-// lock named what on backend pid (err and released, as the statement gave
-// them): nil when the server confirmed it there, and otherwise the call's
-// error and whether the session is in doubt (it may still hold the lock,
-// or ended at a moment no one can tell) and must end. A certain "not
-// held" (false, on that backend) is an error wrapping ErrLockLost that
-// touches that one lock: the critical section may not have been
-// exclusive.
-func unlockAnswer(what string, pid int64, err error, released bool) (uncertain bool, _ error) {
-	switch {
-	case err == nil && released:
-		return false, nil
-	case err == nil:
-		return false, fmt.Errorf("%w: unlock of %s on backend %d found no such lock", ErrLockLost, what, pid)
-	case errors.Is(err, sql.ErrNoRows) || errors.Is(err, ErrSessionChanged):
-		// No row: the statement ran on another backend than the one
-		// granted the lock.
-		return true, fmt.Errorf("%w: lock %s: %w", ErrLockLost, what, sessionChanged(pid, 0))
-	case errors.Is(err, sql.ErrConnDone) || !errors.Is(err, errAbandoned) && connectionBroken(err):
-		// The session ended (terminated, restarted, cut off; database/sql
-		// closes a connection its driver found broken) before the unlock:
-		// the lock went with it, at a moment no one can tell.
-		return true, fmt.Errorf("%w: %s: its session (backend %d) ended before the unlock: %w", ErrLockLost, what, pid, err)
-	}
-	return true, fmt.Errorf("sqllock: unlock %s: %w (the session is discarded; the server releases the lock as it ends)", what, err)
-}
-
-// unlockContext returns the context that bounds an unlock statement
-// starting now: detached from every caller, and cancelled between one and
-// 1.25 unlock timeouts from now. Unlocks that start within the same quarter
-// of a timeout share one context and one timer, so that the hot path does
-// not pay for a timer per unlock.
-func (l *Locker) unlockContext() context.Context {
-	now := time.Now()
-	l.epochMu.Lock()
-	defer l.epochMu.Unlock()
-	if l.epochCtx == nil || !now.Before(l.epochUntil) {
-		epoch := l.cfg.unlockTimeout / 4
-		ctx, cancel := context.WithCancel(context.Background())
-		time.AfterFunc(l.cfg.unlockTimeout+epoch, cancel)
-		l.epochCtx, l.epochUntil = ctx, now.Add(epoch)
-	}
-	return l.epochCtx
-}
-
-// discard closes conn's session instead of returning it to the pool.
-func (l *Locker) discard(conn *sql.Conn, k Key, why string) {
-	l.emit(context.Background(), Event{Kind: EventDiscarded, Key: k, Name: l.regName(k), Err: errors.New(why)}, 1)
-	if l.abandoned.has(conn) {
-		return // its abandoned statement closes it as it returns
-	}
-	discardConn(conn)
-}
-
-// putBack gives conn, which holds no lock, back to the pool as it is; a
-// connection whose statement was abandoned closes as that statement
-// returns (closing it now would wait for it).
-func (l *Locker) putBack(conn *sql.Conn) {
-	if l.abandoned.has(conn) {
-		return
-	}
-	conn.Close()
-}
-
-func discardConn(conn *sql.Conn) {
-	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-	_ = conn.Close()
 }
 
 // run calls fn with a context that ends when ctx does or the lock is lost,
@@ -391,14 +175,14 @@ func discardConn(conn *sql.Conn) {
 // after the lock was taken.
 func (lk *Lock) run(ctx context.Context, fn func(context.Context) error, w time.Duration) (err error) {
 	fctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(lk.context(), func() { cancel(lk.Err()) })
+	stop := context.AfterFunc(lk.h.Context(), func() { cancel(lk.Err()) })
 	defer func() {
 		stop()
 		cancel(nil)
 		if w > 0 && time.Since(lk.since) < w {
 			// The release comes later; the server confirms now that fn
 			// ran under the lock, as an unlock would.
-			if _, cerr := lk.onSession(lk.l.unlockContext(), sqltext.HeldSQL); cerr != nil {
+			if _, cerr := lk.h.Tag(lk.l.pool.UnlockContext(), sqltext.HeldSQL); cerr != nil {
 				err = runError(err, cerr)
 				lk.Unlock(ctx)
 				return
@@ -467,13 +251,19 @@ func (lk *Lock) UnlockAfter(d time.Duration) error {
 	}
 	lk.mu.Lock()
 	defer lk.mu.Unlock()
-	if lk.state != stateHeld {
-		return lk.err
+	if err := lk.h.Err(); err != nil {
+		return err
 	}
 	if lk.window != nil {
 		lk.window.Stop() // a second window replaces the first
 	} else {
 		lk.l.stats.windows.Add(1)
+		// A loss ends the window (the release would find nothing to do).
+		context.AfterFunc(lk.h.Context(), func() {
+			lk.mu.Lock()
+			defer lk.mu.Unlock()
+			lk.closeWindow()
+		})
 	}
 	lk.window = time.AfterFunc(wait, func() {
 		if err := lk.Unlock(context.Background()); err != nil && !errors.Is(err, ErrReleased) {

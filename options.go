@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core"
 )
 
 type config struct {
@@ -34,29 +36,28 @@ func (f optionFunc) apply(c *config) { f(c) }
 // not given.
 const defaultKeepAlive = 5 * time.Second
 
+// defaultOrphanBound is how long the server keeps the lock of a holder that
+// died or was cut off (see [WithOrphanBound]).
+const defaultOrphanBound = 30 * time.Second
+
 // defaultUnlockTimeout bounds an unlock when [WithUnlockTimeout] is not
 // given.
 const defaultUnlockTimeout = 5 * time.Second
 
 // Limits of a Locker's settings.
 const (
-	// minKeepAlive is the shortest keep-alive interval: shorter ones are
-	// raised to it (a check per millisecond helps no one, and loads the
-	// server).
-	minKeepAlive = 100 * time.Millisecond
-	// maxKeepAlive is the longest keep-alive interval: checks an hour
-	// apart already tell a cut-off holder up to three hours late.
-	maxKeepAlive = time.Hour
+	// minKeepAlive and maxKeepAlive bound the keep-alive interval (see
+	// core.MinKeepAlive).
+	minKeepAlive = core.MinKeepAlive
+	maxKeepAlive = core.MaxKeepAlive
 	// maxUnlockTimeout is the longest unlock timeout: an unlock that a
 	// server has not answered within an hour will not be answered, and
 	// the unlock's context must stay representable (see unlockContext).
 	maxUnlockTimeout = time.Hour
-	// minOrphanBound is the shortest orphan bound: TCP keep-alive settings
-	// count in seconds.
-	minOrphanBound = 3 * time.Second
-	// maxOrphanBound is the longest orphan bound: Linux takes at most
-	// 32,767 s for tcp_keepalives_idle, a third of the bound.
-	maxOrphanBound = 27 * time.Hour
+	// minOrphanBound and maxOrphanBound bound the orphan bound (see
+	// core.MinOrphanBound).
+	minOrphanBound = core.MinOrphanBound
+	maxOrphanBound = core.MaxOrphanBound
 	// maxHoldWindow is the longest hold window (WithHoldAtLeast,
 	// Lock.UnlockAfter): a window need only outlast the skew of the
 	// machines' clocks and schedulers, and a week covers every period.
@@ -97,18 +98,18 @@ func newConfig(opts []Option) (config, error) {
 	if c.keepAlive > 0 && c.keepAlive < minKeepAlive {
 		c.keepAlive = minKeepAlive
 	}
-	if boundsError(c.keepAlive, c.orphanBound) != nil {
+	if core.BoundsError(c.keepAlive, c.orphanBound) != nil {
 		switch {
 		case c.keepAliveSet && !c.orphanSet:
-			c.orphanBound = boundFor(c.keepAlive)
+			c.orphanBound = core.BoundFor(c.keepAlive)
 			if c.orphanBound > maxOrphanBound {
 				return c, fmt.Errorf("sqllock: WithKeepAlive(%v): no orphan bound up to %v lets the keep-alive tell a cut-off holder first; lower it", c.keepAlive, maxOrphanBound)
 			}
 		case c.orphanSet && !c.keepAliveSet:
-			c.keepAlive = keepAliveFor(c.orphanBound)
+			c.keepAlive = core.KeepAliveFor(c.orphanBound)
 		}
 	}
-	return c, boundsError(c.keepAlive, c.orphanBound)
+	return c, core.BoundsError(c.keepAlive, c.orphanBound)
 }
 
 // CheckOptions returns the error of opts that [New] would panic with, or

@@ -9,44 +9,9 @@ import (
 	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
+
+	"github.com/sqllock/sqllock/internal/core"
 )
-
-func TestOrphanSettings(t *testing.T) {
-	for _, b := range []time.Duration{3 * time.Second, 4 * time.Second, 10 * time.Second, DefaultOrphanBound, 5 * time.Minute} {
-		s := settingsFor(b)
-		if s.bound() > b || s.bound() < b*2/3 || s.idle < 1 || s.interval < 1 || s.count < 1 {
-			t.Errorf("settingsFor(%v) = %+v, bound %v: want within (2/3 b, b]", b, s, s.bound())
-		}
-	}
-	if s := settingsFor(DefaultOrphanBound); s != (keepaliveSettings{idle: 10, interval: 5, count: 4}) {
-		t.Errorf("settingsFor(30s) = %+v, want idle 10, interval 5, count 4", s)
-	}
-	st := sessionSettings(DefaultOrphanBound, "app", 16)
-	if st.Idle != 10 || st.Interval != 5 || st.Count != 4 || st.UserTimeoutMs != 30000 || st.AppName != "app" || st.Major != 16 {
-		t.Errorf("sessionSettings(30s) = %+v", st)
-	}
-	if st := sessionSettings(0, "", 16); st.Idle != 0 || st.UserTimeoutMs != 0 {
-		t.Errorf("sessionSettings(0) = %+v, want no TCP settings", st)
-	}
-}
-
-func TestCheckBounds(t *testing.T) {
-	ok := []struct{ keepAlive, orphan time.Duration }{
-		{DefaultKeepAlive, DefaultOrphanBound},
-		{200 * time.Millisecond, 4 * time.Second},
-		{time.Minute, 0},                // no bound
-		{0, 10 * time.Second},           // no keep-alive
-		{10 * time.Second, time.Minute}, // 30 s < 45 s
-	}
-	for _, c := range ok {
-		if err := boundsError(c.keepAlive, c.orphan); err != nil {
-			t.Errorf("boundsError(%v, %v) = %v", c.keepAlive, c.orphan, err)
-		}
-	}
-	if err := boundsError(10*time.Second, DefaultOrphanBound); err == nil || !strings.HasPrefix(err.Error(), "sqllock: ") {
-		t.Errorf("boundsError(10s, 30s) = %v, want the rule", err)
-	}
-}
 
 // TestOptionsAdapt: a single keep-alive or orphan bound never makes a
 // configuration invalid: the other setting adapts to it; only two given
@@ -63,7 +28,7 @@ func TestOptionsAdapt(t *testing.T) {
 			t.Errorf("newConfig(%+v) = %v, want the other setting adapted", o, err)
 			continue
 		}
-		if err := boundsError(c.keepAlive, c.orphanBound); err != nil || c.keepAlive < MinKeepAlive {
+		if err := core.BoundsError(c.keepAlive, c.orphanBound); err != nil || c.keepAlive < MinKeepAlive {
 			t.Errorf("adapted to keep-alive %v, bound %v: %v", c.keepAlive, c.orphanBound, err)
 		}
 		func() {

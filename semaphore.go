@@ -2,14 +2,11 @@ package sqllock
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"log/slog"
-	"math/rand/v2"
-	"sync"
-	"time"
+
+	"github.com/sqllock/sqllock/internal/core"
 )
 
 // Semaphore lets at most N holders, across every process that uses the
@@ -30,16 +27,7 @@ type Semaphore struct {
 	name  string
 	class int32
 	n     int
-
-	tryOnce sync.Once
-	try     string // the statement that takes the first free slot (see trySQL)
-}
-
-// trySQL returns the statement that takes the first free slot, made once
-// the server check has run.
-func (s *Semaphore) trySQL() string {
-	s.tryOnce.Do(func() { s.try = s.l.sql().SemaphoreTrySQL(s.class, s.n) })
-	return s.try
+	slots core.Slots
 }
 
 // maxSlots bounds N: each slot is one term of a statement.
@@ -51,7 +39,8 @@ func (l *Locker) Semaphore(name string, n int) *Semaphore {
 	if n < 1 || n > maxSlots {
 		panic(fmt.Sprintf("sqllock: Semaphore(%q, %d): n must be 1 to %d", name, n, maxSlots))
 	}
-	s := &Semaphore{l: l, name: name, class: semaphoreClass(name), n: n}
+	c := semaphoreClass(name)
+	s := &Semaphore{l: l, name: name, class: c, n: n, slots: core.NewSlots(c, n, fmt.Sprintf("semaphore %q", name))}
 	return s
 }
 
@@ -84,14 +73,15 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Lock, error) {
 	return s.acquire(ctx, true)
 }
 
-// Acquire takes a slot, waiting while all are taken. It waits in the
-// server on one slot chosen at random, in statements no longer than half
-// the server's deadlock_timeout (see [Locker.Lock]); between two, it tries
-// every slot again. So a waiter is woken at once when its slot is freed,
-// and within half a deadlock_timeout (0.5 s by default) when another one
-// is; it never polls faster. Waiters are not served in order of arrival.
-// When ctx ends first, Acquire returns an error matching [ErrNotAcquired]
-// and ctx.Err(), and no slot stays held.
+// Acquire takes a slot, waiting while all are taken. The Locker's callers
+// waiting for one Semaphore queue inside it, in arrival order, and only
+// the first waits in the server: on one slot chosen at random, in
+// statements no longer than half the server's deadlock_timeout (see
+// [Locker.Lock]); between two, it tries every slot again. So it is woken
+// at once when its slot is freed, and within half a deadlock_timeout
+// (0.5 s by default) when another one is; it never polls faster. When ctx
+// ends first, Acquire returns an error matching [ErrNotAcquired] and
+// ctx.Err(), and no slot stays held.
 func (s *Semaphore) Acquire(ctx context.Context) (*Lock, error) {
 	mustContext(ctx, "Semaphore.Acquire")
 	return s.acquire(ctx, false)
@@ -101,52 +91,12 @@ func (s *Semaphore) acquire(ctx context.Context, try bool) (lk *Lock, err error)
 	if end := s.l.startAcquire(ctx, Acquisition{Name: s.name, Wait: !try}); end != nil {
 		defer func() { end(lk, err) }()
 	}
-	name := fmt.Sprintf("semaphore %q", s.name)
-	lk, err = s.l.withConn(ctx, name, func(conn *sql.Conn, id ident) (*Lock, error) {
-		return s.acquireOn(ctx, conn, id, try, name)
-	})
-	if err != nil && s.l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, errAbandoned) {
-		err = s.l.withHolders(Key{}, err, semaphoreSlots(s.name, s.n)...)
+	h, err := s.l.pool.AcquireSlot(ctx, s.slots, try)
+	if err != nil {
+		if s.l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, core.ErrAbandoned) {
+			err = s.l.withHolders(Key{}, err, semaphoreSlots(s.name, s.n)...)
+		}
+		return nil, err
 	}
-	return lk, err
-}
-
-// acquireOn takes a slot on conn: it tries every slot in one statement,
-// then, for Acquire, waits on one slot chosen at random for one slice of
-// the engine's wait, and tries them all again.
-func (s *Semaphore) acquireOn(ctx context.Context, conn *sql.Conn, id ident, try bool, name string) (*Lock, error) {
-	l := s.l
-	w := connWaiter{conn, l.abandoned, l.newMark()}
-	for {
-		var slot int64
-		o := outcome{sent: monoNow()} // the permit's lease begins with this statement
-		q, args := l.mode.Arrays(s.trySQL(), w.m)
-		o.err = w.queryRow(ctx, q, args, &slot, &o.pid, &o.standby, skip)
-		if o.err == nil && slot == -2 {
-			o.err = foreignSession() // nothing was tried
-		}
-		if o.err == nil {
-			l.observeRTT(time.Duration(monoNow() - o.sent))
-		}
-		o.ok = o.err == nil && slot >= 0
-		k := Key{}
-		if o.ok {
-			k = Pair(s.class, int32(slot))
-		}
-		if o.ok || o.err != nil || try || ctxEnded(ctx) || o.standby && !l.cfg.allowStandby {
-			lk, err := l.settle(ctx, conn, id, l.sql(), w.m, k, false, o, name)
-			if errors.Is(err, ErrNotAcquired) && !ctxEnded(ctx) {
-				err = fmt.Errorf("%w: all %d slots of %s are held", ErrNotAcquired, s.n, name)
-			}
-			return lk, err
-		}
-		// Wait on one slot, for one slice; then try them all again.
-		k = Pair(s.class, int32(rand.IntN(s.n)))
-		o = l.waitOn(ctx, w, sessionLevel, l.sql(), 0, k, o.pid, waitSlice)
-		if o.err != nil && sqlState(o.err) == "55P03" && !ctxEnded(ctx) {
-			l.log(ctx, slog.LevelDebug, "sqllock: semaphore: trying every slot again", Key{}, slog.String("semaphore", s.name))
-			continue
-		}
-		return l.settle(ctx, conn, id, l.sql(), w.m, k, false, o, name)
-	}
+	return newLock(s.l, h, keyOf(h.Key())), nil
 }

@@ -103,7 +103,8 @@ func TestLogEvents(t *testing.T) {
 			t.Errorf("lost event: %v %v %v", a, lvl, ok)
 		}
 		lk.Unlock(bg())
-		held, err := l.Lock(bg(), k)
+		// Held by another Locker: a caller of this one waits in the server.
+		held, err := sqllock.New(db).Lock(bg(), k)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -54,7 +54,15 @@ func testConcurrentIndexBuilds(t *testing.T, srv *pgtest.Server, deadlockTimeout
 			t.Fatal(err)
 		}
 		holderL := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithDedicatedSessions()) // the DDL runs on the holder's own session
-		waiterL := sqllock.New(db)
+		// A Locker per waiter: the callers of one Locker that wait for one
+		// key queue inside it, and only the first waits in the server.
+		waiterLs := map[string]*sqllock.Locker{"Lock": sqllock.New(db), "RLock": sqllock.New(db), "Do": sqllock.New(db)}
+		snapshotWaits := func() (n int64) {
+			for _, l := range waiterLs {
+				n += l.Stats().SnapshotWaits
+			}
+			return n
+		}
 		k := sqllock.Hash("migrations")
 		for _, ddl := range []string{
 			"CREATE INDEX CONCURRENTLY items_name ON items (name)",
@@ -69,7 +77,7 @@ func testConcurrentIndexBuilds(t *testing.T, srv *pgtest.Server, deadlockTimeout
 			var wg sync.WaitGroup
 			waiters := map[string]func(ctx context.Context) error{
 				"Lock": func(ctx context.Context) error {
-					w, err := waiterL.Lock(ctx, k)
+					w, err := waiterLs["Lock"].Lock(ctx, k)
 					if err != nil {
 						return err
 					}
@@ -77,7 +85,7 @@ func testConcurrentIndexBuilds(t *testing.T, srv *pgtest.Server, deadlockTimeout
 					return w.Unlock(ctx)
 				},
 				"RLock": func(ctx context.Context) error {
-					w, err := waiterL.RLock(ctx, k)
+					w, err := waiterLs["RLock"].RLock(ctx, k)
 					if err != nil {
 						return err
 					}
@@ -85,7 +93,7 @@ func testConcurrentIndexBuilds(t *testing.T, srv *pgtest.Server, deadlockTimeout
 					return w.Unlock(ctx)
 				},
 				"Do": func(ctx context.Context) error {
-					return waiterL.Do(ctx, k, func(context.Context) error {
+					return waiterLs["Do"].Do(ctx, k, func(context.Context) error {
 						time.Sleep(20 * time.Millisecond)
 						return nil
 					})
@@ -112,7 +120,7 @@ func testConcurrentIndexBuilds(t *testing.T, srv *pgtest.Server, deadlockTimeout
 			// then the one to find the cycle, and, were the waits plain,
 			// the one to fail.
 			time.Sleep(2 * deadlockTimeout)
-			before := waiterL.Stats().SnapshotWaits
+			before := snapshotWaits()
 			start := time.Now()
 			if _, err := sqllock.ConnOf(lk).ExecContext(bg(), ddl); err != nil {
 				t.Fatalf("%s on the holder's session: %v", ddl, err)
@@ -127,7 +135,7 @@ func testConcurrentIndexBuilds(t *testing.T, srv *pgtest.Server, deadlockTimeout
 				t.Errorf("%s: waiter failed: %v", ddl, err)
 			}
 			t.Logf("%s took %v with 3 waiters; waits started again: %d; waiters got the lock in order %v",
-				ddl, took, waiterL.Stats().SnapshotWaits-before, order)
+				ddl, took, snapshotWaits()-before, order)
 			if len(order) != len(waiters) {
 				t.Fatalf("%d of %d waiters finished", len(order), len(waiters))
 			}

@@ -6,13 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"strconv"
-	"sync"
-	"sync/atomic"
+	"sort"
 	"time"
 
-	"github.com/sqllock/sqllock/internal/sqltext"
+	"github.com/sqllock/sqllock/internal/core"
 )
 
 // Locker takes session-level advisory locks through a *sql.DB, on
@@ -21,46 +18,22 @@ import (
 // SetMaxOpenConns limit when it has one), and a lock that waited for a
 // held key, a shared-mode lock, a semaphore permit and a [Session] each
 // keep a session of their own (see [Locker.Lock], [WithDedicatedSessions]).
+// Its callers that wait for one key queue inside it, in arrival order (see
+// [Locker.Lock]).
 //
 // A Locker is safe for concurrent use by many goroutines. It holds no
 // resources of its own beyond its locks: a keep-alive goroutine runs only
 // while locks are held, and stops when the last one is released.
 type Locker struct {
-	engine // db, the driver's statement mode, round trips (see acquire.go)
-	cfg    config
-	mon    *monitor
+	pool *core.Pool // the session core: sessions, queues, keep-alive
+	db   *sql.DB
+	cfg  config
 
 	// observers are told of every lock call and event: the logger (when
 	// WithLogger was given), then those of WithObserver. See events.go.
 	observers []Observer
 
-	// stmts are the session-level statements, with the settings a lock
-	// session needs (see orphan.go); pids, each connection's backend pid,
-	// as last seen.
-	stmts atomic.Pointer[statements] // set by the server check; see sql
-	pids  connSet[int64]
-	// idents, each connection's identity (see checkServer).
-	idents connSet[ident]
-
-	// share is the sessions shared by the Locker's exclusive locks, and
-	// plain their statements (the settings are applied once per session).
-	share sharing
-	plain *statements
-
-	// markBase and marks make the owner marks of its sessions (newMark).
-	markBase string
-	marks    atomic.Uint64
-
-	serverMu sync.Mutex
-	serverOK atomic.Bool  // set under serverMu: the server was checked and is supported
-	major    atomic.Int32 // set with serverOK: the server's major version
-	leased   atomic.Bool  // set with serverOK: lock sessions are leased (see lease.go)
-
-	epochMu    sync.Mutex
-	epochCtx   context.Context // guarded by epochMu: see unlockContext
-	epochUntil time.Time       // guarded by epochMu
-
-	stats lockerStats
+	stats lockerStats // what the core does not count (see Stats)
 }
 
 // New returns a Locker that takes its locks through db.
@@ -87,43 +60,38 @@ func New(db *sql.DB, opts ...Option) *Locker {
 	if !logged {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
-	l := &Locker{engine: engine{db: db, mode: detectMode(db.Driver())}, cfg: cfg}
-	l.trace = func(ctx context.Context, msg string, k Key, attrs ...slog.Attr) {
-		l.log(ctx, slog.LevelDebug, msg, k, attrs...)
-	}
+	l := &Locker{db: db, cfg: cfg}
 	if logged {
 		l.observers = append(l.observers, logObserver{l})
 	}
 	l.observers = append(l.observers, cfg.observers...)
-	if l.mode == inlineKeys { // lib/pq (see detectMode)
-		l.abandoned = &abandonSet{}
-	}
-	l.mon = newMonitor(l)
-	l.plain = sqltext.Plain(l.mode)
-	l.markBase = strconv.FormatUint(rand.Uint64(), 36)
+	l.pool = core.NewPool(db, core.Config{KeepAlive: cfg.keepAlive, OrphanBound: cfg.orphanBound, UnlockTimeout: cfg.unlockTimeout,
+		AppName: cfg.appName, AllowStandby: cfg.allowStandby, Dedicated: cfg.dedicated}, hooks{l})
 	return l
 }
 
-// newMark returns an owner mark for a new lock session (see
-// sqltext.Statements): unique to it, among every process's.
-func (l *Locker) newMark() string {
-	return l.markBase + "." + strconv.FormatUint(l.marks.Add(1), 36)
-}
-
-// Lock takes the exclusive lock k, waiting (in the server) as long as
-// another session holds it. The wait never fails or blocks the holder's
-// CREATE INDEX CONCURRENTLY (and its kin), which waits for old snapshots:
-// it is made of statements shorter than the server's deadlock_timeout, one
-// after the other, so a session-level lock_timeout does not bound it (use
-// ctx). When ctx ends first, it returns an error that
-// matches both [ErrNotAcquired] and ctx.Err(), and no lock stays held. Other
-// errors: [ErrLockTableFull], [ErrStandby],
-// [ErrUnsupportedServer], [ErrInvalidKey], and connection errors.
+// Lock takes the exclusive lock k, waiting as long as another session
+// holds it. The wait never fails or blocks the holder's CREATE INDEX
+// CONCURRENTLY (and its kin), which waits for old snapshots: it is made of
+// statements shorter than the server's deadlock_timeout, one after the
+// other, so a session-level lock_timeout does not bound it (use ctx). When
+// ctx ends first, it returns an error that matches both [ErrNotAcquired]
+// and ctx.Err(), and no lock stays held. Other errors: [ErrLockTableFull],
+// [ErrStandby], [ErrUnsupportedServer], [ErrInvalidKey], and connection
+// errors.
+//
+// The Locker's callers that wait for one key queue inside it, in arrival
+// order: only the first waits in the server, on a session of its own (the
+// shared session it tried on, when that carries no other lock), and the
+// others hold no session. When one of them releases the key with a caller
+// queued, the key goes to that caller without a round trip, for at most
+// 10 ms after the server last granted it to the Locker; then the release
+// goes to the server, where a waiter of another process queued meanwhile
+// is served first.
 //
 // The lock is taken on one of the few server sessions (at most 16) that
 // the Locker shares among its exclusive locks, when the key is free; when
-// it is held elsewhere, Lock waits on a session of its own (the shared
-// session it tried on, when that carries no other lock) and keeps it.
+// it is held elsewhere, Lock waits on a session of its own and keeps it.
 // Either way the Lock is a handle of its own, and its fate is its
 // session's (a session that ends loses every lock on it).
 // [WithDedicatedSessions] gives every lock a session of its own; a
@@ -131,7 +99,7 @@ func (l *Locker) newMark() string {
 // use.
 func (l *Locker) Lock(ctx context.Context, k Key) (*Lock, error) {
 	mustContext(ctx, "Locker.Lock")
-	return l.acquire(ctx, k, 0, "")
+	return l.acquire(ctx, k, false, false, "")
 }
 
 // TryLock takes the exclusive lock k if no other session holds it, and
@@ -139,7 +107,7 @@ func (l *Locker) Lock(ctx context.Context, k Key) (*Lock, error) {
 // errors are those of [Locker.Lock].
 func (l *Locker) TryLock(ctx context.Context, k Key) (*Lock, error) {
 	mustContext(ctx, "Locker.TryLock")
-	return l.acquire(ctx, k, kindTry, "")
+	return l.acquire(ctx, k, false, true, "")
 }
 
 // RLock takes the lock k in shared mode, waiting while another session holds
@@ -147,14 +115,14 @@ func (l *Locker) TryLock(ctx context.Context, k Key) (*Lock, error) {
 // [Locker.Lock].
 func (l *Locker) RLock(ctx context.Context, k Key) (*Lock, error) {
 	mustContext(ctx, "Locker.RLock")
-	return l.acquire(ctx, k, kindShared, "")
+	return l.acquire(ctx, k, true, false, "")
 }
 
 // TryRLock takes the lock k in shared mode if no session holds it
 // exclusively, and otherwise returns an error matching [ErrNotAcquired].
 func (l *Locker) TryRLock(ctx context.Context, k Key) (*Lock, error) {
 	mustContext(ctx, "Locker.TryRLock")
-	return l.acquire(ctx, k, kindTry|kindShared, "")
+	return l.acquire(ctx, k, true, true, "")
 }
 
 // Do runs fn while holding the exclusive lock k, waiting for it first as
@@ -196,6 +164,80 @@ func (l *Locker) TryDo(ctx context.Context, k Key, fn func(ctx context.Context) 
 		return false, err
 	}
 	return true, lk.run(ctx, fn, c.holdAtLeast)
+}
+
+// acquire implements the four session-level lock calls, and an election
+// candidate's (named: its value, the name its session carries; "" for
+// others).
+func (l *Locker) acquire(ctx context.Context, k Key, shared, try bool, named string) (lk *Lock, err error) {
+	if err := k.valid(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, core.NotAcquired(l.name(k), err) // nothing sent
+	}
+	if end := l.startAcquire(ctx, Acquisition{Key: k, Name: l.regName(k), Wait: !try, Shared: shared}); end != nil {
+		defer func() { end(lk, err) }()
+	}
+	h, err := l.pool.Acquire(ctx, core.Request{Key: k.sqlKey(), Shared: shared, Try: try, Named: named})
+	if err != nil {
+		if l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, core.ErrAbandoned) {
+			// Also when ctx ended during the call (not before it: then
+			// nothing is sent): the holders are asked on a context of
+			// their own.
+			err = l.withHolders(k, err)
+		}
+		return nil, err
+	}
+	return newLock(l, h, k), nil
+}
+
+// withHolders wraps the refusal err of k in a HeldError that says who
+// holds k, or the keys given (a semaphore's slots; k is then the zero
+// Key): one query, bounded to a second; without them on failure.
+func (l *Locker) withHolders(k Key, err error, keys ...Key) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if len(keys) == 0 {
+		keys = []Key{k}
+	}
+	hs, herr := Inspect(ctx, l.db, l.cfg.registry, keys...)
+	if herr != nil {
+		hs = nil
+	}
+	sort.SliceStable(hs, func(i, j int) bool { return hs[i].Granted && !hs[j].Granted })
+	return &HeldError{Key: k, Holders: hs, err: err}
+}
+
+// hooks are what the Locker's core tells it (see core.Hooks).
+type hooks struct{ l *Locker }
+
+func (h hooks) Name(k core.Key) string { return h.l.name(keyOf(k)) }
+
+func (h hooks) Log(ctx context.Context, level slog.Level, msg string, k core.Key, keyed bool, attrs ...slog.Attr) {
+	kk := Key{}
+	if keyed {
+		kk = keyOf(k)
+	}
+	h.l.log(ctx, level, msg, kk, attrs...)
+}
+
+// Event tells the observers of e, which the core counted in Stats.
+func (h hooks) Event(e core.Event) {
+	ev := Event{PID: int(e.PID), Held: e.Held, Duration: e.Duration, Err: e.Err}
+	switch e.Kind {
+	case core.EventLost:
+		ev.Kind = EventLost
+	case core.EventDiscarded:
+		ev.Kind = EventDiscarded
+	case core.EventKeepAlive:
+		ev.Kind = EventKeepAlive
+	}
+	if e.Keyed {
+		ev.Key = keyOf(e.Key)
+		ev.Name = h.l.regName(ev.Key)
+	}
+	h.l.tell(context.Background(), ev)
 }
 
 // regName returns k's registry name, or "".

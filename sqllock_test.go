@@ -212,14 +212,15 @@ func TestLockWaitsAndHonoursContext(t *testing.T) {
 			t.Fatalf("Unlock(cancelled ctx) = %v", err)
 		}
 		waitFree(t, db, k, 5*time.Second)
-		// A waiter is granted the lock when the holder releases it.
+		// A waiter (of another Locker: one of the same one queues inside
+		// it) is granted the lock when the holder releases it.
 		held, err = l.Lock(bg(), k)
 		if err != nil {
 			t.Fatal(err)
 		}
 		granted := make(chan *sqllock.Lock)
 		go func() {
-			lk, err := l.Lock(bg(), k)
+			lk, err := sqllock.New(db).Lock(bg(), k)
 			if err != nil {
 				t.Error(err)
 			}

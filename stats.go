@@ -33,30 +33,16 @@ type Stats struct {
 	SharedSessions int
 }
 
+// lockerStats are what the Locker counts itself; its core counts the
+// rest.
 type lockerStats struct {
-	held, acquired, contended, lost, discarded, keepAlive, keepAliveSkipped, windows, observerPanics atomic.Int64
+	windows, observerPanics atomic.Int64
 }
 
 // Stats returns the Locker's counters.
 func (l *Locker) Stats() Stats {
-	return Stats{Held: l.stats.held.Load(), Acquired: l.stats.acquired.Load(), Contended: l.stats.contended.Load(),
-		Lost: l.stats.lost.Load(), Discarded: l.stats.discarded.Load(), KeepAliveChecks: l.stats.keepAlive.Load(),
-		KeepAliveSkipped: l.stats.keepAliveSkipped.Load(), SnapshotWaits: l.snapshotWaits.Load(),
-		Windows: l.stats.windows.Load(), ObserverPanics: l.stats.observerPanics.Load(),
-		SharedSessions: l.share.sessions()}
-}
-
-// took counts n locks granted and now held.
-func (s *lockerStats) took(n int64) {
-	s.acquired.Add(n)
-	s.held.Add(n)
-}
-
-// released counts n held locks released.
-func (s *lockerStats) released(n int64) { s.held.Add(-n) }
-
-// lostHeld counts n held locks found lost.
-func (s *lockerStats) lostHeld(n int64) {
-	s.held.Add(-n)
-	s.lost.Add(n)
+	c := l.pool.Stats()
+	return Stats{Held: c.Held, Acquired: c.Acquired, Contended: c.Contended, Lost: c.Lost, Discarded: c.Discarded,
+		KeepAliveChecks: c.KeepAliveChecks, KeepAliveSkipped: c.KeepAliveSkipped, SnapshotWaits: c.SnapshotWaits,
+		Windows: l.stats.windows.Load(), ObserverPanics: l.stats.observerPanics.Load(), SharedSessions: c.SharedSessions}
 }

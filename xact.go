@@ -6,9 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"strconv"
-	"time"
 
+	"github.com/sqllock/sqllock/internal/core"
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
@@ -53,7 +52,7 @@ func LockTx(ctx context.Context, tx Tx, k Key) error {
 // hot standby it takes nothing and returns false and [ErrStandby].
 func TryLockTx(ctx context.Context, tx Tx, k Key) (bool, error) {
 	mustContext(ctx, "TryLockTx")
-	return lockTx(ctx, tx, k, kindTry)
+	return lockTx(ctx, tx, k, sqltext.Try)
 }
 
 // RLockTx takes the transaction-level lock k in shared mode, waiting while
@@ -61,7 +60,7 @@ func TryLockTx(ctx context.Context, tx Tx, k Key) (bool, error) {
 // [LockTx] is.
 func RLockTx(ctx context.Context, tx Tx, k Key) error {
 	mustContext(ctx, "RLockTx")
-	_, err := lockTx(ctx, tx, k, kindShared)
+	_, err := lockTx(ctx, tx, k, sqltext.Shared)
 	return err
 }
 
@@ -70,100 +69,18 @@ func RLockTx(ctx context.Context, tx Tx, k Key) error {
 // standby it takes nothing and returns false and [ErrStandby].
 func TryRLockTx(ctx context.Context, tx Tx, k Key) (bool, error) {
 	mustContext(ctx, "TryRLockTx")
-	return lockTx(ctx, tx, k, kindTry|kindShared)
+	return lockTx(ctx, tx, k, sqltext.Try|sqltext.Shared)
 }
 
-// lockTx takes a transaction-level lock of kind in tx, through the engine
-// without a Locker. Every call starts with the same non-waiting statement,
-// whatever ctx: one round trip when the key is free, which also says
-// whether the server is a standby (refused, and nothing taken there). Only
-// a waiting call that finds the key held then waits, as ctx allows: in
-// one statement under a context that never ends or has a deadline (the
-// server keeps it), in slices under one that can only be cancelled
-// (waitTxSliced). With no pool to cancel an abandoned wait from, ctx ends
-// it through the driver; the caller's rollback, which the doc requires
-// after a ctx that ended, takes the backend out of the queue. The key is
-// bound as a parameter, which every driver accepts.
-func lockTx(ctx context.Context, tx Tx, k Key, kind lockKind) (bool, error) {
+// lockTx takes a transaction-level lock of kind in tx (see core.TxLock).
+func lockTx(ctx context.Context, tx Tx, k Key, kind sqltext.Kind) (bool, error) {
 	if err := k.valid(); err != nil {
 		return false, err
 	}
 	if isNil(tx) {
 		return false, errors.New("sqllock: nil transaction")
 	}
-	if err := ctx.Err(); err != nil {
-		return false, notAcquired(k.String(), err)
-	}
-	e := &engine{mode: bindKeys} // no pool to cancel a wait from, no logger
-	o := e.tryOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k)
-	if !kind.IsTry() && o.err == nil && !o.ok && !o.standby {
-		if _, deadline := ctx.Deadline(); !deadline && ctx.Done() != nil {
-			o = e.waitTxSliced(ctx, tx, kind, k)
-		} else {
-			o = e.waitOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k, o.pid, waitOne)
-		}
-	}
-	err := settleTx(ctx, k.String(), o, false)
-	if errors.Is(err, ErrStandby) {
-		// No option allows a standby here: say only what to do.
-		err = fmt.Errorf("%w (lock %s): its advisory locks do not conflict with the primary's; connect to the primary", ErrStandby, k)
-	}
-	return o.ok, err
-}
-
-// waitTxSliced is a transaction's wait under a context that can be
-// cancelled and has no deadline. The driver's cancel may never reach the
-// server (lib/pq sends it on a connection of its own, and one that arrives
-// before the statement starts is lost), and a transaction has no other
-// session to cancel its wait from, nor a deadline for the server to keep.
-// So the wait goes in slices of twice the server's deadlock_timeout (at
-// least txSliceMin), in a savepoint: the deadlock detector still sees
-// every slice, a slice that times out is rolled back to the savepoint
-// (which also undoes a grant that came as the timeout fired), and while
-// ctx goes on the wait goes on. A lost cancel then costs at most a slice.
-func (e *engine) waitTxSliced(ctx context.Context, tx Tx, kind lockKind, k Key) outcome {
-	var dt string
-	if err := (txWaiter{tx}).queryRow(ctx, "SELECT current_setting('deadlock_timeout')", nil, &dt); err != nil {
-		return outcome{err: err}
-	}
-	d, err := time.ParseDuration(dt)
-	if err != nil {
-		d = 0 // a unit Go does not read ("1min"): the floor below
-	}
-	slice := strconv.FormatInt(max(2*d, txSliceMin).Milliseconds(), 10) + "ms"
-	if err := txExec(ctx, tx, "SAVEPOINT sqllock_wait"); err != nil {
-		return outcome{err: err}
-	}
-	q, args := e.mode.XactDeadlineLockSQL(kind&^kindTry, k.sqlKey(), slice)
-	for {
-		began := time.Now()
-		var o outcome
-		o.err = txWaiter{tx}.queryRow(ctx, q, args, &o.ok)
-		switch {
-		case o.err == nil:
-			// The transaction keeps what its subtransaction took.
-			o.err = txExec(ctx, tx, "RELEASE SAVEPOINT sqllock_wait")
-			return o
-		case sqlState(o.err) != "55P03" || !ranInto(began, slice) || ctxEnded(ctx):
-			// Not the slice's end (a lock_timeout of the transaction's
-			// own, a deadlock, a cancel), or ctx ended: the caller's.
-			return o
-		}
-		if err := txExec(ctx, tx, "ROLLBACK TO SAVEPOINT sqllock_wait"); err != nil {
-			return outcome{err: err}
-		}
-	}
-}
-
-// txSliceMin is the shortest slice of waitTxSliced.
-const txSliceMin = 2 * time.Second
-
-// txExec runs a statement that returns no row in tx.
-func txExec(ctx context.Context, tx Tx, q string) error {
-	if err := (txWaiter{tx}).queryRow(ctx, q, nil); err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return err
-	}
-	return nil
+	return core.TxLock(ctx, tx, k.sqlKey(), kind)
 }
 
 // isNil reports whether v is nil, or an interface holding a nil pointer
@@ -212,19 +129,19 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 	if err := k.valid(); err != nil {
 		return err
 	}
-	// Bounded by ctx whatever the driver does (see bounded): a transaction
+	// Bounded by ctx whatever the driver does (see core.Bounded): a transaction
 	// begun after the call left is rolled back.
-	tx, err := bounded(ctx, func() (T, error) { return begin(ctx) }, func(tx T, err error) {
+	tx, err := core.Bounded(ctx, func() (T, error) { return begin(ctx) }, func(tx T, err error) {
 		if err == nil && !isNil(tx) {
 			tx.Rollback()
 		}
 	})
 	if err != nil {
-		if ctxEnded(ctx) {
-			return notAcquired(l.name(k), ctxErr(ctx))
+		if core.CtxEnded(ctx) {
+			return core.NotAcquired(l.name(k), core.CtxErr(ctx))
 		}
-		if !l.cfg.allowStandby && l.beginRefusedByStandby(ctx, err) {
-			return fmt.Errorf("%w (begin: %w)", standbyError("lock "+l.name(k)), err)
+		if !l.cfg.allowStandby && l.pool.BeginRefusedByStandby(ctx, err) {
+			return fmt.Errorf("%w (begin: %w)", core.StandbyError("lock "+l.name(k)), err)
 		}
 		return fmt.Errorf("sqllock: begin: %w", err)
 	}
@@ -233,7 +150,7 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 	}
 	committed := false
 	defer func() {
-		if !committed && errors.Is(err, errAbandoned) {
+		if !committed && errors.Is(err, core.ErrAbandoned) {
 			// A statement of the transaction's is still running: the
 			// rollback would wait for it. It runs once the statement
 			// returns.
@@ -246,7 +163,7 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 			}
 		}
 	}()
-	if err := l.lockInTx(ctx, tx, k); err != nil {
+	if err := l.pool.LockInTx(ctx, tx, k.sqlKey()); err != nil {
 		return err
 	}
 	if err := fn(tx); err != nil {
@@ -257,50 +174,4 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 		return fmt.Errorf("sqllock: commit: %w", err)
 	}
 	return nil
-}
-
-// beginRefusedByStandby reports whether err, a failed BEGIN, was a
-// standby's refusal: lib/pq begins every transaction that is not read-only
-// as READ WRITE, which a standby refuses ("cannot set transaction
-// read-write mode during recovery", 0A000), as it refuses a serializable
-// one (0A000 too) or a write (25006). Only for those codes is the server
-// asked whether it is in recovery.
-func (l *Locker) beginRefusedByStandby(ctx context.Context, err error) bool {
-	if st := sqlState(err); st != "0A000" && st != "25006" {
-		return false
-	}
-	var r bool
-	return l.db.QueryRowContext(ctx, sqltext.RecoverySQL).Scan(&r) == nil && r
-}
-
-// lockInTx takes the exclusive transaction-level lock k in tx, InTx's own
-// transaction. It tries first, with the statement LockTx starts with, so
-// that a wait knows its backend's pid: when ctx ends during the wait, that
-// backend is taken out of k's queue (see Locker.cancelWait) rather than
-// left to be granted the lock and sit idle in its transaction until it
-// notices its client left. On a standby the try takes nothing, and the
-// call is refused, unless the Locker was made WithAllowStandby: then it
-// waits, which takes the lock there.
-func (l *Locker) lockInTx(ctx context.Context, tx Tx, k Key) error {
-	if err := ctx.Err(); err != nil {
-		return notAcquired(l.name(k), err)
-	}
-	w := txWaiter{tx}
-	o := l.tryOn(ctx, w, xactLevel, nil, 0, k)
-	if o.err == nil && !o.ok && (!o.standby || l.cfg.allowStandby) {
-		o = l.waitOn(ctx, w, xactLevel, nil, 0, k, o.pid, waitOne)
-	}
-	return settleTx(ctx, l.name(k), o, l.cfg.allowStandby)
-}
-
-// settleTx turns the outcome of a transaction-level acquisition into the
-// call's error: a ctx that ended is "not acquired" whatever the driver said
-// (the caller rolls the transaction back, which releases what it holds); a
-// standby is refused unless standbyOK.
-func settleTx(ctx context.Context, what string, o outcome, standbyOK bool) error {
-	v, err := judge(ctx, o, what, standbyOK, 0)
-	if v == refused && o.err == nil && !o.ok && (!o.standby || standbyOK) {
-		return nil // a try that found the key held: false, and no error
-	}
-	return err
 }

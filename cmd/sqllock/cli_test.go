@@ -271,7 +271,7 @@ func TestInspect(t *testing.T) {
 	defer h2.Unlock(ctx)
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go l.Lock(wctx, big)
+	go sqllock.New(db).Lock(wctx, big) // another Locker's: a caller of l would queue inside l
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		locks, _ := sqllock.Inspect(ctx, db, nil, big)

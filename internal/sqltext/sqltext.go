@@ -674,3 +674,13 @@ func (m Mode) TagArgs(q string, classid, objid int64, objsubid int) (string, []a
 		"$2::int8", "("+strconv.FormatInt(objid, 10)+")::int8", "$3::int4", strconv.Itoa(objsubid)+"::int4")
 	return r.Replace(q), nil
 }
+
+// The statements of a transaction's sliced wait (see the core's
+// waitTxSliced): the server's deadlock_timeout, and the savepoint each
+// slice is rolled back to when it times out.
+const (
+	DeadlockTimeoutSQL     = "SELECT current_setting('deadlock_timeout')"
+	SavepointSQL           = "SAVEPOINT sqllock_wait"
+	ReleaseSavepointSQL    = "RELEASE SAVEPOINT sqllock_wait"
+	RollbackToSavepointSQL = "ROLLBACK TO SAVEPOINT sqllock_wait"
+)

@@ -1,4 +1,4 @@
-package sqllock
+package core
 
 import (
 	"context"
@@ -25,86 +25,86 @@ type ident struct{ server, backend int64 }
 // checkServer refuses servers that do not implement PostgreSQL advisory
 // locks, and returns the identity of conn's backend. It asks once per
 // connection (one round trip, before the connection's first lock
-// statement); the server's answer is checked once for the Locker's life (a
+// statement); the server's answer is checked once for the Pool's life (a
 // failed check is retried on the next call).
-func (l *Locker) checkServer(ctx context.Context, conn *sql.Conn) (ident, error) {
+func (p *Pool) checkServer(ctx context.Context, conn *sql.Conn) (ident, error) {
 	dc := driverConnOf(conn)
-	if id, ok := l.idents.get(dc); ok {
+	if id, ok := p.idents.get(dc); ok {
 		return id, nil
 	}
 	var v string
 	var pid int64
 	var id ident
-	// Bounded as every statement of the Locker's: a blind driver's first
+	// Bounded as every statement of the Pool's: a blind driver's first
 	// statement on a connection whose server stopped answering must not
 	// hold the call past its context.
-	if err := queryRow(ctx, l.abandoned, conn, sqltext.VersionSQL, nil, &v, &pid, &id.server, &id.backend); err != nil {
-		if sqlState(err) != "" && queryRow(ctx, l.abandoned, conn, sqltext.PlainVersionSQL, nil, &v) == nil {
-			if err := supported(v); err != nil {
+	if err := queryRow(ctx, p.abandoned, conn, sqltext.VersionSQL, nil, &v, &pid, &id.server, &id.backend); err != nil {
+		if SQLState(err) != "" && queryRow(ctx, p.abandoned, conn, sqltext.PlainVersionSQL, nil, &v) == nil {
+			if err := Supported(v); err != nil {
 				return ident{}, err // a server that only looks like PostgreSQL
 			}
 		}
 		return ident{}, fmt.Errorf("sqllock: check server version: %w", err)
 	}
-	if !l.serverOK.Load() {
-		if err := l.serverChecked(v); err != nil {
+	if !p.serverOK.Load() {
+		if err := p.serverChecked(v); err != nil {
 			return ident{}, err
 		}
 	}
-	l.idents.set(dc, id)
+	p.idents.set(dc, id)
 	return id, nil
 }
 
 // serverChecked checks version, the server's version(), once for the
-// Locker, and makes its statements for that major version.
-func (l *Locker) serverChecked(v string) error {
-	l.serverMu.Lock()
-	defer l.serverMu.Unlock()
-	if l.serverOK.Load() {
+// Pool, and makes its statements for that major version.
+func (p *Pool) serverChecked(v string) error {
+	p.serverMu.Lock()
+	defer p.serverMu.Unlock()
+	if p.serverOK.Load() {
 		return nil
 	}
-	if err := supported(v); err != nil {
+	if err := Supported(v); err != nil {
 		return err
 	}
 	major := majorVersion(v)
-	l.major.Store(int32(major))
-	l.stmts.Store(sqltext.ForSettings(l.mode, l.settings(l.cfg.appName, false)))
-	l.leased.Store(leases(l.cfg, major))
-	l.serverOK.Store(true)
+	p.major.Store(int32(major))
+	p.stmts.Store(sqltext.ForSettings(p.mode, p.settings(p.cfg.AppName, false)))
+	p.leased.Store(leases(p.cfg, major))
+	p.serverOK.Store(true)
 	return nil
 }
 
 // settings returns what a lock session needs, for the server's major
 // version (0 before the server check), with application name appName
 // (forced on the session when force is true).
-func (l *Locker) settings(appName string, force bool) sqltext.Settings {
-	major := int(l.major.Load())
-	st := sessionSettings(l.cfg.orphanBound, appName, major)
+func (p *Pool) settings(appName string, force bool) sqltext.Settings {
+	major := int(p.major.Load())
+	st := sessionSettings(p.cfg.OrphanBound, appName, major)
 	st.ForceAppName = force
-	if leases(l.cfg, major) {
-		st.IdleTimeoutMs = int(l.cfg.orphanBound / time.Millisecond)
+	if leases(p.cfg, major) {
+		st.IdleTimeoutMs = int(p.cfg.OrphanBound / time.Millisecond)
 	}
 	return st
 }
 
-// sql returns the Locker's session-level statements, made for the server's
+// sql returns the Pool's session-level statements, made for the server's
 // major version by the server check, which every session-level call runs
 // first.
-func (l *Locker) sql() *statements {
-	if s := l.stmts.Load(); s != nil {
+func (p *Pool) sql() *statements {
+	if s := p.stmts.Load(); s != nil {
 		return s
 	}
-	return sqltext.ForSettings(l.mode, l.settings(l.cfg.appName, false))
+	return sqltext.ForSettings(p.mode, p.settings(p.cfg.AppName, false))
 }
 
 // statementsFor returns the statements of a lock whose session is named
 // named (an election candidate's: set on the session while it waits and
-// while it holds the lock), or the Locker's own for "".
-func (l *Locker) statementsFor(named string) *statements {
+// while it holds the lock), or the Pool's own for "".
+func (p *Pool) statementsFor(named string) *statements {
 	if named == "" {
-		return l.sql()
+		return p.sql()
 	}
-	return sqltext.ForSettings(l.mode, l.settings(named, true))
+	return sqltext.ForSettings(p.mode, p.settings(named, true))
 }
 
 // majorVersion returns the major version of a version() string of
@@ -122,9 +122,9 @@ func majorVersion(version string) int {
 	return n
 }
 
-// supported returns ErrUnsupportedServer for a version() string of a server
+// Supported returns ErrUnsupportedServer for a version() string of a server
 // whose advisory lock functions are not PostgreSQL's.
-func supported(version string) error {
+func Supported(version string) error {
 	for _, bad := range []string{"CockroachDB", "Redshift", "Materialize", "Spanner"} {
 		if strings.Contains(version, bad) {
 			return fmt.Errorf("%w: %s", ErrUnsupportedServer, version)
@@ -133,20 +133,20 @@ func supported(version string) error {
 	if !strings.HasPrefix(version, "PostgreSQL ") {
 		return fmt.Errorf("%w: version() is %q", ErrUnsupportedServer, version)
 	}
-	if major := majorVersion(version); major > 0 && major < minServerVersion {
-		return fmt.Errorf("%w: PostgreSQL %d; sqllock needs PostgreSQL %d or later (the orphan bound's tcp_user_timeout)", ErrUnsupportedServer, major, minServerVersion)
+	if major := majorVersion(version); major > 0 && major < MinServerVersion {
+		return fmt.Errorf("%w: PostgreSQL %d; sqllock needs PostgreSQL %d or later (the orphan bound's tcp_user_timeout)", ErrUnsupportedServer, major, MinServerVersion)
 	}
 	return nil
 }
 
-// minServerVersion is the oldest PostgreSQL major version sqllock takes
+// MinServerVersion is the oldest PostgreSQL major version sqllock takes
 // locks on: older servers are refused with [ErrUnsupportedServer]. The
 // tests run on PostgreSQL 13, 15, 17 and 18.
-const minServerVersion = 12
+const MinServerVersion = 12
 
 // waitSlice returns the lock_timeout of a wait statement (see waitSQL),
 // as "<n>ms": half the server's deadlock_timeout, asked on w at the
-// Locker's first wait and again after a wait was reported a deadlock
+// Pool's first wait and again after a wait was reported a deadlock
 // (which says the setting was lowered since).
 func (e *engine) waitSlice(ctx context.Context, w waiter) (string, error) {
 	if s := e.slice.Load(); s != nil {

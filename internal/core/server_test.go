@@ -1,4 +1,4 @@
-package sqllock
+package core
 
 import (
 	"errors"
@@ -20,7 +20,7 @@ func TestSupported(t *testing.T) {
 		{"MySQL 8", false},
 	}
 	for _, tt := range tests {
-		err := supported(tt.version)
+		err := Supported(tt.version)
 		if (err == nil) != tt.ok || err != nil && !errors.Is(err, ErrUnsupportedServer) {
 			t.Errorf("supported(%q) = %v, want ok=%v", tt.version, err, tt.ok)
 		}

@@ -1,13 +1,11 @@
-package sqllock
+package core
 
 import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
 	"errors"
-	"fmt"
 	"log/slog"
-	"sort"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -15,45 +13,18 @@ import (
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
-// How a session-level lock is taken: the non-waiting function first (one
-// round trip when the lock is free), then, for a waiting call, statements
-// shorter than half the server's deadlock_timeout until it is granted; a
-// wait whose context ended is taken out of the server's queue.
-
-// withHolders wraps the refusal err of k in a HeldError that says who
-// holds k, or the keys given (a semaphore's slots; k is then the zero
-// Key): one query, bounded to a second; without them on failure.
-func (l *Locker) withHolders(k Key, err error, keys ...Key) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	if len(keys) == 0 {
-		keys = []Key{k}
-	}
-	hs, herr := Inspect(ctx, l.db, l.cfg.registry, keys...)
-	if herr != nil {
-		hs = nil
-	}
-	sort.SliceStable(hs, func(i, j int) bool { return hs[i].Granted && !hs[j].Granted })
-	return &HeldError{Key: k, Holders: hs, err: err}
-}
-
-// acquireAttempts is how many connections acquire tries when the one it got
-// turns out to be dead (after a server restart, idle pooled connections
-// are). Retrying is safe: a session whose connection broke holds nothing.
-const acquireAttempts = 3
-
 // The waiting engine. Every lock call that may wait goes through it (a
-// Locker's exclusive tries are first sent on a shared session, share.go,
+// Pool's exclusive tries are first sent on a shared session, share.go,
 // and come here only to wait), on one of three kinds of session:
 //
-//   - a connection of the pool (Locker.Lock and kin, a Semaphore's
-//     permits): try, then wait in statements shorter than half the
-//     server's deadlock_timeout (sliced: the session holds nothing but its
-//     wait, so no deadlock is lost, and a holder's CREATE INDEX
-//     CONCURRENTLY never waits on an old snapshot of it);
-//   - a Session's connection (Session.Lock): one wait statement, since the
-//     Session holds other locks and its waits must stay visible to
-//     PostgreSQL's deadlock detector;
+//   - a session of the Pool's (a lock's, a permit's): try, then wait in
+//     statements shorter than half the server's deadlock_timeout (sliced:
+//     the session holds nothing but its wait, so no deadlock is lost, and
+//     a holder's CREATE INDEX CONCURRENTLY never waits on an old snapshot
+//     of it);
+//   - an Owned's (Owned.Lock): one wait statement, since it holds other
+//     locks and its waits must stay visible to PostgreSQL's deadlock
+//     detector;
 //   - a transaction: InTx's (try, then one wait statement, for the same
 //     reason: the transaction may hold other locks), or the caller's
 //     (LockTx and kin: try, then a wait without a pool to cancel from; the
@@ -67,14 +38,14 @@ const acquireAttempts = 3
 // session is discarded (settle, Session.lose) or the transaction
 // rolled back (InTx).
 
-// engine is the acquisition engine: a value, which a Locker holds (and
+// engine is the acquisition engine: a value, which a Pool holds (and
 // feeds with its statements and keys), and which the transaction locks
-// (LockTx and kin) use with no Locker at all.
+// (LockTx and kin) use with no Pool at all.
 type engine struct {
 	// db is the pool an abandoned wait is cancelled from (cancelWait);
 	// nil for LockTx and kin, which have none.
 	db   *sql.DB
-	mode stmtMode
+	mode sqltext.Mode
 	// abandoned is non-nil for drivers that do not give up a read when its
 	// context ends (lib/pq): their statements are bounded by boundedRaw,
 	// and it holds the connections left to finish alone.
@@ -103,7 +74,7 @@ type waiter interface {
 	mark() string
 }
 
-// connWaiter is a connection of the Locker's, marked m: statements run on
+// connWaiter is a connection of the Pool's, marked m: statements run on
 // the driver connection, bounded for drivers that ignore their context
 // (lib/pq).
 type connWaiter struct {
@@ -118,8 +89,14 @@ func (w connWaiter) queryRow(ctx context.Context, q string, args []any, dest ...
 	return queryRow(ctx, w.blind, w.conn, q, args, dest...)
 }
 
+// TxQuerier is what the engine needs of a transaction: *sql.Tx and
+// *sqlx.Tx have it.
+type TxQuerier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
 // txWaiter is a transaction.
-type txWaiter struct{ tx Tx }
+type txWaiter struct{ tx TxQuerier }
 
 func (txWaiter) mark() string { return "" }
 
@@ -127,7 +104,7 @@ func (txWaiter) mark() string { return "" }
 // row is read into values of its own, so that a statement left to finish
 // alone writes nothing of the caller's.
 func (w txWaiter) queryRow(ctx context.Context, q string, args []any, dest ...any) error {
-	vals, err := bounded(ctx, func() ([]driver.Value, error) {
+	vals, err := Bounded(ctx, func() ([]driver.Value, error) {
 		raw := make([]any, len(dest))
 		ptrs := make([]any, len(dest))
 		for i := range raw {
@@ -149,23 +126,6 @@ func (w txWaiter) queryRow(ctx context.Context, q string, args []any, dest ...an
 }
 
 // outcome is what the server answered to an acquisition.
-type outcome struct {
-	sent    int64 // monoNow when the statement that answered was sent (the lease)
-	ok      bool  // granted
-	pid     int64 // the backend
-	standby bool  // the server is a standby (the non-waiting and session-level statements)
-	err     error
-	// certain: the driver read the answer before the statement's context
-	// ended (a wait bounded by ctx's deadline reads it a little past it),
-	// so ctx's end does not make it uncertain.
-	certain bool
-	// tuned: the session had the lock session's settings before the call
-	// (a shared session handed over to a wait), to be set back if it goes
-	// back to the pool without the lock.
-	tuned bool
-}
-
-// level is which of PostgreSQL's lock functions the engine calls.
 type level uint8
 
 const (
@@ -175,16 +135,16 @@ const (
 
 // tryOn runs the non-waiting statement of kind for k on w: one round trip,
 // which also reports the backend's pid.
-func (e *engine) tryOn(ctx context.Context, w waiter, lv level, st *statements, kind lockKind, k Key) outcome {
+func (e *engine) tryOn(ctx context.Context, w waiter, lv level, st *statements, kind Kind, k Key) outcome {
 	var o outcome
 	if lv == xactLevel {
 		// The same statement for every call, whatever ctx: it takes
 		// nothing on a standby.
-		q, args := e.mode.XactTrySQL(kind, k.sqlKey())
+		q, args := e.mode.XactTrySQL(kind, k)
 		o.err = w.queryRow(ctx, q, args, &o.ok, &o.pid, &o.standby)
 		return o
 	}
-	q, args := st.TrySQL(kind|kindTry, k.sqlKey(), w.mark())
+	q, args := st.TrySQL(kind|sqltext.Try, k, w.mark())
 	o.sent = monoNow()
 	var ok sql.NullBool
 	o.err = w.queryRow(ctx, q, args, &ok, &o.pid, &o.standby)
@@ -225,7 +185,7 @@ const (
 // database ends it, ctx's deadline does (the server keeps it too). When
 // ctx ends during the wait, the backend leaves the queue before waitOn
 // returns.
-func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements, kind lockKind, k Key, pid int64, mode waitMode) outcome {
+func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements, kind Kind, k Key, pid int64, mode waitMode) outcome {
 	o := outcome{pid: pid}
 	e.debug(ctx, "sqllock: waiting", k, slog.Bool("shared", kind.IsShared()), slog.Int64("pid", pid))
 	for {
@@ -260,18 +220,18 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 			})
 		})
 		if lv == xactLevel {
-			q, args := e.mode.XactLockSQL(kind&^kindTry, k.sqlKey())
+			q, args := e.mode.XactLockSQL(kind&^sqltext.Try, k)
 			if dl, ok := ctx.Deadline(); ok {
 				// However close the deadline: in a transaction, no one
 				// else can cancel a wait whose cancel was lost.
 				margin = e.deadlineMargin(time.Until(dl))
 				slice = strconv.FormatInt(max(time.Until(dl)-margin, time.Millisecond).Milliseconds(), 10) + "ms"
 				byDeadline = true
-				q, args = e.mode.XactDeadlineLockSQL(kind&^kindTry, k.sqlKey(), slice)
+				q, args = e.mode.XactDeadlineLockSQL(kind&^sqltext.Try, k, slice)
 			}
 			began := time.Now()
 			o.err = w.queryRow(ctx, q, args, &o.ok)
-			if byDeadline && sqlState(o.err) == "55P03" && !ctxEnded(ctx) && ranInto(began, slice) {
+			if byDeadline && SQLState(o.err) == "55P03" && !CtxEnded(ctx) && ranInto(began, slice) {
 				// The server ended the wait at the deadline (not at a
 				// shorter lock_timeout of the transaction's own): not
 				// granted; the transaction is aborted, and the caller
@@ -279,7 +239,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 				o.err = errDeadline
 			}
 		} else {
-			q, args := st.WaitSQL(kind&^kindTry, k.sqlKey(), slice, w.mark())
+			q, args := st.WaitSQL(kind&^sqltext.Try, k, slice, w.mark())
 			o.sent = monoNow()
 			o.err = w.queryRow(sctx, q, args, &o.ok, &o.pid, &o.standby)
 			if errors.Is(o.err, sql.ErrNoRows) {
@@ -289,7 +249,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 			// before the statement's context ended and not after a cancel
 			// of ctx, is certain, however late for ctx's deadline.
 			o.certain = sctx != ctx && sctx.Err() == nil && !errors.Is(ctx.Err(), context.Canceled) &&
-				(o.err == nil || sqlState(o.err) == "55P03")
+				(o.err == nil || SQLState(o.err) == "55P03")
 		}
 		if !returned.CompareAndSwap(false, true) {
 			o.certain = false // a cancel of this backend is on its way: its next statement may meet it
@@ -308,8 +268,8 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		// A wait cancelled while ctx goes on (a cancel meant for another
 		// statement: pg_cancel_backend names a backend, not a statement; a
 		// DBA's) must go on too.
-		cancelled := sqlState(o.err) == "57014" && mode != waitOne && !ctxEnded(ctx)
-		if lv == sessionLevel && (sqlState(o.err) == "55P03" || cancelled) && (!ctxEnded(ctx) || o.certain && !cancelled) {
+		cancelled := SQLState(o.err) == "57014" && mode != waitOne && !CtxEnded(ctx)
+		if lv == sessionLevel && (SQLState(o.err) == "55P03" || cancelled) && (!CtxEnded(ctx) || o.certain && !cancelled) {
 			// The statement's lock_timeout (its slice's, or the
 			// deadline's), or a cancel, can come as the lock is granted: PostgreSQL then keeps the grant and reports the
 			// error all the same. Waiting again would take the key a
@@ -326,23 +286,23 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 				break
 			}
 		}
-		if o.err == nil || ctxEnded(ctx) || mode == waitOne {
+		if o.err == nil || CtxEnded(ctx) || mode == waitOne {
 			break
 		}
-		if st := sqlState(o.err); st != "55P03" && st != "40P01" && !cancelled {
+		if st := SQLState(o.err); st != "55P03" && st != "40P01" && !cancelled {
 			break
 		}
 		// The wait's slice ended (55P03), or, should the server's
-		// deadlock_timeout have been lowered since the Locker read it (it
+		// deadlock_timeout have been lowered since the Pool read it (it
 		// reads it again then), PostgreSQL reported the holder's CREATE
 		// INDEX CONCURRENTLY waiting for this statement's snapshot as a
 		// deadlock (40P01): this session holds nothing but its wait, so it
 		// is in no cycle of locks. Wait again, in a new statement with a
 		// new snapshot.
-		if sqlState(o.err) == "40P01" {
+		if SQLState(o.err) == "40P01" {
 			e.snapshotWaits.Add(1)
 		}
-		if sqlState(o.err) == "40P01" {
+		if SQLState(o.err) == "40P01" {
 			e.slice.Store(nil) // deadlock_timeout may have been lowered: read it again
 		}
 		if cancelled {
@@ -354,7 +314,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		}
 	}
 	switch {
-	case ctxEnded(ctx) && errors.Is(o.err, errAbandoned):
+	case CtxEnded(ctx) && errors.Is(o.err, ErrAbandoned):
 		// The driver did not give the statement up in time: the server may
 		// be cut off, or only slow. Cancel as below, but wait for it no
 		// longer than the driver got: if nothing reaches the server, the
@@ -365,12 +325,12 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		case <-done:
 		case <-time.After(abandonGrace):
 		}
-	case ctxEnded(ctx) && (o.err == nil || sqlState(o.err) != "" || errors.Is(o.err, errDeadline)):
+	case CtxEnded(ctx) && (o.err == nil || SQLState(o.err) != "" || errors.Is(o.err, errDeadline)):
 		// The server answered the statement (granted, an error of its
 		// own, or the deadline's lock_timeout and "not held"): the backend
 		// is in no queue; the owner's discard ends it, or, not held for
 		// sure, it goes back to the pool.
-	case ctxEnded(ctx):
+	case CtxEnded(ctx):
 		// The abandoned backend may still be queued for k (a driver that
 		// closes the socket sends no cancel request): take it out of the
 		// queue before anyone can grant it the lock.
@@ -382,9 +342,9 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 // grantedAfterTimeout asks w's session, after its wait for k ended in
 // 55P03, whether it holds k all the same, and reports whether o is now the
 // outcome (granted, or the check failed: uncertain).
-func (e *engine) grantedAfterTimeout(ctx context.Context, w waiter, st *statements, kind lockKind, k Key, o *outcome) bool {
-	c, ob, sub := k.lockTag()
-	q, args := st.GrantedSQL(kind&^kindTry, int64(c), int64(ob), sub, w.mark())
+func (e *engine) grantedAfterTimeout(ctx context.Context, w waiter, st *statements, kind Kind, k Key, o *outcome) bool {
+	c, ob, sub := Tag(k)
+	q, args := st.GrantedSQL(kind&^sqltext.Try, int64(c), int64(ob), sub, w.mark())
 	g := outcome{pid: o.pid, sent: monoNow()}
 	// After a wait the server ended at the deadline, the question comes
 	// within the deadline's margin, or, when the wait's answer was read
@@ -431,7 +391,7 @@ func later(a, b time.Time) time.Time {
 // deadlineMargin is how long before ctx's deadline, left away, a wait
 // bounded by it asks the server to end: time for the server's answer to
 // come back before the driver gives the statement up. A tenth of what is
-// left, from 50 to 100 ms, but at least three of the Locker's recent round
+// left, from 50 to 100 ms, but at least three of the Pool's recent round
 // trips (a loaded server or machine answers later), and at most half of
 // what is left.
 func (e *engine) deadlineMargin(left time.Duration) time.Duration {
@@ -439,7 +399,7 @@ func (e *engine) deadlineMargin(left time.Duration) time.Duration {
 	return min(max(m, 3*time.Duration(e.rtt.Load())), left/2)
 }
 
-// observeRTT feeds the Locker's recent round trip with one statement that
+// observeRTT feeds the Pool's recent round trip with one statement that
 // took d: a moving average that follows a slower server at once, and a
 // faster one gradually.
 func (e *engine) observeRTT(d time.Duration) {
@@ -510,106 +470,6 @@ func (e *engine) deadlineSlice(ctx context.Context, slice string) (string, time.
 }
 
 // withConn runs take on a connection of the pool, checked against the
-// server, and again on a new connection (up to acquireAttempts) when the
-// one it got was dead. what names the call in errors.
-func (l *Locker) withConn(ctx context.Context, what string, take func(conn *sql.Conn, id ident) (*Lock, error)) (*Lock, error) {
-	for attempt := 1; ; attempt++ {
-		if err := ctx.Err(); err != nil {
-			return nil, notAcquired(what, err)
-		}
-		conn, err := getConn(ctx, l.db)
-		if err != nil {
-			if ctxEnded(ctx) {
-				return nil, notAcquired(what, ctxErr(ctx))
-			}
-			if errors.Is(err, driver.ErrBadConn) && attempt < acquireAttempts {
-				// database/sql hands out a connection that went bad in the
-				// pool (its driver closed it after a cancel) as ErrBadConn,
-				// after its own retries: another try may get a good one.
-				continue
-			}
-			if sqlState(err) == "53200" {
-				// A full lock table refuses new sessions too.
-				return nil, fmt.Errorf("%w: lock %s: get connection: %w", ErrLockTableFull, what, err)
-			}
-			return nil, fmt.Errorf("sqllock: lock %s: get connection: %w", what, err)
-		}
-		id, err := l.checkServer(ctx, conn)
-		if err != nil {
-			l.putBack(conn) // no lock statement ran on it
-			if ctxEnded(ctx) {
-				return nil, notAcquired(what, ctxErr(ctx))
-			}
-			return nil, err
-		}
-		lk, err := take(conn, id)
-		if err == nil || attempt == acquireAttempts || !connectionBroken(err) || ctxEnded(ctx) {
-			return lk, err
-		}
-	}
-}
-
-// acquire implements the four session-level lock calls, and an election
-// candidate's (named: its value, the name its session carries; "" for
-// others).
-func (l *Locker) acquire(ctx context.Context, k Key, kind lockKind, named string) (lk *Lock, err error) {
-	if err := k.valid(); err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, notAcquired(l.name(k), err) // nothing sent
-	}
-	if end := l.startAcquire(ctx, Acquisition{Key: k, Name: l.regName(k), Wait: !kind.IsTry(), Shared: kind.IsShared()}); end != nil {
-		defer func() { end(lk, err) }()
-	}
-	if !kind.IsShared() && !l.cfg.dedicated && named == "" {
-		var handled bool
-		if lk, err, handled = l.acquireShared(ctx, k, kind.IsTry()); handled {
-			if err != nil && l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, errAbandoned) {
-				// Also when ctx ended during the call (not before it: then
-				// nothing is sent): the holders are asked on a context of
-				// their own.
-				err = l.withHolders(k, err)
-			}
-			return lk, err
-		}
-	}
-	lk, err = l.withConn(ctx, l.name(k), func(conn *sql.Conn, id ident) (*Lock, error) {
-		return l.acquireOn(ctx, conn, id, l.statementsFor(named), k, kind)
-	})
-	if err != nil && l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, errAbandoned) {
-		err = l.withHolders(k, err)
-	}
-	return lk, err
-}
-
-// acquireOn takes k on conn. A wait must know its backend's pid, which
-// settles a cancelled wait (see cancelWait). On a connection that waited
-// before (its pid is known), a waiting call goes straight to waiting;
-// otherwise every call starts with the non-waiting function, which returns
-// the pid: an uncontended lock costs one round trip either way, a contended
-// one two the first time.
-func (l *Locker) acquireOn(ctx context.Context, conn *sql.Conn, id ident, st *statements, k Key, kind lockKind) (*Lock, error) {
-	w := connWaiter{conn, l.abandoned, l.newMark()}
-	var o outcome
-	if kind.IsTry() {
-		o = l.tryOn(ctx, w, sessionLevel, st, kind, k)
-	} else {
-		dc := driverConnOf(conn)
-		pid, known := l.pids.get(dc)
-		if !known {
-			o = l.tryOn(ctx, w, sessionLevel, st, kind, k)
-			pid = o.pid
-		}
-		if known || o.err == nil && !o.ok && !(o.standby && !l.cfg.allowStandby) {
-			o = l.waitOn(ctx, w, sessionLevel, st, kind, k, pid, waitSliced)
-			if o.err == nil {
-				l.pids.set(dc, o.pid)
-			}
-		}
-	}
-	return l.settle(ctx, conn, id, st, w.m, k, kind.IsShared(), o, l.name(k))
-}
 
 // cancelWaitTimeout bounds cancelWait.
 const cancelWaitTimeout = 2 * time.Second
@@ -656,7 +516,7 @@ func (e *engine) cancelWait(waitCtx context.Context, pid int64, k Key) {
 	for ctx.Err() == nil {
 		var where int64
 		err := queryRow(ctx, e.abandoned, conn, sqltext.CancelWaitSQL, []any{pid}, &where)
-		if errors.Is(err, errAbandoned) {
+		if errors.Is(err, ErrAbandoned) {
 			return // its connection is closed once the statement returns
 		}
 		if err != nil || where == 0 {

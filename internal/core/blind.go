@@ -1,4 +1,4 @@
-package sqllock
+package core
 
 import (
 	"context"
@@ -14,13 +14,6 @@ import (
 // Bounding statements on a blind driver: one that does not give up a read
 // when its context ends (lib/pq), so that a call still returns by its
 // context's end when the server stopped answering.
-
-// errAbandoned reports a statement that outlived its context on a driver
-// that does not give up a read when its context ends (lib/pq, on a network
-// that stopped answering): the caller got its answer at the context's end,
-// and the connection is closed, as discarded, once the statement returns.
-// The caller must not use the connection again.
-var errAbandoned = errors.New("sqllock: no answer from the server by the end of the context; the connection is discarded when the statement returns")
 
 // abandonGrace is how long past its context's end a statement on a blind
 // driver gets before it is abandoned.
@@ -43,7 +36,7 @@ func (a *abandonSet) has(conn *sql.Conn) bool {
 // boundedRaw is onDriverConn, except that for a blind driver (blind is
 // non-nil: one that does not give up a read when ctx ends) it returns,
 // shortly after ctx ends, whether f has returned or not. Then it returns
-// an error wrapping errAbandoned and ctx's error, records conn in blind,
+// an error wrapping ErrAbandoned and ctx's error, records conn in blind,
 // and f's connection is discarded once f returns, whatever f answered.
 func boundedRaw(ctx context.Context, blind *abandonSet, conn *sql.Conn, f func(dc any) error) error {
 	if blind == nil || ctx.Done() == nil {
@@ -107,19 +100,19 @@ func getConn(ctx context.Context, db *sql.DB) (*sql.Conn, error) {
 				conn.Close() // to the pool, for the next call
 			}
 		})
-	if errors.Is(err, errAbandoned) {
+	if errors.Is(err, ErrAbandoned) {
 		return nil, ctx.Err()
 	}
 	return conn, err
 }
 
-// bounded runs f, statements on a transaction or a querier of the
+// Bounded runs f, statements on a transaction or a querier of the
 // caller's, and returns its result; when f has not returned abandonGrace
 // after ctx ended (a driver that does not give up a read when its context
 // ends, on a network that stopped answering), it returns an error wrapping
-// errAbandoned and ctx's error, and f finishes alone, its result handed to
+// ErrAbandoned and ctx's error, and f finishes alone, its result handed to
 // cleanup (nil: dropped).
-func bounded[T any](ctx context.Context, f func() (T, error), cleanup func(T, error)) (T, error) {
+func Bounded[T any](ctx context.Context, f func() (T, error), cleanup func(T, error)) (T, error) {
 	if ctx.Done() == nil {
 		return f()
 	}
@@ -134,7 +127,7 @@ const connectTimeout = 30 * time.Second
 
 // leaveAtEnd runs work in a goroutine and returns its result, or, when it
 // has not returned grace after ctx ended, an error wrapping
-// errAbandoned and ctx's error. Leaving calls onLeave; work can ask whether
+// ErrAbandoned and ctx's error. Leaving calls onLeave; work can ask whether
 // its caller left (left); a result that comes after the caller left goes
 // to cleanup. onLeave and cleanup never overlap the decision to leave.
 func leaveAtEnd[T any](ctx context.Context, grace time.Duration, work func(left func() bool) (T, error), onLeave func(), cleanup func(T, error)) (T, error) {
@@ -179,6 +172,21 @@ func leaveAtEnd[T any](ctx context.Context, grace time.Duration, work func(left 
 		gone = true
 		onLeave()
 		var zero T
-		return zero, fmt.Errorf("%w: %w", errAbandoned, ctx.Err())
+		return zero, fmt.Errorf("%w: %w", ErrAbandoned, ctx.Err())
 	}
+}
+
+// discardConn closes conn's session instead of returning it to the pool:
+// database/sql closes a connection whose Raw returns driver.ErrBadConn.
+func discardConn(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = conn.Close()
+}
+
+// SetAfterBlindStatement makes f run after each statement on a blind
+// driver (lib/pq) returns, before its result is handed over (see
+// boundedRaw); the returned func takes f away. For tests.
+func SetAfterBlindStatement(f func(ctx context.Context, err error, left func() bool)) (restore func()) {
+	afterBlindStatement.Store(&f)
+	return func() { afterBlindStatement.Store(nil) }
 }

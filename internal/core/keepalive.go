@@ -1,4 +1,4 @@
-package sqllock
+package core
 
 import (
 	"context"
@@ -16,12 +16,12 @@ import (
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
-// monitor is a Locker's keep-alive: while the Locker holds locks, one
+// monitor is a Pool's keep-alive: while the Pool holds locks, one
 // goroutine asks pg_locks, over a pooled connection and never over a lock's
 // pinned one, whether each lock is still granted to the backend it was
-// granted to. All the Locker's locks are checked by one query per interval.
+// granted to. All the Pool's locks are checked by one query per interval.
 type monitor struct {
-	l *Locker
+	p *Pool
 
 	mu       sync.Mutex
 	watched  map[watched]struct{} // guarded by mu
@@ -41,7 +41,7 @@ type monitor struct {
 	dialing chan struct{} // guarded by dialMu
 }
 
-// watched is something the keep-alive checks: a Lock, or a Session with
+// watched is something the keep-alive checks: a Hold, or an Owned with
 // many keys on one backend.
 type watched interface {
 	heldKeys(buf []heldKey) []heldKey
@@ -65,38 +65,18 @@ type heldKey struct {
 	shared bool
 }
 
-// loseKey is lose: a Lock has one key, and lose ignores a Lock whose Unlock
-// has begun.
-func (lk *Lock) loseKey(_ Key, cause error) { lk.lose(cause) }
-
-func (lk *Lock) leaseOf() *lease { return lk.lease }
-
-// touch runs the lease's statement on the lock's session, through its
-// queue.
-func (lk *Lock) touch(ctx context.Context) error {
-	_, _, err := lk.c.onTag(ctx, touchSQL, nil)
-	if err != nil && (lk.releasing() || lk.error() != nil) {
-		return nil // released or lost meanwhile: nothing to keep alive
-	}
-	return err
-}
-
-func (lk *Lock) heldKeys(buf []heldKey) []heldKey {
-	return append(buf, heldKey{pid: lk.pid, id: lk.id, key: lk.key, shared: lk.shared})
-}
-
-// failedChecksBeforeLost is how many keep-alive checks in a row must fail
+// FailedChecksBeforeLost is how many keep-alive checks in a row must fail
 // (the server cannot be reached, or answers with an error) before the locks
 // are reported lost: one failure may be a blip; two intervals without any
 // confirmation mean the holder can no longer claim the lock.
-const failedChecksBeforeLost = 2
+const FailedChecksBeforeLost = 2
 
-func newMonitor(l *Locker) *monitor {
-	return &monitor{l: l, watched: map[watched]struct{}{}}
+func newMonitor(p *Pool) *monitor {
+	return &monitor{p: p, watched: map[watched]struct{}{}}
 }
 
 func (m *monitor) add(w watched) {
-	if m.l.cfg.keepAlive <= 0 {
+	if m.p.cfg.KeepAlive <= 0 {
 		return
 	}
 	m.mu.Lock()
@@ -120,7 +100,7 @@ func (m *monitor) remove(w watched) {
 // interval, so that a program that locks and unlocks in a loop does not
 // start a goroutine per lock.
 func (m *monitor) loop() {
-	t := time.NewTicker(m.l.cfg.keepAlive)
+	t := time.NewTicker(m.p.cfg.KeepAlive)
 	defer t.Stop()
 	for range t.C {
 		m.mu.Lock()
@@ -154,18 +134,18 @@ func (m *monitor) check(ws []watched) {
 		return
 	}
 	began := time.Now()
-	r := m.ask(keys, m.l.checkTimeout())
+	r := m.ask(keys, m.p.checkTimeout())
 	if !r.skipped {
-		m.l.emit(context.Background(), Event{Kind: EventKeepAlive, Duration: time.Since(began), Err: r.err}, 0)
+		m.p.emit(Event{Kind: EventKeepAlive, Duration: time.Since(began), Err: r.err})
 	}
 	switch {
 	case r.skipped:
-		m.l.stats.keepAliveSkipped.Add(1)
+		m.p.stats.keepAliveSkipped.Add(1)
 		if !m.starved {
 			m.starved = true
-			st := m.l.db.Stats()
-			m.l.log(context.Background(), slog.LevelWarn,
-				"sqllock: keep-alive skipped: the pool is at its SetMaxOpenConns limit, so held locks are not being watched; leave one connection free", Key{},
+			st := m.p.db.Stats()
+			m.p.hooks.Log(context.Background(), slog.LevelWarn,
+				"sqllock: keep-alive skipped: the pool is at its SetMaxOpenConns limit, so held locks are not being watched; leave one connection free", Key{}, false,
 				slog.Int("max_open", st.MaxOpenConnections), slog.Int("in_use", st.InUse), slog.Int("locks", len(keys)))
 		}
 		return
@@ -271,18 +251,18 @@ func (m *monitor) query(ctx context.Context, keys []heldKey, sent *atomic.Bool) 
 	for attempt := 1; ; attempt++ {
 		var conn *sql.Conn
 		err := errPoolFull
-		if !poolFull(m.l.db) {
+		if !poolFull(m.p.db) {
 			conn, err = m.conn(ctx)
 		}
-		if err != nil && poolFull(m.l.db) {
+		if err != nil && poolFull(m.p.db) {
 			return checkResult{skipped: true}
 		}
 		if err != nil {
 			return checkResult{err: err}
 		}
-		m.l.stats.keepAlive.Add(1)
+		m.p.stats.keepAlive.Add(1)
 		sent.Store(true)
-		lost, err := queryLost(ctx, m.l.mode, conn, keys)
+		lost, err := queryLost(ctx, m.p.mode, conn, keys)
 		conn.Close()
 		// A pooled connection the driver had closed (a wrapper that hides
 		// its validity from database/sql) says nothing about the server:
@@ -317,15 +297,15 @@ func (m *monitor) conn(ctx context.Context) (*sql.Conn, error) {
 			return nil, ctx.Err()
 		}
 	}
-	if m.l.db.Stats().Idle > 0 {
-		return m.l.db.Conn(ctx)
+	if m.p.db.Stats().Idle > 0 {
+		return m.p.db.Conn(ctx)
 	}
 	dialing := make(chan struct{})
 	conn, err := leaveAtEnd(ctx, 0,
 		func(func() bool) (*sql.Conn, error) {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), connectTimeout)
 			defer cancel()
-			return m.l.db.Conn(cctx)
+			return m.p.db.Conn(cctx)
 		},
 		func() {
 			m.dialMu.Lock()
@@ -338,20 +318,20 @@ func (m *monitor) conn(ctx context.Context) (*sql.Conn, error) {
 			}
 			close(dialing)
 		})
-	if errors.Is(err, errAbandoned) {
+	if errors.Is(err, ErrAbandoned) {
 		return nil, ctx.Err()
 	}
 	return conn, err
 }
 
 // failed counts a check that got no answer from the server; after
-// failedChecksBeforeLost in a row, every lock in ws is reported lost.
+// FailedChecksBeforeLost in a row, every lock in ws is reported lost.
 func (m *monitor) failed(ws []watched, err error) {
 	m.mu.Lock()
 	m.failures++
 	n := m.failures
 	m.mu.Unlock()
-	if n < failedChecksBeforeLost {
+	if n < FailedChecksBeforeLost {
 		return
 	}
 	cause := fmt.Errorf("keep-alive could not reach the server %d times in a row: %w", n, err)
@@ -369,8 +349,8 @@ func poolFull(db *sql.DB) bool {
 // checkTimeout is how long one keep-alive check may take: the interval, but
 // at least a second, so that a short interval on a loaded machine does not
 // make slow answers look like failures.
-func (l *Locker) checkTimeout() time.Duration {
-	return max(l.cfg.keepAlive, time.Second)
+func (p *Pool) checkTimeout() time.Duration {
+	return max(p.cfg.KeepAlive, time.Second)
 }
 
 // lostKey is a key the server does not show as granted: its 0-based index
@@ -392,14 +372,14 @@ func (lk lostKey) cause(h heldKey) error {
 
 // queryLost returns the keys that the server does not show as granted to
 // the backend, on the server, that was granted them.
-func queryLost(ctx context.Context, mode stmtMode, conn *sql.Conn, keys []heldKey) ([]lostKey, error) {
+func queryLost(ctx context.Context, mode sqltext.Mode, conn *sql.Conn, keys []heldKey) ([]lostKey, error) {
 	var pids, classids, objids, subids, shared, servers, backends strings.Builder
 	for i, h := range keys {
 		sep := ","
 		if i == 0 {
 			sep = "{"
 		}
-		c, o, s := h.key.lockTag()
+		c, o, s := Tag(h.key)
 		pids.WriteString(sep + strconv.FormatInt(h.pid, 10))
 		classids.WriteString(sep + strconv.FormatUint(uint64(c), 10))
 		objids.WriteString(sep + strconv.FormatUint(uint64(o), 10))

@@ -1,4 +1,4 @@
-package sqllock
+package core
 
 import (
 	"context"
@@ -38,9 +38,9 @@ type lease struct {
 }
 
 // newLease returns the lease of a session whose last statement was sent at
-// sent (monoNow), or nil when l leases nothing.
-func (l *Locker) newLease(sent int64) *lease {
-	b := l.leaseBound()
+// sent (monoNow), or nil when p leases nothing.
+func (p *Pool) newLease(sent int64) *lease {
+	b := p.leaseBound()
 	if b <= 0 {
 		return nil
 	}
@@ -52,17 +52,17 @@ func (l *Locker) newLease(sent int64) *lease {
 // leaseBound is the lease of l's sessions: the orphan bound, on servers
 // that have idle_session_timeout, when the keep-alive runs (it touches the
 // sessions); 0 otherwise.
-func (l *Locker) leaseBound() time.Duration {
-	if !l.leased.Load() {
+func (p *Pool) leaseBound() time.Duration {
+	if !p.leased.Load() {
 		return 0
 	}
-	return l.cfg.orphanBound
+	return p.cfg.OrphanBound
 }
 
-// leases reports whether a Locker with cfg leases its sessions on a server
+// leases reports whether a Pool with cfg leases its sessions on a server
 // of major version major.
-func leases(cfg config, major int) bool {
-	return major >= 14 && cfg.orphanBound > 0 && cfg.keepAlive > 0
+func leases(cfg Config, major int) bool {
+	return major >= 14 && cfg.OrphanBound > 0 && cfg.KeepAlive > 0
 }
 
 // sent records a statement sent at at (monoNow) that succeeded.
@@ -141,7 +141,7 @@ func (m *monitor) leaseCheck(ws []watched) {
 		case ls.due() && ls.touching.CompareAndSwap(false, true):
 			go func() {
 				defer ls.touching.Store(false)
-				ctx, cancel := context.WithTimeout(context.Background(), m.l.checkTimeout())
+				ctx, cancel := context.WithTimeout(context.Background(), m.p.checkTimeout())
 				defer cancel()
 				if err := w.touch(ctx); err != nil {
 					w.lose(fmt.Errorf("the statement that keeps its session from going idle failed: %w", err))
@@ -156,9 +156,9 @@ func (m *monitor) leaseCheck(ws []watched) {
 // meet the library's, so nothing keeps the session from going idle any
 // more, and the server must not end it when it is. It reports whether the
 // session is fine.
-func (l *Locker) stopLease(ls *lease, run func(ctx context.Context, q string) error) error {
+func (p *Pool) stopLease(ls *lease, run func(ctx context.Context, q string) error) error {
 	if ls == nil || !ls.off.CompareAndSwap(false, true) {
 		return nil
 	}
-	return run(l.unlockContext(), sqltext.NoIdleTimeoutSQL)
+	return run(p.UnlockContext(), sqltext.NoIdleTimeoutSQL)
 }

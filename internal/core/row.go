@@ -1,4 +1,4 @@
-package sqllock
+package core
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package sqllock
+package core
 
 // keySet is a set of keys kept in maps keyed by the key's int64 value, one
 // per key form: Go hashes an int64 faster than the Key struct, and a
@@ -6,31 +6,42 @@ package sqllock
 // Unlock (docs/benchmarks.md has the figures). The zero value is an
 // empty set.
 type keySet struct {
-	m [formPair + 1]map[int64]struct{} // by form
+	m [2]map[int64]struct{} // [bigint, pair]
 	n int
 }
 
+// slot returns k's map index and value.
+func slot(k Key) (int, int64) {
+	if k.Pair {
+		return 1, int64(uint64(uint32(k.Class))<<32 | uint64(uint32(k.ID)))
+	}
+	return 0, k.V
+}
+
 func (s *keySet) has(k Key) bool {
-	_, ok := s.m[k.form][k.v]
+	f, v := slot(k)
+	_, ok := s.m[f][v]
 	return ok
 }
 
 func (s *keySet) add(k Key) {
-	m := s.m[k.form]
+	f, v := slot(k)
+	m := s.m[f]
 	if m == nil {
 		m = map[int64]struct{}{}
-		s.m[k.form] = m
+		s.m[f] = m
 	}
-	if _, ok := m[k.v]; !ok {
-		m[k.v] = struct{}{}
+	if _, ok := m[v]; !ok {
+		m[v] = struct{}{}
 		s.n++
 	}
 }
 
 func (s *keySet) remove(k Key) {
-	m := s.m[k.form]
-	if _, ok := m[k.v]; ok {
-		delete(m, k.v)
+	f, v := slot(k)
+	m := s.m[f]
+	if _, ok := m[v]; ok {
+		delete(m, v)
 		s.n--
 	}
 }
@@ -39,9 +50,10 @@ func (s *keySet) len() int { return s.n }
 
 // each calls f for every key, in no order.
 func (s *keySet) each(f func(Key)) {
-	for form, m := range s.m {
-		for v := range m {
-			f(Key{form: keyForm(form), v: v})
-		}
+	for v := range s.m[0] {
+		f(Key{V: v})
+	}
+	for v := range s.m[1] {
+		f(Key{Pair: true, Class: int32(uint64(v) >> 32), ID: int32(uint32(v))})
 	}
 }

@@ -1,13 +1,14 @@
-package sqllock
+package core
 
 import (
+	"cmp"
 	"slices"
 	"testing"
 )
 
 func TestKeySet(t *testing.T) {
 	var s keySet
-	keys := []Key{Int64(0), Pair(0, 0), Int64(-1), Pair(-1, -1), Int64(1 << 40), Pair(1, 2)}
+	keys := []Key{{V: 0}, {Pair: true}, {V: -1}, {Pair: true, Class: -1, ID: -1}, {V: 1 << 40}, {Pair: true, Class: 1, ID: 2}}
 	for _, k := range keys {
 		if s.has(k) {
 			t.Fatalf("empty set has %v", k)
@@ -20,36 +21,26 @@ func TestKeySet(t *testing.T) {
 	}
 	var got []Key
 	s.each(func(k Key) { got = append(got, k) })
-	slices.SortFunc(got, func(a, b Key) int {
-		if a.less(b) {
+	order := func(a, b Key) int {
+		if a.Pair != b.Pair {
+			if a.Pair {
+				return 1
+			}
 			return -1
 		}
-		if b.less(a) {
-			return 1
-		}
-		return 0
-	})
+		return cmp.Or(cmp.Compare(a.V, b.V), cmp.Compare(a.Class, b.Class), cmp.Compare(a.ID, b.ID))
+	}
+	slices.SortFunc(got, order)
 	want := slices.Clone(keys)
-	slices.SortFunc(want, func(a, b Key) int {
-		if a.less(b) {
-			return -1
-		}
-		if b.less(a) {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(want, order)
 	if !slices.Equal(got, want) {
 		t.Fatalf("each = %v, want %v", got, want)
 	}
-	s.remove(Pair(0, 0))
-	s.remove(Pair(0, 0))
-	s.remove(Pair(9, 9)) // absent
-	if s.has(Pair(0, 0)) || !s.has(Int64(0)) || s.len() != len(keys)-1 {
-		t.Fatalf("after remove: has(Pair(0,0)) = %v, has(Int64(0)) = %v, len = %d", s.has(Pair(0, 0)), s.has(Int64(0)), s.len())
-	}
-	if s.has(Key{}) {
-		t.Fatal("the zero Key is in the set")
+	s.remove(Key{Pair: true})
+	s.remove(Key{Pair: true})
+	s.remove(Key{Pair: true, Class: 9, ID: 9}) // absent
+	if s.has(Key{Pair: true}) || !s.has(Key{V: 0}) || s.len() != len(keys)-1 {
+		t.Fatalf("after remove: has((0,0)) = %v, has(0) = %v, len = %d", s.has(Key{Pair: true}), s.has(Key{V: 0}), s.len())
 	}
 }
 

@@ -1,0 +1,307 @@
+package core
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
+)
+
+// Request is what one lock call asks of a Pool.
+type Request struct {
+	Key    Key
+	Shared bool // shared mode; otherwise exclusive
+	Try    bool // do not wait
+	// Named is a candidate's value: its session carries it as its
+	// application_name while it waits and while it holds the lock ("":
+	// the Pool's own name).
+	Named string
+}
+
+// namer names a lock in errors, only when one is built: label, or the
+// Pool's name of k.
+type namer struct {
+	p     *Pool
+	k     Key
+	label string
+}
+
+func (n namer) String() string {
+	if n.label != "" || n.p == nil {
+		return n.label
+	}
+	return n.p.name(n.k)
+}
+
+// acquireAttempts is how many connections a call tries when the one it got
+// turns out to be dead (after a server restart, idle pooled connections
+// are). Retrying is safe: a session whose connection broke holds nothing.
+const acquireAttempts = 3
+
+// Acquire takes the lock r asks for. A waiting call joins the Pool's queue
+// for its key, in arrival order, and only the head of that queue acquires
+// from the server (see keyqueue.go); a try never waits, and is refused at
+// once while the Pool's own callers wait for the key. When ctx ends first,
+// it returns an error matching ErrNotAcquired and ctx.Err(), and no lock
+// stays held.
+func (p *Pool) Acquire(ctx context.Context, r Request) (*Hold, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, NotAcquired(p.name(r.Key), err) // nothing sent
+	}
+	if r.Try {
+		if p.queue.waited(queueKey{k: r.Key}) {
+			// The Pool's own callers wait for it: a try never passes them.
+			p.stats.contended.Add(1)
+			return nil, fmt.Errorf("%w: %s %s", ErrNotAcquired, p.name(r.Key), HeldElsewhere)
+		}
+		return p.fromServer(ctx, r)
+	}
+	return p.queue.acquire(ctx, p, queueKey{k: r.Key}, r, namer{p: p, k: r.Key}, func() (*Hold, error) { return p.fromServer(ctx, r) })
+}
+
+// fromServer takes r's lock from the server: an exclusive one on a shared
+// session first, when the Pool shares them and its key is free (one round
+// trip), else on a session of its own.
+func (p *Pool) fromServer(ctx context.Context, r Request) (*Hold, error) {
+	if !r.Shared && !p.cfg.Dedicated && r.Named == "" {
+		if h, err, handled := p.acquireShared(ctx, r.Key, r.Try); handled {
+			return h, err
+		}
+	}
+	what := namer{p: p, k: r.Key}
+	return p.withSession(ctx, what, func(s *session) (*Hold, error) {
+		s.st = p.statementsFor(r.Named)
+		return p.acquireOn(ctx, s, r, what)
+	})
+}
+
+// withSession runs take on a new dedicated session, on a connection of the
+// pool checked against the server, and again on a new one (up to
+// acquireAttempts) when the one it got was dead. what names the call in
+// errors.
+func (p *Pool) withSession(ctx context.Context, what namer, take func(s *session) (*Hold, error)) (*Hold, error) {
+	for attempt := 1; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return nil, NotAcquired(what.String(), err)
+		}
+		sent := monoNow()
+		conn, err := getConn(ctx, p.db)
+		if err != nil {
+			if CtxEnded(ctx) {
+				return nil, NotAcquired(what.String(), CtxErr(ctx))
+			}
+			if errors.Is(err, driver.ErrBadConn) && attempt < acquireAttempts {
+				// database/sql hands out a connection that went bad in the
+				// pool (its driver closed it after a cancel) as ErrBadConn,
+				// after its own retries: another try may get a good one.
+				continue
+			}
+			if SQLState(err) == "53200" {
+				// A full lock table refuses new sessions too.
+				return nil, fmt.Errorf("%w: lock %s: get connection: %w", ErrLockTableFull, what, err)
+			}
+			return nil, fmt.Errorf("sqllock: lock %s: get connection: %w", what, err)
+		}
+		id, err := p.checkServer(ctx, conn)
+		if err != nil {
+			p.putBack(conn) // no lock statement ran on it
+			if CtxEnded(ctx) {
+				return nil, NotAcquired(what.String(), CtxErr(ctx))
+			}
+			return nil, err
+		}
+		h, err := take(p.newSession(conn, id, kindDedicated, sent))
+		if err == nil || attempt == acquireAttempts || !ConnectionBroken(err) || CtxEnded(ctx) {
+			return h, err
+		}
+	}
+}
+
+// acquireOn takes r's lock on s, a dedicated session. A wait must know its
+// backend's pid, which settles a cancelled wait (see cancelWait). On a
+// connection that waited before (its pid is known), a waiting call goes
+// straight to waiting; otherwise every call starts with the non-waiting
+// function, which returns the pid: an uncontended lock costs one round
+// trip either way, a contended one two the first time.
+func (p *Pool) acquireOn(ctx context.Context, s *session, r Request, what namer) (*Hold, error) {
+	w := connWaiter{s.conn, p.abandoned, s.mark}
+	kind := sqltext.SharedKind(r.Shared)
+	var o outcome
+	if r.Try {
+		o = p.tryOn(ctx, w, sessionLevel, s.st, kind|sqltext.Try, r.Key)
+	} else {
+		dc := driverConnOf(s.conn)
+		pid, known := p.pids.get(dc)
+		if !known {
+			o = p.tryOn(ctx, w, sessionLevel, s.st, kind, r.Key)
+			pid = o.pid
+		}
+		if known || o.err == nil && !o.ok && !(o.standby && !p.cfg.AllowStandby) {
+			o = p.waitOn(ctx, w, sessionLevel, s.st, kind, r.Key, pid, waitSliced)
+			if o.err == nil {
+				p.pids.set(dc, o.pid)
+			}
+		}
+	}
+	if o.err == nil {
+		s.pid = o.pid // s is the caller's alone until settled
+		s.tuned = o.ok
+	}
+	return p.settle(ctx, s, r.Key, r.Shared, o, what)
+}
+
+// acquireShared takes the exclusive lock k on a shared session. It reports
+// handled = false when the call must take a session of its own instead: k
+// is held or handled on a shared session, none could be had, or it died.
+// A waiting call that finds k held elsewhere waits on a session of its
+// own: the shared session it tried on, when that carries nothing else
+// (handOver), else one of the pool's.
+func (p *Pool) acquireShared(ctx context.Context, k Key, try bool) (h *Hold, err error, handled bool) {
+	if p.sharedLimit() == 0 {
+		return nil, nil, false // a small pool: no sharing
+	}
+	if !p.share.reserve(k) {
+		return nil, nil, false
+	}
+	what := namer{p: p, k: k}
+	// ended is the outcome of a call whose ctx ended first.
+	ended := func() (*Hold, error, bool) { return nil, NotAcquired(what.String(), CtxErr(ctx)), true }
+	s, err := p.sharedFor(ctx)
+	if err != nil {
+		p.share.free(k)
+		if CtxEnded(ctx) {
+			return ended()
+		}
+		return nil, nil, false // a session of its own will say what is wrong
+	}
+	left := false
+	defer func() {
+		if !left {
+			s.leave()
+		}
+	}()
+	o := newOp(opTry, k)
+	if ctx.Done() == nil {
+		s.submit(o) // nothing ends the call early: run the queue here
+	} else {
+		s.submitAside(o)
+	}
+	select {
+	case <-o.done:
+	case <-ctx.Done():
+		if o.state.CompareAndSwap(opPending, opAbandoned) {
+			// The runner undoes a grant that comes now, and frees k.
+			return ended()
+		}
+		<-o.done // decided: the outcome is a moment away
+	}
+	// The runner read the answer under a context of its own, and applied
+	// what it means to the session (a certain answer touches this key
+	// only; an uncertain one ended the session): what is left is the
+	// call's. (A plain grant is granted whatever else: judge, and the
+	// key's name it formats, are spared the common case.)
+	v, verr := granted, error(nil)
+	if o.err != nil || !o.ok {
+		v, verr = judge(ctx, outcome{ok: o.ok, err: o.err, certain: true}, what, true, 0)
+	}
+	if v != granted {
+		p.share.free(k)
+		if CtxEnded(ctx) {
+			return ended()
+		}
+	}
+	switch {
+	case v == uncertain:
+		if ConnectionBroken(o.err) {
+			return nil, nil, false // the session died: a session of its own
+		}
+		return nil, verr, true
+	case v == refused && o.err != nil: // a deadlock victim, a full lock table
+		return nil, verr, true
+	case v == refused:
+		if try {
+			p.stats.contended.Add(1)
+			return nil, verr, true
+		}
+		// Wait on a session of its own: this one, when it holds nothing
+		// (no round trip to give it back and take another); otherwise one
+		// of the pool's.
+		left = true
+		s.leave()
+		if !s.handOver() {
+			return nil, nil, false
+		}
+		w := connWaiter{s.conn, p.abandoned, s.mark}
+		ow := p.waitOn(ctx, w, sessionLevel, s.st, 0, k, s.pid, waitSliced)
+		if ow.err == nil {
+			p.pids.set(driverConnOf(s.conn), ow.pid) // as acquireOn does: its next wait needs no try
+			s.tuned = true
+		}
+		h, err = p.settle(ctx, s, k, false, ow, what)
+		if err != nil && ConnectionBroken(err) && !CtxEnded(ctx) {
+			return nil, nil, false // it died meanwhile: another
+		}
+		return h, err, true
+	}
+	if !CtxEnded(ctx) {
+		h = newHold(s, k, false)
+	}
+	if h == nil {
+		s.unlockAsync(k)
+		if CtxEnded(ctx) {
+			return ended()
+		}
+		return nil, lockError(what.String(), s.err()), true
+	}
+	p.stats.took(1)
+	p.mon.add(h)
+	return h, nil, true
+}
+
+// release ends h's hold of its key: it goes to the next caller in the
+// Pool's queue for it, without a statement, when the queue allows, and is
+// otherwise unlocked on its session (see session.release); the queue's
+// next caller then acquires from the server.
+func (p *Pool) release(h *Hold) error {
+	if p.queue.handOff(p, h) {
+		return nil
+	}
+	err := h.s.release(h)
+	p.queue.released(h)
+	return err
+}
+
+// release unlocks h's key on s: nil when the server confirmed it, an error
+// wrapping ErrLockLost when the server says s did not hold it (that Hold
+// only), or the error that ended s. A dedicated session ends with its
+// lock.
+func (s *session) release(h *Hold) error {
+	uncertain, err := s.unlock(h.key, h.shared)
+	s.detach(h)
+	s.mu.Lock()
+	dedicated := s.kind == kindDedicated
+	s.mu.Unlock()
+	switch {
+	case dedicated && err == nil:
+		s.end(nil) // back to the pool: its unlock set its settings back
+	case dedicated && !uncertain:
+		s.end(err) // a certain "not held": discarded all the same
+	case err != nil && !uncertain:
+		// Certain: that lock only. The session takes no new lock, and goes
+		// back once its others are released. (An uncertain answer ended
+		// the session already.)
+		s.retire()
+	}
+	return err
+}
+
+// keyString is k as the package's Key prints it: "123" or "(1,2)".
+func keyString(k Key) string {
+	if k.Pair {
+		return "(" + strconv.Itoa(int(k.Class)) + "," + strconv.Itoa(int(k.ID)) + ")"
+	}
+	return strconv.FormatInt(k.V, 10)
+}

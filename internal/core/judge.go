@@ -1,0 +1,156 @@
+package core
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+)
+
+// outcome is what the server answered to an acquisition.
+type outcome struct {
+	sent    int64 // monoNow when the statement that answered was sent (the lease)
+	ok      bool  // granted
+	pid     int64 // the backend
+	standby bool  // the server is a standby
+	err     error
+	// certain: the driver read the answer before the statement's context
+	// ended (a wait bounded by ctx's deadline reads it a little past it),
+	// so ctx's end does not make it uncertain.
+	certain bool
+}
+
+// verdict is what the outcome of an acquisition means for the session it
+// ran on.
+type verdict uint8
+
+const (
+	granted   verdict = iota // the session holds the lock
+	refused                  // certain: the session holds no more than before, and is intact
+	unwanted                 // granted on a standby: to be released, and refused
+	uncertain                // the session may hold the lock: it must end
+)
+
+// judge is the one rule book for the outcome o of an acquisition of the
+// lock named what (called only when an error needs it): it returns what o
+// means for the session, and the call's error (nil when granted). Its
+// caller applies the verdict: a session of the Pool's is kept, given back
+// or ended (settle), an Owned keeps its locks or is lost, a transaction
+// is rolled back by its caller. A ctx that ended makes any answer
+// uncertain but one read in time (o.certain: a cancelled wait can still be
+// granted, and a driver can report a cancelled statement as a success); a
+// failed statement is uncertain, but for the server's certain refusals (a
+// deadlock victim, a full lock table: nothing was taken). standbyOK says a
+// standby's grant counts; pid, when not 0, is the backend that must have
+// answered.
+func judge(ctx context.Context, o outcome, what namer, standbyOK bool, pid int64) (verdict, error) {
+	switch {
+	case errors.Is(o.err, errDeadline):
+		// The server ended the wait at ctx's deadline: not granted.
+		return refused, NotAcquired(what.String(), context.DeadlineExceeded)
+	case CtxEnded(ctx) && !o.certain:
+		err := NotAcquired(what.String(), CtxErr(ctx))
+		if errors.Is(o.err, ErrAbandoned) {
+			err = fmt.Errorf("%w (%w)", err, ErrAbandoned)
+		}
+		return uncertain, err
+	case o.err != nil:
+		if st := SQLState(o.err); st == "40P01" || st == "53200" {
+			return refused, lockError(what.String(), o.err)
+		}
+		return uncertain, lockError(what.String(), o.err)
+	case pid != 0 && o.pid != pid:
+		return uncertain, sessionChanged(pid, o.pid)
+	case o.standby && !standbyOK:
+		if o.ok {
+			return unwanted, StandbyError("lock " + what.String())
+		}
+		return refused, StandbyError("lock " + what.String())
+	case !o.ok:
+		return refused, fmt.Errorf("%w: %s %s", ErrNotAcquired, what.String(), HeldElsewhere)
+	}
+	return granted, nil
+}
+
+// unlockAnswer is the one rule book for the answer to an unlock of k on
+// backend pid (err and released, as the statement gave them): nil when the
+// server confirmed it there, and otherwise the call's error and whether the
+// session is in doubt (it may still hold the lock, or ended at a moment no
+// one can tell) and must end. A certain "not held" (false, on that
+// backend) is an error wrapping ErrLockLost that touches that one lock:
+// the critical section may not have been exclusive.
+func unlockAnswer(p *Pool, k Key, pid int64, err error, released bool) (uncertain bool, _ error) {
+	return unlockVerdict(namer{p: p, k: k}, pid, err, released)
+}
+
+// unlockVerdict is unlockAnswer for the lock named what.
+func unlockVerdict(what namer, pid int64, err error, released bool) (uncertain bool, _ error) {
+	switch {
+	case err == nil && released:
+		return false, nil
+	case err == nil:
+		return false, fmt.Errorf("%w: unlock of %s on backend %d found no such lock", ErrLockLost, what.String(), pid)
+	case errors.Is(err, sql.ErrNoRows) || errors.Is(err, ErrSessionChanged):
+		// No row: the statement ran on another backend than the one
+		// granted the lock.
+		return true, fmt.Errorf("%w: lock %s: %w", ErrLockLost, what.String(), sessionChanged(pid, 0))
+	case errors.Is(err, sql.ErrConnDone) || !errors.Is(err, ErrAbandoned) && ConnectionBroken(err):
+		// The session ended (terminated, restarted, cut off; database/sql
+		// closes a connection its driver found broken) before the unlock:
+		// the lock went with it, at a moment no one can tell.
+		return true, fmt.Errorf("%w: %s: its session (backend %d) ended before the unlock: %w", ErrLockLost, what.String(), pid, err)
+	}
+	return true, fmt.Errorf("sqllock: unlock %s: %w (the session is discarded; the server releases the lock as it ends)", what.String(), err)
+}
+
+// settle turns the outcome of an acquisition of k on s, a dedicated
+// session of the Pool's, into a Hold, or ends s: a ctx that ended,
+// whatever the driver said (a cancelled wait can be granted, and some
+// drivers report a cancelled statement as a success), or a failed
+// statement, leave the outcome uncertain, and s is discarded (PostgreSQL
+// releases every lock of a session that ends); a lock granted on a
+// standby is released; a refused one gives s back to the pool. what names
+// the call in errors.
+func (p *Pool) settle(ctx context.Context, s *session, k Key, shared bool, o outcome, what namer) (*Hold, error) {
+	v, err := judge(ctx, o, what, p.cfg.AllowStandby, 0)
+	if v == refused && o.err != nil && !errors.Is(o.err, errDeadline) {
+		// A lock statement that failed, even for a reason the server is
+		// sure of, may have taken its key first (the settings it applies
+		// come after the grant): the connection is not given back. (A
+		// wait the server ended at ctx's deadline took nothing: the
+		// engine asked the session.)
+		v = uncertain
+	}
+	switch v {
+	case refused:
+		if o.err == nil && !o.ok && !o.standby {
+			p.stats.contended.Add(1)
+		}
+		s.end(nil) // confirmed: the session holds nothing; back to the pool as it came
+		return nil, err
+	case uncertain:
+		s.end(errors.New("lock statement: " + err.Error()))
+		return nil, err
+	case unwanted:
+		// Released as a lock on a session of its own is, then refused;
+		// no Hold was handed out, so none is told or counted.
+		if uncertain, rerr := s.unlock(k, shared); rerr != nil {
+			if !uncertain {
+				s.end(rerr)
+			}
+			return nil, errors.Join(err, rerr)
+		}
+		s.end(nil)
+		return nil, err
+	}
+	s.ls.sent(o.sent)
+	h := newHold(s, k, shared)
+	if h == nil {
+		// Ended meanwhile (the keep-alive found it lost): what it took
+		// went with it.
+		return nil, lockError(what.String(), s.err())
+	}
+	p.stats.took(1)
+	p.mon.add(h)
+	return h, nil
+}

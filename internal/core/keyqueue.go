@@ -1,0 +1,282 @@
+package core
+
+import (
+	"context"
+	"hash/maphash"
+	"sync"
+	"time"
+)
+
+// The per-key queues. A Pool's callers that wait for one key (Lock, RLock,
+// Do, an election's candidates; a semaphore's permits, one queue per
+// semaphore) queue inside the Pool, in arrival order, as x/sync's
+// semaphore keeps its waiter list: only the queue's head acquires from the
+// server, on a session of its own when it must wait; the others hold no
+// session. So W waiters on K keys cost at most K waiting sessions.
+//
+// When the head is granted an exclusive lock, the callers behind it wait
+// for its release, and a release with a caller queued hands the key to
+// that caller without a statement: the lock stays on its session, and a
+// new Hold takes it over (handOff). Such hand-offs go on for at most
+// handoffRun after the key was last granted by the server; then the
+// release goes to the server, where a waiter of another process queued
+// meanwhile is served before the queue's next head, which acquires from
+// the server again. When the head is granted a shared lock (or a permit),
+// the next caller becomes head at once: readers are served together, and a
+// writer queued behind them waits in the server for them.
+
+// handoffRun is how long a Pool hands a key from one of its callers to the
+// next without going through the server, counted from the server's last
+// grant of it to the Pool.
+const handoffRun = 10 * time.Millisecond
+
+// queueKey names a queue: a key's, or a semaphore's (sem; k is its class).
+type queueKey struct {
+	k   Key
+	sem bool
+}
+
+// queueShards spreads the queues over that many mutexes: calls on
+// different keys rarely meet.
+const queueShards = 64
+
+// keyQueues are a Pool's queues.
+type keyQueues struct {
+	seed   maphash.Seed
+	once   sync.Once
+	shards [queueShards]queueShard
+}
+
+type queueShard struct {
+	mu sync.Mutex
+	m  map[queueKey]*keyQueue // guarded by mu
+}
+
+// keyQueue is one key's queue. Guarded by its shard's mu.
+type keyQueue struct {
+	waiters []*qwaiter // in arrival order; the head is not among them
+	head    *qwaiter   // the caller acquiring from the server (nil: none)
+	// holder is the exclusive Hold the queue's head was granted (or a
+	// caller was handed), until it is released or lost; named, whether
+	// its session carries a candidate's name (no hand-off then).
+	holder *Hold
+	named  bool
+	// grantedAt is when the server last granted the key to the queue.
+	grantedAt time.Time
+}
+
+// qwaiter is one caller in a queue.
+type qwaiter struct {
+	r     Request
+	ready chan struct{} // closed when the caller is handed the key (hold) or made head
+	state qstate        // guarded by the shard's mu
+	hold  *Hold         // set with state handed
+}
+
+type qstate uint8
+
+const (
+	qwaiting qstate = iota // in the queue
+	qhead                  // the head: acquires from the server
+	qhanded                // handed the key (hold)
+)
+
+// shard returns qk's shard.
+func (qs *keyQueues) shard(qk queueKey) *queueShard {
+	qs.once.Do(func() { qs.seed = maphash.MakeSeed() })
+	return &qs.shards[maphash.Comparable(qs.seed, qk)%queueShards]
+}
+
+// waited reports whether callers of the Pool's queue for qk wait for it,
+// or acquire it from the server.
+func (qs *keyQueues) waited(qk queueKey) bool {
+	sh := qs.shard(qk)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	q := sh.m[qk]
+	return q != nil && (q.head != nil || len(q.waiters) > 0)
+}
+
+// acquire queues the call r for qk, and returns the Hold it is handed, or,
+// once it is the head, the outcome of fromServer, its acquisition from the
+// server. When ctx ends while it waits, it leaves the queue at once and
+// takes nothing: a key handed to it meanwhile goes back (to the next
+// caller, or the server), and the head's place to the next caller.
+func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Request, what namer, fromServer func() (*Hold, error)) (*Hold, error) {
+	sh := qs.shard(qk)
+	w := &qwaiter{r: r}
+	sh.mu.Lock()
+	if sh.m == nil {
+		sh.m = map[queueKey]*keyQueue{}
+	}
+	q := sh.m[qk]
+	if q == nil {
+		q = &keyQueue{}
+		sh.m[qk] = q
+	}
+	if q.head == nil && q.holder == nil && len(q.waiters) == 0 {
+		q.head, w.state = w, qhead
+		sh.mu.Unlock()
+		return qs.asHead(p, qk, w, fromServer)
+	}
+	w.ready = make(chan struct{})
+	q.waiters = append(q.waiters, w)
+	sh.mu.Unlock()
+	select {
+	case <-w.ready:
+	case <-ctx.Done():
+		sh.mu.Lock()
+		if w.state == qwaiting {
+			q.remove(w)
+			sh.dropIfIdle(qk, q)
+			sh.mu.Unlock()
+			return nil, NotAcquired(what.String(), ctx.Err())
+		}
+		sh.mu.Unlock()
+		// Handed the key, or made head, as ctx ended: the race is settled
+		// below, as for a caller told first.
+	}
+	if w.state == qhanded {
+		if err := ctx.Err(); err != nil {
+			// Handed the key as ctx ended: it goes back.
+			w.hold.Release()
+			return nil, NotAcquired(what.String(), err)
+		}
+		return w.hold, nil
+	}
+	if err := ctx.Err(); err != nil {
+		qs.headDone(p, qk, w, nil) // the next caller acquires instead
+		return nil, NotAcquired(what.String(), err)
+	}
+	return qs.asHead(p, qk, w, fromServer)
+}
+
+// asHead acquires for w, the head, from the server, and lets the queue
+// move on.
+func (qs *keyQueues) asHead(p *Pool, qk queueKey, w *qwaiter, fromServer func() (*Hold, error)) (*Hold, error) {
+	h, err := fromServer()
+	qs.headDone(p, qk, w, h)
+	return h, err
+}
+
+// headDone ends w's time as head, granted h (nil: not granted): an
+// exclusive Hold becomes the queue's holder, and the callers behind it
+// wait for its release; otherwise the next caller becomes head.
+func (qs *keyQueues) headDone(p *Pool, qk queueKey, w *qwaiter, h *Hold) {
+	sh := qs.shard(qk)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	q := sh.m[qk]
+	if q.head == w {
+		q.head = nil
+	}
+	if h != nil && !h.shared && !qk.sem {
+		q.holder, q.named, q.grantedAt = h, w.r.Named != "", time.Now()
+		return
+	}
+	q.promote()
+	sh.dropIfIdle(qk, q)
+}
+
+// promote makes the queue's first caller its head, when it has none and no
+// holder. The caller holds the shard's mu.
+func (q *keyQueue) promote() {
+	if q.head != nil || q.holder != nil || len(q.waiters) == 0 {
+		return
+	}
+	w := q.waiters[0]
+	q.waiters = q.waiters[1:]
+	q.head, w.state = w, qhead
+	close(w.ready)
+}
+
+// remove takes w out of the queue. The caller holds the shard's mu.
+func (q *keyQueue) remove(w *qwaiter) {
+	for i, x := range q.waiters {
+		if x == w {
+			q.waiters = append(q.waiters[:i:i], q.waiters[i+1:]...)
+			return
+		}
+	}
+}
+
+// dropIfIdle forgets q once nobody holds, acquires or waits for its key.
+// The caller holds sh.mu.
+func (sh *queueShard) dropIfIdle(qk queueKey, q *keyQueue) {
+	if q.head == nil && q.holder == nil && len(q.waiters) == 0 && sh.m[qk] == q {
+		delete(sh.m, qk)
+	}
+}
+
+// handOff hands h's key to the next caller of its queue, without a
+// statement, and reports whether it did: h is the queue's holder, the next
+// caller wants it exclusively, neither is a candidate (whose session
+// carries its name), and the run of hand-offs since the server's last
+// grant is shorter than handoffRun. The lock stays on h's session; a new
+// Hold takes it over there.
+func (qs *keyQueues) handOff(p *Pool, h *Hold) bool {
+	if h.shared {
+		return false
+	}
+	qk := queueKey{k: h.key}
+	sh := qs.shard(qk)
+	sh.mu.Lock()
+	q := sh.m[qk]
+	if q == nil || q.holder != h || q.named || len(q.waiters) == 0 {
+		sh.mu.Unlock()
+		return false
+	}
+	w := q.waiters[0]
+	if w.r.Shared || w.r.Named != "" || time.Since(q.grantedAt) >= handoffRun {
+		sh.mu.Unlock()
+		return false
+	}
+	nh := h.s.transfer(h)
+	if nh == nil {
+		sh.mu.Unlock()
+		return false // its session ended: the release says how
+	}
+	q.waiters = q.waiters[1:]
+	q.holder = nh
+	w.state, w.hold = qhanded, nh
+	sh.mu.Unlock()
+	p.mon.remove(h)
+	p.stats.released(1)
+	p.stats.took(1)
+	p.mon.add(nh)
+	close(w.ready)
+	return true
+}
+
+// released tells h's queue that h no longer holds its key (released, or
+// lost): the next caller becomes head, and acquires from the server.
+func (qs *keyQueues) released(h *Hold) {
+	if h.shared {
+		return
+	}
+	qk := queueKey{k: h.key}
+	sh := qs.shard(qk)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	q := sh.m[qk]
+	if q == nil || q.holder != h {
+		return
+	}
+	q.holder = nil
+	q.promote()
+	sh.dropIfIdle(qk, q)
+}
+
+// transfer replaces h, which holds its key on s, with a new Hold of the
+// same key there, for the next caller: nil when s ended meanwhile.
+func (s *session) transfer(h *Hold) *Hold {
+	nh := &Hold{s: s, key: h.key, shared: h.shared, pid: h.pid, id: h.id, ls: h.ls, since: time.Now()}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state == ended {
+		return nil
+	}
+	delete(s.held, h)
+	s.held[nh] = struct{}{}
+	return nh
+}

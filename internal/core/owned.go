@@ -1,0 +1,580 @@
+package core
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// Owned is the core of a user's Session: many exclusive locks on one
+// session, whose connection the caller may also use (Conn). Every lock of
+// it lives and dies with that one server session: when it is lost, all
+// its locks are gone at once. Its calls run one at a time (calls); Err,
+// Held and Done never wait for one. It is safe for concurrent use.
+type Owned struct {
+	p   *Pool
+	s   *session
+	pid int64
+	id  ident
+	ls  *lease
+
+	// calls serialises the Owned's calls, and is held across their round
+	// trips.
+	calls callSlot
+
+	// mu guards the fields below. It is never held across a round trip,
+	// so that the keep-alive, Err and Held never wait for a call in
+	// progress (a blocking Lock can wait for a long time).
+	mu        sync.Mutex
+	state     holdState // holdHeld (usable), holdLost or holdReleased
+	err       error     // nil while usable
+	ended     bool      // Done fires
+	ctx       context.Context
+	cancel    context.CancelCauseFunc
+	held      keySet // keys held now
+	releasing keySet // keys whose unlock is under way
+}
+
+// callSlot serialises an Owned's calls: one at a time; a call that waits
+// for its turn gives up when its ctx ends.
+type callSlot chan struct{}
+
+func (c callSlot) lock()   { c <- struct{}{} }
+func (c callSlot) unlock() { <-c }
+
+func (c callSlot) tryLock() bool {
+	select {
+	case c <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// Open pins a session for an Owned. It checks that the server is not a
+// standby (unless AllowStandby) in the same round trip that learns the
+// backend pid and applies the lock session's settings. ctx bounds only
+// this call.
+func (p *Pool) Open(ctx context.Context) (*Owned, error) {
+	const what = "session"
+	sent := monoNow()
+	conn, err := getConn(ctx, p.db)
+	if err != nil {
+		return nil, fmt.Errorf("sqllock: %s: get connection: %w", what, err)
+	}
+	id, err := p.checkServer(ctx, conn)
+	if err != nil {
+		p.putBack(conn)
+		return nil, err
+	}
+	s := p.newSession(conn, id, kindOwned, sent)
+	var pid int64
+	var standby bool
+	q, args := p.sql().SessionSQL(s.mark)
+	if err := queryRow(ctx, p.abandoned, conn, q, args, &pid, &standby, skip); err != nil || pid == 0 {
+		if err == nil {
+			err = foreignSession() // nothing was applied
+		}
+		// Its settings may be applied: not given back. (A statement the
+		// Pool abandoned closes its connection as it returns: the discard
+		// does not wait for it.)
+		p.discard(conn, what+": "+err.Error())
+		return nil, fmt.Errorf("sqllock: %s: %w", what, err)
+	}
+	s.pid, s.tuned = pid, true
+	if standby && !p.cfg.AllowStandby {
+		s.end(nil) // its settings set back, back to the pool
+		return nil, StandbyError(what)
+	}
+	o := &Owned{p: p, s: s, pid: pid, id: id, ls: s.ls, calls: make(callSlot, 1)}
+	s.owner = o
+	p.mon.add(o)
+	return o, nil
+}
+
+// PID returns the backend of the session.
+func (o *Owned) PID() int64 { return o.pid }
+
+// begin starts a call: it takes calls, or returns an error matching
+// ErrNotAcquired and ctx's error when ctx ends first (a call of the
+// Owned's waits, as long as its caller lets it), and checks that the
+// Owned is usable. end must follow when begin returns nil.
+func (o *Owned) begin(ctx context.Context) error {
+	select {
+	case o.calls <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("%w: another call of the Session's is under way: %w", ErrNotAcquired, ctx.Err())
+	}
+	if o.ls.expired() {
+		o.lose(o.ls.expiredError())
+	}
+	if err := o.Err(); err != nil {
+		o.calls.unlock()
+		return err
+	}
+	o.ls.begin() // the session is busy, not idle, until end
+	return nil
+}
+
+// end finishes a call. (An Owned that the keep-alive found lost while the
+// call ran had its connection discarded as the call's statement returned.)
+func (o *Owned) end() {
+	o.ls.end(0, false)
+	if o.Err() == nil && o.ls.due() {
+		// A long call (a wait): show life now, rather than at the
+		// keep-alive's next tick, which could find the lease expired.
+		if err := o.touchLocked(o.p.UnlockContext()); err != nil {
+			o.lose(fmt.Errorf("the statement that keeps its session from going idle failed: %w", err))
+		}
+	}
+	o.calls.unlock()
+}
+
+// Lock takes k, waiting while another session holds it; a key the Owned
+// already holds is not taken twice. A ctx with a deadline bounds the wait
+// in the server, which ends it just before the deadline: Lock then
+// returns an error matching ErrNotAcquired and context.DeadlineExceeded,
+// and the Owned keeps its locks. A ctx cancelled during the wait (or a
+// deadline too close to call) ends the whole Owned, with the same error.
+func (o *Owned) Lock(ctx context.Context, k Key) error {
+	if err := o.begin(ctx); err != nil {
+		return err
+	}
+	defer o.end()
+	if o.holds(k) {
+		return nil
+	}
+	what := namer{p: o.p, k: k}
+	if err := ctx.Err(); err != nil { // nothing sent: the Owned is intact
+		return NotAcquired(what.String(), err)
+	}
+	// The engine's wait for an Owned: one statement, visible to
+	// PostgreSQL's deadlock detector (the Owned holds other locks).
+	var oc outcome
+	if err := o.s.withConn(func(conn *sql.Conn) error {
+		oc = o.p.waitOn(ctx, connWaiter{conn, o.p.abandoned, o.s.mark}, sessionLevel, o.p.sql(), 0, k, o.pid, waitOne)
+		return oc.err
+	}); oc.err == nil && err != nil {
+		oc.err = err // the session was ended before the wait began
+	}
+	// The Owned's server was checked when it opened: a standby's answer
+	// is not asked about again.
+	switch v, err := judge(ctx, oc, what, true, o.pid); {
+	case v == uncertain && errors.Is(oc.err, sql.ErrConnDone) && o.Err() != nil:
+		return o.Err() // lost (by the keep-alive) before the wait began
+	case v == refused:
+		return err
+	case v == uncertain:
+		o.lose(err)
+		if errors.Is(err, ErrSessionChanged) {
+			return o.Err()
+		}
+		return err
+	}
+	if err := o.Err(); err != nil {
+		// Granted to a session found lost during the wait: it goes, and
+		// what it holds with it.
+		return err
+	}
+	o.add([]Key{k})
+	return nil
+}
+
+// TryLock tries to take every key in keys that no other session holds, in
+// one round trip, and returns those the Owned holds once it returns, in
+// the order given: a key it already held is not taken twice, and is
+// returned; a repeated key is returned once. When the server's lock table
+// is full it returns ErrLockTableFull and releases whatever this call
+// took. A ctx already done returns an error matching ErrNotAcquired and
+// leaves the Owned as it was; a ctx that ends during the statement ends
+// the Owned, since what it took is then unknown.
+func (o *Owned) TryLock(ctx context.Context, keys []Key) ([]Key, error) {
+	if err := o.begin(ctx); err != nil {
+		return nil, err
+	}
+	defer o.end()
+	if err := ctx.Err(); err != nil && len(keys) > 0 { // nothing sent: the Owned is intact
+		return nil, NotAcquired(o.p.name(keys[0]), err)
+	}
+	want := o.notHeld(keys)
+	if len(want) == 0 {
+		return o.heldOf(keys), nil
+	}
+	query := func(q string, args []any, row func([]driver.Value) error) error {
+		return o.s.queryRowsCtx(ctx, q, args, row)
+	}
+	took, err := many(o.p.mode, query, "pg_try_advisory_lock", o.pid, want)
+	if CtxEnded(ctx) || err != nil {
+		return nil, o.tryLockFailed(ctx, want, err)
+	}
+	got := make([]Key, 0, len(want))
+	for i, k := range want {
+		if took[i] {
+			got = append(got, k)
+		}
+	}
+	o.add(got)
+	o.p.stats.contended.Add(int64(len(want) - len(got)))
+	return o.heldOf(keys), nil
+}
+
+// tryLockFailed settles a TryLock statement that failed (err) or whose ctx
+// ended, and returns the error to report.
+func (o *Owned) tryLockFailed(ctx context.Context, want []Key, err error) error {
+	what := namer{p: o.p, k: want[0]}
+	switch {
+	case errors.Is(err, sql.ErrConnDone) && o.Err() != nil:
+		return o.Err() // lost (by the keep-alive) before the statement
+	case CtxEnded(ctx):
+		o.lose(fmt.Errorf("TryLock was cancelled: %w", CtxErr(ctx)))
+		return NotAcquired(what.String(), CtxErr(ctx))
+	case errors.Is(err, ErrSessionChanged):
+		o.lose(err)
+		return o.Err()
+	case SQLState(err) == "53200":
+		// Session locks taken by the failed statement stay held: find and
+		// release them, keeping the Owned's earlier locks.
+		if rerr := o.s.releaseStray(want); rerr != nil {
+			o.lose(fmt.Errorf("after a full lock table: %w", rerr))
+		}
+		return fmt.Errorf("%w: TryLock of %d keys: %w", ErrLockTableFull, len(want), err)
+	}
+	o.lose(fmt.Errorf("TryLock failed: %w", err))
+	return lockError(what.String(), err)
+}
+
+// Unlock releases keys in one round trip; a key given twice is released
+// once. Each must be held by the Owned: unlocking a key it does not hold
+// is an error, and nothing happens on the server. When PostgreSQL does not
+// confirm every unlock on the Owned's backend, the Owned is lost (and its
+// connection discarded) and the error wraps ErrLockLost. It is bounded by
+// the unlock timeout.
+func (o *Owned) Unlock(keys []Key) error {
+	if err := o.begin(context.Background()); err != nil {
+		return err
+	}
+	defer o.end()
+	uniq, missing := o.heldOnce(keys)
+	if missing != nil {
+		return fmt.Errorf("sqllock: unlock %s: not held by this session", o.p.name(*missing))
+	}
+	return o.unlockKeys(uniq)
+}
+
+// unlockKeys releases keys, which the Owned holds, in one statement, and
+// forgets them; when an unlock is not confirmed on the Owned's backend it
+// loses the Owned. The caller holds calls.
+func (o *Owned) unlockKeys(keys []Key) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	o.markReleasing(keys)
+	released := false
+	defer func() { o.endRelease(keys, released) }()
+	answers, err := o.s.sendUnlocks(o.p.UnlockContext(), keys, false)
+	what, all := namer{p: o.p, k: keys[0]}, err == nil
+	for i, ok := range answers {
+		if !ok && all {
+			what, all = namer{p: o.p, k: keys[i]}, false
+		}
+	}
+	if len(keys) > 1 {
+		what = namer{label: fmt.Sprintf("%s (of %d keys)", what, len(keys))}
+	}
+	// An unlock not confirmed on the Owned's backend, certainly or not,
+	// loses the whole Owned: its locks live and die together.
+	if _, uerr := unlockVerdict(what, o.pid, err, all); uerr != nil {
+		o.lose(uerr)
+		if errors.Is(uerr, ErrLockLost) {
+			return o.Err()
+		}
+		return uerr
+	}
+	released = true
+	return nil
+}
+
+// Close releases every lock the Owned holds, confirming each unlock, and
+// gives its session back to the pool as it came (see session.closeConn);
+// when an unlock is not confirmed, the session is discarded and the error
+// wraps ErrLockLost. Close on a closed Owned returns ErrReleased; on a
+// lost one, its Err.
+func (o *Owned) Close() error {
+	o.calls.lock()
+	defer o.calls.unlock()
+	o.mu.Lock()
+	state, err := o.state, o.err
+	keys := make([]Key, 0, o.held.len())
+	o.held.each(func(k Key) { keys = append(keys, k) })
+	o.mu.Unlock()
+	switch state {
+	case holdReleased:
+		return ErrReleased
+	case holdLost:
+		o.settle(holdReleased, err)
+		return err
+	}
+	if err := o.unlockKeys(keys); err != nil {
+		o.settle(holdReleased, o.Err())
+		return err
+	}
+	o.p.mon.remove(o)
+	o.settle(holdReleased, ErrReleased)
+	o.s.end(nil)
+	return nil
+}
+
+// Conn returns the pinned connection: the session that holds the locks.
+// Once it was called, the session is closed, not given back to the pool,
+// when the Owned closes; and it is not leased any more (statements of the
+// caller's own must not meet the core's).
+func (o *Owned) Conn() *sql.Conn {
+	if o.ls != nil && !o.ls.off.Load() {
+		o.calls.lock()
+		err := o.p.stopLease(o.ls, func(ctx context.Context, q string) error {
+			var v int64
+			return o.s.queryRowCtx(ctx, q, nil, &v)
+		})
+		if err != nil {
+			o.lose(fmt.Errorf("its session could not be handed out: %w", err))
+		}
+		o.calls.unlock()
+	}
+	o.s.handedOut.Store(true)
+	return o.s.conn
+}
+
+// Context returns a context that is cancelled, with the Owned's error as
+// its cause, once it is closed or lost.
+func (o *Owned) Context() context.Context {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.ctx == nil {
+		o.ctx, o.cancel = context.WithCancelCause(context.Background())
+		if o.ended {
+			o.cancel(o.err)
+		}
+	}
+	return o.ctx
+}
+
+// Done returns a channel that is closed when the Owned is closed or lost.
+func (o *Owned) Done() <-chan struct{} { return o.Context().Done() }
+
+// Err returns nil while the Owned is usable, ErrReleased after Close, and
+// an error wrapping ErrLockLost once it is lost.
+func (o *Owned) Err() error {
+	if o.ls.expired() {
+		o.lose(o.ls.expiredError())
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.err
+}
+
+// Held returns the keys the Owned holds, in no order.
+func (o *Owned) Held() []Key {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	keys := make([]Key, 0, o.held.len())
+	o.held.each(func(k Key) { keys = append(keys, k) })
+	return keys
+}
+
+// settle sets the Owned's final state and error, and fires Done.
+func (o *Owned) settle(state holdState, err error) {
+	o.mu.Lock()
+	o.state, o.err = state, err
+	o.mu.Unlock()
+	o.fire()
+}
+
+// fire fires Done with the Owned's error as the cause.
+func (o *Owned) fire() {
+	o.mu.Lock()
+	o.ended = true
+	cancel, err := o.cancel, o.err
+	o.mu.Unlock()
+	if cancel != nil {
+		cancel(err)
+	}
+}
+
+// lose marks the Owned lost and discards its session: the server releases
+// its locks as the session ends. It never waits for a call in progress
+// (that call's statement discards the connection as it returns), so the
+// keep-alive and the Owned's own calls use it alike.
+func (o *Owned) lose(cause error) { o.s.end(cause) }
+
+// markLost marks a usable Owned lost, forgets its locks and counts them
+// (its session ended: see session.end); it returns the loss to tell, and
+// false when the Owned was not usable.
+func (o *Owned) markLost(cause error) (lossNote, bool) {
+	o.mu.Lock()
+	if o.state != holdHeld {
+		o.mu.Unlock()
+		return lossNote{}, false
+	}
+	n := int64(o.held.len())
+	o.state = holdLost
+	o.err = fmt.Errorf("%w: session on backend %d (%d locks): %w", ErrLockLost, o.pid, n, cause)
+	o.held = keySet{}
+	err := o.err
+	o.mu.Unlock()
+	o.p.mon.remove(o)
+	e := Event{Kind: EventLost, Owned: true, PID: o.pid, Err: err, N: n}
+	o.p.stats.lostHeld(n)
+	return lossNote{o.p, e, o.fire}, true
+}
+
+// holds reports whether the Owned holds k.
+func (o *Owned) holds(k Key) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.held.has(k)
+}
+
+// heldOnce returns keys without repeats, or the first key the Owned does
+// not hold.
+func (o *Owned) heldOnce(keys []Key) ([]Key, *Key) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	uniq := make([]Key, 0, len(keys))
+	var seen keySet
+	for i, k := range keys {
+		if seen.has(k) {
+			continue
+		}
+		if !o.held.has(k) {
+			return nil, &keys[i]
+		}
+		seen.add(k)
+		uniq = append(uniq, k)
+	}
+	return uniq, nil
+}
+
+// heldOf returns the keys of keys the Owned holds, without repeats, in the
+// order given.
+func (o *Owned) heldOf(keys []Key) []Key {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []Key
+	var seen keySet
+	for _, k := range keys {
+		if o.held.has(k) && !seen.has(k) {
+			seen.add(k)
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// notHeld returns keys without repeats and without those the Owned holds.
+func (o *Owned) notHeld(keys []Key) []Key {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	want := make([]Key, 0, len(keys))
+	var seen keySet
+	for _, k := range keys {
+		if !o.held.has(k) && !seen.has(k) {
+			seen.add(k)
+			want = append(want, k)
+		}
+	}
+	return want
+}
+
+// add records keys as held.
+func (o *Owned) add(keys []Key) {
+	if len(keys) == 0 {
+		return
+	}
+	o.mu.Lock()
+	for _, k := range keys {
+		o.held.add(k)
+	}
+	o.mu.Unlock()
+	o.p.stats.took(int64(len(keys)))
+}
+
+// markReleasing marks keys as being released, until endRelease.
+func (o *Owned) markReleasing(keys []Key) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, k := range keys {
+		o.releasing.add(k)
+	}
+}
+
+// endRelease ends the release of keys; when the server confirmed it, the
+// keys the Owned held are forgotten in the same step, so that the
+// keep-alive never sees them held and not being released in between.
+func (o *Owned) endRelease(keys []Key, released bool) {
+	o.mu.Lock()
+	n := int64(0)
+	for _, k := range keys {
+		o.releasing.remove(k)
+		if released && o.held.has(k) {
+			o.held.remove(k)
+			n++
+		}
+	}
+	o.mu.Unlock()
+	o.p.stats.released(n)
+}
+
+// The keep-alive's view of an Owned (see watched).
+
+// heldKeys returns the keys held and not being released. It takes only
+// mu, so a call waiting in the server never delays the keep-alive.
+func (o *Owned) heldKeys(buf []heldKey) []heldKey {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.held.each(func(k Key) {
+		if !o.releasing.has(k) {
+			buf = append(buf, heldKey{pid: o.pid, id: o.id, key: k})
+		}
+	})
+	return buf
+}
+
+// loseKey loses the Owned when the keep-alive found k gone, unless k is no
+// longer held or is being released: the keep-alive's query may have run
+// after an unlock that its snapshot of the keys did not know of.
+func (o *Owned) loseKey(k Key, cause error) {
+	o.mu.Lock()
+	gone := o.held.has(k) && !o.releasing.has(k)
+	o.mu.Unlock()
+	if gone {
+		o.lose(fmt.Errorf("%s: %w", o.p.name(k), cause))
+	}
+}
+
+func (o *Owned) leaseOf() *lease { return o.ls }
+
+// touch runs the lease's statement on the Owned's connection, unless a
+// call is in progress (its session is not idle).
+func (o *Owned) touch(ctx context.Context) error {
+	if !o.calls.tryLock() {
+		return nil
+	}
+	defer o.calls.unlock()
+	if o.Err() != nil {
+		return nil
+	}
+	return o.touchLocked(ctx)
+}
+
+// touchLocked is touch; the caller holds calls.
+func (o *Owned) touchLocked(ctx context.Context) error {
+	var v int64
+	return o.s.queryRowCtx(ctx, touchSQL, nil, &v) // a sign of life when it answers
+}
+
+// Lose loses the Owned with cause, as the keep-alive does when it finds
+// one of its keys gone (for tests).
+func (o *Owned) Lose(cause error) { o.lose(cause) }

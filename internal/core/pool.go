@@ -1,0 +1,230 @@
+// Package core is sqllock's session core: the server sessions that hold
+// advisory locks, and everything that happens on them. A session of the
+// core is one server session: its connection, its server and backend
+// identity, its lease, the keys it holds, its statement queue (batching is
+// how every session sends), the waits on it, one lifecycle field changed
+// in one place, and one way to end, with a cause. The core judges every
+// outcome in one place (judge) and sends every unlock from one place
+// (sendUnlocks). Waiting belongs to the core: a Pool keeps one queue per
+// key, in arrival order, and only its head waits on the server.
+//
+// The sqllock package's handles (Lock, Session, a semaphore's permit, an
+// election's term) are thin layers over the core's Hold and Owned: they
+// observe their end (a Done channel and a cause), and the core never
+// calls into them. The core tells its Pool's owner what happens through
+// Hooks, one event path.
+package core
+
+import (
+	"context"
+	"database/sql"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
+)
+
+// Config is what a Pool is made with: the Locker's settings, validated.
+type Config struct {
+	KeepAlive     time.Duration // 0: no keep-alive
+	OrphanBound   time.Duration // 0: the server's TCP settings
+	UnlockTimeout time.Duration
+	AppName       string // "": none
+	AllowStandby  bool
+	Dedicated     bool // every lock on a session of its own
+}
+
+// Hooks are what the core tells the Pool's owner: the names of keys (for
+// errors and events, built only when one is), events (counted in the
+// Pool's Stats before they are told), and log records. They run
+// synchronously, on the lock path; they must not call back into the Pool.
+type Hooks interface {
+	// Name returns what errors and events call k.
+	Name(k Key) string
+	// Event tells of something that happened to the Pool's locks or
+	// connections.
+	Event(e Event)
+	// Log records a message at level, about k when keyed.
+	Log(ctx context.Context, level slog.Level, msg string, k Key, keyed bool, attrs ...slog.Attr)
+}
+
+// EventKind says what an Event reports.
+type EventKind uint8
+
+// The kinds of Event.
+const (
+	EventLost      EventKind = iota + 1 // a held lock (or an Owned session's locks) found lost
+	EventDiscarded                      // a connection closed instead of going back to the pool
+	EventKeepAlive                      // one keep-alive check ran
+)
+
+// Event is something that happened to a Pool's locks or connections.
+type Event struct {
+	Kind     EventKind
+	Key      Key   // when Keyed: EventLost of a Hold
+	Keyed    bool  // Key is the event's
+	Owned    bool  // EventLost of an Owned session's locks
+	N        int64 // EventLost: how many locks
+	PID      int64
+	Held     time.Duration
+	Duration time.Duration
+	Err      error
+}
+
+// Pool is one Locker's core: its sessions (shared ones, sessions of their
+// own, Owned ones), its per-key queues, its keep-alive. It is safe for
+// concurrent use.
+type Pool struct {
+	engine // db, the driver's statement mode, round trips (see wait.go)
+	cfg    Config
+	hooks  Hooks
+
+	// stmts are the session-level statements, with the settings a lock
+	// session needs (see sessionSettings), plain those of a session set up
+	// already; pids, each connection's backend pid, as last seen; idents,
+	// each connection's identity (see checkServer).
+	stmts  atomic.Pointer[statements] // set by the server check
+	plain  *statements
+	pids   connSet[int64]
+	idents connSet[ident]
+
+	serverMu sync.Mutex
+	serverOK atomic.Bool  // set under serverMu: the server was checked and is supported
+	major    atomic.Int32 // set with serverOK: the server's major version
+	leased   atomic.Bool  // set with serverOK: lock sessions are leased (see lease.go)
+
+	// markBase and marks make the owner marks of its sessions (newMark).
+	markBase string
+	marks    atomic.Uint64
+
+	epochMu    sync.Mutex
+	epochCtx   context.Context // guarded by epochMu: see UnlockContext
+	epochUntil time.Time       // guarded by epochMu
+
+	share sharing   // the shared sessions (share.go)
+	queue keyQueues // the per-key queues (keyqueue.go)
+	mon   *monitor  // the keep-alive (keepalive.go)
+	stats poolStats // counters (see Stats)
+}
+
+// NewPool returns the core of a Locker on db.
+func NewPool(db *sql.DB, cfg Config, hooks Hooks) *Pool {
+	p := &Pool{engine: engine{db: db, mode: sqltext.DetectMode(db.Driver())}, cfg: cfg, hooks: hooks}
+	if p.mode == sqltext.Inline { // lib/pq (see sqltext.DetectMode)
+		p.abandoned = &abandonSet{}
+	}
+	p.plain = sqltext.Plain(p.mode)
+	p.markBase = strconv.FormatUint(rand.Uint64(), 36)
+	p.mon = newMonitor(p)
+	p.trace = func(ctx context.Context, msg string, k Key, attrs ...slog.Attr) {
+		hooks.Log(ctx, slog.LevelDebug, msg, k, true, attrs...)
+	}
+	return p
+}
+
+// DB returns the pool of connections the Pool takes its sessions from.
+func (p *Pool) DB() *sql.DB { return p.db }
+
+// Mode returns how keys reach the server (see sqltext.Mode).
+func (p *Pool) Mode() sqltext.Mode { return p.mode }
+
+// newMark returns an owner mark for a new lock session (see
+// sqltext.Statements): unique to it, among every process's.
+func (p *Pool) newMark() string {
+	return p.markBase + "." + strconv.FormatUint(p.marks.Add(1), 36)
+}
+
+// name returns what errors call k.
+func (p *Pool) name(k Key) string { return p.hooks.Name(k) }
+
+// emit counts e in the Pool's Stats and tells the hooks.
+func (p *Pool) emit(e Event) {
+	switch e.Kind {
+	case EventLost:
+		p.stats.lostHeld(e.N)
+	case EventDiscarded:
+		p.stats.discarded.Add(1)
+	}
+	p.hooks.Event(e)
+}
+
+// UnlockContext returns the context that bounds an unlock statement
+// starting now: detached from every caller, and cancelled between one and
+// 1.25 unlock timeouts from now. Unlocks that start within the same quarter
+// of a timeout share one context and one timer, so that the hot path does
+// not pay for a timer per unlock.
+func (p *Pool) UnlockContext() context.Context {
+	now := time.Now()
+	p.epochMu.Lock()
+	defer p.epochMu.Unlock()
+	if p.epochCtx == nil || !now.Before(p.epochUntil) {
+		epoch := p.cfg.UnlockTimeout / 4
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(p.cfg.UnlockTimeout+epoch, cancel)
+		p.epochCtx, p.epochUntil = ctx, now.Add(epoch)
+	}
+	return p.epochCtx
+}
+
+// discard closes conn's session instead of returning it to the pool.
+func (p *Pool) discard(conn *sql.Conn, why string) {
+	p.emit(Event{Kind: EventDiscarded, Err: errorString(why)})
+	if p.abandoned.has(conn) {
+		return // its abandoned statement closes it as it returns
+	}
+	discardConn(conn)
+}
+
+// putBack gives conn, which holds no lock, back to the pool as it is; a
+// connection whose statement was abandoned closes as that statement
+// returns (closing it now would wait for it).
+func (p *Pool) putBack(conn *sql.Conn) {
+	if p.abandoned.has(conn) {
+		return
+	}
+	conn.Close()
+}
+
+// errorString is an error that is its text.
+type errorString string
+
+func (e errorString) Error() string { return string(e) }
+
+// Stats are a Pool's counters.
+type Stats struct {
+	Held, Acquired, Contended, Lost, Discarded int64
+	KeepAliveChecks, KeepAliveSkipped          int64
+	SnapshotWaits                              int64
+	SharedSessions                             int
+}
+
+type poolStats struct {
+	held, acquired, contended, lost, discarded, keepAlive, keepAliveSkipped atomic.Int64
+}
+
+// took counts n locks granted and now held.
+func (s *poolStats) took(n int64) {
+	s.acquired.Add(n)
+	s.held.Add(n)
+}
+
+// released counts n held locks released.
+func (s *poolStats) released(n int64) { s.held.Add(-n) }
+
+// lostHeld counts n held locks found lost.
+func (s *poolStats) lostHeld(n int64) {
+	s.held.Add(-n)
+	s.lost.Add(n)
+}
+
+// Stats returns the Pool's counters.
+func (p *Pool) Stats() Stats {
+	return Stats{Held: p.stats.held.Load(), Acquired: p.stats.acquired.Load(), Contended: p.stats.contended.Load(),
+		Lost: p.stats.lost.Load(), Discarded: p.stats.discarded.Load(), KeepAliveChecks: p.stats.keepAlive.Load(),
+		KeepAliveSkipped: p.stats.keepAliveSkipped.Load(), SnapshotWaits: p.snapshotWaits.Load(),
+		SharedSessions: p.share.sessions()}
+}

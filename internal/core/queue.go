@@ -1,0 +1,452 @@
+package core
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"slices"
+	"sync/atomic"
+
+	"github.com/sqllock/sqllock/internal/pglocks"
+	"github.com/sqllock/sqllock/internal/sqltext"
+)
+
+// A session's queue: its statements, one at a time, batched. The first
+// caller to find the session idle becomes its runner and sends the queue,
+// batch after batch, until it is empty; calls that arrive meanwhile are
+// sent together in the next batch (one round trip for many tries or
+// unlocks).
+
+type opKind uint8
+
+const (
+	opTry    opKind = iota // pg_try_advisory_lock
+	opUnlock               // pg_advisory_unlock
+	opTag                  // a statement about one lock's tag (a token, HeldSQL, the lease's touch)
+)
+
+// op is one operation on a session.
+type op struct {
+	kind   opKind
+	key    Key
+	shared bool   // opUnlock: of a shared-mode lock
+	q      string // opTag
+	args   []any  // opTag
+	state  atomic.Uint32
+	done   chan struct{} // closed when the outcome is known
+
+	ok  bool  // opTry: granted; opUnlock: released; opTag: a row came
+	v   int64 // opTag's answer
+	err error // the statement failed (the session is then ended, but for a certain refusal)
+
+	after func() // run by the runner once the outcome is known (nil: none)
+}
+
+// A try's state: pending until the runner decides it, or abandoned by a
+// caller whose ctx ended first (a grant is then undone by the runner).
+const (
+	opPending uint32 = iota
+	opAbandoned
+	opDecided
+)
+
+func newOp(kind opKind, k Key) *op {
+	return &op{kind: kind, key: k, done: make(chan struct{})}
+}
+
+// submit queues o and, when no runner runs, runs the queue here.
+func (s *session) submit(o *op) {
+	if s.enqueue(o) {
+		s.drain()
+	}
+}
+
+// submitAside queues o and, when no runner runs, runs the queue on a
+// goroutine of its own: for a caller whose wait for the answer ctx bounds
+// (the queue's statements are bounded by the unlock timeout, and carry
+// others' keys too, so no caller's ctx may cut them short).
+func (s *session) submitAside(o *op) {
+	if s.enqueue(o) {
+		go s.drain()
+	}
+}
+
+// enqueue queues o and reports whether the caller must run the queue
+// (drain): no runner was running. On an ended session, o fails at once.
+func (s *session) enqueue(o *op) bool {
+	s.mu.Lock()
+	if s.state == ended {
+		o.err = s.errLocked()
+		s.mu.Unlock()
+		s.finish(o)
+		return false
+	}
+	if s.queue == nil {
+		s.queue, s.spare = s.spare, nil
+	}
+	s.queue = append(s.queue, o)
+	if s.running {
+		s.mu.Unlock()
+		return false
+	}
+	s.running = true
+	s.mu.Unlock()
+	return true
+}
+
+// drain sends the queue, batch after batch, until it is empty; the caller
+// is the runner (enqueue returned true).
+func (s *session) drain() {
+	s.mu.Lock()
+	for len(s.queue) > 0 && s.state != ended {
+		batch := s.queue
+		s.queue = nil
+		s.mu.Unlock()
+		s.run(batch)
+		clear(batch)
+		s.mu.Lock()
+		if s.spare == nil {
+			s.spare = batch[:0]
+		}
+	}
+	rest := s.queue
+	s.queue = nil
+	s.running = false
+	var why error
+	if len(rest) > 0 {
+		why = s.errLocked() // ended: lost, or a dedicated session ended with its lock
+	}
+	s.mu.Unlock()
+	for _, o := range rest {
+		o.err = why
+		s.finish(o)
+	}
+	s.maybeLinger()
+}
+
+// finish reports o's outcome.
+func (s *session) finish(o *op) {
+	if o.kind == opTry {
+		if o.state.CompareAndSwap(opPending, opDecided) {
+			// The caller takes the outcome.
+		} else if o.ok {
+			// Its caller left: undo the grant.
+			o.ok = false
+			s.unlockAsync(o.key)
+		} else {
+			s.p.share.free(o.key)
+		}
+	}
+	if o.after != nil {
+		o.after()
+	}
+	close(o.done)
+}
+
+// unlockAsync releases k, which this session holds for no Hold, without
+// waiting; k is freed once the server confirmed it (or the session is
+// gone). The unlock is queued before unlockAsync returns, so the session
+// never looks empty (and goes back to the pool) while it holds k.
+func (s *session) unlockAsync(k Key) {
+	o := newOp(opUnlock, k)
+	o.after = func() { s.p.share.free(k) }
+	s.submitAside(o)
+}
+
+// run sends one batch: the tag statements one by one, then the unlocks,
+// then the tries, each kind in as few statements as possible.
+func (s *session) run(batch []*op) {
+	if len(batch) == 1 && batch[0].kind != opTag && batch[0].state.Load() != opAbandoned {
+		s.runMany(batch, batch[0].kind == opUnlock) // one key, the common case
+		return
+	}
+	var tries, unlocks []*op
+	for _, o := range batch {
+		switch {
+		case o.kind == opTag:
+			s.runTag(o)
+		case o.kind == opUnlock:
+			unlocks = append(unlocks, o)
+		case o.state.Load() == opAbandoned:
+			s.finish(o) // never sent
+		default:
+			tries = append(tries, o)
+		}
+	}
+	s.runMany(unlocks, true)
+	s.runMany(tries, false)
+}
+
+// runMany sends ops (all unlocks, or all tries) in statements of up to
+// ManyRowsMax keys.
+func (s *session) runMany(ops []*op, unlock bool) {
+	for len(ops) > 0 {
+		n := min(len(ops), sqltext.ManyRowsMax)
+		if s.dead() {
+			for _, o := range ops {
+				o.err = s.err()
+				s.finish(o)
+			}
+			return
+		}
+		switch {
+		case unlock:
+			s.runUnlocks(ops[:n])
+		case n == 1:
+			s.runTry(ops[0])
+		case !s.tuned && s.tune() != nil:
+			continue // failed, and so ended: the loop's next turn tells ops
+		default:
+			s.runTries(ops[:n])
+		}
+		ops = ops[n:]
+	}
+}
+
+// sendUnlocks is the one place an unlock statement is sent: it releases
+// keys (in mode shared) on s's backend, and returns, by position, whether
+// the server released each. One key goes in the single-key statement
+// (which also sets a dedicated session's settings back: the session is
+// then no longer tuned); more in one batch, run on the backend only. ctx
+// bounds the statement.
+func (s *session) sendUnlocks(ctx context.Context, keys []Key, shared bool) ([]bool, error) {
+	if len(keys) == 1 {
+		st := s.p.plain
+		dedicated := s.kind == kindDedicated
+		if dedicated {
+			st = s.st
+		}
+		var ok bool
+		q, args := st.UnlockSQL(shared, keys[0], s.pid)
+		err := s.queryRowCtx(ctx, q, args, &ok)
+		if errors.Is(err, sql.ErrNoRows) {
+			err = sessionChanged(s.pid, 0) // another backend answered: it ran nothing
+		}
+		if err == nil && ok && dedicated {
+			s.mu.Lock()
+			s.tuned = false
+			s.mu.Unlock()
+		}
+		return []bool{ok}, err
+	}
+	query := func(q string, args []any, row func([]driver.Value) error) error {
+		return s.queryRowsCtx(ctx, q, args, row)
+	}
+	return many(s.p.mode, query, "pg_advisory_unlock", s.pid, keys)
+}
+
+// runUnlocks sends the unlocks ops; a failed statement ends the session
+// (the server releases what it held as it ends).
+func (s *session) runUnlocks(ops []*op) {
+	keys := make([]Key, len(ops))
+	shared := false
+	for i, o := range ops {
+		keys[i] = o.key
+		shared = o.shared // a shared-mode unlock comes alone (a dedicated session's one lock)
+	}
+	got, err := s.sendUnlocks(s.p.UnlockContext(), keys, shared)
+	for i, o := range ops {
+		o.ok, o.err = got[i], err
+	}
+	if err != nil {
+		s.end(err)
+	}
+	for _, o := range ops {
+		s.finish(o)
+	}
+}
+
+// runTry sends one try: the single-key statement, the cheapest.
+func (s *session) runTry(o *op) {
+	// Until a try is granted on it, the session's settings are not
+	// applied: its tries are a dedicated lock's, which apply them when
+	// granted.
+	st := s.p.plain
+	if !s.tuned {
+		st = s.p.sql()
+	}
+	q, args := st.TrySQL(sqltext.Try, o.key, s.mark)
+	var pid int64
+	var standby bool
+	var ok sql.NullBool
+	err := s.queryRow(q, args, &ok, &pid, &standby)
+	o.ok = ok.Bool
+	if err == nil && !ok.Valid {
+		err = foreignSession() // nothing was tried
+	}
+	if err == nil {
+		err = s.answered(pid, standby, o.ok && !s.tuned)
+	}
+	if err != nil && o.ok && standby {
+		// Granted on a standby that is refused: released here, before
+		// the call returns, not left to the discard (the server frees a
+		// discarded session's locks a moment after the call).
+		s.sendUnlocks(s.p.UnlockContext(), []Key{o.key}, false)
+	}
+	if err != nil {
+		o.ok = false
+		o.err = err
+		// A try the server failed may have taken its key before it failed
+		// (a statement that applies the settings fails after the grant;
+		// session-level locks outlive a failed statement): released, as in
+		// a batch, or the session goes.
+		if !serverRefused(err) || s.releaseStray([]Key{o.key}) != nil {
+			s.end(err)
+		}
+	}
+	s.finish(o)
+}
+
+// answered records what a statement's answer says of the session: its
+// backend pid (learnt from the first answer, the same in every later one),
+// whether it is a standby (refused unless AllowStandby), and, when tuned,
+// that its settings are now applied.
+func (s *session) answered(pid int64, standby, tuned bool) error {
+	if s.pid != 0 && pid != s.pid {
+		return sessionChanged(s.pid, pid)
+	}
+	if s.pid == 0 || tuned {
+		s.mu.Lock()
+		s.pid = pid
+		s.tuned = s.tuned || tuned
+		s.mu.Unlock()
+	}
+	if standby && !s.p.cfg.AllowStandby {
+		// Discarded: what it took there goes with the session.
+		return StandbyError("lock")
+	}
+	return nil
+}
+
+// tune applies the lock session's settings before a batch of tries (a
+// single try applies them itself when granted); on failure the session
+// ends.
+func (s *session) tune() error {
+	var pid int64
+	var standby bool
+	q, args := s.p.sql().SessionSQL(s.mark)
+	err := s.queryRow(q, args, &pid, &standby, skip)
+	if err == nil && pid == 0 {
+		err = foreignSession() // nothing was applied
+	}
+	if err == nil {
+		err = s.answered(pid, standby, true)
+	}
+	if err != nil {
+		s.end(err)
+	}
+	return err
+}
+
+// serverRefused reports whether err is the server's own answer to a try
+// statement (a full lock table, say): the statement failed as a whole;
+// once what it may have taken is released (releaseStray), a certain answer
+// touches that one call, and the session and its other locks are not
+// concerned.
+func serverRefused(err error) bool {
+	return SQLState(err) != "" && !ConnectionBroken(err)
+}
+
+// releaseStray unlocks those of keys (the keys of a try statement that the
+// server failed) that the session holds: the statement took them before it
+// failed, and session-level locks outlive a failed statement. No lock of
+// the session's holds any of them (the keys of a shared session's
+// operations are reserved; an Owned tries only keys it does not hold).
+func (s *session) releaseStray(keys []Key) error {
+	want := map[Key]bool{}
+	for _, k := range keys {
+		want[k] = true
+	}
+	var stray []Key
+	err := s.queryRows(sqltext.OwnSQL, nil, func(v []driver.Value) error {
+		r := pglocks.Scan(v)
+		if !r.Granted || r.Shared {
+			return nil
+		}
+		if k, ok := KeyOfTag(r.Tag); ok && want[k] {
+			stray = append(stray, k)
+		}
+		return nil
+	})
+	for err == nil && len(stray) > 0 {
+		n := min(len(stray), sqltext.ManyRowsMax)
+		var released []bool
+		if released, err = s.sendUnlocks(s.p.UnlockContext(), stray[:n], false); err == nil && slices.Contains(released, false) {
+			err = errors.New("sqllock: a key the failed statement took was not held")
+		}
+		stray = stray[n:]
+	}
+	return err
+}
+
+// runTries sends many tries in one statement.
+func (s *session) runTries(ops []*op) {
+	keys := make([]Key, len(ops))
+	for i, o := range ops {
+		keys[i] = o.key
+	}
+	got, err := many(s.p.mode, s.queryRows, "pg_try_advisory_lock", s.pid, keys)
+	for i, o := range ops {
+		o.ok = got[i]
+	}
+	if err != nil {
+		for _, o := range ops {
+			o.ok, o.err = false, err
+		}
+		// The server failed the tries (a full lock table): what the
+		// statement took before it failed is released, and the calls are
+		// told, certainly, that they took nothing; anything less certain
+		// costs the session.
+		if !serverRefused(err) || s.releaseStray(keys) != nil {
+			s.end(err)
+		}
+	}
+	for _, o := range ops {
+		s.finish(o)
+	}
+}
+
+// runTag runs a statement about one lock's tag.
+func (s *session) runTag(o *op) {
+	err := s.queryRow(o.q, o.args, &o.v)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+	case err != nil:
+		o.err = err
+		if ConnectionBroken(err) || errors.Is(err, ErrAbandoned) {
+			s.end(err)
+		}
+	default:
+		o.ok = true
+	}
+	s.finish(o)
+}
+
+// unlock sends the unlock of k (in mode shared) through s's queue, and
+// returns the answer as unlockAnswer reads it. An uncertain one has ended
+// s already.
+func (s *session) unlock(k Key, shared bool) (uncertain bool, err error) {
+	o := newOp(opUnlock, k)
+	o.shared = shared
+	s.submit(o)
+	<-o.done
+	return unlockAnswer(s.p, k, s.pid, o.err, o.ok)
+}
+
+// onTag runs q, a statement about a lock's tag, on s: ok reports whether
+// it answered a row. ctx bounds the caller's wait for the answer, not the
+// statement (a token's commit may wait long for synchronous standbys; a
+// driver that gives a statement up poisons its connection): the queue
+// runs aside.
+func (s *session) onTag(ctx context.Context, q string, args []any) (v int64, ok bool, err error) {
+	o := newOp(opTag, Key{})
+	o.q, o.args = q, args
+	s.submitAside(o)
+	select {
+	case <-o.done:
+	case <-ctx.Done():
+		return 0, false, ctx.Err()
+	}
+	return o.v, o.ok, o.err
+}

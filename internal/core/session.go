@@ -1,0 +1,482 @@
+package core
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// session is one server session of a Pool's, that holds locks (or waits
+// for one), of one of three kinds: shared by many Holds (the rules of
+// sharing are in share.go), the session of one Hold (dedicated: a lock
+// that waited, a shared-mode lock, a permit, a candidate, any lock of a
+// Pool of dedicated sessions), or the session of an Owned (a user's
+// Session). It owns its connection, its backend's identity, its owner
+// mark and its lease; it sends its statements a batch at a time (see
+// queue.go), and it ends one way, end, with a cause: nil when it goes back
+// to the pool as it came, or why it is discarded with every lock on it.
+type session struct {
+	p    *Pool
+	conn *sql.Conn
+	id   ident  // who granted its locks (see checkServer)
+	ls   *lease // its idle clock (see lease.go)
+	// mark is its owner mark, which its statements carry and its
+	// settings apply (see sqltext.Statements).
+	mark string
+	// st are the statements of a dedicated session (the lock's settings,
+	// a candidate's name): its unlock sets them back.
+	st *statements
+	// handedOut: the owner handed conn to its caller (Owned.Conn), whose
+	// statements on it run outside connMu.
+	handedOut atomic.Bool
+
+	mu sync.Mutex
+	// kind, guarded by mu (and, for a shared session, the sharing's mu):
+	// set when the session is made, and changed once, by handOver, from
+	// shared to dedicated.
+	kind sessionKind
+	// state and cause, guarded by mu, are its lifecycle, changed only by
+	// setState (see its rule).
+	state sessState
+	cause error
+	// pid is its backend, learnt from its first answer (0 until then);
+	// tuned, whether the lock session's settings are applied (by its first
+	// granted try, until a dedicated session's unlock sets them back).
+	// Both are set under mu before the answer is told: whoever holds an
+	// outcome of it reads them without mu.
+	pid     int64
+	tuned   bool
+	held    map[*Hold]struct{} // guarded by mu: the Holds it carries
+	owner   *Owned             // the Owned whose keys it holds (kindOwned)
+	users   int                // guarded by mu: calls that picked it and have not finished
+	queue   []*op              // guarded by mu: operations waiting for the runner
+	running bool               // guarded by mu: a runner is sending the queue
+	linger  *time.Timer        // guarded by mu: ends it (lingered) once armed; made once
+	armed   bool               // guarded by mu: linger is counting down
+	idleAt  int64              // guarded by mu: monoNow when it last became idle
+	spare   []*op              // guarded by mu: the last batch's slice, for the next queue
+
+	gone chan struct{} // closed once conn is ended (closed, reset or discarded)
+
+	// connMu is held across each statement on conn, and by whoever ends
+	// conn (closes, resets or discards it): database/sql's Conn is not safe
+	// to close while a call on it is starting (that call can find its
+	// driver connection gone, and panic). connDone, guarded by connMu: conn
+	// was ended; later statements fail with sql.ErrConnDone. endNext,
+	// guarded by mu: how conn ends once the statement on it returns (see
+	// endConnSoon).
+	connMu   sync.Mutex
+	connDone bool
+	endNext  func()
+}
+
+// sessionKind is what a session is for.
+type sessionKind uint8
+
+const (
+	kindShared    sessionKind = iota // many Holds of the Pool's
+	kindDedicated                    // one Hold (or one wait)
+	kindOwned                        // an Owned's keys
+)
+
+// sessState is a session's lifecycle. It only moves forward: open, then
+// retiring (optional), then ended.
+type sessState uint8
+
+const (
+	// open: it takes new locks.
+	open sessState = iota
+	// retiring: it takes no new lock (one of its locks was lost, or an
+	// unlock found a lock not held), and ends once its others are
+	// released.
+	retiring
+	// ended: no call may use it any more; its connection is ended, or
+	// about to be (cause nil: back to the pool, as it came; else
+	// discarded).
+	ended
+)
+
+// newSession makes conn, just taken from the pool and checked (id), a
+// session of kind, marked with a new owner mark; its lease starts with
+// the statement sent at sent.
+func (p *Pool) newSession(conn *sql.Conn, id ident, kind sessionKind, sent int64) *session {
+	return &session{p: p, conn: conn, id: id, ls: p.newLease(sent), mark: p.newMark(), kind: kind, held: map[*Hold]struct{}{}, gone: make(chan struct{})}
+}
+
+// setState moves s to state to, with cause when to is ended: the one
+// place its lifecycle changes. The rule: a state only moves forward, and
+// an ended session never changes again. It reports whether it moved. The
+// caller holds s.mu.
+func (s *session) setStateLocked(to sessState, cause error) bool {
+	if to <= s.state {
+		return false
+	}
+	s.state, s.cause = to, cause
+	if to == ended {
+		s.unarmLocked()
+	}
+	return true
+}
+
+// err returns why s takes no statement: its cause, or, ended cleanly,
+// that it was closed.
+func (s *session) err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.errLocked()
+}
+
+// errLocked is err, for a caller that holds s.mu.
+func (s *session) errLocked() error {
+	if s.cause != nil {
+		return s.cause
+	}
+	return errors.New("session closed")
+}
+
+// dead reports whether s ended with a cause.
+func (s *session) dead() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state == ended && s.cause != nil
+}
+
+// end is the one way a session ends. With cause nil, s holds nothing, and
+// its connection goes back to the pool as it came (see closeConn); with a
+// cause, s is discarded (the server releases everything it held as the
+// session ends): every Hold on it (and its Owned) is marked lost with
+// cause (their Err says so), then the connection is discarded, then the
+// loss is told (the hooks, then each Done): the holders are told first,
+// and a holder that releases a lost lock as it is told finds its session
+// ended or ending. It does nothing to a session that ended already.
+func (s *session) end(cause error) { s.endIf(cause, false) }
+
+// endIfIdle ends a shared session that still holds nothing, cleanly: no
+// call picks it from the moment it is found idle.
+func (s *session) endIfIdle() { s.endIf(nil, true) }
+
+// endIf is end, only of an idle session when onlyIdle is set (checked in
+// the same step).
+func (s *session) endIf(cause error, onlyIdle bool) {
+	sh := &s.p.share
+	sh.mu.Lock() // a shared session leaves the shared ones in the step it ends
+	s.mu.Lock()
+	shared := s.kind == kindShared
+	if !shared {
+		sh.mu.Unlock()
+	}
+	if onlyIdle && !s.idleLocked() || !s.setStateLocked(ended, cause) {
+		s.mu.Unlock()
+		if shared {
+			sh.mu.Unlock()
+		}
+		return
+	}
+	holds := make([]*Hold, 0, len(s.held))
+	for h := range s.held {
+		holds = append(holds, h)
+	}
+	owner := s.owner
+	s.mu.Unlock()
+	if shared && cause != nil {
+		sh.remove(s) // a dead one leaves at once; a closed one once its reset is done
+	}
+	if shared {
+		sh.mu.Unlock()
+	}
+	if cause == nil {
+		s.endConn(s.closeConn)
+		if shared {
+			sh.mu.Lock()
+			sh.remove(s)
+			sh.mu.Unlock()
+		}
+		return
+	}
+	what := "session"
+	if shared {
+		what = "shared session"
+	}
+	lost := fmt.Errorf("%s (backend %d) discarded: %w", what, s.pid, cause)
+	losses := make([]lossNote, 0, len(holds)+1)
+	for _, h := range holds {
+		if n, ok := h.markLost(lost); ok {
+			losses = append(losses, n)
+		}
+	}
+	if owner != nil {
+		if n, ok := owner.markLost(cause); ok { // its own words name the backend
+			losses = append(losses, n)
+		}
+	}
+	discard := func() { s.endConnSoon(func() { s.p.discard(s.conn, what+": "+cause.Error()) }) }
+	if s.handedOut.Load() {
+		// A statement of the caller's own may be on conn, and database/sql
+		// makes the discard wait for it: the one who found the session
+		// lost (the keep-alive, say) does not.
+		go discard()
+	} else {
+		discard()
+	}
+	for _, n := range losses {
+		n.tell()
+	}
+}
+
+// closeConn gives conn back to the pool as it came: its settings set back
+// when they are applied (then the reset statement must be confirmed on
+// its backend, or it is discarded), or closed outright when it was handed
+// to a caller (whose statements may have changed it in ways no reset is
+// sure to undo: settings, temporary tables, prepared statements, LISTEN).
+// The caller holds connMu (see endConn).
+func (s *session) closeConn() {
+	switch {
+	case s.handedOut.Load():
+		discardConn(s.conn)
+	case s.tuned:
+		s.p.closeSession(s.conn, s.pid)
+	default:
+		s.conn.Close()
+	}
+}
+
+// retire stops s from taking new locks: it ends once its locks are
+// released, unless it is discarded meanwhile.
+func (s *session) retire() {
+	s.mu.Lock()
+	s.setStateLocked(retiring, nil)
+	s.mu.Unlock()
+}
+
+// endConn ends conn with end (close it, reset it, discard it) once no
+// statement is on it, and only once: the first end asked for, by endConn
+// or endConnSoon, is the one that runs.
+func (s *session) endConn(end func()) {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	s.mu.Lock()
+	if s.endNext == nil {
+		s.endNext = end
+	}
+	s.mu.Unlock()
+	s.endNextLocked()
+}
+
+// endConnSoon is endConn without waiting for a statement on conn: the
+// statement's caller ends conn as it returns (releaseConn). An Owned's
+// wait lasts as long as its caller likes; whoever finds the session lost
+// does not wait for it.
+func (s *session) endConnSoon(end func()) {
+	s.mu.Lock()
+	if s.endNext == nil {
+		s.endNext = end
+	}
+	s.mu.Unlock()
+	if s.connMu.TryLock() {
+		s.endNextLocked()
+		s.connMu.Unlock()
+	}
+}
+
+// endNextLocked runs endConnSoon's end, if one is due; the caller holds
+// connMu.
+func (s *session) endNextLocked() {
+	s.mu.Lock()
+	end := s.endNext
+	s.endNext = nil
+	s.mu.Unlock()
+	if end != nil && !s.connDone {
+		s.connDone = true
+		end()
+		close(s.gone)
+	}
+}
+
+// holdConn and releaseConn bracket a statement on conn: holdConn fails
+// with sql.ErrConnDone once conn was ended; releaseConn ends it when
+// endConnSoon asked meanwhile.
+func (s *session) holdConn() error {
+	s.connMu.Lock()
+	if s.connDone {
+		s.connMu.Unlock()
+		return sql.ErrConnDone
+	}
+	return nil
+}
+
+func (s *session) releaseConn() {
+	s.connMu.Unlock()
+	s.mu.Lock()
+	due := s.endNext != nil
+	s.mu.Unlock()
+	// Whoever holds connMu now ends conn as its statement returns, if
+	// this TryLock finds it taken.
+	if due && s.connMu.TryLock() {
+		s.endNextLocked()
+		s.connMu.Unlock()
+	}
+}
+
+// withConn runs fn, statements on conn (a query, a wait), under connMu and
+// the lease's busy mark; an answer, rows or none, is a sign of life.
+func (s *session) withConn(fn func(conn *sql.Conn) error) error {
+	if err := s.holdConn(); err != nil {
+		return err
+	}
+	defer s.releaseConn()
+	sent := s.ls.begin()
+	err := fn(s.conn)
+	s.ls.end(sent, err == nil || errors.Is(err, sql.ErrNoRows))
+	return err
+}
+
+// queryRow and queryRows run one statement on the session, the lease's
+// busy mark around it: its outcome is recorded as a sign of life before
+// any caller hears it, so a caller that is told (and the process stopped
+// right after) never meets a lease that still looks busy. The queue's
+// statements are bounded like an unlock (UnlockContext); an Owned's own
+// calls pass their ctx (queryRowCtx, queryRowsCtx).
+func (s *session) queryRow(q string, args []any, dest ...any) error {
+	return s.queryRowCtx(s.p.UnlockContext(), q, args, dest...)
+}
+
+func (s *session) queryRows(q string, args []any, row func([]driver.Value) error) error {
+	return s.queryRowsCtx(s.p.UnlockContext(), q, args, row)
+}
+
+func (s *session) queryRowCtx(ctx context.Context, q string, args []any, dest ...any) error {
+	return s.withConn(func(conn *sql.Conn) error { return queryRow(ctx, s.p.abandoned, conn, q, args, dest...) })
+}
+
+func (s *session) queryRowsCtx(ctx context.Context, q string, args []any, row func([]driver.Value) error) error {
+	return s.withConn(func(conn *sql.Conn) error { return queryRows(ctx, s.p.abandoned, conn, q, args, row) })
+}
+
+// idleLocked reports whether s holds nothing and nothing is under way on
+// it: it may go back to the pool. The caller holds s.mu.
+func (s *session) idleLocked() bool {
+	return s.state != ended && s.users == 0 && len(s.held) == 0 && !s.running && len(s.queue) == 0
+}
+
+// attach records h as carried; false when s ended meanwhile.
+func (s *session) attach(h *Hold) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state == ended {
+		return false
+	}
+	s.held[h] = struct{}{}
+	return true
+}
+
+// detach forgets h, and frees its key on a shared session (the server no
+// longer holds it there; a dedicated session's key was never reserved).
+func (s *session) detach(h *Hold) {
+	s.mu.Lock()
+	_, ok := s.held[h]
+	delete(s.held, h)
+	shared := s.kind == kindShared
+	s.mu.Unlock()
+	if shared {
+		s.p.share.free(h.key)
+	}
+	if ok {
+		s.maybeLinger()
+	}
+}
+
+// leave ends a call's use of a shared session.
+func (s *session) leave() {
+	s.mu.Lock()
+	s.users--
+	s.mu.Unlock()
+	s.maybeLinger()
+}
+
+// maybeLinger notes that a shared session holds nothing now, and starts
+// the countdown that ends it, unless one runs. The countdown is not
+// stopped when a call picks the session: when it ends, the session ends
+// only if it has stayed idle for sessionLinger since it last became idle
+// (most are picked again at once; a timer reset per lock would cost more
+// than the lock's own bookkeeping).
+func (s *session) maybeLinger() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.kind != kindShared || !s.idleLocked() {
+		return // a dedicated session ends with its lock (release), an Owned's with Close
+	}
+	s.idleAt = monoNow()
+	if s.armed {
+		return
+	}
+	s.armed = true
+	if s.linger == nil {
+		s.linger = time.AfterFunc(sessionLinger, s.lingered)
+	} else {
+		s.linger.Reset(sessionLinger)
+	}
+}
+
+// lingered is the countdown's end: a session idle for sessionLinger ends;
+// one idle for less counts down the rest; one in use is left to its next
+// maybeLinger.
+func (s *session) lingered() {
+	s.mu.Lock()
+	s.armed = false
+	idle := s.idleLocked()
+	if rest := sessionLinger - time.Duration(monoNow()-s.idleAt); idle && rest > 0 {
+		s.armed = true
+		s.linger.Reset(rest)
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	if idle {
+		s.endIfIdle()
+	}
+}
+
+// unarmLocked stops the countdown to ending; s.mu is held.
+func (s *session) unarmLocked() {
+	if s.armed {
+		s.linger.Stop()
+		s.armed = false
+	}
+}
+
+// handOver gives a shared session that holds nothing, and has nothing
+// under way, to a call that found its key held, to wait on: it becomes
+// that call's dedicated session (no call picks it any more), its pid
+// known, its settings applied when tuned. ok is false when it is in use.
+func (s *session) handOver() (ok bool) {
+	sh := &s.p.share
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.idleLocked() || s.pid == 0 || s.kind != kindShared {
+		return false
+	}
+	s.kind = kindDedicated
+	s.st = s.p.sql()
+	s.unarmLocked()
+	sh.remove(s)
+	return true
+}
+
+// closeSession sets conn's settings back (on backend pid only) and gives it
+// back to the pool; when that is not confirmed on backend pid, it discards
+// the connection instead.
+func (p *Pool) closeSession(conn *sql.Conn, pid int64) {
+	q, args := p.sql().ResetSQL(pid)
+	if err := queryRow(p.UnlockContext(), p.abandoned, conn, q, args, skip); err != nil {
+		p.discard(conn, "session settings not reset")
+		return
+	}
+	conn.Close()
+}

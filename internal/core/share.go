@@ -1,0 +1,237 @@
+package core
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Shared sessions. A Pool takes its exclusive locks on a few sessions of
+// its own, each holding the locks of many callers, instead of pinning one
+// session per lock: thousands of locks on at most maxShared server
+// sessions.
+//
+// The rules that keep sharing safe:
+//
+//   - An advisory lock is re-entrant within a session, so a Pool never
+//     takes on a shared session a key that it holds, or is taking, on any
+//     shared session (sharing.keys, checked before a statement is sent):
+//     such a call takes a session of its own, where the server decides.
+//   - Only non-waiting statements run on a shared session. A waiting call
+//     tries on one first; when the key is held elsewhere, it waits on a
+//     session of its own (the engine's sliced wait: CIC-safe, cancelled
+//     cleanly), and keeps that session when it is granted: the shared
+//     session itself when it carries nothing else (handOver), else one of
+//     the pool's.
+//   - A shared session's first statement is a lock's, the one a session
+//     of its own would send (it applies the lock session's settings when
+//     granted): opening one costs no round trip of its own.
+//   - A Pool's shared sessions are bounded by its pool: at most a quarter
+//     of its limit, and beyond the first only while the pool has that much
+//     room (sharedRoom), so that several Pools on one pool share it.
+//   - A session's statements run one at a time; calls that arrive while one
+//     runs are sent together in the next (one round trip for many tries or
+//     unlocks).
+//   - A certain answer touches one lock: an unlock the server says found
+//     no lock loses that Hold only. An uncertain one (a statement failed or
+//     did not return) ends the session, which loses every lock on it: the
+//     server releases them as the session ends.
+//   - The keep-alive checks each Hold as before (one query for all).
+
+// maxShared is the most sessions a Pool shares among its locks.
+const maxShared = 16
+
+// sharedSpread is how many locks a shared session takes before the Pool
+// opens another (up to its limit) rather than add to it.
+const sharedSpread = 32
+
+// sharedOpenLoad is how many calls at once on a shared session make the
+// next call go to another (opened if need be, up to the limit).
+const sharedOpenLoad = 32
+
+// sharedQueue is how many calls may queue on a busy shared session while
+// others are opening, before the next call waits for one of them.
+const sharedQueue = 4
+
+// sessionLinger is how long a shared session that holds nothing stays
+// pinned for the next lock before its settings are reset and it goes back
+// to the pool.
+const sessionLinger = time.Second
+
+// sharing is a Pool's shared sessions and the keys they hold.
+type sharing struct {
+	mu      sync.Mutex
+	all     []*session       // guarded by mu: shared sessions that take locks
+	opening int              // guarded by mu: shared sessions being opened
+	keys    map[Key]struct{} // guarded by mu: held, or being taken or released, on a shared session
+	opened  chan struct{}    // guarded by mu: closed (and replaced) when an opening ends
+}
+
+// reserve claims k for a shared session; false when one holds or handles
+// k.
+func (sh *sharing) reserve(k Key) bool {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if _, ok := sh.keys[k]; ok {
+		return false
+	}
+	if sh.keys == nil {
+		sh.keys = map[Key]struct{}{}
+	}
+	sh.keys[k] = struct{}{}
+	return true
+}
+
+// free gives up the claim on k.
+func (sh *sharing) free(k Key) {
+	sh.mu.Lock()
+	delete(sh.keys, k)
+	sh.mu.Unlock()
+}
+
+// sessions returns the number of shared sessions.
+func (sh *sharing) sessions() int {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return len(sh.all)
+}
+
+// remove drops s from the shared sessions. The caller holds sh.mu.
+func (sh *sharing) remove(s *session) {
+	for i, x := range sh.all {
+		if x == s {
+			sh.all = append(sh.all[:i:i], sh.all[i+1:]...)
+			return
+		}
+	}
+}
+
+// sharedFor returns a shared session for one operation. Calls gather on
+// one, so that its runner sends their keys together: the busiest that has
+// room (fewer than sharedOpenLoad calls at once and sharedSpread locks).
+// When none has, a new one opens while there are fewer than the limit,
+// else the least busy takes the call. A call that finds every one still
+// opening waits for one. The caller must call leave when its operation is
+// done.
+func (p *Pool) sharedFor(ctx context.Context) (*session, error) {
+	sh := &p.share
+	sh.mu.Lock()
+	for {
+		// pack: the busiest with room (of those, the one with fewest
+		// locks); least: the least busy of all, should none have room.
+		var pack, least *session
+		packLoad, packHeld, leastLoad := 0, 0, 0
+		for _, s := range sh.all {
+			s.mu.Lock()
+			usable := s.state == open
+			load, held := s.users, len(s.held)
+			s.mu.Unlock()
+			if !usable {
+				continue
+			}
+			if load < sharedOpenLoad && held < sharedSpread &&
+				(pack == nil || load > packLoad || load == packLoad && held < packHeld) {
+				pack, packLoad, packHeld = s, load, held
+			}
+			if least == nil || load < leastLoad {
+				least, leastLoad = s, load
+			}
+		}
+		// (The pool's limit is read only when it matters: DB.Stats takes the
+		// pool's lock, which every query takes too.)
+		room := pack == nil && p.sharedRoom(len(sh.all)+sh.opening)
+		best := pack
+		switch {
+		case pack == nil && room && (least != nil || sh.opening == 0):
+			sh.opening++
+			sh.mu.Unlock()
+			s, err := p.openShared(ctx)
+			sh.mu.Lock()
+			sh.opening--
+			if sh.opened != nil {
+				close(sh.opened)
+				sh.opened = nil
+			}
+			if err != nil {
+				sh.mu.Unlock()
+				return nil, err
+			}
+			s.users++
+			sh.all = append(sh.all, s)
+			sh.mu.Unlock()
+			return s, nil
+		case pack == nil && least != nil && (sh.opening == 0 || leastLoad < sharedQueue):
+			best = least
+		}
+		if best != nil {
+			best.mu.Lock()
+			best.users++
+			best.mu.Unlock()
+			sh.mu.Unlock()
+			return best, nil
+		}
+		// Every shared session is still opening (arrivals at once, at the
+		// start), or the usable ones are busy while more open: wait for
+		// one.
+		if sh.opened == nil {
+			sh.opened = make(chan struct{})
+		}
+		opened := sh.opened
+		sh.mu.Unlock()
+		select {
+		case <-opened:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		sh.mu.Lock()
+	}
+}
+
+// sharedRoom reports whether a Pool that has n shared sessions (open or
+// opening) may open another: fewer than its limit, and, beyond its first,
+// while fewer than that limit of the pool's connections are in use, by
+// anyone: the Pool's sessions, other Pools' on the same pool, the
+// application's queries. Several Pools on one pool then share its room
+// instead of each opening its own limit.
+func (p *Pool) sharedRoom(n int) bool {
+	st := p.db.Stats()
+	limit := sharedLimitOf(st)
+	return n < limit && (n == 0 || st.InUse < limit)
+}
+
+// sharedLimit is maxShared, or a quarter of the pool's limit when it has
+// one, so that waits, the keep-alive and the application's own queries
+// still get connections: a pool of fewer than 4 shares none (a session
+// pinned for many locks would hold a third of it or more, and keep it
+// while they churn), and each lock takes a connection of its own for as
+// long as it is held.
+func (p *Pool) sharedLimit() int { return sharedLimitOf(p.db.Stats()) }
+
+// sharedLimitOf is sharedLimit for a pool whose statistics are st.
+func sharedLimitOf(st sql.DBStats) int {
+	if n := st.MaxOpenConnections; n > 0 {
+		return min(maxShared, n/4)
+	}
+	return maxShared
+}
+
+// openShared pins a connection as a shared session, its server checked.
+// Its first statement, a lock's, applies the lock session's settings and
+// learns its pid, as a lock on a session of its own does: a session that
+// carries one lock sends what a dedicated one would, and costs no round
+// trip of its own.
+func (p *Pool) openShared(ctx context.Context) (*session, error) {
+	sent := monoNow()
+	conn, err := getConn(ctx, p.db)
+	if err != nil {
+		return nil, fmt.Errorf("sqllock: shared session: get connection: %w", err)
+	}
+	id, err := p.checkServer(ctx, conn)
+	if err != nil {
+		p.putBack(conn) // no statement of a lock ran on it
+		return nil, err
+	}
+	return p.newSession(conn, id, kindShared, sent), nil
+}

@@ -1,0 +1,149 @@
+package core
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
+)
+
+// Transaction-level locks: taken in a transaction of the caller's (LockTx
+// and kin, with no Pool) or of InTx's (with the Pool, which can cancel an
+// abandoned wait). PostgreSQL releases them when the transaction ends.
+
+// TxLock takes a transaction-level lock of kind (Try, Shared) on k in tx,
+// through the engine without a Pool. Every call starts with the same
+// non-waiting statement, whatever ctx: one round trip when the key is
+// free, which also says whether the server is a standby (refused, and
+// nothing taken there). Only a waiting call that finds the key held then
+// waits, as ctx allows: in one statement under a context that never ends
+// or has a deadline (the server keeps it), in slices under one that can
+// only be cancelled (waitTxSliced). With no pool to cancel an abandoned
+// wait from, ctx ends it through the driver; the caller's rollback, which
+// is required after a ctx that ended, takes the backend out of the queue.
+// The key is bound as a parameter, which every driver accepts.
+func TxLock(ctx context.Context, tx TxQuerier, k Key, kind Kind) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, NotAcquired(keyString(k), err)
+	}
+	e := &engine{mode: sqltext.Bind} // no pool to cancel a wait from, no logger
+	o := e.tryOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k)
+	if !kind.IsTry() && o.err == nil && !o.ok && !o.standby {
+		if _, deadline := ctx.Deadline(); !deadline && ctx.Done() != nil {
+			o = e.waitTxSliced(ctx, tx, kind, k)
+		} else {
+			o = e.waitOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k, o.pid, waitOne)
+		}
+	}
+	err := settleTx(ctx, namer{label: keyString(k)}, o, false)
+	if errors.Is(err, ErrStandby) {
+		// No option allows a standby here: say only what to do.
+		err = fmt.Errorf("%w (lock %s): its advisory locks do not conflict with the primary's; connect to the primary", ErrStandby, keyString(k))
+	}
+	return o.ok, err
+}
+
+// waitTxSliced is a transaction's wait under a context that can be
+// cancelled and has no deadline. The driver's cancel may never reach the
+// server (lib/pq sends it on a connection of its own, and one that arrives
+// before the statement starts is lost), and a transaction has no other
+// session to cancel its wait from, nor a deadline for the server to keep.
+// So the wait goes in slices of twice the server's deadlock_timeout (at
+// least txSliceMin), in a savepoint: the deadlock detector still sees
+// every slice, a slice that times out is rolled back to the savepoint
+// (which also undoes a grant that came as the timeout fired), and while
+// ctx goes on the wait goes on. A lost cancel then costs at most a slice.
+func (e *engine) waitTxSliced(ctx context.Context, tx TxQuerier, kind Kind, k Key) outcome {
+	var dt string
+	if err := (txWaiter{tx}).queryRow(ctx, sqltext.DeadlockTimeoutSQL, nil, &dt); err != nil {
+		return outcome{err: err}
+	}
+	d, err := time.ParseDuration(dt)
+	if err != nil {
+		d = 0 // a unit Go does not read ("1min"): the floor below
+	}
+	slice := strconv.FormatInt(max(2*d, txSliceMin).Milliseconds(), 10) + "ms"
+	if err := txExec(ctx, tx, sqltext.SavepointSQL); err != nil {
+		return outcome{err: err}
+	}
+	q, args := e.mode.XactDeadlineLockSQL(kind&^sqltext.Try, k, slice)
+	for {
+		began := time.Now()
+		var o outcome
+		o.err = txWaiter{tx}.queryRow(ctx, q, args, &o.ok)
+		switch {
+		case o.err == nil:
+			// The transaction keeps what its subtransaction took.
+			o.err = txExec(ctx, tx, sqltext.ReleaseSavepointSQL)
+			return o
+		case SQLState(o.err) != "55P03" || !ranInto(began, slice) || CtxEnded(ctx):
+			// Not the slice's end (a lock_timeout of the transaction's
+			// own, a deadlock, a cancel), or ctx ended: the caller's.
+			return o
+		}
+		if err := txExec(ctx, tx, sqltext.RollbackToSavepointSQL); err != nil {
+			return outcome{err: err}
+		}
+	}
+}
+
+// txSliceMin is the shortest slice of waitTxSliced.
+const txSliceMin = 2 * time.Second
+
+// txExec runs a statement that returns no row in tx.
+func txExec(ctx context.Context, tx TxQuerier, q string) error {
+	if err := (txWaiter{tx}).queryRow(ctx, q, nil); err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	return nil
+}
+
+// LockInTx takes the exclusive transaction-level lock k in tx, InTx's own
+// transaction. It tries first, with the statement TxLock starts with, so
+// that a wait knows its backend's pid: when ctx ends during the wait, that
+// backend is taken out of k's queue (see cancelWait) rather than left to
+// be granted the lock and sit idle in its transaction until it notices its
+// client left. On a standby the try takes nothing, and the call is
+// refused, unless the Pool allows standbys: then it waits, which takes the
+// lock there.
+func (p *Pool) LockInTx(ctx context.Context, tx TxQuerier, k Key) error {
+	if err := ctx.Err(); err != nil {
+		return NotAcquired(p.name(k), err)
+	}
+	w := txWaiter{tx}
+	o := p.tryOn(ctx, w, xactLevel, nil, 0, k)
+	if o.err == nil && !o.ok && (!o.standby || p.cfg.AllowStandby) {
+		o = p.waitOn(ctx, w, xactLevel, nil, 0, k, o.pid, waitOne)
+	}
+	return settleTx(ctx, namer{p: p, k: k}, o, p.cfg.AllowStandby)
+}
+
+// BeginRefusedByStandby reports whether err, a failed BEGIN, was a
+// standby's refusal: lib/pq begins every transaction that is not read-only
+// as READ WRITE, which a standby refuses ("cannot set transaction
+// read-write mode during recovery", 0A000), as it refuses a serializable
+// one (0A000 too) or a write (25006). Only for those codes is the server
+// asked whether it is in recovery.
+func (p *Pool) BeginRefusedByStandby(ctx context.Context, err error) bool {
+	if st := SQLState(err); st != "0A000" && st != "25006" {
+		return false
+	}
+	var r bool
+	return p.db.QueryRowContext(ctx, sqltext.RecoverySQL).Scan(&r) == nil && r
+}
+
+// settleTx turns the outcome of a transaction-level acquisition into the
+// call's error: a ctx that ended is "not acquired" whatever the driver said
+// (the caller rolls the transaction back, which releases what it holds); a
+// standby is refused unless standbyOK.
+func settleTx(ctx context.Context, what namer, o outcome, standbyOK bool) error {
+	v, err := judge(ctx, o, what, standbyOK, 0)
+	if v == refused && o.err == nil && !o.ok && (!o.standby || standbyOK) {
+		return nil // a try that found the key held: false, and no error
+	}
+	return err
+}
