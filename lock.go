@@ -258,12 +258,7 @@ func (lk *Lock) UnlockAfter(d time.Duration) error {
 		lk.window.Stop() // a second window replaces the first
 	} else {
 		lk.l.stats.windows.Add(1)
-		// A loss ends the window (the release would find nothing to do).
-		context.AfterFunc(lk.h.Context(), func() {
-			lk.mu.Lock()
-			defer lk.mu.Unlock()
-			lk.closeWindow()
-		})
+		lk.l.windows.Store(lk.h, lk) // a loss ends the window (see hooks.Event)
 	}
 	lk.window = time.AfterFunc(wait, func() {
 		if err := lk.Unlock(context.Background()); err != nil && !errors.Is(err, ErrReleased) {
@@ -271,6 +266,14 @@ func (lk *Lock) UnlockAfter(d time.Duration) error {
 		}
 	})
 	return nil
+}
+
+// endWindow ends the lock's hold window, if one is open: its lock was
+// lost.
+func (lk *Lock) endWindow() {
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	lk.closeWindow()
 }
 
 // closeWindow ends the lock's hold window, if one is open: the lock is
@@ -281,5 +284,6 @@ func (lk *Lock) closeWindow() {
 		lk.window.Stop()
 		lk.window = nil
 		lk.l.stats.windows.Add(-1)
+		lk.l.windows.Delete(lk.h)
 	}
 }

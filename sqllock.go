@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/sqllock/sqllock/internal/core"
@@ -34,6 +35,10 @@ type Locker struct {
 	observers []Observer
 
 	stats lockerStats // what the core does not count (see Stats)
+
+	// windows are the Locks whose hold window is open (see
+	// Lock.UnlockAfter), by their Hold: a loss ends the window.
+	windows sync.Map // *core.Hold → *Lock
 }
 
 // New returns a Locker that takes its locks through db.
@@ -222,8 +227,14 @@ func (h hooks) Log(ctx context.Context, level slog.Level, msg string, k core.Key
 	h.l.log(ctx, level, msg, kk, attrs...)
 }
 
-// Event tells the observers of e, which the core counted in Stats.
+// Event tells the observers of e, which the core counted in Stats; a lost
+// lock's hold window ends first.
 func (h hooks) Event(e core.Event) {
+	if e.Kind == core.EventLost && e.Hold != nil {
+		if lk, ok := h.l.windows.Load(e.Hold); ok {
+			lk.(*Lock).endWindow()
+		}
+	}
 	ev := Event{PID: int(e.PID), Held: e.Held, Duration: e.Duration, Err: e.Err}
 	switch e.Kind {
 	case core.EventLost:

@@ -264,9 +264,16 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool) (h *Hold, err
 // release ends h's hold of its key: it goes to the next caller in the
 // Pool's queue for it, without a statement, when the queue allows, and is
 // otherwise unlocked on its session (see session.release); the queue's
-// next caller then acquires from the server.
+// next caller then acquires from the server. A release that hands the key
+// on returns once its session answered a statement after it (one for all
+// the releases under way on it, sent while the next caller holds the
+// key): as the unlock it replaces, that confirms the lock was held until
+// the release, or reports its loss.
 func (p *Pool) release(h *Hold) error {
 	if p.queue.handOff(p, h) {
+		if err := h.s.alive(); err != nil {
+			return fmt.Errorf("%w: %s: its session (backend %d) ended before the release was confirmed: %w", ErrLockLost, p.name(h.key), h.pid, err)
+		}
 		return nil
 	}
 	err := h.s.release(h)

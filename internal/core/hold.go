@@ -159,7 +159,7 @@ func (h *Hold) Release() (first bool, err error) {
 	final := ErrReleased
 	if errors.Is(err, ErrLockLost) {
 		final = err
-		p.emit(Event{Kind: EventLost, Key: h.key, Keyed: true, PID: h.pid, Held: time.Since(h.since), Err: err, N: 1})
+		p.emit(Event{Kind: EventLost, Key: h.key, Keyed: true, Hold: h, PID: h.pid, Held: time.Since(h.since), Err: err, N: 1})
 	} else {
 		p.stats.released(1)
 	}
@@ -275,7 +275,7 @@ func (h *Hold) markLost(cause error) (lossNote, bool) {
 	}()
 	p.mon.remove(h)
 	p.queue.released(h) // the Pool's next caller acquires from the server
-	e := Event{Kind: EventLost, Key: h.key, Keyed: true, PID: h.pid, Held: time.Since(h.since), Err: err, N: 1}
+	e := Event{Kind: EventLost, Key: h.key, Keyed: true, Hold: h, PID: h.pid, Held: time.Since(h.since), Err: err, N: 1}
 	p.stats.lostHeld(1)
 	return lossNote{p, e, h.end}, true
 }

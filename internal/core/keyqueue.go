@@ -241,8 +241,7 @@ func (qs *keyQueues) handOff(p *Pool, h *Hold) bool {
 	w.state, w.hold = qhanded, nh
 	sh.mu.Unlock()
 	p.mon.remove(h)
-	p.stats.released(1)
-	p.stats.took(1)
+	p.stats.took(1) // (h's Release counts its release)
 	p.mon.add(nh)
 	close(w.ready)
 	return true

@@ -67,6 +67,7 @@ type Event struct {
 	Kind     EventKind
 	Key      Key   // when Keyed: EventLost of a Hold
 	Keyed    bool  // Key is the event's
+	Hold     *Hold // EventLost of a Hold: the Hold
 	Owned    bool  // EventLost of an Owned session's locks
 	N        int64 // EventLost: how many locks
 	PID      int64

@@ -24,6 +24,7 @@ const (
 	opTry    opKind = iota // pg_try_advisory_lock
 	opUnlock               // pg_advisory_unlock
 	opTag                  // a statement about one lock's tag (a token, HeldSQL, the lease's touch)
+	opAlive                // a sign of life of the session (one statement for all in a batch)
 )
 
 // op is one operation on a session.
@@ -155,19 +156,22 @@ func (s *session) unlockAsync(k Key) {
 }
 
 // run sends one batch: the tag statements one by one, then the unlocks,
-// then the tries, each kind in as few statements as possible.
+// then the tries, each kind in as few statements as possible, then one
+// sign of life for all that asked for one.
 func (s *session) run(batch []*op) {
-	if len(batch) == 1 && batch[0].kind != opTag && batch[0].state.Load() != opAbandoned {
+	if len(batch) == 1 && (batch[0].kind == opTry || batch[0].kind == opUnlock) && batch[0].state.Load() != opAbandoned {
 		s.runMany(batch, batch[0].kind == opUnlock) // one key, the common case
 		return
 	}
-	var tries, unlocks []*op
+	var tries, unlocks, alives []*op
 	for _, o := range batch {
 		switch {
 		case o.kind == opTag:
 			s.runTag(o)
 		case o.kind == opUnlock:
 			unlocks = append(unlocks, o)
+		case o.kind == opAlive:
+			alives = append(alives, o)
 		case o.state.Load() == opAbandoned:
 			s.finish(o) // never sent
 		default:
@@ -176,6 +180,44 @@ func (s *session) run(batch []*op) {
 	}
 	s.runMany(unlocks, true)
 	s.runMany(tries, false)
+	if len(alives) > 0 {
+		s.runAlive(alives)
+	}
+}
+
+// runAlive answers ops, which asked whether the session is alive, with one
+// statement on its backend: nil when it answered there (the session is
+// alive, and holds what it held); otherwise the session ends (another
+// backend answered, or none did), and ops get why.
+func (s *session) runAlive(ops []*op) {
+	var err error
+	if s.dead() {
+		err = s.err()
+	} else {
+		var v int64
+		q, args := s.p.mode.AliveSQL(s.pid)
+		err = s.queryRow(q, args, &v)
+		if errors.Is(err, sql.ErrNoRows) {
+			err = sessionChanged(s.pid, 0)
+		}
+		if err != nil {
+			s.end(err)
+		}
+	}
+	for _, o := range ops {
+		o.ok, o.err = err == nil, err
+		s.finish(o)
+	}
+}
+
+// alive reports, with a statement on s's backend (shared with the others
+// under way), that s is alive, and so holds what it held; or why not (s
+// has then ended).
+func (s *session) alive() error {
+	o := newOp(opAlive, Key{})
+	s.submit(o)
+	<-o.done
+	return o.err
 }
 
 // runMany sends ops (all unlocks, or all tries) in statements of up to

@@ -609,6 +609,15 @@ var VersionSQL = `SELECT version(), pg_backend_pid(), ` + serverStart + `,
 // TouchSQL keeps a leased session from going idle (see Settings).
 const TouchSQL = "SELECT 1::int8"
 
+// AliveSQL answers one row on backend pid, and none on another: an answer
+// says the session is alive, and holds what it held.
+func (m Mode) AliveSQL(pid int64) (string, []any) {
+	if m == Inline {
+		return "SELECT 1::int8 WHERE pg_backend_pid() = " + strconv.FormatInt(pid, 10), nil
+	}
+	return "SELECT 1::int8 WHERE pg_backend_pid() = $1::int4", []any{pid}
+}
+
 // NoIdleTimeoutSQL ends a session's lease: its connection is handed to the
 // caller, whose statements alone keep it from going idle.
 const NoIdleTimeoutSQL = "SELECT 1::int8 WHERE set_config('idle_session_timeout', '0', false) IS NOT NULL"

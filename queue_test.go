@@ -1,0 +1,398 @@
+package sqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/testkit"
+	"github.com/sqllock/sqllock/pgtest"
+)
+
+// The Locker's queues: its callers that wait for one key queue inside it,
+// in arrival order, and only the first waits in the server.
+
+// waitingRows returns how many sessions wait in the server for k.
+func waitingRows(t testing.TB, q sqllock.Querier, k sqllock.Key) int {
+	t.Helper()
+	locks, err := sqllock.Inspect(bg(), q, nil, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, l := range locks {
+		if !l.Granted {
+			n++
+		}
+	}
+	return n
+}
+
+// watchWaiting samples, until stop is closed, the most sessions seen
+// waiting in the server for k at once.
+func watchWaiting(t testing.TB, q sqllock.Querier, k sqllock.Key, stop <-chan struct{}) <-chan int {
+	most := make(chan int, 1)
+	go func() {
+		m := 0
+		for {
+			select {
+			case <-stop:
+				most <- m
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			locks, err := sqllock.Inspect(bg(), q, nil, k)
+			if err != nil {
+				continue
+			}
+			n := 0
+			for _, l := range locks {
+				if !l.Granted {
+					n++
+				}
+			}
+			m = max(m, n)
+		}
+	}()
+	return most
+}
+
+// TestQueueArrivalOrder: 50 goroutines of one Locker, arriving 20 ms
+// apart on a key another Locker holds, are served in exactly their order
+// of arrival, and at most one of the Locker's sessions waits in the
+// server for the key at any time.
+func TestQueueArrivalOrder(t *testing.T) {
+	t.Parallel()
+	const n = 50
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		observer := pgtest.Open(t, "pgx", dsn)
+		k := sqllock.Int64(3800)
+		holder, err := sqllock.New(pgtest.Open(t, "pgx", dsn)).Lock(bg(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := sqllock.New(db)
+		stop := make(chan struct{})
+		most := watchWaiting(t, observer, k, stop)
+		var mu sync.Mutex
+		var served []int
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				lk, err := l.Lock(bg(), k)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				served = append(served, i)
+				mu.Unlock()
+				time.Sleep(time.Millisecond)
+				if err := lk.Unlock(bg()); err != nil {
+					t.Error(err)
+				}
+			}()
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err := holder.Unlock(bg()); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		close(stop)
+		want := make([]int, n)
+		for i := range want {
+			want[i] = i
+		}
+		if !slices.Equal(served, want) {
+			t.Errorf("served in the order %v, want the order of arrival", served)
+		}
+		if m := <-most; m > 1 {
+			t.Errorf("%d of the Locker's sessions waited in the server at once, want at most 1", m)
+		}
+	})
+}
+
+// TestQueueManyWaitersFewSessions: 500 goroutines of one Locker wait for
+// 10 keys other Lockers hold: at most 10 of its sessions wait in the
+// server, at most 26 are open in all (the shared ones and the waiting
+// ones), and all 500 are served once the keys are free.
+func TestQueueManyWaitersFewSessions(t *testing.T) {
+	t.Parallel()
+	const waiters, keys = 500, 10
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		observer := pgtest.Open(t, "pgx", dsn)
+		holderL := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithKeepAlive(0))
+		var held []*sqllock.Lock
+		for i := range keys {
+			lk, err := holderL.Lock(bg(), sqllock.Pair(3801, int32(i)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, lk)
+		}
+		l := sqllock.New(db)
+		var served atomic.Int64
+		var wg sync.WaitGroup
+		for i := range waiters {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				lk, err := l.Lock(bg(), sqllock.Pair(3801, int32(i%keys)))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				served.Add(1)
+				if err := lk.Unlock(bg()); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		// Every key has its waiter in the server; look a while longer.
+		for i := range keys {
+			testkit.WaitWaiters(t, observer, sqllock.Pair(3801, int32(i)), 1)
+		}
+		mostWaiting, mostOpen := 0, 0
+		for range 20 {
+			n := 0
+			for i := range keys {
+				n += waitingRows(t, observer, sqllock.Pair(3801, int32(i)))
+			}
+			mostWaiting = max(mostWaiting, n)
+			mostOpen = max(mostOpen, db.Stats().OpenConnections)
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Logf("%d waiters on %d keys: at most %d waiting sessions, %d open", waiters, keys, mostWaiting, mostOpen)
+		if mostWaiting > keys {
+			t.Errorf("%d sessions waited in the server, want at most %d", mostWaiting, keys)
+		}
+		if mostOpen > 26 {
+			t.Errorf("the Locker had %d sessions open, want at most 26", mostOpen)
+		}
+		for _, lk := range held {
+			lk.Unlock(bg())
+		}
+		wg.Wait()
+		if got := served.Load(); got != waiters {
+			t.Errorf("%d of %d waiters served", got, waiters)
+		}
+		if st := db.Stats(); st.OpenConnections > 26 {
+			t.Errorf("the Locker had %d sessions open once all were served, want at most 26", st.OpenConnections)
+		}
+	})
+}
+
+// TestQueueKeysAfterContention: 60 free keys, each found held by a waiting
+// call less than a second before, are then held at once on at most 16
+// sessions: a free key is tried on a shared session first, whatever
+// happened to it before.
+func TestQueueKeysAfterContention(t *testing.T) {
+	t.Parallel()
+	const keys = 60
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		other := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithKeepAlive(0))
+		l := sqllock.New(db, sqllock.WithKeepAlive(0))
+		for i := range keys {
+			k := sqllock.Pair(3802, int32(i))
+			h, err := other.Lock(bg(), k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan error, 1)
+			go func() {
+				lk, err := l.Lock(bg(), k) // finds k held, waits
+				if err == nil {
+					err = lk.Unlock(bg())
+				}
+				got <- err
+			}()
+			testkit.WaitWaiters(t, pgtest.Open(t, "pgx", dsn), k, 1)
+			h.Unlock(bg())
+			if err := <-got; err != nil {
+				t.Fatal(err)
+			}
+		}
+		began := time.Now()
+		var locks []*sqllock.Lock
+		for i := range keys {
+			lk, err := l.Lock(bg(), sqllock.Pair(3802, int32(i)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			locks = append(locks, lk)
+		}
+		pids := map[int]bool{}
+		for _, lk := range locks {
+			pids[lk.PID()] = true
+		}
+		t.Logf("%d keys, contended within the last %v, held on %d sessions", keys, time.Since(began).Round(time.Millisecond), len(pids))
+		if len(pids) > 16 {
+			t.Errorf("%d keys held on %d sessions, want at most 16", keys, len(pids))
+		}
+		for _, lk := range locks {
+			lk.Unlock(bg())
+		}
+	})
+}
+
+// TestQueueLeaveOnCancel: a caller whose context ends while it waits in
+// the Locker's queue leaves it at once and takes nothing; those behind it
+// are served, in order.
+func TestQueueLeaveOnCancel(t *testing.T) {
+	t.Parallel()
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		k := sqllock.Int64(3803)
+		holder, err := sqllock.New(pgtest.Open(t, "pgx", dsn)).Lock(bg(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := sqllock.New(db)
+		first := make(chan *sqllock.Lock, 1)
+		go func() {
+			lk, err := l.Lock(bg(), k)
+			if err != nil {
+				t.Error(err)
+			}
+			first <- lk
+		}()
+		testkit.WaitWaiters(t, db, k, 1)
+		ctx, cancel := context.WithCancel(bg())
+		left := make(chan error, 1)
+		go func() {
+			_, err := l.Lock(ctx, k)
+			left <- err
+		}()
+		third := make(chan *sqllock.Lock, 1)
+		time.Sleep(50 * time.Millisecond)
+		go func() {
+			lk, err := l.Lock(bg(), k)
+			if err != nil {
+				t.Error(err)
+			}
+			third <- lk
+		}()
+		time.Sleep(50 * time.Millisecond)
+		began := time.Now()
+		cancel()
+		select {
+		case err := <-left:
+			if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+				t.Errorf("the cancelled caller's Lock = %v, want ErrNotAcquired and context.Canceled", err)
+			}
+			if d := time.Since(began); d > 100*time.Millisecond {
+				t.Errorf("the cancelled caller left after %v, want at once", d)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("the cancelled caller did not leave the queue")
+		}
+		holder.Unlock(bg())
+		lk := <-first
+		if lk == nil {
+			t.FailNow()
+		}
+		lk.Unlock(bg())
+		lk = <-third
+		if lk == nil {
+			t.FailNow()
+		}
+		if got := holders(t, db, k); !slices.Equal(got, []int{lk.PID()}) {
+			t.Errorf("holders = %v, want the third caller's backend %d", got, lk.PID())
+		}
+		lk.Unlock(bg())
+		waitFree(t, db, k, 5*time.Second)
+	})
+}
+
+// TestQueueRemoteWaiterServed: while 64 goroutines of one Locker take and
+// release one key as fast as they can (the key handed from one to the
+// next inside the Locker), a waiter in another process is granted it
+// within the documented bound, 2 s.
+func TestQueueRemoteWaiterServed(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			dsn := srv.NewDatabase(t)
+			l := sqllock.New(pgtest.Open(t, drv, dsn))
+			k := sqllock.Int64(3804)
+			ctx, cancel := context.WithCancel(bg())
+			var cycles atomic.Int64
+			var wg sync.WaitGroup
+			for range 64 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for ctx.Err() == nil {
+						lk, err := l.Lock(ctx, k)
+						if err != nil {
+							return
+						}
+						cycles.Add(1)
+						lk.Unlock(bg())
+					}
+				}()
+			}
+			time.Sleep(300 * time.Millisecond)
+			waits := []time.Duration{}
+			for range 5 {
+				cmd := exec.Command(os.Args[0], "-test.run=^$")
+				cmd.Env = append(os.Environ(), helperEnv+"=remote-waiter", "HELPER_DRIVER="+drv, "HELPER_DSN="+dsn, "HELPER_KEY=3804")
+				out, err := cmd.Output()
+				if err != nil {
+					t.Fatalf("the waiter process: %v: %s", err, out)
+				}
+				d, err := time.ParseDuration(strings.TrimSpace(string(out)))
+				if err != nil {
+					t.Fatalf("the waiter process said %q", out)
+				}
+				waits = append(waits, d)
+			}
+			cancel()
+			wg.Wait()
+			t.Logf("%s: %d local cycles; a waiter in another process was granted after %v", drv, cycles.Load(), waits)
+			for _, d := range waits {
+				if d > 2*time.Second {
+					t.Errorf("a waiter in another process waited %v, want at most 2 s", d)
+				}
+			}
+			if cycles.Load() < 100 {
+				t.Errorf("%d local cycles: the Locker's own callers were not served", cycles.Load())
+			}
+		})
+	}
+}
+
+// helperRemoteWaiter takes HELPER_KEY once, and prints how long that took.
+func helperRemoteWaiter(db *sql.DB) int {
+	k, err := strconv.ParseInt(os.Getenv("HELPER_KEY"), 10, 64)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	l := sqllock.New(db)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	began := time.Now()
+	lk, err := l.Lock(ctx, sqllock.Int64(k))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	took := time.Since(began)
+	lk.Unlock(context.Background())
+	fmt.Println(took)
+	return 0
+}
