@@ -2,12 +2,15 @@ package sqllock
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // Election is a leader election on a key: of the candidates that campaign
@@ -33,7 +36,7 @@ type Election struct {
 
 // electionPrefix starts the application_name of a candidate's session: the
 // rest is its value.
-const electionPrefix = "sqllock-election:"
+const electionPrefix = sqltext.ElectionPrefix
 
 // maxValue is the longest value: application_name holds 63 bytes.
 const maxValue = 63 - len(electionPrefix)
@@ -245,32 +248,32 @@ func (ld Leader) String() string {
 // Leader returns who leads now, in one query: the zero Leader (PID 0)
 // when no one does. It needs no privileges, and costs the leader nothing.
 func (e *Election) Leader(ctx context.Context) (Leader, error) {
+	c, o, sub := e.key.lockTag()
+	q, args := e.l.mode.TagArgs(sqltext.LeaderSQL, int64(c), int64(o), sub)
 	for try := 0; ; try++ {
-		hs, err := Inspect(ctx, e.l.db, nil, e.key)
+		var ld Leader
+		var name, since string
+		err := e.l.db.QueryRowContext(ctx, q, args...).Scan(&ld.PID, &name, &ld.ClientAddr, &since)
+		if errors.Is(err, sql.ErrNoRows) || err == nil && ld.PID == 0 {
+			return Leader{}, nil // no holder, or a prepared transaction
+		}
 		if err != nil {
-			return Leader{}, err
+			return Leader{}, fmt.Errorf("sqllock: election %s: %w", e.l.name(e.key), err)
 		}
-		unnamed := false
-		for _, h := range hs {
-			if !h.Granted || h.Shared {
-				continue
-			}
-			value, ok := strings.CutPrefix(h.ApplicationName, electionPrefix)
-			if !ok && try < leaderRetries && ctx.Err() == nil {
-				// Granted a moment ago: the statement that was granted
-				// the lock names its session next.
-				unnamed = true
-				break
-			}
-			if !ok {
-				value = "" // a holder that is no candidate
-			}
-			return Leader{Value: value, PID: h.PID, ClientAddr: h.ClientAddr, Since: h.Since}, nil
+		value, ok := strings.CutPrefix(name, electionPrefix)
+		if !ok && try < leaderRetries && ctx.Err() == nil {
+			// Granted a moment ago: the statement that was granted the
+			// lock names its session next.
+			time.Sleep(time.Millisecond)
+			continue
 		}
-		if !unnamed {
-			return Leader{}, nil
+		if ok {
+			ld.Value = value
+		} // else a holder that is no candidate
+		if since != "" {
+			ld.Since, _ = time.Parse(time.RFC3339Nano, since)
 		}
-		time.Sleep(time.Millisecond)
+		return ld, nil
 	}
 }
 
