@@ -39,6 +39,8 @@ func helperMain(role string) int {
 		return helperSemaphore(db, os.Getenv("HELPER_DIR"))
 	case "candidate":
 		return helperCandidate(db, os.Getenv("HELPER_DIR"), os.Getenv("HELPER_VALUE"))
+	case "leader":
+		return helperLeader(db, os.Getenv("HELPER_VALUE"))
 	}
 	fmt.Fprintln(os.Stderr, "unknown helper role", role)
 	return 2
