@@ -285,7 +285,7 @@ const leaderRetries = 20
 // leader at once, then each change (including to no leader, the zero
 // Leader), in order, until ctx ends, when it closes the channel.
 //
-// It asks the server every 10 ms, whatever the Locker's keep-alive: a
+// It asks the server every 20 ms, whatever the Locker's keep-alive: a
 // term of 100 ms is reported, its start and then its end (no leader, or
 // the next leader); a term shorter than the interval can go unseen. Each
 // ask is a small query on a connection of the Locker's *sql.DB that
@@ -322,17 +322,21 @@ func (e *Election) Observe(ctx context.Context) <-chan Leader {
 }
 
 // observeEvery is how often Observe asks who leads. Observe polls on an
-// interval of its own, short enough that a term of a tenth of a second
-// is seen, rather than at the keep-alive's (which sets how soon a holder
-// learns of a loss: seconds) or through LISTEN/NOTIFY: a listener needs
-// a session of its own and a driver's API to receive notifications,
-// which database/sql does not have; a notifying commit takes a
-// cluster-wide lock, which every term would pay; and a leader that
-// crashes sends nothing, so a poll would be needed anyway. Each ask reads
-// the candidates' digest (CandidatesSQL), not pg_locks: reading pg_locks
-// costs in proportion to every lock held in the server and stalls their
-// takers meanwhile, and is done only when the digest changed.
-const observeEvery = 10 * time.Millisecond
+// interval of its own, a fifth of a term of a tenth of a second, rather
+// than at the keep-alive's (which sets how soon a holder learns of a
+// loss: seconds) or through LISTEN/NOTIFY: a listener needs a session of
+// its own and a driver's API to receive notifications, which
+// database/sql does not have; a notifying commit takes a cluster-wide
+// lock, which every term would pay; and a leader that crashes sends
+// nothing, so a poll would be needed anyway. A shorter interval would
+// cost the server in proportion (each ask is a statement, and the
+// backend's wake-up) and see such a term hardly more surely: what hides
+// one is a stall of the observer (or its backend) about as long as the
+// term, not the interval. Each ask reads the candidates' digest
+// (CandidatesSQL), not pg_locks: reading pg_locks costs in proportion to
+// every lock held in the server and stalls their takers meanwhile, and is
+// done only when the digest changed.
+const observeEvery = 20 * time.Millisecond
 
 // observeRecheck is how often Observe reads the key's holder whatever the
 // candidates' sessions show: a holder that is no candidate (a lock taken

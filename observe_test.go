@@ -94,7 +94,7 @@ func briefTerms(t *testing.T, observers, candidates *sql.DB, k sqllock.Key) {
 // TestObserveKilledLeader: a leader in another process, killed with
 // SIGKILL, is reported gone within a second, with the default keep-alive
 // (5 s): its kernel closes its connection, the server ends its session at
-// once, and Observe asks every 10 ms. The second covers a loaded machine.
+// once, and Observe asks every 20 ms. The second covers a loaded machine.
 func TestObserveKilledLeader(t *testing.T) {
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
 		k := sqllock.Hash("election:killed")
