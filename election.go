@@ -2,6 +2,7 @@ package sqllock
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock/internal/core"
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // Election is a leader election on a key: of the candidates that campaign
@@ -35,7 +37,7 @@ type Election struct {
 
 // electionPrefix starts the application_name of a candidate's session: the
 // rest is its value.
-const electionPrefix = "sqllock-election:"
+const electionPrefix = sqltext.ElectionPrefix
 
 // maxValue is the longest value: application_name holds 63 bytes.
 const maxValue = 63 - len(electionPrefix)
@@ -250,32 +252,32 @@ func (ld Leader) String() string {
 // when no one does. It needs no privileges, and costs the leader nothing.
 func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	mustContext(ctx, "Election.Leader")
+	c, o, sub := core.Tag(e.key.sqlKey())
+	q, args := e.l.pool.Mode().TagArgs(sqltext.LeaderSQL, int64(c), int64(o), sub)
 	for try := 0; ; try++ {
-		hs, err := Inspect(ctx, e.l.db, nil, e.key)
+		var ld Leader
+		var name, since string
+		err := e.l.db.QueryRowContext(ctx, q, args...).Scan(&ld.PID, &name, &ld.ClientAddr, &since)
+		if errors.Is(err, sql.ErrNoRows) || err == nil && ld.PID == 0 {
+			return Leader{}, nil // no holder, or a prepared transaction
+		}
 		if err != nil {
-			return Leader{}, err
+			return Leader{}, fmt.Errorf("sqllock: election %s: %w", e.l.name(e.key), err)
 		}
-		unnamed := false
-		for _, h := range hs {
-			if !h.Granted || h.Shared {
-				continue
-			}
-			value, ok := strings.CutPrefix(h.ApplicationName, electionPrefix)
-			if !ok && try < leaderRetries && ctx.Err() == nil {
-				// Granted a moment ago: the statement that was granted
-				// the lock names its session next.
-				unnamed = true
-				break
-			}
-			if !ok {
-				value = "" // a holder that is no candidate
-			}
-			return Leader{Value: value, PID: h.PID, ClientAddr: h.ClientAddr, Since: h.Since}, nil
+		value, ok := strings.CutPrefix(name, electionPrefix)
+		if !ok && try < leaderRetries && ctx.Err() == nil {
+			// Granted a moment ago: the statement that was granted the
+			// lock names its session next.
+			time.Sleep(time.Millisecond)
+			continue
 		}
-		if !unnamed {
-			return Leader{}, nil
+		if ok {
+			ld.Value = value
+		} // else a holder that is no candidate
+		if since != "" {
+			ld.Since, _ = time.Parse(time.RFC3339Nano, since)
 		}
-		time.Sleep(time.Millisecond)
+		return ld, nil
 	}
 }
 
@@ -285,41 +287,145 @@ const leaderRetries = 20
 
 // Observe reports the election's leader on the returned channel: the
 // leader at once, then each change (including to no leader, the zero
-// Leader), in order, until ctx ends, when it closes the channel. It asks
-// the server once per interval (the Locker's keep-alive interval, or one
-// second when that is off): one small query per interval per observer,
-// and nothing for the candidates. A leadership shorter than the interval
-// can go unseen. A failed query is retried at the next interval.
+// Leader), in order, until ctx ends, when it closes the channel.
+//
+// It asks the server every 20 ms, whatever the Locker's keep-alive: a
+// term of 100 ms is reported, its start and then its end (no leader, or
+// the next leader); a term shorter than the interval can go unseen. Each
+// ask is a small query on a connection of the Locker's *sql.DB that
+// reads the names of the candidates' sessions (pg_stat_activity); when
+// they changed, and once a second, a second one reads the key's holder
+// (pg_locks, whose reading copies the server's whole lock table). A lock
+// on the key taken by hand, not by a candidate, is seen within that
+// second. Observing costs the candidates nothing; its cost to the server
+// is in docs/benchmarks.md. A failed ask is retried at the next interval.
+//
+// A leader that crashes sends nothing: Observe reports it gone at its
+// first ask after the server ends the leader's session. When the
+// leader's process dies (killed with SIGKILL, say), its kernel closes its
+// connection and the server ends the session at once: "no leader" (or
+// the next leader) comes within about an interval. When its host
+// vanishes or is cut off (or, on PostgreSQL 14 and later, its process
+// stops), the server ends the session within the leader's orphan bound
+// (its Locker's [WithOrphanBound], 30 s by default), and Observe reports
+// it within an interval after that.
+//
+// A consumer that falls behind misses nothing: the changes wait for it,
+// in the order they happened, and it receives them late, one by one; the
+// value it receives is the current leader only once it has caught up. It
+// can fall 1,000 changes behind; past that, the oldest it has not
+// received are dropped. A leader is told from the next by its backend and
+// value: a candidate re-elected on the same session between two asks
+// looks like one term.
 func (e *Election) Observe(ctx context.Context) <-chan Leader {
 	mustContext(ctx, "Election.Observe")
-	interval := e.l.cfg.keepAlive
-	if interval <= 0 {
-		interval = time.Second
-	}
-	ch := make(chan Leader, 1)
-	go func() {
-		defer close(ch)
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		last, first := Leader{}, true
-		for {
-			qctx, cancel := context.WithTimeout(ctx, max(interval, time.Second))
-			ld, err := e.Leader(qctx)
+	ch := make(chan Leader)
+	seen := make(chan Leader)
+	go e.poll(ctx, seen)
+	go deliver(ctx, seen, ch)
+	return ch
+}
+
+// observeEvery is how often Observe asks who leads. Observe polls on an
+// interval of its own, a fifth of a term of a tenth of a second, rather
+// than at the keep-alive's (which sets how soon a holder learns of a
+// loss: seconds) or through LISTEN/NOTIFY: a listener needs a session of
+// its own and a driver's API to receive notifications, which
+// database/sql does not have; a notifying commit takes a cluster-wide
+// lock, which every term would pay; and a leader that crashes sends
+// nothing, so a poll would be needed anyway. A shorter interval would
+// cost the server in proportion (each ask is a statement, and the
+// backend's wake-up) and see such a term hardly more surely: what hides
+// one is a stall of the observer (or its backend) about as long as the
+// term, not the interval. Each ask reads the candidates' digest
+// (CandidatesSQL), not pg_locks: reading pg_locks costs in proportion to
+// every lock held in the server and stalls their takers meanwhile, and is
+// done only when the digest changed.
+const observeEvery = 20 * time.Millisecond
+
+// observeRecheck is how often Observe reads the key's holder whatever the
+// candidates' sessions show: a holder that is no candidate (a lock taken
+// by hand) changes no candidate's name.
+const observeRecheck = time.Second
+
+// maxBehind is how many changes Observe keeps for a consumer that falls
+// behind.
+const maxBehind = 1000
+
+// poll asks who leads every observeEvery until ctx ends, and sends each
+// change on seen, the first answer included.
+func (e *Election) poll(ctx context.Context, seen chan<- Leader) {
+	var last Leader
+	var digest int64
+	var read time.Time // when the leader was last read
+	first := true
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+		t.Reset(observeEvery)
+		qctx, cancel := context.WithTimeout(ctx, time.Second)
+		// The candidates' digest first: a change after it shows in the
+		// next one.
+		var d int64
+		err := e.l.db.QueryRowContext(qctx, sqltext.CandidatesSQL).Scan(&d)
+		if err != nil || !first && d == digest && time.Since(read) < observeRecheck {
 			cancel()
-			if err == nil && (first || ld.PID != last.PID || ld.Value != last.Value) {
-				select {
-				case ch <- ld:
-				case <-ctx.Done():
-					return
-				}
-				last, first = ld, false
-			}
+			continue
+		}
+		ld, err := e.Leader(qctx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		digest, read = d, time.Now()
+		if first || !ld.same(last) {
 			select {
-			case <-t.C:
+			case seen <- ld:
 			case <-ctx.Done():
 				return
 			}
+			last, first = ld, false
 		}
-	}()
-	return ch
+	}
 }
+
+// deliver passes the changes from seen to ch, in order, queueing them for
+// a consumer that falls behind, and closes ch when ctx ends.
+func deliver(ctx context.Context, seen <-chan Leader, ch chan<- Leader) {
+	defer close(ch)
+	var queue []Leader // received from seen, not yet sent on ch
+	var sent Leader    // the last value sent on ch, when began
+	began := false
+	for {
+		var out chan<- Leader
+		var next Leader
+		if len(queue) > 0 {
+			out, next = ch, queue[0]
+		}
+		select {
+		case out <- next:
+			sent, began, queue = next, true, queue[1:]
+		case ld := <-seen:
+			if len(queue) == maxBehind {
+				// The oldest change not yet sent goes, and so does the
+				// one after it if it is the leader last sent: the
+				// consumer never receives one leader twice in a row.
+				queue = queue[1:]
+				if began && queue[0].same(sent) {
+					queue = queue[1:]
+				}
+			}
+			queue = append(queue, ld)
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// same reports whether ld and o are the same leader (or both none).
+func (ld Leader) same(o Leader) bool { return ld.PID == o.PID && ld.Value == o.Value }

@@ -10,11 +10,13 @@
 // random order, in one process, and are summed up by their median wall
 // time, mean process CPU time and allocations per call.
 //
-// Three modes measure one thing each and print its table, for the
+// Four modes measure one thing each and print its tables, for the
 // hand-written sections of docs/benchmarks.md: -sharing (sessions per
 // locks), -etcd (leader election against etcd's, under faults of the
-// leader; needs etcd-server) and -tokens (the fencing token's statement,
-// durable or not, with fsync off and on).
+// leader; needs etcd-server), -tokens (the fencing token's statement,
+// durable or not, with fsync off and on) and -observe (Election.Observe:
+// its statements' cost by the server's lock table, an observer's cost at
+// rest and to a lock workload, and how soon it reports a change).
 package main
 
 import (
@@ -51,11 +53,14 @@ func main() {
 	trials := flag.Int("trials", 5, "-etcd: trials of each fault at 5 s bounds, and of resign and fairness everywhere")
 	longTrials := flag.Int("long-trials", 2, "-etcd: trials of each fault that waits for a default bound (etcd's 60 s TTL, sqllock's 30 s orphan bound)")
 	throughput := flag.Bool("throughput", false, "measure only locks/s against goroutines (sqllock, raw SQL, the hand-batched ceiling) and memory per held lock: its chart to -out, its tables to stdout")
-	phase := flag.Duration("phase", 500*time.Millisecond, "-throughput: the length of one load's phase")
-	rounds := flag.Int("rounds", 3, "-throughput: rounds of phases (medians are reported)")
+	phase := flag.Duration("phase", 500*time.Millisecond, "-throughput, -observe: the length of one phase")
+	rounds := flag.Int("rounds", 3, "-throughput, -observe: rounds of phases (medians are reported)")
+	observe := flag.Bool("observe", false, "measure Election.Observe: an ask's cost by the server's lock table, observers' cost at rest and under a lock workload, and how soon changes are reported: its tables to stdout")
+	terms := flag.Int("terms", 50, "-observe: terms of 100 ms to report")
+	kills := flag.Int("kills", 10, "-observe: leader processes to kill")
 	tokens := flag.Bool("tokens", false, "measure the fencing token's statement, before and after it became durable, with fsync off and on: its table to stdout")
 	flag.Parse()
-	if *sharing || *etcdCmp || *throughput {
+	if *sharing || *etcdCmp || *throughput || *observe {
 		*cpu = -1 // thousands of goroutines, or processes: every CPU
 	}
 	if *cpu >= 0 && os.Getenv("SQLLOCK_BENCH_PINNED") == "" {
@@ -82,6 +87,19 @@ func main() {
 	}
 	if *etcdCmp || *tokens {
 		if err := runAlone(*etcdCmp, *tokens, *calls, *longTrials, *trials); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *observe {
+		ctx := context.Background()
+		srv, err := pgtest.Embedded(ctx)
+		if err == nil {
+			err = runObserve(ctx, srv, *calls, *terms, *kills, *phase, *rounds, os.Stdout)
+			srv.Close()
+		}
+		if err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
 		}

@@ -578,6 +578,45 @@ LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory'
  AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())`
 
+// ElectionPrefix starts the application_name of an election candidate's
+// session; the rest is its value.
+const ElectionPrefix = "sqllock-election:"
+
+// LeaderSQL answers who holds the exclusive advisory lock whose tag is
+// ($1, $2, $3) in the current database: one row (pid, application_name,
+// client address, state_change) when a session does, none otherwise. It
+// reads that lock's holder only: its row of pg_stat_activity is
+// pg_stat_get_activity of its pid alone (the view joins other catalogs),
+// and pg_blocking_pids is not called (InspectSQL calls it per waiter).
+// Reading pg_locks still copies the server's whole lock table, under all
+// of its partition locks: see CandidatesSQL.
+const LeaderSQL = `SELECT coalesce(l.pid, 0), coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
+ coalesce(to_jsonb(a) ->> 'state_change', '')
+FROM pg_catalog.pg_locks l
+LEFT JOIN LATERAL pg_catalog.pg_stat_get_activity(l.pid) AS a ON true
+WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock'
+ AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+ AND l.classid::int8 = $1::int8 AND l.objid::int8 = $2::int8 AND l.objsubid = $3::int4`
+
+// CandidatesSQL answers, in one row, a digest of the election candidates'
+// sessions of the current database: the pid and application_name of
+// each session named ElectionPrefix that does not wait for an advisory
+// lock (0 when there is none). When a candidate becomes the leader or
+// stops being it, the digest changes: an elected candidate takes its
+// name (the try that elects it sets it) or stops waiting; a leader that
+// resigns drops its name, or its session ends. So an observer reads
+// LeaderSQL only when the digest changed, and now and then for what the
+// digest does not show: a holder that is no candidate, and, to a role
+// that may not see whether other roles' sessions wait (it sees their
+// names), the election of a candidate that waited for such a holder.
+// It reads pg_stat_activity, which takes no lock-manager lock, and costs
+// in proportion to the server's max_connections, not to the locks held.
+const CandidatesSQL = `SELECT coalesce(hashtextextended(string_agg(s.pid || ' ' || s.application_name, ',' ORDER BY s.pid), 0), 0)
+FROM pg_catalog.pg_stat_get_activity(NULL) AS s
+WHERE s.datid = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+ AND starts_with(s.application_name, '` + ElectionPrefix + `')
+ AND (s.wait_event_type IS DISTINCT FROM 'Lock' OR s.wait_event IS DISTINCT FROM 'advisory')`
+
 // CancelWaitSQL takes backend $1, whose client abandoned its wait for an
 // advisory lock, out of the wait, and answers where it is:
 //
@@ -671,10 +710,10 @@ const heldWhere = `
  WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_backend_pid()
   AND l.classid::int8 = $1::int8 AND l.objid::int8 = $2::int8 AND l.objsubid = $3::int4`
 
-// TagArgs returns q (TokenSQL, HeldSQL), whose parameters are a lock tag
-// ($1 classid, $2 objid, $3 objsubid), with the tag bound, or, in Inline
-// mode, rendered into the text (lib/pq spends a round trip preparing any
-// statement with parameters).
+// TagArgs returns q (TokenSQL, HeldSQL, LeaderSQL), whose parameters are
+// a lock tag ($1 classid, $2 objid, $3 objsubid), with the tag bound, or,
+// in Inline mode, rendered into the text (lib/pq spends a round trip
+// preparing any statement with parameters).
 func (m Mode) TagArgs(q string, classid, objid int64, objsubid int) (string, []any) {
 	if m != Inline {
 		return q, []any{classid, objid, int64(objsubid)}

@@ -142,3 +142,19 @@ func TestSettings(t *testing.T) {
 		t.Errorf("Untune resets what Tune never set: %s", s)
 	}
 }
+
+// TestTagArgs: in Inline mode, every statement that takes a lock tag has
+// all of its parameters rendered (lib/pq would otherwise prepare it), and
+// in Bind mode it keeps three.
+func TestTagArgs(t *testing.T) {
+	for name, q := range map[string]string{"TokenSQL": TokenSQL, "HeldSQL": HeldSQL, "LeaderSQL": LeaderSQL} {
+		if got, args := Inline.TagArgs(q, 0, -7, 1); strings.Contains(got, "$") || args != nil {
+			t.Errorf("Inline.TagArgs(%s) = %q, %v: parameters left", name, got, args)
+		} else if !strings.Contains(got, "(-7)::int8") {
+			t.Errorf("Inline.TagArgs(%s) = %q: want the objid rendered", name, got)
+		}
+		if got, args := Bind.TagArgs(q, 0, 7, 1); got != q || len(args) != 3 {
+			t.Errorf("Bind.TagArgs(%s) = %q, %v; want the statement and 3 arguments", name, got, args)
+		}
+	}
+}

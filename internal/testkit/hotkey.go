@@ -183,6 +183,22 @@ func ServerCPU(ctx context.Context, db *sql.DB) (func() (time.Duration, error), 
 	}, nil
 }
 
+// ProcessCPUOf returns the CPU time that process pid has used (a server
+// backend's, for one that runs on this machine): from
+// /proc/<pid>/schedstat, in nanoseconds, or else from /proc/<pid>/stat,
+// in clock ticks.
+func ProcessCPUOf(pid int) (time.Duration, error) {
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/schedstat"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			if ns, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+				return time.Duration(ns), nil
+			}
+		}
+	}
+	st, err := procStat(pid)
+	return st.cpu, err
+}
+
 type stat struct {
 	comm          string
 	ppid          int
