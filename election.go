@@ -254,10 +254,18 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	mustContext(ctx, "Election.Leader")
 	c, o, sub := core.Tag(e.key.sqlKey())
 	q, args := e.l.pool.Mode().TagArgs(sqltext.LeaderSQL, int64(c), int64(o), sub)
+	type row struct {
+		ld          Leader
+		name, since string
+	}
 	for try := 0; ; try++ {
-		var ld Leader
-		var name, since string
-		err := e.l.db.QueryRowContext(ctx, q, args...).Scan(&ld.PID, &name, &ld.ClientAddr, &since)
+		// Bounded by ctx whatever the driver does (see core.Bounded).
+		r, err := core.Bounded(ctx, func() (row, error) {
+			var r row
+			err := e.l.db.QueryRowContext(ctx, q, args...).Scan(&r.ld.PID, &r.name, &r.ld.ClientAddr, &r.since)
+			return r, err
+		}, nil)
+		ld, name, since := r.ld, r.name, r.since
 		if errors.Is(err, sql.ErrNoRows) || err == nil && ld.PID == 0 {
 			return Leader{}, nil // no holder, or a prepared transaction
 		}
@@ -371,8 +379,11 @@ func (e *Election) poll(ctx context.Context, seen chan<- Leader) {
 		qctx, cancel := context.WithTimeout(ctx, time.Second)
 		// The candidates' digest first: a change after it shows in the
 		// next one.
-		var d int64
-		err := e.l.db.QueryRowContext(qctx, sqltext.CandidatesSQL).Scan(&d)
+		d, err := core.Bounded(qctx, func() (int64, error) {
+			var d int64
+			err := e.l.db.QueryRowContext(qctx, sqltext.CandidatesSQL).Scan(&d)
+			return d, err
+		}, nil)
 		if err != nil || !first && d == digest && time.Since(read) < observeRecheck {
 			cancel()
 			continue

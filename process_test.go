@@ -41,6 +41,8 @@ func helperMain(role string) int {
 		return helperCandidate(db, os.Getenv("HELPER_DIR"), os.Getenv("HELPER_VALUE"))
 	case "remote-waiter":
 		return helperRemoteWaiter(db)
+	case "cic-waiters":
+		return helperCICWaiters(db)
 	case "leader":
 		return helperLeader(db, os.Getenv("HELPER_VALUE"))
 	}
