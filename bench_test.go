@@ -96,9 +96,10 @@ func compareCycles(b *testing.B, open func() *sql.DB) {
 	b.ReportMetric(float64(res[3].CPU-res[1].CPU), "cpu-added-ctx-ns")
 }
 
-// BenchmarkHotKey runs 50 goroutines over a pool of 10 connections that
-// contend for one key (Lock, no work, Unlock), with sqllock and with the
-// same statements by hand, in alternating phases of 500 ms (one round of
+// BenchmarkHotKey runs 64 goroutines that contend for one key (Lock, no
+// work, Unlock), with one Locker and with the raw statements by hand (a
+// pooled connection each, pg_advisory_lock, pg_advisory_unlock), over
+// pools of 64 connections, in alternating phases of 500 ms (one round of
 // phases per b.N: -benchtime 8x). It reports each contender's handoffs per
 // second (median over phases), their ratio (sqllock ÷ by hand), the
 // longest wait and the server CPU per handoff.
@@ -109,8 +110,8 @@ func BenchmarkHotKey(b *testing.B) {
 		b.Run(drv, func(b *testing.B) {
 			pool := func() *sql.DB {
 				db := pgtest.Open(b, drv, dsn)
-				db.SetMaxOpenConns(10)
-				db.SetMaxIdleConns(10)
+				db.SetMaxOpenConns(64)
+				db.SetMaxIdleConns(64)
 				return db
 			}
 			hand, lib := pool(), pool()
@@ -122,7 +123,7 @@ func BenchmarkHotKey(b *testing.B) {
 				}
 			}
 			vs := []testkit.HotVariant{testkit.HandLock(hand, 4250), testkit.LockerLock(sqllock.New(lib), 4251)}
-			res, err := testkit.HotKey(context.Background(), vs, 50, 500*time.Millisecond, b.N, cpu)
+			res, err := testkit.HotKey(context.Background(), vs, 64, 500*time.Millisecond, b.N, cpu)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -31,6 +31,7 @@ func TestCICWithWaitersOfProcesses(t *testing.T) {
 	for _, dt := range []time.Duration{time.Second, 100 * time.Millisecond} {
 		for _, drv := range drivers {
 			t.Run(fmt.Sprintf("deadlock_timeout=%v/%s", dt, drv), func(t *testing.T) {
+				t.Parallel()
 				dsn := srv.NewDatabase(t)
 				setDeadlockTimeout(t, srv, dsn, dt)
 				db := pgtest.Open(t, drv, dsn)
