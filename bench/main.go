@@ -43,6 +43,9 @@ func main() {
 	if os.Getenv(candidateEnv) != "" {
 		os.Exit(candidateMain())
 	}
+	if os.Getenv(xhandoffEnv) != "" {
+		os.Exit(xhandoffWaiter())
+	}
 	out := flag.String("out", "../docs", "directory for benchmarks.md and the charts")
 	calls := flag.Int("calls", 2000, "rounds per comparison (each runs one call of every variant, in a random order)")
 	hotRounds := flag.Int("hot", 8, "rounds of the hot-key comparison (each a 500 ms phase per contender)")
@@ -58,8 +61,16 @@ func main() {
 	observe := flag.Bool("observe", false, "measure Election.Observe: an ask's cost by the server's lock table, observers' cost at rest and under a lock workload, and how soon changes are reported: its tables to stdout")
 	terms := flag.Int("terms", 50, "-observe: terms of 100 ms to report")
 	kills := flag.Int("kills", 10, "-observe: leader processes to kill")
+	xhandoff := flag.Int("xhandoff", 0, "measure this many handoffs to a waiter in another process, on the server of DATABASE_URL: median and p99 to stdout (run two builds in turn to compare them)")
 	tokens := flag.Bool("tokens", false, "measure the fencing token's statement, before and after it became durable, with fsync off and on: its table to stdout")
 	flag.Parse()
+	if *xhandoff > 0 {
+		if err := runXHandoff(*xhandoff, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *sharing || *etcdCmp || *throughput || *observe {
 		*cpu = -1 // thousands of goroutines, or processes: every CPU
 	}
