@@ -23,7 +23,9 @@
 // locks, on the backend that was granted them. When that cannot be
 // confirmed (an error, a cancellation, a false result, another backend)
 // the session is discarded instead, and PostgreSQL releases its locks as
-// the session ends.
+// the session ends. A Locker's callers that wait for one key queue inside
+// it, in arrival order, and only the first waits in the server: many
+// waiters cost no more sessions than the keys they wait for.
 // [Lock.Done] and [Lock.Err] report a lock lost while held (the session
 // died, the server restarted), found by a keep-alive that checks pg_locks
 // from another connection. [Locker.Do] runs a function under the lock and

@@ -181,8 +181,10 @@ func (l *Locker) acquire(ctx context.Context, k Key, shared, try bool, named str
 	if err := ctx.Err(); err != nil {
 		return nil, core.NotAcquired(l.name(k), err) // nothing sent
 	}
-	if end := l.startAcquire(ctx, Acquisition{Key: k, Name: l.regName(k), Wait: !try, Shared: shared}); end != nil {
-		defer func() { end(lk, err) }()
+	if len(l.observers) > 0 { // nothing is built on the hot path unless someone listens
+		if end := l.startAcquire(ctx, Acquisition{Key: k, Name: l.regName(k), Wait: !try, Shared: shared}); end != nil {
+			defer func() { end(lk, err) }()
+		}
 	}
 	h, err := l.pool.Acquire(ctx, core.Request{Key: k.sqlKey(), Shared: shared, Try: try, Named: named})
 	if err != nil {
