@@ -254,39 +254,50 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	mustContext(ctx, "Election.Leader")
 	c, o, sub := core.Tag(e.key.sqlKey())
 	q, args := e.l.pool.Mode().TagArgs(sqltext.LeaderSQL, int64(c), int64(o), sub)
-	type row struct {
-		ld          Leader
-		name, since string
-	}
 	for try := 0; ; try++ {
 		// Bounded by ctx whatever the driver does (see core.Bounded).
-		r, err := core.Bounded(ctx, func() (row, error) {
-			var r row
-			err := e.l.db.QueryRowContext(ctx, q, args...).Scan(&r.ld.PID, &r.name, &r.ld.ClientAddr, &r.since)
+		r, err := core.Bounded(ctx, func() (holderRow, error) {
+			var r holderRow
+			err := e.l.db.QueryRowContext(ctx, q, args...).Scan(&r.pid, &r.name, &r.addr, &r.since)
 			return r, err
 		}, nil)
-		ld, name, since := r.ld, r.name, r.since
-		if errors.Is(err, sql.ErrNoRows) || err == nil && ld.PID == 0 {
-			return Leader{}, nil // no holder, or a prepared transaction
+		if errors.Is(err, sql.ErrNoRows) {
+			return Leader{}, nil // no holder
 		}
 		if err != nil {
 			return Leader{}, fmt.Errorf("sqllock: election %s: %w", e.l.name(e.key), err)
 		}
-		value, ok := strings.CutPrefix(name, electionPrefix)
-		if !ok && try < leaderRetries && ctx.Err() == nil {
+		ld, named := r.leader()
+		if !named && try < leaderRetries && ctx.Err() == nil {
 			// Granted a moment ago: the statement that was granted the
 			// lock names its session next.
 			time.Sleep(time.Millisecond)
 			continue
 		}
-		if ok {
-			ld.Value = value
-		} // else a holder that is no candidate
-		if since != "" {
-			ld.Since, _ = time.Parse(time.RFC3339Nano, since)
-		}
 		return ld, nil
 	}
+}
+
+// holderRow is a row of LeaderSQL (or ObserveSQL's last four columns).
+type holderRow struct {
+	pid               int
+	name, addr, since string
+}
+
+// leader returns the Leader r shows, and whether its session carries a
+// candidate's name: not when no one holds the key (or a prepared
+// transaction does), or a holder that is no candidate, or one granted
+// a moment ago that has not named its session yet.
+func (r holderRow) leader() (ld Leader, named bool) {
+	if r.pid == 0 {
+		return Leader{}, true
+	}
+	ld.PID, ld.ClientAddr = r.pid, r.addr
+	ld.Value, named = strings.CutPrefix(r.name, electionPrefix)
+	if r.since != "" {
+		ld.Since, _ = time.Parse(time.RFC3339Nano, r.since)
+	}
+	return ld, named
 }
 
 // leaderRetries is how many times Leader reads again a leader whose
@@ -361,12 +372,17 @@ const observeRecheck = time.Second
 const maxBehind = 1000
 
 // poll asks who leads every observeEvery until ctx ends, and sends each
-// change on seen, the first answer included.
+// change on seen, the first answer included. Each ask is one statement
+// (ObserveSQL): the candidates' digest, and the key's holder when the
+// digest changed, or a second passed, or the holder was granted so
+// recently that it has not named its session yet.
 func (e *Election) poll(ctx context.Context, seen chan<- Leader) {
+	c, o, sub := core.Tag(e.key.sqlKey())
+	mode := e.l.pool.Mode()
 	var last Leader
 	var digest int64
 	var read time.Time // when the leader was last read
-	first := true
+	first, unnamed := true, 0
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -376,24 +392,30 @@ func (e *Election) poll(ctx context.Context, seen chan<- Leader) {
 			return
 		}
 		t.Reset(observeEvery)
+		q, args := mode.ObserveArgs(int64(c), int64(o), sub, digest, first || unnamed > 0 || time.Since(read) >= observeRecheck)
 		qctx, cancel := context.WithTimeout(ctx, time.Second)
-		// The candidates' digest first: a change after it shows in the
-		// next one.
-		d, err := core.Bounded(qctx, func() (int64, error) {
-			var d int64
-			err := e.l.db.QueryRowContext(qctx, sqltext.CandidatesSQL).Scan(&d)
-			return d, err
+		type answer struct {
+			digest int64
+			read   bool
+			holder holderRow
+		}
+		// Bounded by qctx whatever the driver does (see core.Bounded).
+		a, err := core.Bounded(qctx, func() (answer, error) {
+			var a answer
+			err := e.l.db.QueryRowContext(qctx, q, args...).Scan(&a.digest, &a.read, &a.holder.pid, &a.holder.name, &a.holder.addr, &a.holder.since)
+			return a, err
 		}, nil)
-		if err != nil || !first && d == digest && time.Since(read) < observeRecheck {
-			cancel()
-			continue
-		}
-		ld, err := e.Leader(qctx)
 		cancel()
-		if err != nil {
+		if err != nil || !a.read {
 			continue
 		}
-		digest, read = d, time.Now()
+		ld, named := a.holder.leader()
+		if !named && unnamed < leaderRetries {
+			unnamed++ // ask again at once
+			t.Reset(time.Millisecond)
+			continue
+		}
+		digest, read, unnamed = a.digest, time.Now(), 0
 		if first || !ld.same(last) {
 			select {
 			case seen <- ld:

@@ -140,6 +140,23 @@ func measureAsk(ctx context.Context, dsn string, calls int, w io.Writer) error {
 				var d int64
 				return db.QueryRowContext(ctx, sqltext.CandidatesSQL).Scan(&d)
 			}},
+			{"one ask of Observe, the digest unchanged (ObserveSQL)", func(db *sql.DB) error {
+				var d int64
+				if err := db.QueryRowContext(ctx, sqltext.CandidatesSQL).Scan(&d); err != nil {
+					return err
+				}
+				q, args := sqltext.Bind.ObserveArgs(0, observeKey, 1, d, false)
+				var read bool
+				var pid int
+				var name, addr, since string
+				if err := db.QueryRowContext(ctx, q, args...).Scan(&d, &read, &pid, &name, &addr, &since); err != nil {
+					return err
+				}
+				if read || pid != 0 {
+					return fmt.Errorf("ObserveSQL read the holder (%v, pid %d) with the digest unchanged", read, pid)
+				}
+				return nil
+			}},
 			{"the key's holder (Election.Leader; Observe's ask when the digest changed)", func(db *sql.DB) error {
 				ld, err := sqllock.New(db).Election(key).Leader(ctx)
 				if err == nil && ld.Value != "bench" {
@@ -239,18 +256,20 @@ func every(ctx context.Context, d time.Duration, ask func()) {
 	}
 }
 
-// gatedEvery is Observe's loop written by hand, every d: the candidates'
-// digest, and the key's holder when it changed, and every second.
+// gatedEvery is Observe's loop written by hand, every d: one statement
+// (ObserveSQL), which reads the candidates' digest, and the key's holder
+// when it changed, and every second.
 func gatedEvery(d time.Duration) asker {
 	return asker{fmt.Sprintf("Observe's loop every %v, pgx", d), "", func(ctx context.Context, db *sql.DB) {
 		var digest int64
 		var read time.Time
 		every(ctx, d, func() {
+			q, args := sqltext.Bind.ObserveArgs(0, observeKey, 1, digest, time.Since(read) >= time.Second)
 			var dg int64
-			if db.QueryRowContext(ctx, sqltext.CandidatesSQL).Scan(&dg) != nil || dg == digest && time.Since(read) < time.Second {
-				return
-			}
-			if readHolder(ctx, db) == nil {
+			var wasRead bool
+			var pid int
+			var name, addr, since string
+			if db.QueryRowContext(ctx, q, args...).Scan(&dg, &wasRead, &pid, &name, &addr, &since) == nil && wasRead {
 				digest, read = dg, time.Now()
 			}
 		})

@@ -617,6 +617,19 @@ WHERE s.datid = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_
  AND starts_with(s.application_name, '` + ElectionPrefix + `')
  AND (s.wait_event_type IS DISTINCT FROM 'Lock' OR s.wait_event IS DISTINCT FROM 'advisory')`
 
+// ObserveSQL is one ask of Observe, in one statement, so that what it
+// answers is one moment's: the candidates' digest (CandidatesSQL), whether
+// it read the key's holder (when the digest differs from $4, or $5 asks
+// for it), and then the holder as LeaderSQL answers it (pid 0 when none,
+// or when not read). The holder is read only then: its subquery's
+// condition on the digest is a one-time filter, so pg_locks is not read
+// otherwise. Its parameters are LeaderSQL's tag, then $4::int8 and
+// $5::bool: see ObserveArgs.
+const ObserveSQL = `WITH c (d) AS MATERIALIZED (` + CandidatesSQL + `)
+SELECT c.d, c.d <> $4::int8 OR $5::bool, coalesce(h.pid, 0), coalesce(h.name, ''), coalesce(h.addr, ''), coalesce(h.since, '')
+FROM c LEFT JOIN LATERAL (` + LeaderSQL + `
+ AND (c.d <> $4::int8 OR $5::bool) OFFSET 0) AS h (pid, name, addr, since) ON true`
+
 // CancelWaitSQL takes backend $1, whose client abandoned its wait for an
 // advisory lock, out of the wait, and answers where it is:
 //
@@ -720,6 +733,18 @@ func (m Mode) TagArgs(q string, classid, objid int64, objsubid int) (string, []a
 	}
 	r := strings.NewReplacer("$1::int8", "("+strconv.FormatInt(classid, 10)+")::int8",
 		"$2::int8", "("+strconv.FormatInt(objid, 10)+")::int8", "$3::int4", strconv.Itoa(objsubid)+"::int4")
+	return r.Replace(q), nil
+}
+
+// ObserveArgs returns ObserveSQL with its parameters bound, or, in
+// Inline mode, rendered into the text: the key's tag, the digest last
+// read, and whether to read the holder whatever the digest.
+func (m Mode) ObserveArgs(classid, objid int64, objsubid int, digest int64, force bool) (string, []any) {
+	q, args := m.TagArgs(ObserveSQL, classid, objid, objsubid)
+	if m != Inline {
+		return q, append(args, digest, force)
+	}
+	r := strings.NewReplacer("$4::int8", "("+strconv.FormatInt(digest, 10)+")::int8", "$5::bool", strconv.FormatBool(force)+"::bool")
 	return r.Replace(q), nil
 }
 

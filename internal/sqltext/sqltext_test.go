@@ -157,4 +157,10 @@ func TestTagArgs(t *testing.T) {
 			t.Errorf("Bind.TagArgs(%s) = %q, %v; want the statement and 3 arguments", name, got, args)
 		}
 	}
+	if got, args := Inline.ObserveArgs(0, -7, 1, -9, true); strings.Contains(got, "$") || args != nil || !strings.Contains(got, "(-9)::int8") || !strings.Contains(got, "true::bool") {
+		t.Errorf("Inline.ObserveArgs = %q, %v: want every parameter rendered", got, args)
+	}
+	if got, args := Bind.ObserveArgs(0, 7, 1, 9, false); got != ObserveSQL || len(args) != 5 {
+		t.Errorf("Bind.ObserveArgs = %q, %v; want the statement and 5 arguments", got, args)
+	}
 }
