@@ -231,6 +231,9 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool) (h *Hold, err
 		// of the pool's.
 		left = true
 		s.leave()
+		if !s.awaitRunner(ctx) {
+			return ended()
+		}
 		if !s.handOver() {
 			return nil, nil, false
 		}

@@ -114,6 +114,10 @@ func (s *session) drain() {
 	rest := s.queue
 	s.queue = nil
 	s.running = false
+	if s.ranOut != nil {
+		close(s.ranOut)
+		s.ranOut = nil
+	}
 	var why error
 	if len(rest) > 0 {
 		why = s.errLocked() // ended: lost, or a dedicated session ended with its lock
@@ -124,6 +128,28 @@ func (s *session) drain() {
 		s.finish(o)
 	}
 	s.maybeLinger()
+}
+
+// awaitRunner waits until no runner runs s's queue, or ctx ends first
+// (false). A runner tells an op's outcome before it stops: a caller that
+// would take the session for itself waits for it to be gone.
+func (s *session) awaitRunner(ctx context.Context) bool {
+	s.mu.Lock()
+	if !s.running {
+		s.mu.Unlock()
+		return true
+	}
+	if s.ranOut == nil {
+		s.ranOut = make(chan struct{})
+	}
+	ch := s.ranOut
+	s.mu.Unlock()
+	select {
+	case <-ch:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // finish reports o's outcome.

@@ -56,6 +56,7 @@ type session struct {
 	users   int                // guarded by mu: calls that picked it and have not finished
 	queue   []*op              // guarded by mu: operations waiting for the runner
 	running bool               // guarded by mu: a runner is sending the queue
+	ranOut  chan struct{}      // guarded by mu: closed when the runner stops (made by awaitRunner)
 	linger  *time.Timer        // guarded by mu: ends it (lingered) once armed; made once
 	armed   bool               // guarded by mu: linger is counting down
 	idleAt  int64              // guarded by mu: monoNow when it last became idle
