@@ -11,7 +11,6 @@ import (
 
 	"github.com/sqllock/sqllock/internal/core"
 	"github.com/sqllock/sqllock/internal/pglocks"
-
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
@@ -54,12 +53,18 @@ type HeldLock struct {
 // database: pg_locks joined with pg_stat_activity, with keys decoded
 // correctly (a bigint key is classid<<32 | objid; reading objid alone is
 // wrong for keys of 2^32 and above and for negative keys), sorted by key,
-// granted before waiting, then by pid.
+// granted before waiting, waiters in the order their waits began, then by
+// pid.
 //
 // It needs no privileges; a role that may not see other roles' sessions
 // gets their locks with Hidden set and no query text. PostgreSQL cannot tell
 // a session-level from a transaction-level lock in pg_locks, and shows a lock
 // taken several times by one session once.
+//
+// A Locker's waiter in a key's line (see [Locker.Lock]) holds a ticket in
+// it, an advisory lock of its own: Inspect reports it as a waiter for the
+// key (Granted false, BlockedBy empty), for the keys it knows of (those
+// given, or held or awaited by anyone).
 //
 // r, which may be nil, names the keys it knows. Given keys, Inspect
 // reports those keys only.
@@ -69,9 +74,23 @@ func Inspect(ctx context.Context, q Querier, r *Registry, keys ...Key) ([]HeldLo
 		return nil, fmt.Errorf("sqllock: Inspect: nil Querier")
 	}
 	// Bounded by ctx whatever the driver does (see bounded).
-	out, err := core.Bounded(ctx, func() ([]HeldLock, error) { return readLocks(ctx, q, r, keys) }, nil)
+	out, err := core.Bounded(ctx, func() ([]HeldLock, error) { return readLocks(ctx, q, r) }, nil)
 	if err != nil {
 		return nil, err
+	}
+	out = inLine(out, r, keys)
+	if len(keys) > 0 {
+		only := make(map[Key]bool, len(keys))
+		for _, k := range keys {
+			only[k] = true
+		}
+		kept := out[:0]
+		for _, h := range out {
+			if only[h.Key] {
+				kept = append(kept, h)
+			}
+		}
+		out = kept
 	}
 	waiters := map[Key]int{}
 	for _, h := range out {
@@ -92,18 +111,16 @@ func Inspect(ctx context.Context, q Querier, r *Registry, keys ...Key) ([]HeldLo
 		if a.Granted != b.Granted {
 			return a.Granted
 		}
+		if !a.Granted && !a.WaitStart.Equal(b.WaitStart) {
+			return !a.WaitStart.IsZero() && (b.WaitStart.IsZero() || a.WaitStart.Before(b.WaitStart))
+		}
 		return a.PID < b.PID
 	})
 	return out, nil
 }
 
-// readLocks runs Inspect's query on q and decodes its rows: those of keys
-// only, when keys are given.
-func readLocks(ctx context.Context, q Querier, r *Registry, keys []Key) ([]HeldLock, error) {
-	only := make(map[Key]bool, len(keys))
-	for _, k := range keys {
-		only[k] = true
-	}
+// readLocks runs Inspect's query on q and decodes its rows.
+func readLocks(ctx context.Context, q Querier, r *Registry) ([]HeldLock, error) {
 	rows, err := q.QueryContext(ctx, sqltext.InspectSQL)
 	if err != nil {
 		return nil, fmt.Errorf("sqllock: inspect: %w", err)
@@ -120,7 +137,7 @@ func readLocks(ctx context.Context, q Querier, r *Registry, keys []Key) ([]HeldL
 			return nil, fmt.Errorf("sqllock: inspect: %w", err)
 		}
 		k, ok := keyFromLockTag(pglocks.Tag{Classid: uint32(classid), Objid: uint32(objid), Objsubid: subid})
-		if !ok || (len(keys) > 0 && !only[k]) {
+		if !ok {
 			continue
 		}
 		h.Key = k
@@ -143,6 +160,102 @@ func readLocks(ctx context.Context, q Querier, r *Registry, keys []Key) ([]HeldL
 		return nil, fmt.Errorf("sqllock: inspect: %w", err)
 	}
 	return out, nil
+}
+
+// inLine reports the tickets and doorbells of the lines of the keys it
+// knows (keys, and those of out) as what they are: a ticket as a waiter
+// for its key, since its arrival (the ticket's time), blocked by the key's
+// holders of a conflicting mode; a doorbell not at all. A session that
+// waits for the key in the server meanwhile is reported once: its row of
+// the server's wait, with the ticket's time.
+func inLine(out []HeldLock, r *Registry, keys []Key) []HeldLock {
+	lineOf := map[int32]Key{}
+	for _, k := range keys {
+		lineOf[sqltext.TicketClass(k.sqlKey())] = k
+	}
+	for _, h := range out {
+		if _, ok := lineOf[lineClass(h.Key)]; !ok {
+			lineOf[sqltext.TicketClass(h.Key.sqlKey())] = h.Key
+		}
+	}
+	type waiter struct {
+		k   Key
+		pid int
+	}
+	waiting := map[waiter]int{} // the index in out of a session's server wait
+	holders := map[Key][]HeldLock{}
+	for i, h := range out {
+		if !h.Granted {
+			waiting[waiter{h.Key, h.PID}] = i
+		} else {
+			holders[h.Key] = append(holders[h.Key], h)
+		}
+	}
+	now := time.Now()
+	// ticket returns the key and time of h when it is a ticket or a
+	// doorbell of a line.
+	ticket := func(h HeldLock) (k Key, at time.Time, ok bool) {
+		k, ok = lineOf[lineClass(h.Key)]
+		if !ok || !h.Granted {
+			return Key{}, time.Time{}, false
+		}
+		if _, id, _ := h.Key.Pair(); id != 0 {
+			at = ticketTime(id, now)
+		}
+		return k, at, true // at is zero for a doorbell
+	}
+	for _, h := range out {
+		if k, at, ok := ticket(h); ok && !at.IsZero() {
+			if i, ok := waiting[waiter{k, h.PID}]; ok {
+				out[i].WaitStart = at
+			}
+		}
+	}
+	kept := out[:0]
+	for _, h := range out {
+		k, at, ok := ticket(h)
+		if !ok {
+			if _, line := lineOf[lineClass(h.Key)]; !line || h.Granted {
+				kept = append(kept, h)
+			} // else a wait for a ticket (the waiter ahead) or a doorbell: its waiter's ticket reports it
+			continue
+		}
+		if at.IsZero() {
+			continue // a doorbell
+		}
+		if _, ok := waiting[waiter{k, h.PID}]; ok {
+			continue // its session waits for k in the server: reported once
+		}
+		h.Key, h.Granted, h.WaitStart = k, false, at
+		h.Name, _ = r.name(k)
+		h.Semaphore = ""
+		h.BlockedBy = nil
+		for _, o := range holders[k] {
+			if (!h.Shared || !o.Shared) && o.PID != 0 {
+				h.BlockedBy = append(h.BlockedBy, o.PID)
+			}
+		}
+		kept = append(kept, h)
+	}
+	return kept
+}
+
+// ticketTime returns the time a ticket of id was taken: id is the server's
+// clock in milliseconds, modulo 2^32 (about 50 days), near now.
+func ticketTime(id int32, now time.Time) time.Time {
+	ms := now.UnixMilli()
+	d := int64(int32(uint32(id) - uint32(ms))) // id - now, modulo 2^32, signed
+	return time.UnixMilli(ms + d)
+}
+
+// lineClass returns the pair class of k, which may be a line's ticket
+// class, or 0 for a bigint key.
+func lineClass(k Key) int32 {
+	c, _, ok := k.Pair()
+	if !ok {
+		return 0
+	}
+	return c
 }
 
 // parseIntArray reads PostgreSQL's text form of an int[] such as "{1,2}".

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"net/url"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -56,6 +57,10 @@ func TestInspect(t *testing.T) {
 			}
 		}()
 		testkit.WaitWaiters(t, db, neg, 1)
+		// Its wait statement running (between two, it is idle).
+		for lockWaiterPID(t, db, neg) == 0 {
+			time.Sleep(time.Millisecond)
+		}
 
 		locks, err := sqllock.Inspect(bg(), db, reg)
 		if err != nil {
@@ -78,14 +83,10 @@ func TestInspect(t *testing.T) {
 		if w.Granted || w.ApplicationName != "waiter-app" || !slices.Equal(w.BlockedBy, []int{held[1].PID()}) {
 			t.Errorf("waiter row = %+v, want blocked by %d", w, held[1].PID())
 		}
-		var version int
-		if err := db.QueryRow("SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
-			t.Fatal(err)
-		}
-		switch {
-		case version < 140000 && !w.WaitStart.IsZero():
-			t.Errorf("waiter WaitStart = %v on PostgreSQL %d, which has no pg_locks.waitstart: want zero", w.WaitStart, version)
-		case version >= 140000 && (w.WaitStart.IsZero() || time.Since(w.WaitStart) > time.Minute):
+		// A Locker's waiter waits in the key's line: its wait began when it
+		// arrived there, whatever the server's version (pg_locks.waitstart,
+		// from 14 on, is its current statement's).
+		if w.WaitStart.IsZero() || time.Since(w.WaitStart) > time.Minute || time.Until(w.WaitStart) > time.Second {
 			t.Errorf("waiter WaitStart = %v", w.WaitStart)
 		}
 		if locks[2].Name != "job:big" || locks[3].Name != "" || !locks[3].Shared {
@@ -135,4 +136,72 @@ func TestInspectHiddenSessions(t *testing.T) {
 	if len(locks) != 1 || locks[0].Key != sqllock.Int64(123) || locks[0].Hidden == privileged {
 		t.Fatalf("Inspect() as a role that may read all statistics: %v = %+v, want key 123 with Hidden %v", privileged, locks, !privileged)
 	}
+}
+
+// TestInspectLine: Lockers' waiters in a key's line are reported as
+// waiters for the key, in the order they arrived, each blocked by the
+// holder, whether it waits on the key in the server, for the waiter ahead
+// of it, or is between two statements; the line's own locks (tickets,
+// doorbells) are not reported.
+func TestInspectLine(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		k := sqllock.Hash("inspect line")
+		holder := sqllock.New(db)
+		lk, err := holder.Lock(bg(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(bg())
+		var pids, arrived []int
+		var wg sync.WaitGroup
+		for i := range 3 {
+			l := sqllock.New(pgtest.Open(t, driverOf(db), dsn))
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if lk, err := l.Lock(ctx, k); err == nil {
+					lk.Unlock(bg())
+				}
+			}()
+			testkit.WaitWaiters(t, db, k, i+1)
+			ls, err := sqllock.Inspect(bg(), db, nil, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range ls {
+				if !w.Granted && !slices.Contains(arrived, w.PID) {
+					arrived = append(arrived, w.PID)
+				}
+			}
+			time.Sleep(5 * time.Millisecond) // distinct tickets
+		}
+		defer func() { cancel(); wg.Wait(); lk.Unlock(bg()) }()
+		all, err := sqllock.Inspect(bg(), db, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		locks, err := sqllock.Inspect(bg(), db, nil, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(all) != 4 || len(locks) != 4 {
+			t.Fatalf("Inspect() = %v, Inspect(k) = %v: want the holder and 3 waiters, nothing else", all, locks)
+		}
+		if !locks[0].Granted || locks[0].PID != lk.PID() || locks[0].Waiters != 3 {
+			t.Fatalf("holder row = %+v", locks[0])
+		}
+		for i, w := range locks[1:] {
+			pids = append(pids, w.PID)
+			if w.Granted || w.Key != k || !slices.Equal(w.BlockedBy, []int{lk.PID()}) || w.WaitStart.IsZero() {
+				t.Errorf("waiter %d = %+v", i, w)
+			}
+			if i > 0 && !locks[i].WaitStart.Before(w.WaitStart) {
+				t.Errorf("waiter %d began waiting at %v, not after the one before (%v)", i, w.WaitStart, locks[i].WaitStart)
+			}
+		}
+		if !slices.Equal(pids, arrived) {
+			t.Errorf("waiters reported %v, arrived %v", pids, arrived)
+		}
+	})
 }

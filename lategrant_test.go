@@ -229,7 +229,7 @@ func takenBy(t *testing.T, db *sql.DB, k sqllock.Key) func() {
 // its wait's lock_timeout has passed.
 func grantWhileStopped(t *testing.T, db *sql.DB, k sqllock.Key, release func(), pause time.Duration) {
 	t.Helper()
-	waiter := func() int { return waitingPID(t, db, k) }
+	waiter := func() int { return lockWaiterPID(t, db, k) }
 	start := time.Now()
 	pid := 0
 	for {
@@ -266,6 +266,28 @@ func grantWhileStopped(t *testing.T, db *sql.DB, k sqllock.Key, release func(), 
 	}
 	time.Sleep(time.Until(stopped.Add(pause)))
 	resume()
+}
+
+// lockWaiterPID returns the pid that waits for k in the server's lock
+// manager (not a waiter in k's line that holds a ticket and waits for
+// another), or 0.
+func lockWaiterPID(t *testing.T, db *sql.DB, k sqllock.Key) int {
+	t.Helper()
+	classid, objid, objsubid := int64(0), int64(0), 1
+	if c, id, ok := k.Pair(); ok {
+		classid, objid, objsubid = int64(uint32(c)), int64(uint32(id)), 2
+	} else {
+		v, _ := k.Int64()
+		classid, objid = int64(uint64(v)>>32), int64(uint32(v))
+	}
+	var pid int
+	err := db.QueryRowContext(bg(), `SELECT coalesce(min(pid), 0) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+ AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+ AND classid::int8 = $1 AND objid::int8 = $2 AND objsubid = $3`, classid, objid, objsubid).Scan(&pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
 }
 
 // unlockAndCheck unlocks lk, which must be a lock of k, and fails t if

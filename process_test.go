@@ -45,6 +45,8 @@ func helperMain(role string) int {
 		return helperCICWaiters(db)
 	case "leader":
 		return helperLeader(db, os.Getenv("HELPER_VALUE"))
+	case "line":
+		return helperLine(db)
 	}
 	fmt.Fprintln(os.Stderr, "unknown helper role", role)
 	return 2

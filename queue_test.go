@@ -23,24 +23,15 @@ import (
 // The Locker's queues: its callers that wait for one key queue inside it,
 // in arrival order, and only the first waits in the server.
 
-// waitingRows returns how many sessions wait in the server for k.
+// waitingRows returns how many sessions wait for k: in the server for k
+// itself, or in its line (see testkit.Waiters).
 func waitingRows(t testing.TB, q sqllock.Querier, k sqllock.Key) int {
 	t.Helper()
-	locks, err := sqllock.Inspect(bg(), q, nil, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, l := range locks {
-		if !l.Granted {
-			n++
-		}
-	}
-	return n
+	return testkit.Waiters(t, q, k)
 }
 
 // watchWaiting samples, until stop is closed, the most sessions seen
-// waiting in the server for k at once.
+// waiting for k at once.
 func watchWaiting(t testing.TB, q sqllock.Querier, k sqllock.Key, stop <-chan struct{}) <-chan int {
 	most := make(chan int, 1)
 	go func() {
@@ -52,17 +43,7 @@ func watchWaiting(t testing.TB, q sqllock.Querier, k sqllock.Key, stop <-chan st
 				return
 			case <-time.After(5 * time.Millisecond):
 			}
-			locks, err := sqllock.Inspect(bg(), q, nil, k)
-			if err != nil {
-				continue
-			}
-			n := 0
-			for _, l := range locks {
-				if !l.Granted {
-					n++
-				}
-			}
-			m = max(m, n)
+			m = max(m, testkit.Waiters(t, q, k))
 		}
 	}()
 	return most

@@ -70,10 +70,12 @@ func dsnAt(dsn string) (func(string) string, error) {
 
 // electionResult is one column's measurements.
 type electionResult struct {
-	cfg       electionConfig
-	times     map[string]sample // by fault
-	firstWins int               // fairness trials that elected the first waiting candidate
-	fairness  int               // fairness trials
+	cfg   electionConfig
+	times map[string]sample // by fault
+	// Fairness trials, by how the first leader goes (faultResign,
+	// faultKill): how many, and how many elected the first waiting
+	// candidate.
+	fairness, firstWins map[string]int
 }
 
 // settle is how long a candidate that started campaigning is given to be
@@ -162,9 +164,9 @@ func electionTrial(s electionServers, cfg electionConfig, fault string) (time.Du
 }
 
 // fairnessTrial starts three candidates one after another, each once the
-// one before is elected or waiting; the first resigns. It reports whether
-// the second (the first to wait) was elected.
-func fairnessTrial(s electionServers, cfg electionConfig) (bool, error) {
+// one before is elected or waiting; the first resigns, or is killed
+// (fault). It reports whether the second (the first to wait) was elected.
+func fairnessTrial(s electionServers, cfg electionConfig, fault string) (bool, error) {
 	key := newKey(cfg)
 	var cs []*candidateProc
 	defer func() {
@@ -188,10 +190,14 @@ func fairnessTrial(s electionServers, cfg electionConfig) (bool, error) {
 			return false, err
 		}
 	}
-	if err := cs[0].resign(); err != nil {
+	if fault == faultKill {
+		if err := cs[0].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			return false, err
+		}
+	} else if err := cs[0].resign(); err != nil {
 		return false, err
 	}
-	timeout := time.After(30 * time.Second)
+	timeout := time.After(cfg.wait)
 	for {
 		select {
 		case ev, ok := <-cs[1].events:
@@ -209,7 +215,7 @@ func fairnessTrial(s electionServers, cfg electionConfig) (bool, error) {
 				return false, nil
 			}
 		case <-timeout:
-			return false, fmt.Errorf("%s: nobody elected within 30s of a resignation", cfg.name)
+			return false, fmt.Errorf("%s: nobody elected within %v of the first's going (%s)", cfg.name, cfg.wait, fault)
 		}
 	}
 }
@@ -220,7 +226,14 @@ func fairnessTrial(s electionServers, cfg electionConfig) (bool, error) {
 func measureElections(s electionServers, cfgs []electionConfig, quick int, log io.Writer) ([]electionResult, error) {
 	var out []electionResult
 	for _, cfg := range cfgs {
-		r := electionResult{cfg: cfg, times: map[string]sample{}}
+		r := electionResult{cfg: cfg, times: map[string]sample{}, fairness: map[string]int{}, firstWins: map[string]int{}}
+		if err := fairnessTrials(s, &r, quick, log); err != nil {
+			return nil, err
+		}
+		if onlyFairness {
+			out = append(out, r)
+			continue
+		}
 		for _, f := range faults {
 			n := quick
 			if waitsForBound(cfg, f) {
@@ -235,19 +248,40 @@ func measureElections(s electionServers, cfgs []electionConfig, quick int, log i
 				r.times[f] = append(r.times[f], d)
 			}
 		}
-		for range quick {
-			first, err := fairnessTrial(s, cfg)
-			if err != nil {
-				return nil, err
-			}
-			r.fairness++
-			if first {
-				r.firstWins++
-			}
-		}
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// onlyFairness makes measureElections run the fairness trials alone (the
+// -fairness mode).
+var onlyFairness bool
+
+// fairnessFaults are how the first leader goes in fairness trials.
+var fairnessFaults = []string{faultResign, faultKill}
+
+// fairnessTrials runs n fairness trials of each of fairnessFaults for r's
+// configuration (fewer, for a kill that waits for a long bound: at least
+// one), into r.
+func fairnessTrials(s electionServers, r *electionResult, n int, log io.Writer) error {
+	for _, f := range fairnessFaults {
+		trials := n
+		if waitsForBound(r.cfg, f) {
+			trials = min(n, r.cfg.trials)
+		}
+		for range trials {
+			first, err := fairnessTrial(s, r.cfg, f)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(log, "%s, fairness (%s): the first waiting elected: %v\n", r.cfg.name, f, first)
+			r.fairness[f]++
+			if first {
+				r.firstWins[f]++
+			}
+		}
+	}
+	return nil
 }
 
 // electionConfigs are the comparison's columns; short is the comparable
@@ -277,11 +311,22 @@ func writeElections(w io.Writer, rs []electionResult) {
 		}
 		fmt.Fprintln(w)
 	}
-	fmt.Fprintf(w, "| fairness: 3 candidates one after another, the first resigns: the second elected |")
-	for _, r := range rs {
-		fmt.Fprintf(w, " %d of %d |", r.firstWins, r.fairness)
+	writeFairness(w, rs)
+}
+
+// writeFairness writes the fairness rows of the comparison's table to w.
+func writeFairness(w io.Writer, rs []electionResult) {
+	for _, f := range fairnessFaults {
+		how := "resigns"
+		if f == faultKill {
+			how = "is killed (`kill -9`)"
+		}
+		fmt.Fprintf(w, "| fairness: 3 candidates one after another, the first %s: the second elected |", how)
+		for _, r := range rs {
+			fmt.Fprintf(w, " %d of %d |", r.firstWins[f], r.fairness[f])
+		}
+		fmt.Fprintln(w)
 	}
-	fmt.Fprintln(w)
 }
 
 // spread formats a sample as its median and range, and its size.
@@ -311,6 +356,10 @@ func runElections(dsn, etcdAddr string, longTrials, trials int, w io.Writer) err
 	rs, err := measureElections(s, electionConfigs(5*time.Second, longTrials, trials), trials, os.Stderr)
 	if err != nil {
 		return err
+	}
+	if onlyFairness {
+		writeFairness(w, rs)
+		return nil
 	}
 	writeElections(w, rs)
 	return nil

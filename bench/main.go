@@ -54,6 +54,7 @@ func main() {
 	sharing := flag.Bool("sharing", false, "measure only the sessions-per-locks curve: its chart to -out, its table to stdout")
 	etcdCmp := flag.Bool("etcd", false, "compare leader election with etcd's (needs etcd-server): faults of the leader, time to the next; its table to stdout")
 	trials := flag.Int("trials", 5, "-etcd: trials of each fault at 5 s bounds, and of resign and fairness everywhere")
+	fairness := flag.Bool("fairness", false, "-etcd: run only the fairness trials (who is elected among queued candidates), their rows to stdout")
 	longTrials := flag.Int("long-trials", 2, "-etcd: trials of each fault that waits for a default bound (etcd's 60 s TTL, sqllock's 30 s orphan bound)")
 	throughput := flag.Bool("throughput", false, "measure only locks/s against goroutines (sqllock, raw SQL, the hand-batched ceiling) and memory per held lock: its chart to -out, its tables to stdout")
 	phase := flag.Duration("phase", 500*time.Millisecond, "-throughput, -observe: the length of one phase")
@@ -97,6 +98,7 @@ func main() {
 		os.Exit(1)
 	}
 	if *etcdCmp || *tokens {
+		onlyFairness = *fairness
 		if err := runAlone(*etcdCmp, *tokens, *calls, *longTrials, *trials); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)

@@ -64,22 +64,28 @@ func ExpectServerCheck(mock sqlmock.Sqlmock) *sqlmock.ExpectedQuery {
 }
 
 // ExpectLock expects Locker.Lock (and Do) to take k, and grants it. A
-// waiting call starts with the non-waiting function, and a free lock is
-// granted by it: this is the statement ExpectLock expects.
+// waiting call starts with the non-waiting function (one that passes no
+// one waiting in the key's line), and a free lock is granted by it: this
+// is the statement ExpectLock expects.
 func ExpectLock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
-	return expectTry(mock, 0, k, true)
+	return expectPolite(mock, 0, k, true)
 }
 
 // ExpectLockAfterWait expects a Locker's first wait: Locker.Lock (and Do)
-// finds k held, reads the server's deadlock_timeout (once per Locker), then
-// waits for k, and is granted it after the wait: three statements.
+// finds k held, reads the server's deadlock_timeout (once per Locker),
+// takes its ticket in the key's line, then waits for k, and is granted it
+// after the wait: four statements.
 func ExpectLockAfterWait(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
-	expectTry(mock, 0, k, false)
+	expectPolite(mock, 0, k, false)
 	mock.ExpectQuery(exact(sqltext.WaitSliceSQL)).
 		WillReturnRows(sqlmock.NewRows([]string{"slice"}).AddRow(int64(500)))
-	q, args := statements.WaitSQL(0, key(k), "500ms", mark)
+	class := sqltext.TicketClass(key(k))
+	q, args := statements.RegisterSQL(class, false, "500ms", mark)
+	mock.ExpectQuery(pattern(q)).WithArgs(values(args)...).
+		WillReturnRows(sqlmock.NewRows([]string{"ticket", "pid", "in_recovery", "allowed"}).AddRow(int64(1), PID, false, true))
+	q, args = statements.SliceSQL(0, key(k), class, 1, "500ms", mark)
 	return mock.ExpectQuery(pattern(q)).WithArgs(values(args)...).
-		WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid", "in_recovery"}).AddRow(true, PID, false))
+		WillReturnRows(sqlmock.NewRows([]string{"granted", "pid", "in_recovery", "others", "late"}).AddRow(int64(0), PID, false, int64(0), false))
 }
 
 // ExpectTryLock expects Locker.TryLock (and TryDo) to try k; acquired says
@@ -91,7 +97,7 @@ func ExpectTryLock(mock sqlmock.Sqlmock, k sqllock.Key, acquired bool) *sqlmock.
 // ExpectRLock expects Locker.RLock to take k in shared mode, and grants it
 // (with the non-waiting function, as ExpectLock does).
 func ExpectRLock(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQuery {
-	return expectTry(mock, sqltext.Shared, k, true)
+	return expectPolite(mock, sqltext.Shared, k, true)
 }
 
 // ExpectTryRLock expects Locker.TryRLock to try k in shared mode.
@@ -163,6 +169,14 @@ var statements = sqltext.Described(settings)
 // every session-level lock call starts.
 func expectTry(mock sqlmock.Sqlmock, kind sqltext.Kind, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
 	q, args := statements.TrySQL(kind|sqltext.Try, key(k), mark)
+	return mock.ExpectQuery(pattern(q)).WithArgs(values(args)...).
+		WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid", "in_recovery"}).AddRow(acquired, PID, false))
+}
+
+// expectPolite expects the first statement of a waiting lock call of kind:
+// the non-waiting function, which passes no one in the key's line.
+func expectPolite(mock sqlmock.Sqlmock, kind sqltext.Kind, k sqllock.Key, acquired bool) *sqlmock.ExpectedQuery {
+	q, args := statements.PoliteTrySQL(kind, key(k), sqltext.TicketClass(key(k)), mark)
 	return mock.ExpectQuery(pattern(q)).WithArgs(values(args)...).
 		WillReturnRows(sqlmock.NewRows([]string{"acquired", "pid", "in_recovery"}).AddRow(acquired, PID, false))
 }

@@ -140,7 +140,7 @@ func (p *Pool) acquireOn(ctx context.Context, s *session, r Request, what namer)
 			pid = o.pid
 		}
 		if known || o.err == nil && !o.ok && !(o.standby && !p.cfg.AllowStandby) {
-			o = p.waitOn(ctx, w, sessionLevel, s.st, kind, r.Key, pid, waitSliced)
+			o = p.waitInLine(ctx, w, s.st, keyLine(kind, r.Key), pid)
 			if o.err == nil {
 				p.pids.set(dc, o.pid)
 			}
@@ -184,6 +184,9 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool) (h *Hold, err
 		}
 	}()
 	o := newOp(opTry, k)
+	if !try {
+		o.class = sqltext.TicketClass(k) // it will wait: it passes no one in line
+	}
 	if ctx.Done() == nil {
 		s.submit(o) // nothing ends the call early: run the queue here
 	} else {
@@ -238,7 +241,7 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool) (h *Hold, err
 			return nil, nil, false
 		}
 		w := connWaiter{s.conn, p.abandoned, s.mark}
-		ow := p.waitOn(ctx, w, sessionLevel, s.st, 0, k, s.pid, waitSliced)
+		ow := p.waitInLine(ctx, w, s.st, keyLine(0, k), s.pid)
 		if ow.err == nil {
 			p.pids.set(driverConnOf(s.conn), ow.pid) // as acquireOn does: its next wait needs no try
 			s.tuned = true
@@ -274,7 +277,7 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool) (h *Hold, err
 // the release, or reports its loss.
 func (p *Pool) release(h *Hold) error {
 	if p.queue.handOff(p, h) {
-		if err := h.s.alive(); err != nil {
+		if err := p.queue.check(h); err != nil {
 			return fmt.Errorf("%w: %s: its session (backend %d) ended before the release was confirmed: %w", ErrLockLost, p.name(h.key), h.pid, err)
 		}
 		return nil

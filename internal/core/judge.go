@@ -12,6 +12,7 @@ type outcome struct {
 	sent    int64 // monoNow when the statement that answered was sent (the lease)
 	ok      bool  // granted
 	pid     int64 // the backend
+	slot    int32 // a semaphore's slot granted
 	standby bool  // the server is a standby
 	err     error
 	// certain: the driver read the answer before the statement's context
@@ -48,6 +49,9 @@ func judge(ctx context.Context, o outcome, what namer, standbyOK bool, pid int64
 	case errors.Is(o.err, errDeadline):
 		// The server ended the wait at ctx's deadline: not granted.
 		return refused, NotAcquired(what.String(), context.DeadlineExceeded)
+	case errors.Is(o.err, errLeft):
+		// The wait left its line as ctx ended: not granted.
+		return refused, NotAcquired(what.String(), CtxErr(ctx))
 	case CtxEnded(ctx) && !o.certain:
 		err := NotAcquired(what.String(), CtxErr(ctx))
 		if errors.Is(o.err, ErrAbandoned) {
@@ -113,7 +117,7 @@ func unlockVerdict(what namer, pid int64, err error, released bool) (uncertain b
 // the call in errors.
 func (p *Pool) settle(ctx context.Context, s *session, k Key, shared bool, o outcome, what namer) (*Hold, error) {
 	v, err := judge(ctx, o, what, p.cfg.AllowStandby, 0)
-	if v == refused && o.err != nil && !errors.Is(o.err, errDeadline) {
+	if v == refused && o.err != nil && !errors.Is(o.err, errDeadline) && !errors.Is(o.err, errLeft) {
 		// A lock statement that failed, even for a reason the server is
 		// sure of, may have taken its key first (the settings it applies
 		// come after the grant): the connection is not given back. (A

@@ -5,6 +5,8 @@ import (
 	"hash/maphash"
 	"sync"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // The per-key queues. A Pool's callers that wait for one key (Lock, RLock,
@@ -17,11 +19,16 @@ import (
 // When the head is granted an exclusive lock, the callers behind it wait
 // for its release, and a release with a caller queued hands the key to
 // that caller without a statement: the lock stays on its session, and a
-// new Hold takes it over (handOff). Such hand-offs go on for at most
-// handoffRun after the key was last granted by the server; then the
-// release goes to the server, where a waiter of another process queued
-// meanwhile is served before the queue's next head, which acquires from
-// the server again. When the head is granted a shared lock (or a permit),
+// new Hold takes it over (handOff). A hand-off never passes a waiter of
+// another process that arrived first: the session that holds the key asks
+// the server, with every release it hands on and as callers queue,
+// whether anyone rings the key's doorbell (waits in its line; see
+// sqltext's tickets), and a caller is handed the key only when a check
+// sent after it queued found no one: any waiter of another process then
+// arrived after it. Hand-offs also go on for at most handoffRun after the
+// key was last granted by the server; then the release goes to the
+// server, where a waiter of a program that waits with its own SQL, which
+// rings no doorbell, is served before the queue's next head. When the head is granted a shared lock (or a permit),
 // the next caller becomes head at once: readers are served together, and a
 // writer queued behind them waits in the server for them.
 
@@ -63,14 +70,21 @@ type keyQueue struct {
 	named  bool
 	// grantedAt is when the server last granted the key to the queue.
 	grantedAt time.Time
+	// clearAt is when (monoNow) the latest check that found the key's
+	// doorbell silent was sent: callers queued before it arrived before
+	// any waiter of another process still in line. checking: a check is
+	// under way.
+	clearAt  int64
+	checking bool
 }
 
 // qwaiter is one caller in a queue.
 type qwaiter struct {
-	r     Request
-	ready chan struct{} // closed when the caller is handed the key (hold) or made head
-	state qstate        // guarded by the shard's mu
-	hold  *Hold         // set with state handed
+	r        Request
+	queuedAt int64         // monoNow when it queued
+	ready    chan struct{} // closed when the caller is handed the key (hold) or made head
+	state    qstate        // guarded by the shard's mu
+	hold     *Hold         // set with state handed
 }
 
 type qstate uint8
@@ -119,8 +133,14 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 		sh.mu.Unlock()
 		return qs.asHead(p, qk, w, fromServer)
 	}
-	w.ready = make(chan struct{})
+	w.ready, w.queuedAt = make(chan struct{}), monoNow()
 	q.waiters = append(q.waiters, w)
+	if h := q.holder; h != nil && !q.checking && !qk.sem {
+		// Held here: a check of the doorbell, sent after w queued, lets the
+		// key be handed to w.
+		q.checking = true
+		go qs.check(h)
+	}
 	sh.mu.Unlock()
 	select {
 	case <-w.ready:
@@ -172,6 +192,10 @@ func (qs *keyQueues) headDone(p *Pool, qk queueKey, w *qwaiter, h *Hold) {
 	}
 	if h != nil && !h.shared && !qk.sem {
 		q.holder, q.named, q.grantedAt = h, w.r.Named != "", time.Now()
+		if len(q.waiters) > 0 && !q.checking {
+			q.checking = true
+			go qs.check(h)
+		}
 		return
 	}
 	q.promote()
@@ -227,7 +251,7 @@ func (qs *keyQueues) handOff(p *Pool, h *Hold) bool {
 		return false
 	}
 	w := q.waiters[0]
-	if w.r.Shared || w.r.Named != "" || time.Since(q.grantedAt) >= handoffRun {
+	if w.r.Shared || w.r.Named != "" || w.queuedAt >= q.clearAt || time.Since(q.grantedAt) >= handoffRun {
 		sh.mu.Unlock()
 		return false
 	}
@@ -245,6 +269,26 @@ func (qs *keyQueues) handOff(p *Pool, h *Hold) bool {
 	p.mon.add(nh)
 	close(w.ready)
 	return true
+}
+
+// check asks h's session whether anyone waits in the line of h's key
+// (and whether the session is alive, which a release that handed the key
+// on waits for), and records a silent doorbell: callers queued before the
+// check was sent may be handed the key.
+func (qs *keyQueues) check(h *Hold) error {
+	qk := queueKey{k: h.key}
+	sent := monoNow()
+	rung, err := h.s.alive(sqltext.TicketClass(h.key))
+	sh := qs.shard(qk)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if q := sh.m[qk]; q != nil {
+		q.checking = false
+		if err == nil && !rung && sent > q.clearAt {
+			q.clearAt = sent
+		}
+	}
+	return err
 }
 
 // released tells h's queue that h no longer holds its key (released, or

@@ -32,6 +32,7 @@ type op struct {
 	kind   opKind
 	key    Key
 	shared bool   // opUnlock: of a shared-mode lock
+	class  int32  // opAlive: a ticket class whose doorbell to check; opTry: a polite try's (0: none)
 	q      string // opTag
 	args   []any  // opTag
 	state  atomic.Uint32
@@ -200,6 +201,8 @@ func (s *session) run(batch []*op) {
 			alives = append(alives, o)
 		case o.state.Load() == opAbandoned:
 			s.finish(o) // never sent
+		case o.class != 0:
+			s.runTry(o) // a polite try: a statement of its own
 		default:
 			tries = append(tries, o)
 		}
@@ -211,18 +214,39 @@ func (s *session) run(batch []*op) {
 	}
 }
 
-// runAlive answers ops, which asked whether the session is alive, with one
-// statement on its backend: nil when it answered there (the session is
-// alive, and holds what it held); otherwise the session ends (another
-// backend answered, or none did), and ops get why.
+// runAlive answers ops, which asked whether the session is alive (and
+// whether the doorbells of their ticket classes ring), with one statement
+// on its backend: nil when it answered there (the session is alive, and
+// holds what it held); otherwise the session ends (another backend
+// answered, or none did), and ops get why.
 func (s *session) runAlive(ops []*op) {
 	var err error
+	rung := map[int32]bool{}
 	if s.dead() {
 		err = s.err()
 	} else {
-		var v int64
-		q, args := s.p.mode.AliveSQL(s.pid)
-		err = s.queryRow(q, args, &v)
+		var classes []int32
+		for _, o := range ops {
+			if o.class != 0 && !slices.Contains(classes, o.class) {
+				classes = append(classes, o.class)
+			}
+		}
+		if len(classes) == 0 {
+			var v int64
+			q, args := s.p.mode.AliveSQL(s.pid)
+			err = s.queryRow(q, args, &v)
+		} else {
+			rows := 0
+			q, args := s.p.mode.DoorbellSQL(s.pid, classes)
+			err = s.queryRows(q, args, func(v []driver.Value) error {
+				rows++
+				rung[int32(pglocks.Int(v[0]))] = v[1] == true
+				return nil
+			})
+			if err == nil && rows == 0 {
+				err = sql.ErrNoRows
+			}
+		}
 		if errors.Is(err, sql.ErrNoRows) {
 			err = sessionChanged(s.pid, 0)
 		}
@@ -231,19 +255,21 @@ func (s *session) runAlive(ops []*op) {
 		}
 	}
 	for _, o := range ops {
-		o.ok, o.err = err == nil, err
+		o.ok, o.err = err == nil && !rung[o.class], err
 		s.finish(o)
 	}
 }
 
 // alive reports, with a statement on s's backend (shared with the others
-// under way), that s is alive, and so holds what it held; or why not (s
-// has then ended).
-func (s *session) alive() error {
+// under way), that s is alive, and so holds what it held, and, for a
+// class other than 0, whether the doorbell of that ticket class rings
+// (someone waits in its line); or why not (s has then ended).
+func (s *session) alive(class int32) (rung bool, err error) {
 	o := newOp(opAlive, Key{})
+	o.class = class
 	s.submit(o)
 	<-o.done
-	return o.err
+	return o.err == nil && !o.ok, o.err
 }
 
 // runMany sends ops (all unlocks, or all tries) in statements of up to
@@ -335,6 +361,9 @@ func (s *session) runTry(o *op) {
 		st = s.p.sql()
 	}
 	q, args := st.TrySQL(sqltext.Try, o.key, s.mark)
+	if o.class != 0 {
+		q, args = st.PoliteTrySQL(0, o.key, o.class, s.mark)
+	}
 	var pid int64
 	var standby bool
 	var ok sql.NullBool

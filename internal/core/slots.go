@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // Slots are a semaphore: n advisory locks, the pair keys (Class, 0) to
@@ -16,10 +16,10 @@ type Slots struct {
 	Class int32
 	N     int
 	Name  string // names the semaphore in errors
-	// try is the statement that takes the first free slot (see
-	// sqltext.Statements.SemaphoreTrySQL), made once the server check has
-	// run, once per semaphore.
-	try *slotSQL
+	// try and polite are the statements that take the first free slot
+	// (see sqltext.Statements.SemaphoreTrySQL and SemaphorePoliteTrySQL),
+	// made once the server check has run, once per semaphore.
+	try, polite *slotSQL
 }
 
 type slotSQL struct {
@@ -29,23 +29,30 @@ type slotSQL struct {
 
 // NewSlots returns the n slots of class, named name in errors.
 func NewSlots(class int32, n int, name string) Slots {
-	return Slots{Class: class, N: n, Name: name, try: &slotSQL{}}
+	return Slots{Class: class, N: n, Name: name, try: &slotSQL{}, polite: &slotSQL{}}
 }
 
-// trySQL returns the statement that takes the first free slot.
-func (sl Slots) trySQL(p *Pool) string {
+// trySQL returns the statement that takes the first free slot: for a
+// call that will wait (polite), only when no one waits in the
+// semaphore's line.
+func (sl Slots) trySQL(p *Pool, polite bool) string {
+	if polite {
+		sl.polite.once.Do(func() {
+			sl.polite.q = p.sql().SemaphorePoliteTrySQL(sl.Class, sl.N, sqltext.SemaphoreTicketClass(sl.Class))
+		})
+		return sl.polite.q
+	}
 	sl.try.once.Do(func() { sl.try.q = p.sql().SemaphoreTrySQL(sl.Class, sl.N) })
 	return sl.try.q
 }
 
 // AcquireSlot takes a free slot of sl: at once, or, unless try, waiting
 // while all are taken. A waiting call joins the Pool's queue for the
-// semaphore, in arrival order; its head tries every slot, then waits on
-// one slot chosen at random for one slice of the engine's wait (half the
-// server's deadlock_timeout), then tries them all again. So the head is
-// woken at once when its slot is freed, and within a slice when another
-// one is; it never polls faster. When ctx ends first, it returns an error
-// matching ErrNotAcquired and ctx.Err(), and no slot stays held.
+// semaphore, in arrival order; its head takes a slot at once only when no
+// one waits in the semaphore's line, which every process's waiters share,
+// and otherwise waits in it (see waitInLine): the first waiter gets the
+// first free slot. When ctx ends first, it returns an error matching
+// ErrNotAcquired and ctx.Err(), and no slot stays held.
 func (p *Pool) AcquireSlot(ctx context.Context, sl Slots, try bool) (*Hold, error) {
 	what := namer{label: sl.Name}
 	if err := ctx.Err(); err != nil {
@@ -64,44 +71,52 @@ func (p *Pool) AcquireSlot(ctx context.Context, sl Slots, try bool) (*Hold, erro
 }
 
 // slotOn takes a slot on s: it tries every slot in one statement, then,
-// for a waiting call, waits on one slot chosen at random for one slice of
-// the engine's wait, and tries them all again.
+// for a waiting call, waits in the semaphore's line.
 func (p *Pool) slotOn(ctx context.Context, s *session, sl Slots, try bool, what namer) (*Hold, error) {
 	w := connWaiter{s.conn, p.abandoned, s.mark}
-	for {
-		var slot int64
-		o := outcome{sent: monoNow()} // the permit's lease begins with this statement
-		q, args := p.mode.Arrays(sl.trySQL(p), w.m)
-		o.err = w.queryRow(ctx, q, args, &slot, &o.pid, &o.standby, skip)
-		if o.err == nil && slot == -2 {
-			o.err = foreignSession() // nothing was tried
-		}
-		if o.err == nil {
-			p.observeRTT(time.Duration(monoNow() - o.sent))
-		}
-		o.ok = o.err == nil && slot >= 0
-		k := Key{}
-		if o.ok {
-			k = Key{Pair: true, Class: sl.Class, ID: int32(slot)}
-			s.pid, s.tuned = o.pid, true
-		}
-		if o.ok || o.err != nil || try || CtxEnded(ctx) || o.standby && !p.cfg.AllowStandby {
-			h, err := p.settle(ctx, s, k, false, o, what)
-			if errors.Is(err, ErrNotAcquired) && !CtxEnded(ctx) {
-				err = fmt.Errorf("%w: all %d slots of %s are held", ErrNotAcquired, sl.N, sl.Name)
-			}
-			return h, err
-		}
-		// Wait on one slot, for one slice; then try them all again.
-		k = Key{Pair: true, Class: sl.Class, ID: int32(rand.IntN(sl.N))}
-		o = p.waitOn(ctx, w, sessionLevel, s.st, 0, k, o.pid, waitSlice)
-		if o.err != nil && SQLState(o.err) == "55P03" && !CtxEnded(ctx) {
-			p.hooks.Log(ctx, slog.LevelDebug, "sqllock: semaphore: trying every slot again", Key{}, false, slog.String("semaphore", sl.Name))
-			continue
-		}
-		if o.err == nil {
-			s.pid, s.tuned = o.pid, true
-		}
-		return p.settle(ctx, s, k, false, o, what)
+	var slot int64
+	o := outcome{sent: monoNow()} // the permit's lease begins with this statement
+	q, args := p.mode.Arrays(sl.trySQL(p, !try), w.m)
+	// The try takes a moment: its answer, read up to abandonGrace past
+	// ctx's end, is certain (a slot taken then is given back by settle).
+	gctx, cancel := withGrace(ctx)
+	o.err = w.queryRow(gctx, q, args, &slot, &o.pid, &o.standby, skip)
+	cancel()
+	o.certain = o.err == nil
+	if o.err == nil && slot == -2 {
+		o.err = foreignSession() // nothing was tried
 	}
+	if o.err == nil {
+		p.observeRTT(time.Duration(monoNow() - o.sent))
+	}
+	o.ok = o.err == nil && slot >= 0
+	o.slot = int32(slot)
+	if o.err == nil && CtxEnded(ctx) {
+		// Answered as ctx ended: the call has nothing (a slot granted
+		// goes back), and the session is intact.
+		if o.ok {
+			k := Key{Pair: true, Class: sl.Class, ID: o.slot}
+			if uncertain, err := s.unlock(k, false); err != nil {
+				if !uncertain {
+					s.end(err)
+				}
+				return nil, errors.Join(NotAcquired(what.String(), CtxErr(ctx)), err)
+			}
+		}
+		s.end(nil)
+		return nil, NotAcquired(what.String(), CtxErr(ctx))
+	}
+	if !o.ok && o.err == nil && !try && !CtxEnded(ctx) && !(o.standby && !p.cfg.AllowStandby) {
+		o = p.waitInLine(ctx, w, s.st, slotLine(&sl), o.pid)
+	}
+	k := Key{}
+	if o.ok {
+		k = Key{Pair: true, Class: sl.Class, ID: o.slot}
+		s.pid, s.tuned = o.pid, true
+	}
+	h, err := p.settle(ctx, s, k, false, o, what)
+	if errors.Is(err, ErrNotAcquired) && try && !CtxEnded(ctx) {
+		err = fmt.Errorf("%w: all %d slots of %s are held", ErrNotAcquired, sl.N, sl.Name)
+	}
+	return h, err
 }

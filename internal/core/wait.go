@@ -145,6 +145,10 @@ func (e *engine) tryOn(ctx context.Context, w waiter, lv level, st *statements, 
 		return o
 	}
 	q, args := st.TrySQL(kind|sqltext.Try, k, w.mark())
+	if !kind.IsTry() {
+		// A call that will wait: it passes no one in the key's line.
+		q, args = st.PoliteTrySQL(kind, k, sqltext.TicketClass(k), w.mark())
+	}
 	o.sent = monoNow()
 	var ok sql.NullBool
 	o.err = w.queryRow(ctx, q, args, &ok, &o.pid, &o.standby)
@@ -373,7 +377,7 @@ func (e *engine) grantedAfterTimeout(ctx context.Context, w waiter, st *statemen
 	case err != nil:
 		o.err, o.certain = err, false // the wait's answer was certain; this one is not
 	default:
-		e.debug(ctx, "sqllock: granted as the wait's lock_timeout fired", k, slog.Int64("pid", g.pid))
+		e.debug(ctx, lateGrant, k, slog.Int64("pid", g.pid))
 		g.certain = true
 		*o = g
 	}
@@ -535,6 +539,18 @@ func (e *engine) cancelWait(waitCtx context.Context, pid int64, k Key) {
 			doneSince = time.Time{}
 		}
 		time.Sleep(time.Millisecond)
+	}
+	// Granted as the cancel came: the lock goes with the backend, before
+	// the caller, told it has nothing, returns.
+	var ended bool
+	if err := queryRow(ctx, e.abandoned, conn, sqltext.TerminateHolderSQL, sqltext.TerminateHolderArgs(pid, k), &ended); err == nil && ended {
+		for ctx.Err() == nil {
+			var where int64
+			if err := queryRow(ctx, e.abandoned, conn, sqltext.CancelWaitSQL, []any{pid}, &where); err != nil || where == 0 {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
 	}
 	conn.Close()
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // CountingConnector counts the statements its connections run through
@@ -92,22 +93,36 @@ func (c *countingConn) ExecContext(ctx context.Context, q string, args []driver.
 	return c.Conn.(driver.ExecerContext).ExecContext(ctx, q, args)
 }
 
-// WaitWaiters waits until at least n sessions wait for k (as Inspect sees
-// them through q), and fails tb after 10 s.
+// Waiters returns the sessions that wait for k: those waiting in the
+// server for k itself, and those in k's line (holding a ticket of its
+// class; see sqltext's tickets).
+func Waiters(tb testing.TB, q sqllock.Querier, k sqllock.Key) int {
+	tb.Helper()
+	class := sqltext.TicketClass(sqlKey(k))
+	locks, err := sqllock.Inspect(context.Background(), q, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pids := map[int]bool{}
+	for _, l := range locks {
+		c, id, pair := l.Key.Pair()
+		switch {
+		case l.Key == k && !l.Granted:
+			pids[l.PID] = true
+		case pair && c == class && id != 0 && l.Granted:
+			pids[l.PID] = true
+		}
+	}
+	return len(pids)
+}
+
+// WaitWaiters waits until n sessions wait for k (see Waiters), and fails
+// tb after 10 s.
 func WaitWaiters(tb testing.TB, q sqllock.Querier, k sqllock.Key, n int) {
 	tb.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		locks, err := sqllock.Inspect(context.Background(), q, nil, k)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		waiting := 0
-		for _, l := range locks {
-			if !l.Granted {
-				waiting++
-			}
-		}
+		waiting := Waiters(tb, q, k)
 		if waiting >= n {
 			return
 		}
@@ -116,6 +131,13 @@ func WaitWaiters(tb testing.TB, q sqllock.Querier, k sqllock.Key, n int) {
 		}
 		time.Sleep(200 * time.Microsecond)
 	}
+}
+
+// sqlKey returns k as the statements take it.
+func sqlKey(k sqllock.Key) sqltext.Key {
+	c, i, pair := k.Pair()
+	v, _ := k.Int64()
+	return sqltext.Key{Pair: pair, V: v, Class: c, ID: i}
 }
 
 // Short reports whether the quick run was asked for: go test -short, and

@@ -1,0 +1,252 @@
+package core
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
+)
+
+// Waiting in line: the first waiter of a Pool's queue for a key takes a
+// ticket, by the server's clock, in the key's line, which every process's
+// waiters share, and waits only for the ticket before its own; with none
+// left, for the key (see sqltext's tickets). Waiters of every process are
+// so served in the order they arrived, while every wait stays a statement
+// shorter than half the server's deadlock_timeout, which a holder's CREATE
+// INDEX CONCURRENTLY never waits on for long.
+
+// line is what a waiter waits for in its line: a key, in kind's mode, or
+// any slot of a semaphore (slots).
+type line struct {
+	kind  Kind
+	k     Key    // the key; a semaphore's: its slots' class, for logs
+	slots *Slots // a semaphore's
+	class int32  // the line's ticket class
+}
+
+// keyLine returns the line of k, waited for in kind's mode.
+func keyLine(kind Kind, k Key) line {
+	return line{kind: kind, k: k, class: sqltext.TicketClass(k)}
+}
+
+// slotLine returns the line of sl's permits.
+func slotLine(sl *Slots) line {
+	return line{k: Key{Pair: true, Class: sl.Class}, slots: sl, class: sqltext.SemaphoreTicketClass(sl.Class)}
+}
+
+// sliceSQL returns one slice of a wait in ln (see sqltext's SliceSQL):
+// for a semaphore, one that waits for a slot picked at random when none
+// is free.
+func (ln line) sliceSQL(st *statements, mine int32, slice, mark string) (string, []any) {
+	if ln.slots != nil {
+		return st.SemaphoreSliceSQL(ln.class, mine, ln.slots.Class, ln.slots.N, int32(rand.IntN(ln.slots.N)), slice, mark)
+	}
+	return st.SliceSQL(ln.kind, ln.k, ln.class, mine, slice, mark)
+}
+
+// giveUpSQL returns the statement that takes a waiter out of ln.
+func (ln line) giveUpSQL(st *statements, mark string) (string, []any) {
+	if ln.slots != nil {
+		return st.SemaphoreGiveUpSQL(ln.class, ln.slots.Class, mark)
+	}
+	return st.GiveUpSQL(ln.kind, ln.k, ln.class, mark)
+}
+
+// errLeft is the outcome of a wait that left the line as its ctx ended,
+// not granted, for sure: its session is intact.
+var errLeft = errors.New("the wait left the line as the context ended")
+
+// errNoTicket is the error of a registration that found no free ticket
+// (64 waiters arrived in one millisecond of the server's clock).
+var errNoTicket = errors.New("sqllock: no free ticket in the line (too many waiters in one millisecond)")
+
+// waitInLine waits for k (kind: exclusive or shared) on w, a session of
+// backend pid that holds nothing of k's, in k's line: it registers, then
+// waits in slices until it is granted, a statement fails, or ctx ends (its
+// deadline is kept by the server too). Whatever it returns, the session
+// holds no ticket of the line unless the outcome is uncertain (the session
+// then ends, and with it its tickets).
+func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln line, pid int64) outcome {
+	o := outcome{pid: pid}
+	kind, k, class := ln.kind, ln.k, ln.class
+	e.debug(ctx, "sqllock: waiting", k, slog.Bool("shared", kind.IsShared()), slog.Int64("pid", pid))
+	slice, err := e.waitSlice(ctx, w)
+	if err != nil {
+		o.err = err
+		return o
+	}
+	var mine int64
+	for {
+		var ok bool
+		q, args := st.RegisterSQL(class, kind.IsShared(), slice, w.mark())
+		o.sent = monoNow()
+		// The registration takes a moment: it runs on for up to
+		// abandonGrace past ctx's end, so that a call whose ctx ends
+		// meanwhile leaves the line for sure, rather than with a session
+		// that may hold a ticket (which would end it).
+		rctx, cancel := withGrace(ctx)
+		o.err = w.queryRow(rctx, q, args, &mine, &o.pid, &o.standby, &ok)
+		cancel()
+		switch {
+		case o.err == nil && !ok:
+			o.err = foreignSession() // nothing was taken
+		case o.err == nil && mine == 0:
+			o.err = errNoTicket
+		case SQLState(o.err) == "55P03" && !CtxEnded(ctx):
+			continue // the doorbell was taken by a holder's check a moment too long
+		case o.err == nil && CtxEnded(ctx):
+			return e.leaveLine(ctx, w, st, ln, o, false)
+		}
+		if o.err != nil {
+			return o
+		}
+		break
+	}
+	for {
+		o.certain = false
+		sl, margin := e.deadlineSlice(ctx, slice)
+		byDeadline := margin > 0
+		sctx, cancel := ctx, context.CancelFunc(func() {})
+		if byDeadline {
+			sctx, cancel = pastDeadline(ctx)
+		}
+		// A cancel that reached the server before the statement started is
+		// lost: should the statement still run abandonGrace after its
+		// context ended, the backend is cancelled from here (see waitOn).
+		var returned atomic.Bool
+		stop := context.AfterFunc(sctx, func() {
+			time.AfterFunc(abandonGrace, func() {
+				if returned.CompareAndSwap(false, true) {
+					e.cancelWait(ctx, o.pid, k)
+				}
+			})
+		})
+		var got, others int64
+		var late bool
+		q, args := ln.sliceSQL(st, int32(mine), sl, w.mark())
+		o.sent = monoNow()
+		o.err = w.queryRow(sctx, q, args, &got, &o.pid, &o.standby, &others, &late)
+		o.ok, o.slot = o.err == nil && got >= 0, int32(got)
+		if errors.Is(o.err, sql.ErrNoRows) {
+			o.err = foreignSession() // nothing was waited for
+		}
+		o.certain = sctx != ctx && sctx.Err() == nil && !errors.Is(ctx.Err(), context.Canceled) &&
+			(o.err == nil || SQLState(o.err) == "55P03")
+		if !returned.CompareAndSwap(false, true) {
+			o.certain = false // a cancel of this backend is on its way
+		}
+		stop()
+		cancel()
+		if byDeadline && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			e.observeRTT(margin) // see waitOn
+		}
+		state := SQLState(o.err)
+		cancelled := state == "57014" && !CtxEnded(ctx)
+		switch {
+		case o.err == nil && o.ok:
+			if late {
+				e.debug(ctx, lateGrant, k, slog.Int64("pid", o.pid))
+			}
+			return o // granted: its ticket and doorbell went in the same statement
+		case o.err == nil && !CtxEnded(ctx):
+			continue // its predecessor left: look again
+		case o.err == nil:
+			// Its predecessor left as ctx ended: not granted, for sure.
+			return e.leaveLine(ctx, w, st, ln, o, false)
+		case state == "55P03" && byDeadline && (o.certain || !CtxEnded(ctx)):
+			// The server ended the wait at ctx's deadline: not granted,
+			// unless granted as it ended; the line is left either way.
+			return e.leaveLine(ctx, w, st, ln, o, true)
+		case (state == "55P03" || cancelled) && !CtxEnded(ctx):
+			continue // the slice ended (or a stray cancel): the next one looks again
+		case state == "40P01" && !CtxEnded(ctx):
+			// A holder's CREATE INDEX CONCURRENTLY, should the server's
+			// deadlock_timeout have been lowered since it was read, waited
+			// for this statement's snapshot and was reported a deadlock:
+			// this session holds nothing but its wait. Read the slice
+			// again, and wait on.
+			e.snapshotWaits.Add(1)
+			e.slice.Store(nil)
+			if slice, err = e.waitSlice(ctx, w); err != nil {
+				o.err = err
+				return o
+			}
+			continue
+		}
+		// A failure, or ctx's end with no certain answer: the session ends
+		// (see judge), and its tickets with it. When ctx ended, the
+		// abandoned backend is first taken out of the queue, as waitOn does.
+		switch {
+		case CtxEnded(ctx) && errors.Is(o.err, ErrAbandoned):
+			done := make(chan struct{})
+			go func() { e.cancelWait(ctx, o.pid, k); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(abandonGrace):
+			}
+		case CtxEnded(ctx) && SQLState(o.err) == "":
+			e.cancelWait(ctx, o.pid, k)
+		}
+		return o
+	}
+}
+
+// leaveLine takes w's session out of k's line, once its wait ended with
+// ctx (last is the outcome of its last slice): it gives back its tickets
+// and its doorbell, and reports whether the session holds k after all
+// (granted as the last slice's lock_timeout fired: then the outcome is
+// that grant). deadline says the server ended the wait at ctx's deadline:
+// not granted, for sure (errDeadline), when the session does not hold k.
+// When the question cannot be answered, the outcome is uncertain (the
+// session ends).
+func (e *engine) leaveLine(ctx context.Context, w waiter, st *statements, ln line, last outcome, deadline bool) outcome {
+	// After a wait the server ended at the deadline, the question comes
+	// within the deadline's margin, or past it; it gets abandonGrace from
+	// whichever is later (see grantedAfterTimeout).
+	gctx := context.WithoutCancel(ctx)
+	var cancel context.CancelFunc
+	if dl, ok := ctx.Deadline(); ok {
+		gctx, cancel = context.WithDeadline(gctx, later(dl, time.Now()).Add(abandonGrace))
+	} else {
+		gctx, cancel = context.WithTimeout(gctx, abandonGrace)
+	}
+	defer cancel()
+	var have, pid, released int64
+	q, args := ln.giveUpSQL(st, w.mark())
+	err := w.queryRow(gctx, q, args, &have, &pid, &released, skip)
+	o := outcome{pid: last.pid, sent: last.sent}
+	switch {
+	case err != nil || gctx.Err() != nil || pid != last.pid:
+		if err == nil {
+			err = fmt.Errorf("sqllock: leaving the line: %w", CtxErr(gctx))
+		}
+		o.err = err // uncertain: the session ends
+	case have >= 0:
+		e.debug(ctx, lateGrant, ln.k, slog.Int64("pid", pid))
+		o.ok, o.certain, o.slot = true, true, int32(have)
+	case deadline:
+		o.err = errDeadline
+	default:
+		o.err = errLeft
+	}
+	return o
+}
+
+// withGrace returns a context that ends abandonGrace after ctx does, for a
+// statement that takes a moment and whose answer, read past ctx's end, is
+// certain: the call then knows what its session holds.
+func withGrace(ctx context.Context) (context.Context, context.CancelFunc) {
+	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(abandonGrace, cancel) })
+	return gctx, func() { stop(); cancel() }
+}
+
+// lateGrant is the debug message of a wait granted as its statement's
+// lock_timeout fired: the statement failed, and the session holds the key.
+const lateGrant = "sqllock: granted as the wait's lock_timeout fired"
