@@ -17,12 +17,14 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/testkit"
+	"github.com/sqllock/sqllock/pgtest"
 )
 
 // lineWaiter is one waiter process of a trial: when it called (arrived)
@@ -445,6 +447,77 @@ func TestLineKilledWaiter(t *testing.T) {
 		}
 		if bound := sqllock.DefaultOrphanBound; delay > bound {
 			t.Errorf("the killed waiter delayed the next by %v, more than the orphan bound %v", delay, bound)
+		}
+	})
+}
+
+// TestLineReaders: readers are served together once the writers queued
+// ahead of them are served, and a writer that arrived after readers waits
+// for them: with a writer holding the key, readers A and B, writer C and
+// reader D arrive in that order, each a Locker of its own (as processes);
+// A and B hold the key together, C after both released, D after C.
+func TestLineReaders(t *testing.T) {
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		k := sqllock.Hash("line readers")
+		hl, err := sqllock.New(db).Lock(bg(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		type event struct {
+			who  string
+			held bool // granted (true) or released
+		}
+		events := make(chan event, 16)
+		var wg sync.WaitGroup
+		for i, who := range []string{"A", "B", "C", "D"} {
+			l := sqllock.New(pgtest.Open(t, driverOf(db), dsn))
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var lk *sqllock.Lock
+				var err error
+				if who == "C" {
+					lk, err = l.Lock(bg(), k)
+				} else {
+					lk, err = l.RLock(bg(), k)
+				}
+				if err != nil {
+					t.Error(who, err)
+					return
+				}
+				events <- event{who, true}
+				time.Sleep(100 * time.Millisecond)
+				events <- event{who, false}
+				if err := lk.Unlock(bg()); err != nil {
+					t.Error(who, err)
+				}
+			}()
+			testkit.WaitWaiters(t, db, k, i+1)
+			time.Sleep(5 * time.Millisecond)
+		}
+		if err := hl.Unlock(bg()); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		close(events)
+		var got []string
+		for e := range events {
+			if e.held {
+				got = append(got, "+"+e.who)
+			} else {
+				got = append(got, "-"+e.who)
+			}
+		}
+		t.Logf("events: %v", got)
+		// A and B both granted before either released; C granted after
+		// both released and before D was granted.
+		pos := map[string]int{}
+		for i, e := range got {
+			pos[e] = i
+		}
+		if len(got) != 8 || max(pos["+A"], pos["+B"]) > min(pos["-A"], pos["-B"]) ||
+			pos["+C"] < max(pos["-A"], pos["-B"]) || pos["+D"] < pos["-C"] {
+			t.Errorf("events %v: want A and B together, then C, then D", got)
 		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -169,13 +170,25 @@ func readLocks(ctx context.Context, q Querier, r *Registry) ([]HeldLock, error) 
 // waits for the key in the server meanwhile is reported once: its row of
 // the server's wait, with the ticket's time.
 func inLine(out []HeldLock, r *Registry, keys []Key) []HeldLock {
-	lineOf := map[int32]Key{}
+	// A line's key: for a semaphore's line (sem), its slot 0, which stands
+	// for the semaphore.
+	type lineKey struct {
+		k   Key
+		sem bool
+	}
+	lineOf := map[int32]lineKey{}
+	add := func(k Key) {
+		lineOf[sqltext.TicketClass(k.sqlKey())] = lineKey{k: k}
+		if c, _, ok := k.Pair(); ok {
+			lineOf[sqltext.SemaphoreTicketClass(c)] = lineKey{k: Pair(c, 0), sem: true}
+		}
+	}
 	for _, k := range keys {
-		lineOf[sqltext.TicketClass(k.sqlKey())] = k
+		add(k)
 	}
 	for _, h := range out {
 		if _, ok := lineOf[lineClass(h.Key)]; !ok {
-			lineOf[sqltext.TicketClass(h.Key.sqlKey())] = h.Key
+			add(h.Key)
 		}
 	}
 	type waiter struct {
@@ -184,36 +197,44 @@ func inLine(out []HeldLock, r *Registry, keys []Key) []HeldLock {
 	}
 	waiting := map[waiter]int{} // the index in out of a session's server wait
 	holders := map[Key][]HeldLock{}
+	slotHolders := map[int32][]HeldLock{} // by a pair key's class
 	for i, h := range out {
 		if !h.Granted {
 			waiting[waiter{h.Key, h.PID}] = i
+			if c, _, ok := h.Key.Pair(); ok {
+				waiting[waiter{Pair(c, 0), h.PID}] = i // a semaphore's waiter waits on one of its slots
+			}
 		} else {
 			holders[h.Key] = append(holders[h.Key], h)
+			if c, _, ok := h.Key.Pair(); ok {
+				slotHolders[c] = append(slotHolders[c], h)
+			}
 		}
 	}
 	now := time.Now()
 	// ticket returns the key and time of h when it is a ticket or a
 	// doorbell of a line.
-	ticket := func(h HeldLock) (k Key, at time.Time, ok bool) {
-		k, ok = lineOf[lineClass(h.Key)]
+	ticket := func(h HeldLock) (lk lineKey, at time.Time, ok bool) {
+		lk, ok = lineOf[lineClass(h.Key)]
 		if !ok || !h.Granted {
-			return Key{}, time.Time{}, false
+			return lineKey{}, time.Time{}, false
 		}
 		if _, id, _ := h.Key.Pair(); id != 0 {
 			at = ticketTime(id, now)
 		}
-		return k, at, true // at is zero for a doorbell
+		return lk, at, true // at is zero for a doorbell
 	}
 	for _, h := range out {
-		if k, at, ok := ticket(h); ok && !at.IsZero() {
-			if i, ok := waiting[waiter{k, h.PID}]; ok {
+		if lk, at, ok := ticket(h); ok && !at.IsZero() {
+			if i, ok := waiting[waiter{lk.k, h.PID}]; ok {
 				out[i].WaitStart = at
 			}
 		}
 	}
 	kept := out[:0]
 	for _, h := range out {
-		k, at, ok := ticket(h)
+		lk, at, ok := ticket(h)
+		k := lk.k
 		if !ok {
 			if _, line := lineOf[lineClass(h.Key)]; !line || h.Granted {
 				kept = append(kept, h)
@@ -229,9 +250,17 @@ func inLine(out []HeldLock, r *Registry, keys []Key) []HeldLock {
 		h.Key, h.Granted, h.WaitStart = k, false, at
 		h.Name, _ = r.name(k)
 		h.Semaphore = ""
+		if sem, slot, ok := r.semaphore(k); ok && lk.sem {
+			h.Semaphore, h.Name = sem, fmt.Sprintf("%s[%d]", sem, slot)
+		}
 		h.BlockedBy = nil
-		for _, o := range holders[k] {
-			if (!h.Shared || !o.Shared) && o.PID != 0 {
+		blockers := holders[k]
+		if lk.sem {
+			c, _, _ := k.Pair()
+			blockers = slotHolders[c]
+		}
+		for _, o := range blockers {
+			if (!h.Shared || !o.Shared) && o.PID != 0 && !slices.Contains(h.BlockedBy, o.PID) {
 				h.BlockedBy = append(h.BlockedBy, o.PID)
 			}
 		}

@@ -205,3 +205,54 @@ func TestInspectLine(t *testing.T) {
 		}
 	})
 }
+
+// TestInspectSemaphoreLine: waiters in a semaphore's line are reported as
+// waiters for the semaphore (its slot 0, named by the Registry), blocked
+// by the slots' holders; the line's own locks are not reported.
+func TestInspectSemaphoreLine(t *testing.T) {
+	t.Parallel()
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		const name = "inspect semaphore line"
+		reg := sqllock.NewRegistry()
+		if err := reg.RegisterSemaphore(name, 1); err != nil {
+			t.Fatal(err)
+		}
+		held, err := sqllock.New(db).Semaphore(name, 1).Acquire(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(bg())
+		var wg sync.WaitGroup
+		for range 2 {
+			sem := sqllock.New(pgtest.Open(t, driverOf(db), dsn)).Semaphore(name, 1)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if lk, err := sem.Acquire(ctx); err == nil {
+					lk.Unlock(bg())
+				}
+			}()
+		}
+		defer func() { cancel(); wg.Wait(); held.Unlock(bg()) }()
+		var locks []sqllock.HeldLock
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			if locks, err = sqllock.Inspect(bg(), db, reg); err != nil {
+				t.Fatal(err)
+			}
+			if len(locks) >= 3 || time.Now().After(deadline) {
+				break
+			}
+		}
+		if len(locks) != 3 {
+			t.Fatalf("Inspect() = %v: want the permit and 2 waiters, nothing else", locks)
+		}
+		for i, l := range locks {
+			if l.Semaphore != name {
+				t.Errorf("locks[%d] = %+v: want semaphore %q", i, l, name)
+			}
+			if i > 0 && (l.Granted || !slices.Equal(l.BlockedBy, []int{held.PID()}) || l.WaitStart.IsZero()) {
+				t.Errorf("waiter %d = %+v: want blocked by %d, with its wait's start", i, l, held.PID())
+			}
+		}
+	})
+}
