@@ -47,7 +47,7 @@ type lineTrial struct {
 	waiters []*lineWaiter
 }
 
-func startLine(t *testing.T, drv, dsn, mode, key string, at []time.Duration, hold time.Duration) *lineTrial {
+func startLine(t *testing.T, drv, dsn, mode, key string, at []time.Duration, hold time.Duration, env ...string) *lineTrial {
 	t.Helper()
 	// The waiters call from a moment far enough ahead for every process
 	// to start and connect, on a loaded machine too.
@@ -59,6 +59,7 @@ func startLine(t *testing.T, drv, dsn, mode, key string, at []time.Duration, hol
 		cmd.Env = append(os.Environ(), helperEnv+"=line", "HELPER_DRIVER="+drv, "HELPER_DSN="+dsn,
 			"HELPER_MODE="+mode, "HELPER_KEY="+key, "HELPER_VALUE=w"+strconv.Itoa(i),
 			"HELPER_AT="+strconv.FormatInt(base.Add(d).UnixNano(), 10), "HELPER_HOLD="+hold.String())
+		cmd.Env = append(cmd.Env, env...)
 		cmd.Stderr = os.Stderr
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		out, err := cmd.StdoutPipe()
@@ -172,7 +173,15 @@ func helperLine(db *sql.DB) int {
 		return fail(err)
 	}
 	key := os.Getenv("HELPER_KEY")
-	l := sqllock.New(db)
+	var opts []sqllock.Option
+	if b := os.Getenv("HELPER_BOUND"); b != "" {
+		d, err := time.ParseDuration(b)
+		if err != nil {
+			return fail(err)
+		}
+		opts = append(opts, sqllock.WithOrphanBound(d))
+	}
+	l := sqllock.New(db, opts...)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	// Connected, and the server checked, before the call.
@@ -518,6 +527,50 @@ func TestLineReaders(t *testing.T) {
 		if len(got) != 8 || max(pos["+A"], pos["+B"]) > min(pos["-A"], pos["-B"]) ||
 			pos["+C"] < max(pos["-A"], pos["-B"]) || pos["+D"] < pos["-C"] {
 			t.Errorf("events %v: want A and B together, then C, then D", got)
+		}
+	})
+}
+
+// TestLineFrozenWaiter: the first of two waiter processes in line, stopped
+// (SIGSTOP: its kernel keeps its connection up), delays the second by
+// about its orphan bound (3 s), not for ever: its waiting session carries
+// the bound (idle_session_timeout, PostgreSQL 14 and later), and the
+// server ends it, with its ticket and whatever it was granted meanwhile.
+func TestLineFrozenWaiter(t *testing.T) {
+	long(t)
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		var v int
+		if err := db.QueryRow("SELECT current_setting('server_version_num')::int").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		if v < 140000 {
+			t.Skip("PostgreSQL 14 or later: idle_session_timeout ends a frozen client's session")
+		}
+		key := "line frozen waiter"
+		k := sqllock.Hash(key)
+		lk, err := sqllock.New(db).Lock(bg(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const bound = 3 * time.Second
+		tr := startLine(t, driverOf(db), dsn, "lock", key, apart(2, 300*time.Millisecond), 20*time.Millisecond, "HELPER_BOUND="+bound.String())
+		tr.arrived()
+		testkit.WaitWaiters(t, db, k, 2)
+		first := tr.waiters[0]
+		if err := first.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		released := time.Now()
+		if err := lk.Unlock(bg()); err != nil {
+			t.Fatal(err)
+		}
+		_, _ = tr.served(0)
+		delay := tr.waiters[1].granted.Sub(released)
+		first.cmd.Process.Signal(syscall.SIGKILL)
+		first.cmd.Process.Signal(syscall.SIGCONT)
+		t.Logf("the second arrival granted %v after the release, the first frozen (orphan bound %v)", delay.Round(time.Millisecond), bound)
+		if delay > bound+2*time.Second {
+			t.Errorf("a frozen waiter delayed the next by %v, want about the orphan bound %v", delay, bound)
 		}
 	})
 }

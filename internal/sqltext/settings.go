@@ -111,26 +111,3 @@ func concat(exprs []string) string {
 	}
 	return "concat(" + strings.Join(exprs, ", ") + ")"
 }
-
-// InLine returns the SQL expression that names a session waiting in a
-// key's line (see RegisterSQL) with AppName, as Waiting does a wait
-// statement, but for the session, until it leaves the line (Unname) or is
-// granted the lock (Tune). "" when there is no AppName.
-func (s Settings) InLine() string {
-	switch {
-	case s.AppName == "":
-		return ""
-	case s.ForceAppName:
-		return set("application_name", s.AppName)
-	}
-	return "CASE WHEN current_setting('application_name') = '' THEN " + set("application_name", s.AppName) + " END"
-}
-
-// Unname returns the SQL expression that sets back what InLine applied.
-// "" when there is no AppName.
-func (s Settings) Unname() string {
-	if s.AppName == "" {
-		return ""
-	}
-	return reset("application_name")
-}

@@ -167,8 +167,6 @@ type Statements struct {
 	tune    string // an SQL expression that applies the settings (and the mark, o.m)
 	untune  string // an SQL expression that sets them back (RESET)
 	waiting string // one that applies, for a wait's length, what a waiting session shows ("": none)
-	inLine  string // one that names a session waiting in a key's line, until it leaves it ("": none)
-	unname  string // one that sets that name back ("": none)
 	gate    string // the condition on the session's mark, o.m
 
 	// Bind mode: built once per Locker, no allocation per lock.
@@ -186,9 +184,7 @@ func NewStatements(mode Mode, tune, untune string) *Statements {
 // ForSettings returns the Statements of lock sessions that need st, not
 // yet set up: its Tune and Untune, and its Waiting on the wait statement.
 func ForSettings(mode Mode, st Settings) *Statements {
-	s := newStatements(mode, st.Tune(), st.Untune(), st.Waiting(), freshGate)
-	s.inLine, s.unname = st.InLine(), st.Unname()
-	return s
+	return newStatements(mode, st.Tune(), st.Untune(), st.Waiting(), freshGate)
 }
 
 // Described returns Statements whose settings and condition on the owner

@@ -87,8 +87,10 @@ func unlockFn(shared bool, args string) string { return UnlockFn(shared) + "(" +
 // ticket class class registers (a reader when shared), on a session marked
 // mark (see Statements): within lock_timeout slice (the doorbell can wait,
 // a moment, for a holder's DoorbellSQL), it rings the doorbell, takes the
-// first free ticket from the server's clock on, and names the session
-// (Settings.InLine) until it leaves the line. Its single row is
+// first free ticket from the server's clock on, and applies the lock
+// session's settings: its name, and what bounds an orphan (a waiter whose
+// client froze or was cut off leaves the line as the server ends its
+// session). A waiter that gives up sets them back (GiveUpSQL). Its single row is
 // (ticket, 0 when none was free; pid; in_recovery; whether the mark
 // allowed it: false means it took nothing).
 func (s *Statements) RegisterSQL(class int32, shared bool, slice, mark string) (string, []any) {
@@ -96,10 +98,7 @@ func (s *Statements) RegisterSQL(class int32, shared bool, slice, mark string) (
 	var b strings.Builder
 	b.WriteString("SELECT coalesce(t.id, 0), pg_backend_pid(), pg_is_in_recovery(), s.v IS NOT NULL")
 	b.WriteString(" FROM (SELECT $3::text AS m OFFSET 0) AS o")
-	set := "set_config('lock_timeout', $2::text, true)"
-	if s.inLine != "" {
-		set = "concat(" + set + ", " + s.inLine + ")"
-	}
+	set := "concat(set_config('lock_timeout', $2::text, true), " + s.tune + ")"
 	b.WriteString(" CROSS JOIN LATERAL (SELECT CASE WHEN " + s.gate + " THEN " + set + " END AS v OFFSET 0) AS s")
 	b.WriteString(" LEFT JOIN LATERAL (SELECT " + lockFn(Shared, c+", 0") + " IS NOT NULL AS bell WHERE s.v IS NOT NULL OFFSET 0) AS d ON true")
 	b.WriteString(" LEFT JOIN LATERAL (SELECT " + signed32("floor(extract(epoch FROM clock_timestamp()) * 1000)::int8") + " AS base WHERE d.bell OFFSET 0) AS b ON true")
@@ -169,7 +168,7 @@ func (s *Statements) SliceSQL(kind Kind, k Key, class, mine int32, slice, mark s
 // class its session holds. Its single row is (0 when the session holds k
 // in kind's mode: granted as its last slice's lock_timeout fired, else -1; pid; the
 // locks given back; the settings' text, applied when it holds k, and
-// otherwise the name it carried in line set back).
+// otherwise set back).
 func (s *Statements) GiveUpSQL(kind Kind, k Key, class int32, mark string) (string, []any) {
 	kc, ko, ks := tagArgs(k)
 	mode := "ExclusiveLock"
@@ -177,11 +176,7 @@ func (s *Statements) GiveUpSQL(kind Kind, k Key, class int32, mark string) (stri
 		mode = "ShareLock"
 	}
 	c := "$1::int4"
-	unname := "''"
-	if s.unname != "" {
-		unname = s.unname
-	}
-	q := "SELECT CASE WHEN x.have THEN 0 ELSE -1 END, pg_backend_pid(), x.released, CASE WHEN x.have THEN " + s.tune + " ELSE " + unname + " END" +
+	q := "SELECT CASE WHEN x.have THEN 0 ELSE -1 END, pg_backend_pid(), x.released, CASE WHEN x.have THEN " + s.tune + " ELSE " + s.untune + " END" +
 		" FROM (SELECT $5::text AS m OFFSET 0) AS o CROSS JOIN LATERAL (SELECT" +
 		" coalesce(bool_or(" + tagOf("$2", "$3", "$4") + " AND l.mode = '" + mode + "'), false) AS have," +
 		" count(CASE WHEN l.mode = 'ShareLock' THEN " + unlockFn(true, c+", "+signed32("l.objid::int8")+"::int4") +
@@ -238,13 +233,9 @@ func (s *Statements) SemaphoreSliceSQL(class, mine, slots int32, n int, wait int
 // fired), or -1.
 func (s *Statements) SemaphoreGiveUpSQL(class, slots int32, mark string) (string, []any) {
 	c, sc := "$1::int4", "$2::int4"
-	unname := "''"
-	if s.unname != "" {
-		unname = s.unname
-	}
 	id := signed32("l.objid::int8") + "::int4"
 	isTicket := "l.classid::int8 = (" + c + "::int8 & 4294967295)"
-	q := "SELECT coalesce(x.have, -1), pg_backend_pid(), x.released, CASE WHEN x.have IS NOT NULL THEN " + s.tune + " ELSE " + unname + " END" +
+	q := "SELECT coalesce(x.have, -1), pg_backend_pid(), x.released, CASE WHEN x.have IS NOT NULL THEN " + s.tune + " ELSE " + s.untune + " END" +
 		" FROM (SELECT $3::text AS m OFFSET 0) AS o CROSS JOIN LATERAL (SELECT" +
 		" min(" + id + ") FILTER (WHERE NOT " + isTicket + ") AS have," +
 		" count(CASE WHEN l.mode = 'ShareLock' THEN " + unlockFn(true, c+", "+id) + " ELSE " + unlockFn(false, c+", "+id) + " END) FILTER (WHERE " + isTicket + ") AS released" +
