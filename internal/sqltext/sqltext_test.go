@@ -2,6 +2,7 @@ package sqltext
 
 import (
 	"database/sql/driver"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -162,5 +163,46 @@ func TestTagArgs(t *testing.T) {
 	}
 	if got, args := Bind.ObserveArgs(0, 7, 1, 9, false); got != ObserveSQL || len(args) != 5 {
 		t.Errorf("Bind.ObserveArgs = %q, %v; want the statement and 5 arguments", got, args)
+	}
+}
+
+// TestLineStatementsParams: the line's statements, in Inline mode, have
+// every parameter rendered (lib/pq would prepare them otherwise), and in
+// Bind mode as many arguments as parameters.
+func TestLineStatementsParams(t *testing.T) {
+	k, pair := Key{V: -5}, Key{Pair: true, Class: -3, ID: 9}
+	for _, mode := range []Mode{Inline, Bind} {
+		s := ForSettings(mode, Settings{Major: 16, AppName: "x", IdleTimeoutMs: 30000})
+		type stmt struct {
+			q    string
+			args []any
+		}
+		var stmts = map[string]func() stmt{
+			"RegisterSQL":        func() stmt { q, a := s.RegisterSQL(-7, true, "500ms", "m'1"); return stmt{q, a} },
+			"SliceSQL":           func() stmt { q, a := s.SliceSQL(Shared, k, -7, 3, "500ms", "m"); return stmt{q, a} },
+			"SliceSQL pair":      func() stmt { q, a := s.SliceSQL(0, pair, -7, 3, "500ms", "m"); return stmt{q, a} },
+			"GiveUpSQL":          func() stmt { q, a := s.GiveUpSQL(0, k, -7, "m"); return stmt{q, a} },
+			"SemaphoreSliceSQL":  func() stmt { q, a := s.SemaphoreSliceSQL(-7, 3, -3, 4, 2, "500ms", "m"); return stmt{q, a} },
+			"SemaphoreGiveUpSQL": func() stmt { q, a := s.SemaphoreGiveUpSQL(-7, -3, "m"); return stmt{q, a} },
+			"PoliteTrySQL":       func() stmt { q, a := s.PoliteTrySQL(Try, k, -7, "m"); return stmt{q, a} },
+			"DoorbellSQL":        func() stmt { q, a := mode.DoorbellSQL(42, []int32{-7, -8}); return stmt{q, a} },
+			"TerminateHolderSQL": func() stmt { return stmt{TerminateHolderSQL, TerminateHolderArgs(42, k)} },
+			"SemaphorePoliteTry": func() stmt { return stmt{s.SemaphorePoliteTrySQL(-3, 4, -7), []any{"m"}} },
+		}
+		for name, f := range stmts {
+			st := f()
+			n := 0
+			for i := 1; i <= 20; i++ {
+				if strings.Contains(st.q, "$"+strconv.Itoa(i)+"::") {
+					n = i
+				}
+			}
+			switch {
+			case mode == Inline && name != "TerminateHolderSQL" && name != "SemaphorePoliteTry" && (n != 0 || st.args != nil):
+				t.Errorf("Inline %s: $%d left, args %v", name, n, st.args)
+			case (mode == Bind || name == "TerminateHolderSQL" || name == "SemaphorePoliteTry") && n != len(st.args):
+				t.Errorf("%v %s: %d parameters, %d arguments", mode, name, n, len(st.args))
+			}
+		}
 	}
 }

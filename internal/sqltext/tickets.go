@@ -134,15 +134,8 @@ func (s *Statements) SliceSQL(kind Kind, k Key, class, mine int32, slice, mark s
 	}
 	release := "(" + unlockFn(shared, c+", "+me) + " AND " + unlockFn(true, c+", 0") + ")"
 	keyArgs, keyVals := s.mode.keyArgsAt(k, 8)
-	set := "set_config('lock_timeout', $3::text, true)"
-	if s.waiting != "" {
-		set = "concat(" + set + ", " + s.waiting + ")"
-	}
 	var b strings.Builder
-	b.WriteString("SELECT CASE WHEN r.granted THEN 0 ELSE -1 END, pg_backend_pid(), pg_is_in_recovery(), x.others, x.have")
-	b.WriteString(" FROM (SELECT $4::text AS m OFFSET 0) AS o")
-	b.WriteString(" CROSS JOIN LATERAL (SELECT CASE WHEN " + s.gate + " THEN " + set + " END AS v OFFSET 0) AS s")
-	b.WriteString(" CROSS JOIN LATERAL (SELECT")
+	s.sliceHead(&b, "CASE WHEN r.granted THEN 0 ELSE -1 END", "x.have")
 	b.WriteString(" coalesce(bool_or(l.iskey AND l.mine AND l.mode = '" + mode + "'), false) AS have,")
 	b.WriteString(" count(CASE WHEN l.mode = 'ShareLock' THEN " + unlockFn(true, c+", l.id") + " ELSE " + unlockFn(false, c+", l.id") + " END)")
 	b.WriteString(" FILTER (WHERE NOT l.iskey AND l.mine AND l.id NOT IN (" + me + ", 0)) AS stale,")
@@ -160,6 +153,22 @@ func (s *Statements) SliceSQL(kind Kind, k Key, class, mine int32, slice, mark s
 	b.WriteString(" END AS granted WHERE s.v IS NOT NULL OFFSET 0) AS r")
 	vals := append([]any{int64(class), int64(mine), slice, mark, kc, ko, ks}, keyVals...)
 	return s.mode.params(b.String(), vals...)
+}
+
+// sliceHead writes the beginning of a slice statement (SliceSQL,
+// SemaphoreSliceSQL): its select list, granted and late its first and last
+// columns, then its mark ($4), its lock_timeout ($3, with what a waiting
+// session shows) under the mark's condition, and the start of the
+// subquery that reads pg_locks.
+func (s *Statements) sliceHead(b *strings.Builder, granted, late string) {
+	set := "set_config('lock_timeout', $3::text, true)"
+	if s.waiting != "" {
+		set = "concat(" + set + ", " + s.waiting + ")"
+	}
+	b.WriteString("SELECT " + granted + ", pg_backend_pid(), pg_is_in_recovery(), x.others, " + late)
+	b.WriteString(" FROM (SELECT $4::text AS m OFFSET 0) AS o")
+	b.WriteString(" CROSS JOIN LATERAL (SELECT CASE WHEN " + s.gate + " THEN " + set + " END AS v OFFSET 0) AS s")
+	b.WriteString(" CROSS JOIN LATERAL (SELECT")
 }
 
 // GiveUpSQL returns the statement with which a registered waiter for k
@@ -195,15 +204,8 @@ func (s *Statements) GiveUpSQL(kind Kind, k Key, class int32, mark string) (stri
 func (s *Statements) SemaphoreSliceSQL(class, mine, slots int32, n int, wait int32, slice, mark string) (string, []any) {
 	c, me, sc := "$1::int4", "$2::int4", "$5::int4"
 	release := "(" + unlockFn(false, c+", "+me) + " AND " + unlockFn(true, c+", 0") + ")"
-	set := "set_config('lock_timeout', $3::text, true)"
-	if s.waiting != "" {
-		set = "concat(" + set + ", " + s.waiting + ")"
-	}
 	var b strings.Builder
-	b.WriteString("SELECT r.slot, pg_backend_pid(), pg_is_in_recovery(), x.others, x.have IS NOT NULL")
-	b.WriteString(" FROM (SELECT $4::text AS m OFFSET 0) AS o")
-	b.WriteString(" CROSS JOIN LATERAL (SELECT CASE WHEN " + s.gate + " THEN " + set + " END AS v OFFSET 0) AS s")
-	b.WriteString(" CROSS JOIN LATERAL (SELECT")
+	s.sliceHead(&b, "r.slot", "x.have IS NOT NULL")
 	b.WriteString(" min(l.id) FILTER (WHERE l.isslot AND l.mine) AS have,")
 	b.WriteString(" count(" + unlockFn(false, c+", l.id") + ") FILTER (WHERE NOT l.isslot AND l.mine AND l.id NOT IN (" + me + ", 0)) AS stale,")
 	b.WriteString(" (array_agg(l.id ORDER BY l.d DESC) FILTER (WHERE NOT l.isslot AND NOT l.mine AND l.id <> 0 AND l.d < 0))[1] AS pred,")
