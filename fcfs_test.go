@@ -30,12 +30,11 @@ import (
 // lineWaiter is one waiter process of a trial: when it called (arrived)
 // and when it was granted, by this machine's clock.
 type lineWaiter struct {
-	i                int // its index among the trial's waiters
-	called, granted  time.Time
-	cmd              *exec.Cmd
-	lines            chan string
-	exited           chan error
-	calledAt, holdMs string
+	i               int // its index among the trial's waiters
+	called, granted time.Time
+	cmd             *exec.Cmd
+	lines           chan string
+	exited          chan error
 }
 
 // lineTrial starts n waiter processes (role "line") of mode (lock, sem,

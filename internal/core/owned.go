@@ -155,7 +155,7 @@ func (o *Owned) Lock(ctx context.Context, k Key) error {
 	// PostgreSQL's deadlock detector (the Owned holds other locks).
 	var oc outcome
 	if err := o.s.withConn(func(conn *sql.Conn) error {
-		oc = o.p.waitOn(ctx, connWaiter{conn, o.p.abandoned, o.s.mark}, sessionLevel, o.p.sql(), 0, k, o.pid, waitOne)
+		oc = o.p.waitOn(ctx, connWaiter{conn, o.p.abandoned, o.s.mark}, sessionLevel, o.p.sql(), 0, k, o.pid)
 		return oc.err
 	}); oc.err == nil && err != nil {
 		oc.err = err // the session was ended before the wait began

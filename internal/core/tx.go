@@ -36,7 +36,7 @@ func TxLock(ctx context.Context, tx TxQuerier, k Key, kind Kind) (bool, error) {
 		if _, deadline := ctx.Deadline(); !deadline && ctx.Done() != nil {
 			o = e.waitTxSliced(ctx, tx, kind, k)
 		} else {
-			o = e.waitOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k, o.pid, waitOne)
+			o = e.waitOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k, o.pid)
 		}
 	}
 	err := settleTx(ctx, namer{label: keyString(k)}, o, false)
@@ -117,7 +117,7 @@ func (p *Pool) LockInTx(ctx context.Context, tx TxQuerier, k Key) error {
 	w := txWaiter{tx}
 	o := p.tryOn(ctx, w, xactLevel, nil, 0, k)
 	if o.err == nil && !o.ok && (!o.standby || p.cfg.AllowStandby) {
-		o = p.waitOn(ctx, w, xactLevel, nil, 0, k, o.pid, waitOne)
+		o = p.waitOn(ctx, w, xactLevel, nil, 0, k, o.pid)
 	}
 	return settleTx(ctx, namer{p: p, k: k}, o, p.cfg.AllowStandby)
 }

@@ -162,159 +162,94 @@ func (e *engine) tryOn(ctx context.Context, w waiter, lv level, st *statements, 
 	return o
 }
 
-// waitMode is how waitOn waits.
-type waitMode uint8
-
-const (
-	// waitSliced is statements shorter than half the server's
-	// deadlock_timeout, one after the other until granted: the session
-	// holds nothing but its wait, so no deadlock is lost, and a holder's
-	// CREATE INDEX CONCURRENTLY never waits on an old snapshot of it (the
-	// server ends each statement, and its snapshot, whatever the client
-	// is doing). Each statement joins the end of the server's queue: not
-	// first come, first served.
-	waitSliced waitMode = iota
-	// waitSlice is one statement shorter than half the server's
-	// deadlock_timeout (a semaphore's wait on one slot; it returns the
-	// slice's 55P03).
-	waitSlice
-	// waitOne is one statement that waits as long as ctx lets it, left to
-	// PostgreSQL's deadlock detector (a Session's, a transaction's: they
-	// may hold other locks).
-	waitOne
-)
-
-// waitOn waits for k on w, backend pid, as mode says, until the lock is
-// granted, a statement fails, or ctx ends; no lock_timeout of the role or
-// database ends it, ctx's deadline does (the server keeps it too). When
-// ctx ends during the wait, the backend leaves the queue before waitOn
-// returns.
-func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements, kind Kind, k Key, pid int64, mode waitMode) outcome {
+// waitOn waits for k on w, backend pid, in one statement, until the lock
+// is granted, the statement fails, or ctx ends: a Session's wait, a
+// transaction's (they may hold other locks: PostgreSQL's deadlock
+// detector sees the wait whole). No lock_timeout of the role or database
+// ends it, ctx's deadline does (the server keeps it too). When ctx ends
+// during the wait, the backend leaves the queue before waitOn returns.
+// (A Locker's waits are sliced, in a line: see waitInLine.)
+func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements, kind Kind, k Key, pid int64) outcome {
 	o := outcome{pid: pid}
 	e.debug(ctx, "sqllock: waiting", k, slog.Bool("shared", kind.IsShared()), slog.Int64("pid", pid))
-	for {
-		slice := "0"
-		o.certain = false
-		if mode != waitOne {
-			if slice, o.err = e.waitSlice(ctx, w); o.err != nil {
-				break
+	// The server keeps ctx's deadline too: a cancel that never reaches
+	// it cannot leave the wait running past the deadline.
+	slice, margin := e.deadlineSlice(ctx, "0")
+	byDeadline := margin > 0
+	// A session-level wait that the server ends before ctx's deadline
+	// is read a little past it (pastDeadline).
+	sctx, cancel := ctx, context.CancelFunc(func() {})
+	if byDeadline && lv == sessionLevel {
+		sctx, cancel = pastDeadline(ctx)
+	}
+	// A driver's own cancel can reach the server before the statement
+	// starts, and be lost (lib/pq sends one on a connection of its
+	// own): should the statement still run abandonGrace after its
+	// context ended, the backend is cancelled from here. The statement
+	// and that cancel each claim the end of the statement; one wins.
+	var returned atomic.Bool
+	stop := context.AfterFunc(sctx, func() {
+		time.AfterFunc(abandonGrace, func() {
+			if returned.CompareAndSwap(false, true) {
+				e.cancelWait(ctx, pid, k)
 			}
-		}
-		// The server keeps ctx's deadline too: a cancel that never reaches
-		// it cannot leave the wait running past the deadline.
-		slice, margin := e.deadlineSlice(ctx, slice)
-		byDeadline := margin > 0
-		// A session-level wait that the server ends before ctx's deadline
-		// is read a little past it (pastDeadline).
-		sctx, cancel := ctx, context.CancelFunc(func() {})
-		if byDeadline && lv == sessionLevel {
-			sctx, cancel = pastDeadline(ctx)
-		}
-		// A driver's own cancel can reach the server before the statement
-		// starts, and be lost (lib/pq sends one on a connection of its
-		// own): should the statement still run abandonGrace after its
-		// context ended, the backend is cancelled from here. The statement
-		// and that cancel each claim the end of the statement; one wins.
-		var returned atomic.Bool
-		stop := context.AfterFunc(sctx, func() {
-			time.AfterFunc(abandonGrace, func() {
-				if returned.CompareAndSwap(false, true) {
-					e.cancelWait(ctx, pid, k)
-				}
-			})
 		})
-		if lv == xactLevel {
-			q, args := e.mode.XactLockSQL(kind&^sqltext.Try, k)
-			if dl, ok := ctx.Deadline(); ok {
-				// However close the deadline: in a transaction, no one
-				// else can cancel a wait whose cancel was lost.
-				margin = e.deadlineMargin(time.Until(dl))
-				slice = strconv.FormatInt(max(time.Until(dl)-margin, time.Millisecond).Milliseconds(), 10) + "ms"
-				byDeadline = true
-				q, args = e.mode.XactDeadlineLockSQL(kind&^sqltext.Try, k, slice)
-			}
-			began := time.Now()
-			o.err = w.queryRow(ctx, q, args, &o.ok)
-			if byDeadline && SQLState(o.err) == "55P03" && !CtxEnded(ctx) && ranInto(began, slice) {
-				// The server ended the wait at the deadline (not at a
-				// shorter lock_timeout of the transaction's own): not
-				// granted; the transaction is aborted, and the caller
-				// rolls it back.
-				o.err = errDeadline
-			}
-		} else {
-			q, args := st.WaitSQL(kind&^sqltext.Try, k, slice, w.mark())
-			o.sent = monoNow()
-			o.err = w.queryRow(sctx, q, args, &o.ok, &o.pid, &o.standby)
-			if errors.Is(o.err, sql.ErrNoRows) {
-				o.err = foreignSession() // nothing was waited for
-			}
-			// The server's own answer (granted, or its lock_timeout), read
-			// before the statement's context ended and not after a cancel
-			// of ctx, is certain, however late for ctx's deadline.
-			o.certain = sctx != ctx && sctx.Err() == nil && !errors.Is(ctx.Err(), context.Canceled) &&
-				(o.err == nil || SQLState(o.err) == "55P03")
+	})
+	if lv == xactLevel {
+		q, args := e.mode.XactLockSQL(kind&^sqltext.Try, k)
+		if dl, ok := ctx.Deadline(); ok {
+			// However close the deadline: in a transaction, no one
+			// else can cancel a wait whose cancel was lost.
+			margin = e.deadlineMargin(time.Until(dl))
+			slice = strconv.FormatInt(max(time.Until(dl)-margin, time.Millisecond).Milliseconds(), 10) + "ms"
+			byDeadline = true
+			q, args = e.mode.XactDeadlineLockSQL(kind&^sqltext.Try, k, slice)
 		}
-		if !returned.CompareAndSwap(false, true) {
-			o.certain = false // a cancel of this backend is on its way: its next statement may meet it
+		began := time.Now()
+		o.err = w.queryRow(ctx, q, args, &o.ok)
+		if byDeadline && SQLState(o.err) == "55P03" && !CtxEnded(ctx) && ranInto(began, slice) {
+			// The server ended the wait at the deadline (not at a
+			// shorter lock_timeout of the transaction's own): not
+			// granted; the transaction is aborted, and the caller
+			// rolls it back.
+			o.err = errDeadline
 		}
-		stop()
-		cancel()
-		if byDeadline && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			// The server was to end the wait before the deadline, and its
-			// answer did not come in time (a loaded machine or server; the
-			// driver gave up, or the answer came once ctx had ended): the
-			// session is lost to the uncertainty. Leave later waits a
-			// larger margin (deadlineMargin counts three recent round
-			// trips; this one took the whole margin and more).
-			e.observeRTT(margin)
+	} else {
+		q, args := st.WaitSQL(kind&^sqltext.Try, k, slice, w.mark())
+		o.sent = monoNow()
+		o.err = w.queryRow(sctx, q, args, &o.ok, &o.pid, &o.standby)
+		if errors.Is(o.err, sql.ErrNoRows) {
+			o.err = foreignSession() // nothing was waited for
 		}
-		// A wait cancelled while ctx goes on (a cancel meant for another
-		// statement: pg_cancel_backend names a backend, not a statement; a
-		// DBA's) must go on too.
-		cancelled := SQLState(o.err) == "57014" && mode != waitOne && !CtxEnded(ctx)
-		if lv == sessionLevel && (SQLState(o.err) == "55P03" || cancelled) && (!CtxEnded(ctx) || o.certain && !cancelled) {
-			// The statement's lock_timeout (its slice's, or the
-			// deadline's), or a cancel, can come as the lock is granted: PostgreSQL then keeps the grant and reports the
-			// error all the same. Waiting again would take the key a
-			// second time (advisory locks are re-entrant, so one unlock
-			// would leave it held), and "not granted" would leave it held
-			// by a connection going back to the pool: ask the session.
-			if e.grantedAfterTimeout(ctx, w, st, kind, k, &o) {
-				break
-			}
-			if byDeadline && !cancelled {
-				// The server ended the wait just before ctx's deadline:
-				// not granted, for sure, and the session is intact.
-				o.err = errDeadline
-				break
-			}
-		}
-		if o.err == nil || CtxEnded(ctx) || mode == waitOne {
-			break
-		}
-		if st := SQLState(o.err); st != "55P03" && st != "40P01" && !cancelled {
-			break
-		}
-		// The wait's slice ended (55P03), or, should the server's
-		// deadlock_timeout have been lowered since the Pool read it (it
-		// reads it again then), PostgreSQL reported the holder's CREATE
-		// INDEX CONCURRENTLY waiting for this statement's snapshot as a
-		// deadlock (40P01): this session holds nothing but its wait, so it
-		// is in no cycle of locks. Wait again, in a new statement with a
-		// new snapshot.
-		if SQLState(o.err) == "40P01" {
-			e.snapshotWaits.Add(1)
-		}
-		if SQLState(o.err) == "40P01" {
-			e.slice.Store(nil) // deadlock_timeout may have been lowered: read it again
-		}
-		if cancelled {
-			e.debug(ctx, "sqllock: wait cancelled, waiting again", k, slog.Int64("pid", pid))
-			continue
-		}
-		if mode == waitSlice {
-			break
+		// The server's own answer (granted, or its lock_timeout), read
+		// before the statement's context ended and not after a cancel
+		// of ctx, is certain, however late for ctx's deadline.
+		o.certain = sctx != ctx && sctx.Err() == nil && !errors.Is(ctx.Err(), context.Canceled) &&
+			(o.err == nil || SQLState(o.err) == "55P03")
+	}
+	if !returned.CompareAndSwap(false, true) {
+		o.certain = false // a cancel of this backend is on its way: its next statement may meet it
+	}
+	stop()
+	cancel()
+	if byDeadline && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// The server was to end the wait before the deadline, and its
+		// answer did not come in time (a loaded machine or server; the
+		// driver gave up, or the answer came once ctx had ended): the
+		// session is lost to the uncertainty. Leave later waits a
+		// larger margin (deadlineMargin counts three recent round
+		// trips; this one took the whole margin and more).
+		e.observeRTT(margin)
+	}
+	if lv == sessionLevel && SQLState(o.err) == "55P03" && (!CtxEnded(ctx) || o.certain) {
+		// The statement's lock_timeout (the deadline's) can come as the
+		// lock is granted: PostgreSQL then keeps the grant and reports the
+		// error all the same. "Not granted" would leave it held by a
+		// connection going back to the pool: ask the session.
+		if !e.grantedAfterTimeout(ctx, w, st, kind, k, &o) && byDeadline {
+			// The server ended the wait just before ctx's deadline: not
+			// granted, for sure, and the session is intact.
+			o.err = errDeadline
 		}
 	}
 	switch {
