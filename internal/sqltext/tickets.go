@@ -112,9 +112,9 @@ func (s *Statements) RegisterSQL(class int32, shared bool, slice, mark string) (
 // mark, for at most lock_timeout slice: it reads pg_locks for the key and
 // its tickets, and then, when the session holds k already (granted as the
 // last slice's lock_timeout fired), or when no earlier ticket is left and
-// it is granted k, it gives its ticket and its doorbell back and applies
-// the lock session's settings (answering true); when an earlier ticket is
-// left, it waits for it to go (answering false: look again). It also
+// it is granted k, it gives its ticket and its doorbell back (answering
+// true; the lock session's settings are the session's since its
+// registration: see RegisterSQL); when an earlier ticket is left, it waits for it to go (answering false: look again). It also
 // gives back tickets of its own left from before. Its single row is
 // (0 when granted, -1 when not: look again; pid, in_recovery, the number
 // of other tickets of the class, whether the session held k already as
@@ -147,8 +147,8 @@ func (s *Statements) SliceSQL(kind Kind, k Key, class, mine int32, slice, mark s
 	b.WriteString(" AND ((l.classid::int8 = (" + c + "::int8 & 4294967295) AND l.objsubid = 2) OR " + tagOf("$5", "$6", "$7") + ")")
 	b.WriteString(" AND s.v IS NOT NULL) AS l) AS x")
 	b.WriteString(" CROSS JOIN LATERAL (SELECT CASE")
-	b.WriteString(" WHEN x.have THEN " + release + " AND " + s.tune + " IS NOT NULL")
-	b.WriteString(" WHEN x.pred IS NULL THEN " + lockFn(kind&^Try, keyArgs) + " IS NOT NULL AND " + release + " AND " + s.tune + " IS NOT NULL")
+	b.WriteString(" WHEN x.have THEN " + release)
+	b.WriteString(" WHEN x.pred IS NULL THEN " + lockFn(kind&^Try, keyArgs) + " IS NOT NULL AND " + release)
 	b.WriteString(" ELSE NOT (" + lockFn(kind&^Try, c+", x.pred") + " IS NOT NULL AND " + unlockFn(shared, c+", x.pred") + ")")
 	b.WriteString(" END AS granted WHERE s.v IS NOT NULL OFFSET 0) AS r")
 	vals := append([]any{int64(class), int64(mine), slice, mark, kc, ko, ks}, keyVals...)
@@ -217,8 +217,8 @@ func (s *Statements) SemaphoreSliceSQL(class, mine, slots int32, n int, wait int
 	b.WriteString(" AND (l.classid::int8 <> (" + sc + "::int8 & 4294967295) OR l.pid = pg_backend_pid())")
 	b.WriteString(" AND s.v IS NOT NULL) AS l) AS x")
 	b.WriteString(" CROSS JOIN LATERAL (SELECT CASE")
-	b.WriteString(" WHEN x.have IS NOT NULL THEN CASE WHEN " + release + " AND " + s.tune + " IS NOT NULL THEN x.have END")
-	b.WriteString(" WHEN x.pred IS NULL THEN (SELECT CASE WHEN t.slot >= 0 AND " + release + " AND " + s.tune + " IS NOT NULL THEN t.slot END")
+	b.WriteString(" WHEN x.have IS NOT NULL THEN CASE WHEN " + release + " THEN x.have END")
+	b.WriteString(" WHEN x.pred IS NULL THEN (SELECT CASE WHEN t.slot >= 0 AND " + release + " THEN t.slot END")
 	b.WriteString(" FROM (SELECT CASE")
 	for i := range n {
 		b.WriteString(" WHEN pg_try_advisory_lock(" + sc + ", " + strconv.Itoa(i) + ") THEN " + strconv.Itoa(i))
