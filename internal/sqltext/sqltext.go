@@ -137,9 +137,9 @@ func sharedIndex(shared bool) int { return int(SharedKind(shared) >> 1) }
 // bindArgs returns the bound values of k.
 func bindArgs(k Key, extra ...any) []any {
 	if k.Pair {
-		return append([]any{int64(k.Class), int64(k.ID)}, extra...)
+		return append(append(make([]any, 0, 2+len(extra)), int64(k.Class), int64(k.ID)), extra...)
 	}
-	return append([]any{k.V}, extra...)
+	return append(append(make([]any, 0, 1+len(extra)), k.V), extra...)
 }
 
 // Statements are a Locker's session-level statements. A session leaves as
@@ -203,6 +203,8 @@ func Plain(mode Mode) *Statements {
 // The owner mark's setting, and the conditions on it (see Statements).
 const (
 	markSetting = "sqllock.owner"
+	// markSetting0 is the session's mark, NULL when it has none.
+	markSetting0 = "current_setting('" + markSetting + "', true)"
 	freshGate   = "coalesce(current_setting('" + markSetting + "', true), '') IN ('', o.m)"
 	ownGate     = "current_setting('" + markSetting + "', true) = o.m"
 )
@@ -235,6 +237,22 @@ func (m Mode) markFrom(n int, mark string) (string, []any) {
 	return "(SELECT $" + strconv.Itoa(n) + "::text AS m OFFSET 0) AS o", []any{mark}
 }
 
+// plain reports whether s are Plain's: statements of a session set up
+// already, which apply and reset nothing.
+func (s *Statements) plain() bool { return s.gate == ownGate && s.tune == "''" && s.untune == "''" }
+
+// markExpr returns the session's mark as a text expression: bound as
+// parameter n, or rendered into the text (Inline).
+func (m Mode) markExpr(n int, mark string) (string, []any) {
+	if m == Inline {
+		if !ValidMark(mark) {
+			panic("sqltext: invalid owner mark " + strconv.Quote(mark))
+		}
+		return "'" + mark + "'::text", nil
+	}
+	return "$" + strconv.Itoa(n) + "::text", []any{mark}
+}
+
 func newStatements(mode Mode, tune, untune, waiting, gate string) *Statements {
 	s := &Statements{mode: mode, tune: tune, untune: untune, waiting: waiting, gate: gate}
 	if mode == Bind {
@@ -264,6 +282,14 @@ func (s *Statements) TrySQL(kind Kind, k Key, mark string) (string, []any) {
 
 func (s *Statements) BuildTrySQL(kind Kind, k Key, mark string) (string, []any) {
 	a, args := s.mode.KeyArgs(k, 1)
+	if s.plain() {
+		// A session set up already: the mark compared in place, no
+		// settings, one expression (a subquery costs the server's parser
+		// and planner more than the lock itself, on every simple-protocol
+		// statement).
+		m, margs := s.mode.markExpr(len(args)+1, mark)
+		return "SELECT CASE WHEN " + markSetting0 + " = " + m + " THEN " + kind.Fn() + "(" + a + ") END, pg_backend_pid(), pg_is_in_recovery()", append(args, margs...)
+	}
 	from, margs := s.mode.markFrom(len(args)+1, mark)
 	// CASE evaluates the settings only when the try succeeded (concat
 	// never returns NULL).
@@ -339,6 +365,9 @@ func (s *Statements) UnlockSQL(shared bool, k Key, pid int64) (string, []any) {
 func (s *Statements) BuildUnlockSQL(shared bool, k Key, pid int64) (string, []any) {
 	a, args := s.mode.KeyArgs(k, 1)
 	q := "SELECT CASE WHEN " + UnlockFn(shared) + "(" + a + ") THEN " + s.untune + " IS NOT NULL ELSE false END WHERE pg_backend_pid() = "
+	if s.plain() {
+		q = "SELECT " + UnlockFn(shared) + "(" + a + ") WHERE pg_backend_pid() = " // nothing to reset
+	}
 	if s.mode == Inline {
 		return q + strconv.FormatInt(pid, 10), nil
 	}
