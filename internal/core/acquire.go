@@ -190,16 +190,17 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool) (h *Hold, err
 	if ctx.Done() == nil {
 		s.submit(o) // nothing ends the call early: run the queue here
 	} else {
+		o.done = make(chan struct{})
 		s.submitAside(o)
-	}
-	select {
-	case <-o.done:
-	case <-ctx.Done():
-		if o.state.CompareAndSwap(opPending, opAbandoned) {
-			// The runner undoes a grant that comes now, and frees k.
-			return ended()
+		select {
+		case <-o.done:
+		case <-ctx.Done():
+			if o.state.CompareAndSwap(opPending, opAbandoned) {
+				// The runner undoes a grant that comes now, and frees k.
+				return ended()
+			}
+			<-o.done // decided: the outcome is a moment away
 		}
-		<-o.done // decided: the outcome is a moment away
 	}
 	// The runner read the answer under a context of its own, and applied
 	// what it means to the session (a certain answer touches this key

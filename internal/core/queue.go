@@ -36,7 +36,10 @@ type op struct {
 	q      string // opTag
 	args   []any  // opTag
 	state  atomic.Uint32
-	done   chan struct{} // closed when the outcome is known
+	// done is closed when the outcome is known: made for a caller that
+	// waits for another goroutine to run o (nil for one that runs the
+	// queue itself, or does not wait).
+	done chan struct{}
 
 	ok  bool  // opTry: granted; opUnlock: released; opTag: a row came
 	v   int64 // opTag's answer
@@ -54,29 +57,88 @@ const (
 )
 
 func newOp(kind opKind, k Key) *op {
-	return &op{kind: kind, key: k, done: make(chan struct{})}
+	return &op{kind: kind, key: k}
 }
 
-// submit queues o and, when no runner runs, runs the queue here.
+// submit queues o and, when no runner runs, runs the queue here (flat
+// combining: the caller sends its own statement, and those queued
+// meanwhile, with no hand-off and no channel); it returns once o's
+// outcome is known.
 func (s *session) submit(o *op) {
-	if s.enqueue(o) {
-		s.drain()
+	if s.enqueue(o, true) {
+		s.drain() // o is told before the queue runs out
+		return
+	}
+	if o.done != nil {
+		<-o.done
 	}
 }
 
-// submitAside queues o and, when no runner runs, runs the queue on a
-// goroutine of its own: for a caller whose wait for the answer ctx bounds
-// (the queue's statements are bounded by the unlock timeout, and carry
-// others' keys too, so no caller's ctx may cut them short).
+// submitAside queues o and, when no runner runs, has the session's
+// runner goroutine run the queue: for a caller whose wait for the answer
+// ctx bounds (the queue's statements are bounded by the unlock timeout,
+// and carry others' keys too, so no caller's ctx may cut them short), or
+// that does not wait. A caller that waits makes o.done first.
 func (s *session) submitAside(o *op) {
-	if s.enqueue(o) {
-		go s.drain()
+	if s.enqueue(o, false) {
+		s.runAside()
+	}
+}
+
+// runAside wakes the session's runner goroutine to drain the queue (the
+// caller's enqueue made it the runner), starting it when none runs. One
+// goroutine serves the session for its life rather than one per call: a
+// new goroutine grows its stack through the driver's calls every time,
+// which cost a cancellable TryLock a third of its client CPU.
+func (s *session) runAside() {
+	s.mu.Lock()
+	start := !s.runnerUp
+	if start {
+		s.runnerUp = true
+		if s.kick == nil {
+			s.kick = make(chan struct{}, 1)
+		}
+	}
+	select {
+	case s.kick <- struct{}{}: // sent under mu: the runner's last look sees it
+	default: // one is pending already (never, while enqueue makes one runner)
+	}
+	kick := s.kick
+	s.mu.Unlock()
+	if start {
+		go s.runner(kick)
+	}
+}
+
+// runner drains the queue whenever kicked, until the session's connection
+// is gone and no kick is pending.
+func (s *session) runner(kick chan struct{}) {
+	for {
+		select {
+		case <-kick:
+			s.drain()
+			continue
+		case <-s.gone:
+		}
+		s.mu.Lock()
+		select {
+		case <-kick: // kicked as the session ended: its ops are told why
+			s.mu.Unlock()
+			s.drain()
+			continue
+		default:
+		}
+		s.runnerUp = false
+		s.mu.Unlock()
+		return
 	}
 }
 
 // enqueue queues o and reports whether the caller must run the queue
 // (drain): no runner was running. On an ended session, o fails at once.
-func (s *session) enqueue(o *op) bool {
+// For a caller that would run the queue itself (inline), o.done is made
+// only when another runner runs it.
+func (s *session) enqueue(o *op, inline bool) bool {
 	s.mu.Lock()
 	if s.state == ended {
 		o.err = s.errLocked()
@@ -86,6 +148,9 @@ func (s *session) enqueue(o *op) bool {
 	}
 	if s.queue == nil {
 		s.queue, s.spare = s.spare, nil
+	}
+	if s.running && inline && o.done == nil {
+		o.done = make(chan struct{}) // under mu: the runner that takes o sees it
 	}
 	s.queue = append(s.queue, o)
 	if s.running {
@@ -169,7 +234,9 @@ func (s *session) finish(o *op) {
 	if o.after != nil {
 		o.after()
 	}
-	close(o.done)
+	if o.done != nil {
+		close(o.done)
+	}
 }
 
 // unlockAsync releases k, which this session holds for no Hold, without
@@ -268,7 +335,6 @@ func (s *session) alive(class int32) (rung bool, err error) {
 	o := newOp(opAlive, Key{})
 	o.class = class
 	s.submit(o)
-	<-o.done
 	return o.err == nil && !o.ok, o.err
 }
 
@@ -298,9 +364,20 @@ func (s *session) runMany(ops []*op, unlock bool) {
 	}
 }
 
+// answerOf are the answers of a single-key unlock, shared (read only): a
+// call allocates none.
+var answerOf = [2][]bool{{false}, {true}}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // sendUnlocks is the one place an unlock statement is sent: it releases
 // keys (in mode shared) on s's backend, and returns, by position, whether
-// the server released each. One key goes in the single-key statement
+// the server released each (a slice its callers only read). One key goes in the single-key statement
 // (which also sets a dedicated session's settings back: the session is
 // then no longer tuned); more in one batch, run on the backend only. ctx
 // bounds the statement.
@@ -322,7 +399,7 @@ func (s *session) sendUnlocks(ctx context.Context, keys []Key, shared bool) ([]b
 			s.tuned = false
 			s.mu.Unlock()
 		}
-		return []bool{ok}, err
+		return answerOf[b2i(ok)], err
 	}
 	query := func(q string, args []any, row func([]driver.Value) error) error {
 		return s.queryRowsCtx(ctx, q, args, row)
@@ -527,7 +604,6 @@ func (s *session) unlock(k Key, shared bool) (uncertain bool, err error) {
 	o := newOp(opUnlock, k)
 	o.shared = shared
 	s.submit(o)
-	<-o.done
 	return unlockAnswer(s.p, k, s.pid, o.err, o.ok)
 }
 
@@ -539,6 +615,7 @@ func (s *session) unlock(k Key, shared bool) (uncertain bool, err error) {
 func (s *session) onTag(ctx context.Context, q string, args []any) (v int64, ok bool, err error) {
 	o := newOp(opTag, Key{})
 	o.q, o.args = q, args
+	o.done = make(chan struct{})
 	s.submitAside(o)
 	select {
 	case <-o.done:

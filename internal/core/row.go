@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 )
 
 // errNoFastPath makes a query fall back to database/sql's own methods.
@@ -45,9 +46,10 @@ func driverConnOf(conn *sql.Conn) any {
 }
 
 // call is one single-row statement run on a driver connection: its
-// arguments and its row's values live in one allocation, and it is run
-// through a method value, so that the hot path allocates twice per
-// statement, whatever the number of arguments and columns.
+// arguments and its row's values live in it, and it is run through a
+// method value bound once, so that, taken from calls, the hot path
+// allocates nothing of its own per statement, whatever the number of
+// arguments and columns.
 type call struct {
 	ctx    context.Context
 	q      string
@@ -55,6 +57,7 @@ type call struct {
 	vals   []driver.Value
 	argBuf [3]driver.NamedValue
 	valBuf [4]driver.Value
+	runFn  func(dc any) error // run, bound once
 }
 
 // driverQuery runs q on a driver connection; errNoFastPath when the driver
@@ -102,19 +105,41 @@ func (c *call) run(dc any) error {
 	return err
 }
 
+// calls are spare calls, each with its run method bound once: a statement
+// of a driver that is not blind (whose statement always returns before
+// queryRow does) takes one and gives it back, and allocates none.
+var calls = sync.Pool{New: func() any {
+	c := &call{}
+	c.runFn = c.run
+	return c
+}}
+
 // queryRow runs q, which returns one row, on conn and stores its columns in
 // dest (each a *bool, *int64, *string, *sql.NullBool, or skip).
 func queryRow(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string, args []any, dest ...any) error {
-	c := &call{ctx: ctx, q: q}
+	// A blind driver's statement may outlive the call (see boundedRaw): it
+	// keeps its call.
+	pooled := blind == nil || ctx.Done() == nil
+	var c *call
+	if pooled {
+		c = calls.Get().(*call)
+	} else {
+		c = &call{}
+		c.runFn = c.run
+	}
+	c.ctx, c.q = ctx, q
 	c.args = namedValues(c.argBuf[:], args)
-	err := boundedRaw(ctx, blind, conn, c.run)
+	err := boundedRaw(ctx, blind, conn, c.runFn)
 	if errors.Is(err, errNoFastPath) {
-		return conn.QueryRowContext(ctx, q, args...).Scan(dest...)
+		err = conn.QueryRowContext(ctx, q, args...).Scan(dest...)
+	} else if err == nil {
+		err = assign(dest, c.vals)
 	}
-	if err != nil {
-		return err
+	if pooled {
+		*c = call{runFn: c.runFn}
+		calls.Put(c)
 	}
-	return assign(dest, c.vals)
+	return err
 }
 
 // skipColumn is a destination that ignores its column (the settings' text

@@ -49,18 +49,20 @@ type session struct {
 	// granted try, until a dedicated session's unlock sets them back).
 	// Both are set under mu before the answer is told: whoever holds an
 	// outcome of it reads them without mu.
-	pid     int64
-	tuned   bool
-	held    map[*Hold]struct{} // guarded by mu: the Holds it carries
-	owner   *Owned             // the Owned whose keys it holds (kindOwned)
-	users   int                // guarded by mu: calls that picked it and have not finished
-	queue   []*op              // guarded by mu: operations waiting for the runner
-	running bool               // guarded by mu: a runner is sending the queue
-	ranOut  chan struct{}      // guarded by mu: closed when the runner stops (made by awaitRunner)
-	linger  *time.Timer        // guarded by mu: ends it (lingered) once armed; made once
-	armed   bool               // guarded by mu: linger is counting down
-	idleAt  int64              // guarded by mu: monoNow when it last became idle
-	spare   []*op              // guarded by mu: the last batch's slice, for the next queue
+	pid      int64
+	tuned    bool
+	held     map[*Hold]struct{} // guarded by mu: the Holds it carries
+	owner    *Owned             // the Owned whose keys it holds (kindOwned)
+	users    int                // guarded by mu: calls that picked it and have not finished
+	queue    []*op              // guarded by mu: operations waiting for the runner
+	running  bool               // guarded by mu: a runner is sending the queue
+	ranOut   chan struct{}      // guarded by mu: closed when the runner stops (made by awaitRunner)
+	linger   *time.Timer        // guarded by mu: ends it (lingered) once armed; made once
+	armed    bool               // guarded by mu: linger is counting down
+	idleAt   int64              // guarded by mu: monoNow when it last became idle
+	spare    []*op              // guarded by mu: the last batch's slice, for the next queue
+	kick     chan struct{}      // guarded by mu: wakes the runner goroutine (see runAside); made once
+	runnerUp bool               // guarded by mu: the runner goroutine runs
 
 	gone chan struct{} // closed once conn is ended (closed, reset or discarded)
 
