@@ -205,8 +205,8 @@ const (
 	markSetting = "sqllock.owner"
 	// markSetting0 is the session's mark, NULL when it has none.
 	markSetting0 = "current_setting('" + markSetting + "', true)"
-	freshGate   = "coalesce(current_setting('" + markSetting + "', true), '') IN ('', o.m)"
-	ownGate     = "current_setting('" + markSetting + "', true) = o.m"
+	freshGate    = "coalesce(current_setting('" + markSetting + "', true), '') IN ('', o.m)"
+	ownGate      = "current_setting('" + markSetting + "', true) = o.m"
 )
 
 // ValidMark reports whether mark can be a session's owner mark: 1 to 40
