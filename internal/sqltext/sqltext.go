@@ -203,10 +203,10 @@ func Plain(mode Mode) *Statements {
 // The owner mark's setting, and the conditions on it (see Statements).
 const (
 	markSetting = "sqllock.owner"
-	// markSetting0 is the session's mark, NULL when it has none.
-	markSetting0 = "current_setting('" + markSetting + "', true)"
-	freshGate    = "coalesce(current_setting('" + markSetting + "', true), '') IN ('', o.m)"
-	ownGate      = "current_setting('" + markSetting + "', true) = o.m"
+	// sessionMark is the session's mark, NULL when it has none.
+	sessionMark = "current_setting('" + markSetting + "', true)"
+	freshGate   = "coalesce(current_setting('" + markSetting + "', true), '') IN ('', o.m)"
+	ownGate     = "current_setting('" + markSetting + "', true) = o.m"
 )
 
 // ValidMark reports whether mark can be a session's owner mark: 1 to 40
@@ -288,7 +288,7 @@ func (s *Statements) BuildTrySQL(kind Kind, k Key, mark string) (string, []any) 
 		// and planner more than the lock itself, on every simple-protocol
 		// statement).
 		m, margs := s.mode.markExpr(len(args)+1, mark)
-		return "SELECT CASE WHEN " + markSetting0 + " = " + m + " THEN " + kind.Fn() + "(" + a + ") END, pg_backend_pid(), pg_is_in_recovery()", append(args, margs...)
+		return "SELECT CASE WHEN " + sessionMark + " = " + m + " THEN " + kind.Fn() + "(" + a + ") END, pg_backend_pid(), pg_is_in_recovery()", append(args, margs...)
 	}
 	from, margs := s.mode.markFrom(len(args)+1, mark)
 	// CASE evaluates the settings only when the try succeeded (concat

@@ -339,7 +339,7 @@ func (m Mode) DoorbellSQL(pid int64, classes []int32) (string, []any) {
 func (s *Statements) PoliteTrySQL(kind Kind, k Key, class int32, mark string) (string, []any) {
 	keyArgs, keyVals := s.mode.keyArgsAt(k, 3)
 	if s.plain() { // as TrySQL's
-		q := "SELECT CASE WHEN " + markSetting0 + " = $2::text THEN pg_try_advisory_lock($1::int4, 0) AND pg_advisory_unlock($1::int4, 0) AND " +
+		q := "SELECT CASE WHEN " + sessionMark + " = $2::text THEN pg_try_advisory_lock($1::int4, 0) AND pg_advisory_unlock($1::int4, 0) AND " +
 			lockFn(kind|Try, keyArgs) + " END, pg_backend_pid(), pg_is_in_recovery()"
 		return s.mode.params(q, append([]any{int64(class), mark}, keyVals...)...)
 	}
