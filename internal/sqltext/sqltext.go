@@ -228,13 +228,8 @@ func ValidMark(mark string) bool {
 // markFrom returns the FROM item that names the session's mark o.m: bound
 // as parameter n, or rendered into the text (Inline).
 func (m Mode) markFrom(n int, mark string) (string, []any) {
-	if m == Inline {
-		if !ValidMark(mark) {
-			panic("sqltext: invalid owner mark " + strconv.Quote(mark))
-		}
-		return "(SELECT '" + mark + "'::text AS m OFFSET 0) AS o", nil
-	}
-	return "(SELECT $" + strconv.Itoa(n) + "::text AS m OFFSET 0) AS o", []any{mark}
+	e, args := m.markExpr(n, mark)
+	return "(SELECT " + e + " AS m OFFSET 0) AS o", args
 }
 
 // plain reports whether s are Plain's: statements of a session set up
