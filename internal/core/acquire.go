@@ -294,20 +294,15 @@ func (p *Pool) release(h *Hold) error {
 // lock.
 func (s *session) release(h *Hold) error {
 	uncertain, err := s.unlock(h.key, h.shared)
-	s.detach(h)
-	s.mu.Lock()
-	dedicated := s.kind == kindDedicated
-	s.mu.Unlock()
+	// A certain "not held" on a session that is not dedicated: that lock
+	// only. The session takes no new lock, and goes back once its others
+	// are released. (An uncertain answer ended the session already.)
+	dedicated := s.detach(h, err != nil && !uncertain)
 	switch {
 	case dedicated && err == nil:
 		s.end(nil) // back to the pool: its unlock set its settings back
 	case dedicated && !uncertain:
 		s.end(err) // a certain "not held": discarded all the same
-	case err != nil && !uncertain:
-		// Certain: that lock only. The session takes no new lock, and goes
-		// back once its others are released. (An uncertain answer ended
-		// the session already.)
-		s.retire()
 	}
 	return err
 }

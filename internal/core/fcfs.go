@@ -120,10 +120,11 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		// lost: should the statement still run abandonGrace after its
 		// context ended, the backend is cancelled from here (see waitOn).
 		var returned atomic.Bool
+		pid := o.pid // the statement writes o.pid as the cancel may read it
 		stop := context.AfterFunc(sctx, func() {
 			time.AfterFunc(abandonGrace, func() {
 				if returned.CompareAndSwap(false, true) {
-					e.cancelWait(ctx, o.pid, k)
+					e.cancelWait(ctx, pid, k)
 				}
 			})
 		})
@@ -185,13 +186,13 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		switch {
 		case CtxEnded(ctx) && errors.Is(o.err, ErrAbandoned):
 			done := make(chan struct{})
-			go func() { e.cancelWait(ctx, o.pid, k); close(done) }()
+			go func() { e.cancelWait(ctx, pid, k); close(done) }()
 			select {
 			case <-done:
 			case <-time.After(abandonGrace):
 			}
 		case CtxEnded(ctx) && SQLState(o.err) == "":
-			e.cancelWait(ctx, o.pid, k)
+			e.cancelWait(ctx, pid, k)
 		}
 		return o
 	}

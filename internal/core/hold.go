@@ -270,7 +270,7 @@ func (h *Hold) markLost(cause error) (lossNote, bool) {
 	s := h.s
 	go func() {
 		<-s.gone
-		s.detach(h)
+		s.detach(h, false)
 		close(discarded)
 	}()
 	p.mon.remove(h)

@@ -248,14 +248,6 @@ func (s *session) closeConn() {
 	}
 }
 
-// retire stops s from taking new locks: it ends once its locks are
-// released, unless it is discarded meanwhile.
-func (s *session) retire() {
-	s.mu.Lock()
-	s.setStateLocked(retiring, nil)
-	s.mu.Unlock()
-}
-
 // endConn ends conn with end (close it, reset it, discard it) once no
 // statement is on it, and only once: the first end asked for, by endConn
 // or endConnSoon, is the one that runs.
@@ -379,11 +371,20 @@ func (s *session) attach(h *Hold) bool {
 
 // detach forgets h, and frees its key on a shared session (the server no
 // longer holds it there; a dedicated session's key was never reserved).
-func (s *session) detach(h *Hold) {
+// With retire, a session that is not dedicated takes no new lock from
+// then on (see release). It reports whether s was dedicated as h left it,
+// read in the same step: a shared session that h leaves idle may be
+// handed over to a waiter at once (handOver), and is then dedicated to
+// that waiter, not to h.
+func (s *session) detach(h *Hold, retire bool) (dedicated bool) {
 	s.mu.Lock()
 	_, ok := s.held[h]
 	delete(s.held, h)
 	shared := s.kind == kindShared
+	dedicated = s.kind == kindDedicated
+	if retire && !dedicated {
+		s.setStateLocked(retiring, nil)
+	}
 	s.mu.Unlock()
 	if shared {
 		s.p.share.free(h.key)
@@ -391,6 +392,7 @@ func (s *session) detach(h *Hold) {
 	if ok {
 		s.maybeLinger()
 	}
+	return dedicated
 }
 
 // leave ends a call's use of a shared session.
@@ -462,7 +464,7 @@ func (s *session) handOver() (ok bool) {
 	defer sh.mu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.idleLocked() || s.pid == 0 || s.kind != kindShared {
+	if !s.idleLocked() || s.pid == 0 || s.kind != kindShared || s.state != open {
 		return false
 	}
 	s.kind = kindDedicated
