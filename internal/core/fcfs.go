@@ -185,12 +185,7 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		// abandoned backend is first taken out of the queue, as waitOn does.
 		switch {
 		case CtxEnded(ctx) && errors.Is(o.err, ErrAbandoned):
-			done := make(chan struct{})
-			go func() { e.cancelWait(ctx, pid, k); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(abandonGrace):
-			}
+			e.cancelAbandoned(ctx, pid, k)
 		case CtxEnded(ctx) && SQLState(o.err) == "":
 			e.cancelWait(ctx, pid, k)
 		}

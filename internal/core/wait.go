@@ -254,16 +254,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 	}
 	switch {
 	case CtxEnded(ctx) && errors.Is(o.err, ErrAbandoned):
-		// The driver did not give the statement up in time: the server may
-		// be cut off, or only slow. Cancel as below, but wait for it no
-		// longer than the driver got: if nothing reaches the server, the
-		// call must still return by its deadline.
-		done := make(chan struct{})
-		go func() { e.cancelWait(ctx, pid, k); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(abandonGrace):
-		}
+		e.cancelAbandoned(ctx, pid, k)
 	case CtxEnded(ctx) && (o.err == nil || SQLState(o.err) != "" || errors.Is(o.err, errDeadline)):
 		// The server answered the statement (granted, an error of its
 		// own, or the deadline's lock_timeout and "not held"): the backend
@@ -409,6 +400,20 @@ func (e *engine) deadlineSlice(ctx context.Context, slice string) (string, time.
 }
 
 // withConn runs take on a connection of the pool, checked against the
+
+// cancelAbandoned is cancelWait for a wait whose driver did not give the
+// statement up in time (ErrAbandoned): the server may be cut off, or only
+// slow. It waits for the cancel no longer than the driver got
+// (abandonGrace): if nothing reaches the server, the call must still
+// return by its deadline.
+func (e *engine) cancelAbandoned(ctx context.Context, pid int64, k Key) {
+	done := make(chan struct{})
+	go func() { e.cancelWait(ctx, pid, k); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(abandonGrace):
+	}
+}
 
 // cancelWaitTimeout bounds cancelWait.
 const cancelWaitTimeout = 2 * time.Second
