@@ -142,6 +142,14 @@ func (s *session) errLocked() error {
 	return errors.New("session closed")
 }
 
+// endedCleanly reports whether s ended with no cause: back to the pool,
+// holding nothing.
+func (s *session) endedCleanly() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state == ended && s.cause == nil
+}
+
 // dead reports whether s ended with a cause.
 func (s *session) dead() bool {
 	s.mu.Lock()
