@@ -69,10 +69,14 @@ func TestQueueArrivalOrder(t *testing.T) {
 		var mu sync.Mutex
 		var served []int
 		var wg sync.WaitGroup
-		for i := range n {
+		var arrivals atomic.Int64
+		for range n {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				// Arrival is the call (a goroutine started on a loaded
+				// machine may run later than the next one).
+				i := int(arrivals.Add(1) - 1)
 				lk, err := l.Lock(bg(), k)
 				if err != nil {
 					t.Error(err)

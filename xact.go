@@ -149,7 +149,14 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 		return errors.New("sqllock: InTxWith: begin returned a nil transaction")
 	}
 	committed := false
+	var late int64 // the backend granted k as ctx ended: it holds k until the rollback
 	defer func() {
+		if late != 0 {
+			// The rollback may run in the background (database/sql's, as
+			// the transaction's context ended): the key goes before the
+			// call returns.
+			defer l.pool.AwaitReleased(late, k.sqlKey())
+		}
 		if !committed && errors.Is(err, core.ErrAbandoned) {
 			// A statement of the transaction's is still running: the
 			// rollback would wait for it. It runs once the statement
@@ -163,7 +170,7 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 			}
 		}
 	}()
-	if err := l.pool.LockInTx(ctx, tx, k.sqlKey()); err != nil {
+	if late, err = l.pool.LockInTx(ctx, tx, k.sqlKey()); err != nil {
 		return err
 	}
 	if err := fn(tx); err != nil {

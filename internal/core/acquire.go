@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -138,6 +139,9 @@ func (p *Pool) acquireOn(ctx context.Context, s *session, r Request, what namer)
 		if !known {
 			o = p.tryOn(ctx, w, sessionLevel, s.st, kind, r.Key)
 			pid = o.pid
+			if o.err == nil && !o.ok && o.certain && CtxEnded(ctx) {
+				o.err = errLeft // refused as ctx ended: no wait, and the session is intact
+			}
 		}
 		if known || o.err == nil && !o.ok && !(o.standby && !p.cfg.AllowStandby) {
 			o = p.waitInLine(ctx, w, s.st, keyLine(kind, r.Key), pid)
@@ -196,10 +200,22 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool) (h *Hold, err
 		case <-o.done:
 		case <-ctx.Done():
 			if o.state.CompareAndSwap(opPending, opAbandoned) {
-				// The runner undoes a grant that comes now, and frees k.
-				return ended()
+				return ended() // never sent
 			}
-			<-o.done // decided: the outcome is a moment away
+			// Sent: its answer, a round trip away, is read for up to
+			// abandonGrace, so that a grant that comes meanwhile goes
+			// back before the call returns, rather than after.
+			t := time.NewTimer(abandonGrace)
+			select {
+			case <-o.done:
+				t.Stop()
+			case <-t.C:
+				if o.state.CompareAndSwap(opSent, opAbandoned) {
+					// The runner undoes a grant that comes now, and frees k.
+					return ended()
+				}
+				<-o.done // decided: the outcome is a moment away
+			}
 		}
 	}
 	// The runner read the answer under a context of its own, and applied
@@ -257,7 +273,15 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool) (h *Hold, err
 		h = newHold(s, k, false)
 	}
 	if h == nil {
-		s.unlockAsync(k)
+		// Granted as ctx ended (or as its session ended): the key goes
+		// back before the call returns, within abandonGrace.
+		u := s.unlockAsync(k)
+		t := time.NewTimer(abandonGrace)
+		select {
+		case <-u.done:
+			t.Stop()
+		case <-t.C:
+		}
 		if CtxEnded(ctx) {
 			return ended()
 		}

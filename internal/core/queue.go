@@ -48,10 +48,13 @@ type op struct {
 	after func() // run by the runner once the outcome is known (nil: none)
 }
 
-// A try's state: pending until the runner decides it, or abandoned by a
-// caller whose ctx ended first (a grant is then undone by the runner).
+// A try's state: pending until the runner sends it (sent), and decided
+// once its outcome is known; abandoned by a caller whose ctx ended before
+// it was sent (it is then never sent), or, once sent, whose answer did not
+// come within abandonGrace (a grant is then undone by the runner).
 const (
 	opPending uint32 = iota
+	opSent
 	opAbandoned
 	opDecided
 )
@@ -221,7 +224,7 @@ func (s *session) awaitRunner(ctx context.Context) bool {
 // finish reports o's outcome.
 func (s *session) finish(o *op) {
 	if o.kind == opTry {
-		if o.state.CompareAndSwap(opPending, opDecided) {
+		if o.state.CompareAndSwap(opSent, opDecided) || o.state.CompareAndSwap(opPending, opDecided) {
 			// The caller takes the outcome.
 		} else if o.ok {
 			// Its caller left: undo the grant.
@@ -241,19 +244,22 @@ func (s *session) finish(o *op) {
 
 // unlockAsync releases k, which this session holds for no Hold, without
 // waiting; k is freed once the server confirmed it (or the session is
-// gone). The unlock is queued before unlockAsync returns, so the session
-// never looks empty (and goes back to the pool) while it holds k.
-func (s *session) unlockAsync(k Key) {
+// gone), and the op returned is then done. The unlock is queued before
+// unlockAsync returns, so the session never looks empty (and goes back to
+// the pool) while it holds k.
+func (s *session) unlockAsync(k Key) *op {
 	o := newOp(opUnlock, k)
 	o.after = func() { s.p.share.free(k) }
+	o.done = make(chan struct{})
 	s.submitAside(o)
+	return o
 }
 
 // run sends one batch: the tag statements one by one, then the unlocks,
 // then the tries, each kind in as few statements as possible, then one
 // sign of life for all that asked for one.
 func (s *session) run(batch []*op) {
-	if len(batch) == 1 && (batch[0].kind == opTry || batch[0].kind == opUnlock) && batch[0].state.Load() != opAbandoned {
+	if len(batch) == 1 && (batch[0].kind == opUnlock || batch[0].kind == opTry && batch[0].state.CompareAndSwap(opPending, opSent)) {
 		s.runMany(batch, batch[0].kind == opUnlock) // one key, the common case
 		return
 	}
@@ -266,8 +272,8 @@ func (s *session) run(batch []*op) {
 			unlocks = append(unlocks, o)
 		case o.kind == opAlive:
 			alives = append(alives, o)
-		case o.state.Load() == opAbandoned:
-			s.finish(o) // never sent
+		case !o.state.CompareAndSwap(opPending, opSent):
+			s.finish(o) // abandoned: never sent
 		case o.class != 0:
 			s.runTry(o) // a polite try: a statement of its own
 		default:

@@ -109,17 +109,53 @@ func txExec(ctx context.Context, tx TxQuerier, q string) error {
 // be granted the lock and sit idle in its transaction until it notices its
 // client left. On a standby the try takes nothing, and the call is
 // refused, unless the Pool allows standbys: then it waits, which takes the
-// lock there.
-func (p *Pool) LockInTx(ctx context.Context, tx TxQuerier, k Key) error {
+// lock there. A try granted as ctx ended is not acquired (see settleTx):
+// LockInTx then returns its backend's pid (late), which holds the lock
+// until the transaction's rollback; the caller waits for it to go (see
+// AwaitReleased) before it returns.
+func (p *Pool) LockInTx(ctx context.Context, tx TxQuerier, k Key) (late int64, err error) {
 	if err := ctx.Err(); err != nil {
-		return NotAcquired(p.name(k), err)
+		return 0, NotAcquired(p.name(k), err)
 	}
 	w := txWaiter{tx}
 	o := p.tryOn(ctx, w, xactLevel, nil, 0, k)
-	if o.err == nil && !o.ok && (!o.standby || p.cfg.AllowStandby) {
+	switch {
+	case o.err == nil && o.ok && CtxEnded(ctx):
+		late = o.pid
+	case o.err == nil && !o.ok && (!o.standby || p.cfg.AllowStandby) && !CtxEnded(ctx):
 		o = p.waitOn(ctx, w, xactLevel, nil, 0, k, o.pid)
 	}
-	return settleTx(ctx, namer{p: p, k: k}, o, p.cfg.AllowStandby)
+	return late, settleTx(ctx, namer{p: p, k: k}, o, p.cfg.AllowStandby)
+}
+
+// AwaitReleased waits until backend pid no longer holds k, which its
+// transaction was granted as its caller's ctx ended (see LockInTx), once
+// the caller rolled the transaction back (database/sql may do so in the
+// background, as the transaction's context ended): watched from another
+// pooled connection, for at most cancelWaitTimeout, and then the backend
+// is ended if it still holds k. It is best effort, as cancelWait is.
+func (p *Pool) AwaitReleased(pid int64, k Key) {
+	if pid == 0 {
+		return
+	}
+	until := time.Now().Add(cancelWaitTimeout)
+	ctx, cancel := context.WithDeadline(context.Background(), until.Add(abandonGrace))
+	defer cancel()
+	conn, err := getConn(ctx, p.db)
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	args := sqltext.TerminateHolderArgs(pid, k)
+	for time.Now().Before(until) {
+		var held bool
+		if err := queryRow(ctx, p.abandoned, conn, sqltext.HolderSQL, args, &held); err != nil || !held {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	var ended bool
+	_ = queryRow(ctx, p.abandoned, conn, sqltext.TerminateHolderSQL, args, &ended)
 }
 
 // BeginRefusedByStandby reports whether err, a failed BEGIN, was a

@@ -134,14 +134,25 @@ const (
 )
 
 // tryOn runs the non-waiting statement of kind for k on w: one round trip,
-// which also reports the backend's pid.
+// which also reports the backend's pid. Its answer is read for up to
+// abandonGrace past ctx's end (see withGrace): a backend that runs the
+// statement late, on a loaded machine, still tells the call whether it
+// was granted, rather than taking the key after the call returned. An
+// answer read so is certain (o.certain) on a session: the caller judges
+// it; a transaction's is not (see settleTx).
 func (e *engine) tryOn(ctx context.Context, w waiter, lv level, st *statements, kind Kind, k Key) outcome {
 	var o outcome
+	gctx := ctx
+	if ctx.Done() != nil {
+		var cancel context.CancelFunc
+		gctx, cancel = withGrace(ctx)
+		defer cancel()
+	}
 	if lv == xactLevel {
 		// The same statement for every call, whatever ctx: it takes
 		// nothing on a standby.
 		q, args := e.mode.XactTrySQL(kind, k)
-		o.err = w.queryRow(ctx, q, args, &o.ok, &o.pid, &o.standby)
+		o.err = w.queryRow(gctx, q, args, &o.ok, &o.pid, &o.standby)
 		return o
 	}
 	q, args := st.TrySQL(kind|sqltext.Try, k, w.mark())
@@ -151,13 +162,14 @@ func (e *engine) tryOn(ctx context.Context, w waiter, lv level, st *statements, 
 	}
 	o.sent = monoNow()
 	var ok sql.NullBool
-	o.err = w.queryRow(ctx, q, args, &ok, &o.pid, &o.standby)
+	o.err = w.queryRow(gctx, q, args, &ok, &o.pid, &o.standby)
 	o.ok = ok.Bool
 	if o.err == nil && !ok.Valid {
 		o.err = foreignSession() // nothing was tried
 	}
 	if o.err == nil {
 		e.observeRTT(time.Duration(monoNow() - o.sent))
+		o.certain = gctx.Err() == nil
 	}
 	return o
 }
