@@ -20,7 +20,9 @@ import (
 // DeadlineExceeded, and its backend runs nothing after the call returned,
 // so no one meets the key held by a call that reported it not acquired.
 // Lock on a shared session (its runner sends the try) and on a session of
-// its own.
+// its own (a pgx one is usually cut at the deadline, its statements
+// before the try still unread: the session then ends, unanswered, and its
+// backend with it once resumed).
 func TestLateTryTakesNothing(t *testing.T) {
 	long(t)
 	srv := pgtest.Start(t)
@@ -104,10 +106,9 @@ func TestLateTryTakesNothing(t *testing.T) {
 					cancel()
 					returned := r.returned.Sub(dl)
 					if r.err == nil {
-						// Granted within the grace, and read: a certain answer.
-						t.Logf("trial %d: granted %v past the deadline", trial, returned.Round(time.Millisecond))
 						r.lk.Unlock(bg())
-					} else if !errors.Is(r.err, sqllock.ErrNotAcquired) || !errors.Is(r.err, context.DeadlineExceeded) {
+					}
+					if !errors.Is(r.err, sqllock.ErrNotAcquired) || !errors.Is(r.err, context.DeadlineExceeded) {
 						t.Fatalf("trial %d: Lock = %v, want ErrNotAcquired and DeadlineExceeded", trial, r.err)
 					}
 					// Whatever it ran after the call returned, it has run now.
@@ -119,7 +120,7 @@ func TestLateTryTakesNothing(t *testing.T) {
 					}
 					t.Logf("trial %d: the call returned about %v past its deadline: %v; its backend's last change %v after it (%.60s)",
 						trial, returned.Round(time.Millisecond), r.err, last.Time.Sub(r.at).Round(time.Microsecond), query.String)
-					if r.err != nil && last.Valid && last.Time.After(r.at) {
+					if last.Valid && last.Time.After(r.at) {
 						t.Fatalf("trial %d: backend %d ran %q after the call returned not acquired", trial, stopped, query.String)
 					}
 				}

@@ -119,7 +119,9 @@ func (l *Locker) InTx(ctx context.Context, k Key, opts *sql.TxOptions, fn func(t
 // InTxWith is [Locker.InTx] for a transaction type of the caller's own, such
 // as *sqlx.Tx: begin starts the transaction (on l's database: the cancel
 // of an abandoned wait runs there), and fn receives it as begin returned
-// it. With sqlx:
+// it. begin is given ctx's values in a context that ends 250 ms after ctx
+// does, so that a key granted as ctx ended goes with InTxWith's own
+// rollback, before it returns. With sqlx:
 //
 //	err := sqllock.InTxWith(ctx, locker, k,
 //		func(ctx context.Context) (*sqlx.Tx, error) { return dbx.BeginTxx(ctx, nil) },
@@ -131,7 +133,13 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 	}
 	// Bounded by ctx whatever the driver does (see core.Bounded): a transaction
 	// begun after the call left is rolled back.
-	tx, err := core.Bounded(ctx, func() (T, error) { return begin(ctx) }, func(tx T, err error) {
+	// The transaction's context ends a moment after ctx (see
+	// core.InTxContext): a key granted as ctx ended is released by the
+	// rollback below, which the call waits for, rather than by
+	// database/sql's, in the background, after the call returned.
+	txCtx, cancelTx := core.InTxContext(ctx)
+	defer cancelTx()
+	tx, err := core.Bounded(ctx, func() (T, error) { return begin(txCtx) }, func(tx T, err error) {
 		if err == nil && !isNil(tx) {
 			tx.Rollback()
 		}
@@ -149,14 +157,7 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 		return errors.New("sqllock: InTxWith: begin returned a nil transaction")
 	}
 	committed := false
-	var late int64 // the backend granted k as ctx ended: it holds k until the rollback
 	defer func() {
-		if late != 0 {
-			// The rollback may run in the background (database/sql's, as
-			// the transaction's context ended): the key goes before the
-			// call returns.
-			defer l.pool.AwaitReleased(late, k.sqlKey())
-		}
 		if !committed && errors.Is(err, core.ErrAbandoned) {
 			// A statement of the transaction's is still running: the
 			// rollback would wait for it. It runs once the statement
@@ -170,7 +171,7 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 			}
 		}
 	}()
-	if late, err = l.pool.LockInTx(ctx, tx, k.sqlKey()); err != nil {
+	if err := l.pool.LockInTx(ctx, tx, k.sqlKey()); err != nil {
 		return err
 	}
 	if err := fn(tx); err != nil {

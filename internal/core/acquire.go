@@ -133,15 +133,14 @@ func (p *Pool) acquireOn(ctx context.Context, s *session, r Request, what namer)
 	var o outcome
 	if r.Try {
 		o = p.tryOn(ctx, w, sessionLevel, s.st, kind|sqltext.Try, r.Key)
+		o = p.triedLate(ctx, s, r, o)
 	} else {
 		dc := driverConnOf(s.conn)
 		pid, known := p.pids.get(dc)
 		if !known {
 			o = p.tryOn(ctx, w, sessionLevel, s.st, kind, r.Key)
+			o = p.triedLate(ctx, s, r, o)
 			pid = o.pid
-			if o.err == nil && !o.ok && o.certain && CtxEnded(ctx) {
-				o.err = errLeft // refused as ctx ended: no wait, and the session is intact
-			}
 		}
 		if known || o.err == nil && !o.ok && !(o.standby && !p.cfg.AllowStandby) {
 			o = p.waitInLine(ctx, w, s.st, keyLine(kind, r.Key), pid)
@@ -155,6 +154,30 @@ func (p *Pool) acquireOn(ctx context.Context, s *session, r Request, what namer)
 		s.tuned = o.ok
 	}
 	return p.settle(ctx, s, r.Key, r.Shared, o, what)
+}
+
+// triedLate returns o, the outcome of a try on s, a dedicated session,
+// unless its answer was read as ctx ended (see tryOn): the call is then
+// not acquired (errLeft), with s intact, and a grant goes back first,
+// within abandonGrace (the session ends when that is not certain), so that
+// nothing the call took outlives it.
+func (p *Pool) triedLate(ctx context.Context, s *session, r Request, o outcome) outcome {
+	if o.err != nil || !o.certain || !CtxEnded(ctx) {
+		return o
+	}
+	if o.ok {
+		s.pid, s.tuned = o.pid, true // s is the caller's alone until settled
+		uctx, cancel := context.WithTimeout(context.Background(), abandonGrace)
+		got, err := s.sendUnlocks(uctx, []Key{r.Key}, r.Shared)
+		cancel()
+		if err == nil && !got[0] {
+			err = fmt.Errorf("%w: unlock of a try granted as the context ended found no such lock", ErrLockLost)
+		}
+		if err != nil {
+			return outcome{pid: o.pid, err: err} // uncertain: s ends
+		}
+	}
+	return outcome{pid: o.pid, sent: o.sent, standby: o.standby, err: errLeft}
 }
 
 // acquireShared takes the exclusive lock k on a shared session. It reports

@@ -259,7 +259,7 @@ func (s *session) unlockAsync(k Key) *op {
 // then the tries, each kind in as few statements as possible, then one
 // sign of life for all that asked for one.
 func (s *session) run(batch []*op) {
-	if len(batch) == 1 && (batch[0].kind == opUnlock || batch[0].kind == opTry && batch[0].state.CompareAndSwap(opPending, opSent)) {
+	if len(batch) == 1 && (batch[0].kind == opTry || batch[0].kind == opUnlock) && batch[0].state.Load() != opAbandoned {
 		s.runMany(batch, batch[0].kind == opUnlock) // one key, the common case
 		return
 	}
@@ -272,8 +272,8 @@ func (s *session) run(batch []*op) {
 			unlocks = append(unlocks, o)
 		case o.kind == opAlive:
 			alives = append(alives, o)
-		case !o.state.CompareAndSwap(opPending, opSent):
-			s.finish(o) // abandoned: never sent
+		case o.state.Load() == opAbandoned:
+			s.finish(o) // never sent
 		case o.class != 0:
 			s.runTry(o) // a polite try: a statement of its own
 		default:
@@ -445,6 +445,10 @@ func (s *session) runUnlocks(ops []*op) {
 
 // runTry sends one try: the single-key statement, the cheapest.
 func (s *session) runTry(o *op) {
+	if !o.state.CompareAndSwap(opPending, opSent) {
+		s.finish(o) // its caller left first: never sent
+		return
+	}
 	// Until a try is granted on it, the session's settings are not
 	// applied: its tries are a dedicated lock's, which apply them when
 	// granted.
@@ -571,6 +575,10 @@ func (s *session) releaseStray(keys []Key) error {
 
 // runTries sends many tries in one statement.
 func (s *session) runTries(ops []*op) {
+	ops = s.claim(ops)
+	if len(ops) == 0 {
+		return
+	}
 	keys := make([]Key, len(ops))
 	for i, o := range ops {
 		keys[i] = o.key
@@ -594,6 +602,21 @@ func (s *session) runTries(ops []*op) {
 	for _, o := range ops {
 		s.finish(o)
 	}
+}
+
+// claim marks tries as sent, as they are about to be, and returns them;
+// one whose caller left first (abandoned) is told, and never sent.
+func (s *session) claim(ops []*op) []*op {
+	n := 0
+	for _, o := range ops {
+		if o.state.CompareAndSwap(opPending, opSent) {
+			ops[n] = o
+			n++
+		} else {
+			s.finish(o)
+		}
+	}
+	return ops[:n]
 }
 
 // runTag runs a statement about one lock's tag.

@@ -32,7 +32,7 @@ func TxLock(ctx context.Context, tx TxQuerier, k Key, kind Kind) (bool, error) {
 	}
 	e := &engine{mode: sqltext.Bind} // no pool to cancel a wait from, no logger
 	o := e.tryOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k)
-	if !kind.IsTry() && o.err == nil && !o.ok && !o.standby {
+	if !kind.IsTry() && o.err == nil && !o.ok && !o.standby && !CtxEnded(ctx) {
 		if _, deadline := ctx.Deadline(); !deadline && ctx.Done() != nil {
 			o = e.waitTxSliced(ctx, tx, kind, k)
 		} else {
@@ -109,53 +109,32 @@ func txExec(ctx context.Context, tx TxQuerier, q string) error {
 // be granted the lock and sit idle in its transaction until it notices its
 // client left. On a standby the try takes nothing, and the call is
 // refused, unless the Pool allows standbys: then it waits, which takes the
-// lock there. A try granted as ctx ended is not acquired (see settleTx):
-// LockInTx then returns its backend's pid (late), which holds the lock
-// until the transaction's rollback; the caller waits for it to go (see
-// AwaitReleased) before it returns.
-func (p *Pool) LockInTx(ctx context.Context, tx TxQuerier, k Key) (late int64, err error) {
+// lock there. A try answered as ctx ended takes no wait after it, and the
+// call is not acquired: the caller's rollback releases what it took (see
+// InTxContext).
+func (p *Pool) LockInTx(ctx context.Context, tx TxQuerier, k Key) error {
 	if err := ctx.Err(); err != nil {
-		return 0, NotAcquired(p.name(k), err)
+		return NotAcquired(p.name(k), err)
 	}
 	w := txWaiter{tx}
 	o := p.tryOn(ctx, w, xactLevel, nil, 0, k)
-	switch {
-	case o.err == nil && o.ok && CtxEnded(ctx):
-		late = o.pid
-	case o.err == nil && !o.ok && (!o.standby || p.cfg.AllowStandby) && !CtxEnded(ctx):
+	if o.err == nil && !o.ok && (!o.standby || p.cfg.AllowStandby) && !CtxEnded(ctx) {
 		o = p.waitOn(ctx, w, xactLevel, nil, 0, k, o.pid)
 	}
-	return late, settleTx(ctx, namer{p: p, k: k}, o, p.cfg.AllowStandby)
+	return settleTx(ctx, namer{p: p, k: k}, o, p.cfg.AllowStandby)
 }
 
-// AwaitReleased waits until backend pid no longer holds k, which its
-// transaction was granted as its caller's ctx ended (see LockInTx), once
-// the caller rolled the transaction back (database/sql may do so in the
-// background, as the transaction's context ended): watched from another
-// pooled connection, for at most cancelWaitTimeout, and then the backend
-// is ended if it still holds k. It is best effort, as cancelWait is.
-func (p *Pool) AwaitReleased(pid int64, k Key) {
-	if pid == 0 {
-		return
+// InTxContext returns the context InTx begins its transaction with: ctx's
+// values, ended abandonGrace after ctx ends. Its try's answer is read for
+// that long past ctx's end (see tryOn), and database/sql rolls back, in
+// the background, a transaction whose context ended: InTx's own rollback,
+// which it waits for, releases a key granted as ctx ended, before it
+// returns.
+func InTxContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx.Done() == nil {
+		return ctx, func() {}
 	}
-	until := time.Now().Add(cancelWaitTimeout)
-	ctx, cancel := context.WithDeadline(context.Background(), until.Add(abandonGrace))
-	defer cancel()
-	conn, err := getConn(ctx, p.db)
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	args := sqltext.TerminateHolderArgs(pid, k)
-	for time.Now().Before(until) {
-		var held bool
-		if err := queryRow(ctx, p.abandoned, conn, sqltext.HolderSQL, args, &held); err != nil || !held {
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
-	var ended bool
-	_ = queryRow(ctx, p.abandoned, conn, sqltext.TerminateHolderSQL, args, &ended)
+	return withGrace(ctx)
 }
 
 // BeginRefusedByStandby reports whether err, a failed BEGIN, was a

@@ -194,7 +194,6 @@ func TestLineStatementsParams(t *testing.T) {
 			"PoliteTrySQL plain": func() stmt { q, a := Plain(mode).PoliteTrySQL(Try, pair, -7, "m"); return stmt{q, a} },
 			"DoorbellSQL":        func() stmt { q, a := mode.DoorbellSQL(42, []int32{-7, -8}); return stmt{q, a} },
 			"TerminateHolderSQL": func() stmt { return stmt{TerminateHolderSQL, TerminateHolderArgs(42, k)} },
-			"HolderSQL":          func() stmt { return stmt{HolderSQL, TerminateHolderArgs(42, k)} },
 			"SemaphorePoliteTry": func() stmt { return stmt{s.SemaphorePoliteTrySQL(-3, 4, -7), []any{"m"}} },
 		}
 		for name, f := range stmts {
@@ -206,9 +205,9 @@ func TestLineStatementsParams(t *testing.T) {
 				}
 			}
 			switch {
-			case mode == Inline && name != "TerminateHolderSQL" && name != "HolderSQL" && name != "SemaphorePoliteTry" && (n != 0 || st.args != nil):
+			case mode == Inline && name != "TerminateHolderSQL" && name != "SemaphorePoliteTry" && (n != 0 || st.args != nil):
 				t.Errorf("Inline %s: $%d left, args %v", name, n, st.args)
-			case (mode == Bind || name == "TerminateHolderSQL" || name == "HolderSQL" || name == "SemaphorePoliteTry") && n != len(st.args):
+			case (mode == Bind || name == "TerminateHolderSQL" || name == "SemaphorePoliteTry") && n != len(st.args):
 				t.Errorf("%v %s: %d parameters, %d arguments", mode, name, n, len(st.args))
 			}
 		}
