@@ -119,9 +119,9 @@ func (l *Locker) InTx(ctx context.Context, k Key, opts *sql.TxOptions, fn func(t
 // InTxWith is [Locker.InTx] for a transaction type of the caller's own, such
 // as *sqlx.Tx: begin starts the transaction (on l's database: the cancel
 // of an abandoned wait runs there), and fn receives it as begin returned
-// it. begin is given ctx's values in a context that ends 250 ms after ctx
-// does, so that a key granted as ctx ended goes with InTxWith's own
-// rollback, before it returns. With sqlx:
+// it. begin is given a context with ctx's values that ends with ctx once
+// the lock is held (until then InTxWith rolls back itself, so that a key
+// granted as ctx ended is released before it returns). With sqlx:
 //
 //	err := sqllock.InTxWith(ctx, locker, k,
 //		func(ctx context.Context) (*sqlx.Tx, error) { return dbx.BeginTxx(ctx, nil) },
@@ -131,12 +131,12 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 	if err := k.valid(); err != nil {
 		return err
 	}
-	// Bounded by ctx whatever the driver does (see core.Bounded): a transaction
-	// begun after the call left is rolled back.
-	// The transaction's context ends a moment after ctx (see
-	// core.InTxContext): a key granted as ctx ended is released by the
-	// rollback below, which the call waits for, rather than by
-	// database/sql's, in the background, after the call returned.
+	// The transaction's context ends with ctx only once the lock is held
+	// (see core.InTxContext): until then, a key granted as ctx ended is
+	// released by the rollback below, which the call waits for, rather
+	// than by database/sql's, in the background, after the call returned.
+	// Bounded by ctx whatever the driver does (see core.Bounded): a
+	// transaction begun after the call left is rolled back.
 	txCtx, cancelTx := core.InTxContext(ctx)
 	defer cancelTx()
 	tx, err := core.Bounded(ctx, func() (T, error) { return begin(txCtx) }, func(tx T, err error) {
@@ -166,7 +166,8 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 			return
 		}
 		if !committed {
-			if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) && err != nil {
+			rerr := core.RollbackBounded(ctx, tx.Rollback)
+			if rerr != nil && !errors.Is(rerr, sql.ErrTxDone) && !errors.Is(rerr, core.ErrAbandoned) && err != nil {
 				err = errors.Join(err, fmt.Errorf("sqllock: rollback: %w", rerr))
 			}
 		}
@@ -174,6 +175,9 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 	if err := l.pool.LockInTx(ctx, tx, k.sqlKey()); err != nil {
 		return err
 	}
+	// Held: the transaction ends with ctx, as database/sql ends one begun
+	// under it.
+	defer context.AfterFunc(ctx, cancelTx)()
 	if err := fn(tx); err != nil {
 		return err
 	}

@@ -125,16 +125,30 @@ func (p *Pool) LockInTx(ctx context.Context, tx TxQuerier, k Key) error {
 }
 
 // InTxContext returns the context InTx begins its transaction with: ctx's
-// values, ended abandonGrace after ctx ends. Its try's answer is read for
-// that long past ctx's end (see tryOn), and database/sql rolls back, in
-// the background, a transaction whose context ended: InTx's own rollback,
-// which it waits for, releases a key granted as ctx ended, before it
-// returns.
+// values, ended by the cancel func only. database/sql closes a
+// transaction's rows, and rolls it back in the background, when the
+// transaction's context ends: under ctx itself, the answer of a try run
+// as ctx ended was lost, and a key it was granted released after InTx
+// returned. InTx ties the transaction to ctx again once it holds the lock
+// (context.AfterFunc), and otherwise rolls it back itself (see
+// RollbackBounded) before it returns.
 func InTxContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if ctx.Done() == nil {
 		return ctx, func() {}
 	}
-	return withGrace(ctx)
+	return context.WithCancel(context.WithoutCancel(ctx))
+}
+
+// RollbackBounded runs rollback, and returns its error; once ctx has ended,
+// it waits for it no longer than abandonGrace (the server may have stopped
+// answering, and a driver's rollback may take no context), and the
+// rollback goes on alone.
+func RollbackBounded(ctx context.Context, rollback func() error) error {
+	if !CtxEnded(ctx) {
+		return rollback()
+	}
+	_, err := leaveAtEnd(ctx, abandonGrace, func(func() bool) (struct{}, error) { return struct{}{}, rollback() }, func() {}, func(struct{}, error) {})
+	return err
 }
 
 // BeginRefusedByStandby reports whether err, a failed BEGIN, was a
