@@ -166,7 +166,8 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 			return
 		}
 		if !committed {
-			rerr := core.RollbackBounded(ctx, tx.Rollback)
+			// Bounded: a driver's rollback may take no context.
+			_, rerr := core.Bounded(ctx, func() (struct{}, error) { return struct{}{}, tx.Rollback() }, nil)
 			if rerr != nil && !errors.Is(rerr, sql.ErrTxDone) && !errors.Is(rerr, core.ErrAbandoned) && err != nil {
 				err = errors.Join(err, fmt.Errorf("sqllock: rollback: %w", rerr))
 			}

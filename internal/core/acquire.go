@@ -228,11 +228,7 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool) (h *Hold, err
 			// Sent: its answer, a round trip away, is read for up to
 			// abandonGrace, so that a grant that comes meanwhile goes
 			// back before the call returns, rather than after.
-			t := time.NewTimer(abandonGrace)
-			select {
-			case <-o.done:
-				t.Stop()
-			case <-t.C:
+			if !doneWithin(o.done, abandonGrace) {
 				if o.state.CompareAndSwap(opSent, opAbandoned) {
 					// The runner undoes a grant that comes now, and frees k.
 					return ended()
@@ -298,13 +294,7 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool) (h *Hold, err
 	if h == nil {
 		// Granted as ctx ended (or as its session ended): the key goes
 		// back before the call returns, within abandonGrace.
-		u := s.unlockAsync(k)
-		t := time.NewTimer(abandonGrace)
-		select {
-		case <-u.done:
-			t.Stop()
-		case <-t.C:
-		}
+		doneWithin(s.unlockAsync(k).done, abandonGrace)
 		if CtxEnded(ctx) {
 			return ended()
 		}
@@ -352,6 +342,19 @@ func (s *session) release(h *Hold) error {
 		s.end(err) // a certain "not held": discarded all the same
 	}
 	return err
+}
+
+// doneWithin waits for done to close, for at most d, and reports whether
+// it did.
+func doneWithin(done <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // keyString is k as the package's Key prints it: "123" or "(1,2)".

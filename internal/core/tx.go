@@ -130,25 +130,13 @@ func (p *Pool) LockInTx(ctx context.Context, tx TxQuerier, k Key) error {
 // transaction's context ends: under ctx itself, the answer of a try run
 // as ctx ended was lost, and a key it was granted released after InTx
 // returned. InTx ties the transaction to ctx again once it holds the lock
-// (context.AfterFunc), and otherwise rolls it back itself (see
-// RollbackBounded) before it returns.
+// (context.AfterFunc), and otherwise rolls it back itself, bounded by ctx
+// (see Bounded), before it returns.
 func InTxContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if ctx.Done() == nil {
 		return ctx, func() {}
 	}
 	return context.WithCancel(context.WithoutCancel(ctx))
-}
-
-// RollbackBounded runs rollback, and returns its error; once ctx has ended,
-// it waits for it no longer than abandonGrace (the server may have stopped
-// answering, and a driver's rollback may take no context), and the
-// rollback goes on alone.
-func RollbackBounded(ctx context.Context, rollback func() error) error {
-	if !CtxEnded(ctx) {
-		return rollback()
-	}
-	_, err := leaveAtEnd(ctx, abandonGrace, func(func() bool) (struct{}, error) { return struct{}{}, rollback() }, func() {}, func(struct{}, error) {})
-	return err
 }
 
 // BeginRefusedByStandby reports whether err, a failed BEGIN, was a
