@@ -42,29 +42,166 @@ func boundedRaw(ctx context.Context, blind *abandonSet, conn *sql.Conn, f func(d
 	if blind == nil || ctx.Done() == nil {
 		return onDriverConn(conn, f)
 	}
-	_, err := leaveAtEnd(ctx, abandonGrace,
-		func(left func() bool) (struct{}, error) {
-			err := onDriverConn(conn, func(dc any) error {
-				err := f(dc)
-				if left() {
-					return driver.ErrBadConn // database/sql closes the connection
-				}
-				return err
-			})
-			if h := afterBlindStatement.Load(); h != nil {
-				(*h)(ctx, err, left)
+	w := takeBlindWorker()
+	w.mu.Lock()
+	w.ctx, w.blind, w.conn, w.f, w.gone = ctx, blind, conn, f, false
+	w.mu.Unlock()
+	w.start <- struct{}{}
+	select {
+	case err := <-w.res:
+		idleBlindWorkers.put(w)
+		return err
+	case <-ctx.Done():
+	}
+	t := time.NewTimer(abandonGrace)
+	defer t.Stop()
+	select {
+	case err := <-w.res:
+		idleBlindWorkers.put(w)
+		return err
+	case <-t.C:
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	select {
+	case err := <-w.res:
+		idleBlindWorkers.put(w)
+		return err
+	default:
+		// The worker discards conn once f returns, and goes back to
+		// the idle ones then.
+		w.gone = true
+		blind.conns.Store(conn, struct{}{})
+		return fmt.Errorf("%w: %w", ErrAbandoned, ctx.Err())
+	}
+}
+
+// A blindWorker runs blind drivers' statements (boundedRaw), one at a
+// time, so that the caller can leave one that does not return: a
+// goroutine that lives between statements (for blindIdle), whose stack
+// has grown through the driver's calls once, where a goroutine per
+// statement grew it every time.
+type blindWorker struct {
+	start chan struct{} // a statement is set
+	res   chan error    // its result, for a caller that did not leave (buffered)
+
+	mu    sync.Mutex // guards the statement's fields below
+	ctx   context.Context
+	blind *abandonSet
+	conn  *sql.Conn
+	f     func(dc any) error
+	gone  bool               // the caller left
+	runFn func(dc any) error // run, bound once
+	idle  *time.Timer        // ends the worker when it idles blindIdle
+}
+
+// blindIdle is how long a blind worker waits for its next statement.
+const blindIdle = 100 * time.Millisecond
+
+// blindWorkers are the idle blind workers, the one most recently idle on
+// top.
+type blindWorkers struct {
+	mu sync.Mutex
+	ws []*blindWorker
+}
+
+var idleBlindWorkers blindWorkers
+
+// takeBlindWorker returns an idle worker, or a new one.
+func takeBlindWorker() *blindWorker {
+	b := &idleBlindWorkers
+	b.mu.Lock()
+	if n := len(b.ws); n > 0 {
+		w := b.ws[n-1]
+		b.ws[n-1] = nil
+		b.ws = b.ws[:n-1]
+		b.mu.Unlock()
+		return w
+	}
+	b.mu.Unlock()
+	w := &blindWorker{start: make(chan struct{}, 1), res: make(chan error, 1)}
+	w.runFn = w.run
+	go w.loop()
+	return w
+}
+
+// put makes w idle, its statement's fields cleared.
+func (b *blindWorkers) put(w *blindWorker) {
+	w.mu.Lock()
+	w.ctx, w.blind, w.conn, w.f = nil, nil, nil, nil
+	w.mu.Unlock()
+	b.mu.Lock()
+	b.ws = append(b.ws, w)
+	b.mu.Unlock()
+}
+
+// leave takes w out of the idle ones; false when a caller took it first
+// (its statement is on its way).
+func (b *blindWorkers) leave(w *blindWorker) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, x := range b.ws {
+		if x == w {
+			b.ws = append(b.ws[:i], b.ws[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+func (w *blindWorker) loop() {
+	w.idle = time.NewTimer(blindIdle)
+	for {
+		select {
+		case <-w.start:
+			w.idle.Stop()
+			w.serve()
+			w.idle.Reset(blindIdle)
+		case <-w.idle.C:
+			if idleBlindWorkers.leave(w) {
+				return
 			}
-			return struct{}{}, err
-		},
-		func() { blind.conns.Store(conn, struct{}{}) },
-		func(struct{}, error) {
-			// Discarded even when f's answer came just before the caller
-			// left: the cancel of the abandoned wait may still be watching
-			// this backend, and would hit the next wait run on it.
-			discardConn(conn)
-			blind.conns.Delete(conn)
-		})
+			w.idle.Reset(blindIdle) // taken: its statement comes
+		}
+	}
+}
+
+// left reports whether the statement's caller left.
+func (w *blindWorker) left() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.gone
+}
+
+func (w *blindWorker) run(dc any) error {
+	err := w.f(dc)
+	if w.left() {
+		return driver.ErrBadConn // database/sql closes the connection
+	}
 	return err
+}
+
+// serve runs the statement set, and hands its result to the caller, or,
+// when the caller left, discards its connection and goes idle.
+func (w *blindWorker) serve() {
+	err := onDriverConn(w.conn, w.runFn)
+	if h := afterBlindStatement.Load(); h != nil {
+		(*h)(w.ctx, err, w.left)
+	}
+	w.mu.Lock()
+	if !w.gone {
+		w.res <- err
+		w.mu.Unlock()
+		return
+	}
+	conn, blind := w.conn, w.blind
+	w.mu.Unlock()
+	// Discarded even when f's answer came just before the caller left:
+	// the cancel of the abandoned wait may still be watching this
+	// backend, and would hit the next wait run on it.
+	discardConn(conn)
+	blind.conns.Delete(conn)
+	idleBlindWorkers.put(w)
 }
 
 // afterBlindStatement, when set (by tests), runs after a blind driver's

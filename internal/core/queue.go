@@ -452,8 +452,8 @@ func (s *session) runTry(o *op) {
 	// Until a try is granted on it, the session's settings are not
 	// applied: its tries are a dedicated lock's, which apply them when
 	// granted.
-	st := s.p.plain
-	if !s.tuned {
+	st, plain := s.p.plain, s.tuned
+	if !plain {
 		st = s.p.sql()
 	}
 	q, args := st.TrySQL(sqltext.Try, o.key, s.mark)
@@ -463,7 +463,17 @@ func (s *session) runTry(o *op) {
 	var pid int64
 	var standby bool
 	var ok sql.NullBool
-	err := s.queryRow(q, args, &ok, &pid, &standby)
+	var err error
+	if plain {
+		// On a session set up already the try answers whether it took
+		// the key, only: the mark, compared in the statement, stands for
+		// the backend, which was judged standby or not as it was set up
+		// (a backend never becomes a standby).
+		err = s.queryRow(q, args, &ok, skipRest)
+		pid = s.pid
+	} else {
+		err = s.queryRow(q, args, &ok, &pid, &standby)
+	}
 	o.ok = ok.Bool
 	if err == nil && !ok.Valid {
 		err = foreignSession() // nothing was tried

@@ -106,8 +106,8 @@ func (c *call) run(dc any) error {
 }
 
 // calls are spare calls, each with its run method bound once: a statement
-// of a driver that is not blind (whose statement always returns before
-// queryRow does) takes one and gives it back, and allocates none.
+// takes one and gives it back, and allocates none (but one abandoned on a
+// blind driver, which keeps it).
 var calls = sync.Pool{New: func() any {
 	c := &call{}
 	c.runFn = c.run
@@ -117,25 +117,21 @@ var calls = sync.Pool{New: func() any {
 // queryRow runs q, which returns one row, on conn and stores its columns in
 // dest (each a *bool, *int64, *string, *sql.NullBool, or skip).
 func queryRow(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string, args []any, dest ...any) error {
-	// A blind driver's statement may outlive the call (see boundedRaw): it
-	// keeps its call.
-	pooled := blind == nil || ctx.Done() == nil
-	var c *call
-	if pooled {
-		c = calls.Get().(*call)
-	} else {
-		c = &call{}
-		c.runFn = c.run
-	}
+	c := calls.Get().(*call)
 	c.ctx, c.q = ctx, q
 	c.args = namedValues(c.argBuf[:], args)
 	err := boundedRaw(ctx, blind, conn, c.runFn)
 	if errors.Is(err, errNoFastPath) {
+		if n := len(dest) - 1; n >= 0 && dest[n] == any(skipRest) {
+			dest = dest[:n] // the statement answers what is read
+		}
 		err = conn.QueryRowContext(ctx, q, args...).Scan(dest...)
 	} else if err == nil {
 		err = assign(dest, c.vals)
 	}
-	if pooled {
+	// A blind driver's abandoned statement outlives the call (see
+	// boundedRaw): it keeps its call.
+	if !errors.Is(err, ErrAbandoned) {
 		*c = call{runFn: c.runFn}
 		calls.Put(c)
 	}
@@ -151,6 +147,15 @@ func (skipColumn) Scan(any) error { return nil }
 
 // skip is the destination of a column that is not read.
 var skip skipColumn
+
+// restColumns, last among a row's destinations, reads the columns before
+// it and ignores any after them: a statement whose shorter form (on a
+// session set up already) answers fewer columns, read where a stand-in
+// (sqllockmock) answers every form alike.
+type restColumns struct{}
+
+// skipRest is the one restColumns.
+var skipRest restColumns
 
 // queryRows runs q on conn and calls row for each row's values (each an
 // int64, bool, nil, string or []byte as the driver gives them).
@@ -208,6 +213,9 @@ func queryRows(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string,
 }
 
 func assign(dest []any, vals []driver.Value) error {
+	if n := len(dest) - 1; n >= 0 && dest[n] == any(skipRest) && len(vals) >= n {
+		dest, vals = dest[:n], vals[:n]
+	}
 	if len(dest) != len(vals) {
 		return fmt.Errorf("sqllock: statement returned %d columns, want %d", len(vals), len(dest))
 	}

@@ -267,7 +267,9 @@ func newStatements(mode Mode, tune, untune, waiting, gate string) *Statements {
 // int, in_recovery bool), acquired NULL (and nothing tried) on a session
 // of another mark; it applies the settings only when acquired (a shared
 // session's first try is this statement too, so a lock that opens one
-// sends what a lock on a session of its own does).
+// sends what a lock on a session of its own does). Plain's answers the
+// first column only: on a session set up already, the mark stands for the
+// pid, and the server's recovery state was read as it was set up.
 func (s *Statements) TrySQL(kind Kind, k Key, mark string) (string, []any) {
 	if s.mode == Bind {
 		return s.try[sharedIndex(kind.IsShared())][formIndex(k)], bindArgs(k, mark)
@@ -282,8 +284,11 @@ func (s *Statements) BuildTrySQL(kind Kind, k Key, mark string) (string, []any) 
 		// settings, one expression (a subquery costs the server's parser
 		// and planner more than the lock itself, on every simple-protocol
 		// statement).
+		// Its one column: the mark names the backend (the session's own
+		// mark is set on that backend only), and a backend that is not a
+		// standby as it is set up never becomes one.
 		m, margs := s.mode.markExpr(len(args)+1, mark)
-		return "SELECT CASE WHEN " + sessionMark + " = " + m + " THEN " + kind.Fn() + "(" + a + ") END, pg_backend_pid(), pg_is_in_recovery()", append(args, margs...)
+		return "SELECT CASE WHEN " + sessionMark + " = " + m + " THEN " + kind.Fn() + "(" + a + ") END", append(args, margs...)
 	}
 	from, margs := s.mode.markFrom(len(args)+1, mark)
 	// CASE evaluates the settings only when the try succeeded (concat

@@ -335,12 +335,12 @@ func (m Mode) DoorbellSQL(pid int64, classes []int32) (string, []any) {
 // it takes the key only when no one waits in the line of its ticket
 // class (the doorbell is silent), so that it never passes a waiter who is,
 // for a moment, between two slices of its wait. Its single row is
-// TrySQL's.
+// TrySQL's (Plain's: its first column only).
 func (s *Statements) PoliteTrySQL(kind Kind, k Key, class int32, mark string) (string, []any) {
 	keyArgs, keyVals := s.mode.keyArgsAt(k, 3)
 	if s.plain() { // as TrySQL's
 		q := "SELECT CASE WHEN " + sessionMark + " = $2::text THEN pg_try_advisory_lock($1::int4, 0) AND pg_advisory_unlock($1::int4, 0) AND " +
-			lockFn(kind|Try, keyArgs) + " END, pg_backend_pid(), pg_is_in_recovery()"
+			lockFn(kind|Try, keyArgs) + " END"
 		return s.mode.params(q, append([]any{int64(class), mark}, keyVals...)...)
 	}
 	q := "SELECT CASE WHEN " + s.gate + " THEN CASE WHEN pg_try_advisory_lock($1::int4, 0) AND pg_advisory_unlock($1::int4, 0) AND " +
