@@ -64,13 +64,30 @@ type manyQuery func(q string, args []any, row func([]driver.Value) error) error
 // answered. For more than sqltext.ManyRowsMax keys the answers come
 // aggregated in one row (the positions not answered true).
 func many(mode sqltext.Mode, query manyQuery, fn string, pid int64, keys []Key) ([]bool, error) {
+	return manyOf(mode, query, fn, 0, pid, keys)
+}
+
+// mixed is many for a batch of unlocks and tries, in one statement: the
+// first unlocks keys are released, the others tried.
+func mixed(mode sqltext.Mode, query manyQuery, unlocks int, pid int64, keys []Key) ([]bool, error) {
+	return manyOf(mode, query, "", unlocks, pid, keys)
+}
+
+// manyOf is many of fn, or, for fn "", mixed's.
+func manyOf(mode sqltext.Mode, query manyQuery, fn string, unlocks int, pid int64, keys []Key) ([]bool, error) {
 	// Run on backend pid only: a statement that a pooler sent to another
 	// server session takes and releases nothing there.
 	only, agg := strconv.FormatInt(pid, 10), ""
 	if len(keys) > sqltext.ManyRowsMax {
 		agg = sqltext.AggNotTaken
 	}
-	q, args := mode.ManySQL(fn, only, agg, keys)
+	var q string
+	var args []any
+	if fn == "" {
+		q, args = mode.MixedSQL(only, agg, unlocks, keys)
+	} else {
+		q, args = mode.ManySQL(fn, only, agg, keys)
+	}
 	got := make([]bool, len(keys))
 	rows := 0
 	err := query(q, args, func(v []driver.Value) error {

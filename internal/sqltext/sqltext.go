@@ -540,6 +540,23 @@ const ManyRowsMax = 64
 // that backend (NULL elsewhere). Keys are passed as array literals in
 // text, which every driver can bind.
 func (m Mode) ManySQL(fn, onlyPID, agg string, keys []Key) (string, []any) {
+	call := "CASE WHEN u.pair THEN " + fn + "(u.c, u.d) ELSE " + fn + "(u.v) END"
+	return m.manySQL(call, onlyPID, agg, keys)
+}
+
+// MixedSQL is ManySQL for a batch of unlocks and tries: the first unlocks
+// keys are released (pg_advisory_unlock), the others tried
+// (pg_try_advisory_lock), in one statement, in that order (a projection
+// over unnest runs row by row, in the array's order).
+func (m Mode) MixedSQL(onlyPID, agg string, unlocks int, keys []Key) (string, []any) {
+	call := "CASE WHEN u.i <= $5::text::int8 THEN CASE WHEN u.pair THEN pg_advisory_unlock(u.c, u.d) ELSE pg_advisory_unlock(u.v) END" +
+		" ELSE CASE WHEN u.pair THEN pg_try_advisory_lock(u.c, u.d) ELSE pg_try_advisory_lock(u.v) END END"
+	return m.manySQL(call, onlyPID, agg, keys, strconv.Itoa(unlocks))
+}
+
+// manySQL is ManySQL with call, the expression run on each key u, and
+// extra text parameters from $5 on.
+func (m Mode) manySQL(call, onlyPID, agg string, keys []Key, extra ...string) (string, []any) {
 	// Four array literals, built without an allocation per key.
 	pair := make([]byte, 0, 2*len(keys)+2)
 	v := make([]byte, 0, 8*len(keys)+2)
@@ -563,7 +580,6 @@ func (m Mode) ManySQL(fn, onlyPID, agg string, keys []Key) (string, []any) {
 			d = append(d, '0')
 		}
 	}
-	call := "CASE WHEN u.pair THEN " + fn + "(u.c, u.d) ELSE " + fn + "(u.v) END"
 	if onlyPID != "" {
 		call = "CASE WHEN pg_backend_pid() = " + onlyPID + " THEN " + call + " END"
 	}
@@ -573,7 +589,7 @@ func (m Mode) ManySQL(fn, onlyPID, agg string, keys []Key) (string, []any) {
 	if agg != "" {
 		q = "SELECT " + agg + ", pg_backend_pid() FROM (" + rows + ") AS t"
 	}
-	return m.Arrays(q, string(append(pair, '}')), string(append(v, '}')), string(append(c, '}')), string(append(d, '}')))
+	return m.Arrays(q, append([]string{string(append(pair, '}')), string(append(v, '}')), string(append(c, '}')), string(append(d, '}'))}, extra...)...)
 }
 
 // Arrays returns q with its array parameters ($1, $2, ...: text literals
