@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"runtime"
 	"slices"
 	"sync/atomic"
 
@@ -174,6 +175,12 @@ func (s *session) drain() {
 		s.queue = nil
 		s.mu.Unlock()
 		s.run(batch)
+		if len(batch) > 1 {
+			// The calls just told come back soon with their next
+			// statement: they queue for the next batch rather than find
+			// the session idle, one by one.
+			runtime.Gosched()
+		}
 		clear(batch)
 		s.mu.Lock()
 		if s.spare == nil {
