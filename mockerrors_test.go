@@ -323,3 +323,28 @@ func TestSharedUnlockOutcomes(t *testing.T) {
 		t.Errorf("Stats() = %+v; want nothing held, one connection discarded, no shared session", st)
 	}
 }
+
+// TestServerCheckLockTableFull: a lock call whose first statement on a new
+// connection, the server check, meets a full lock table (its catalogue
+// reads take locks too) is told ErrLockTableFull, as a lock statement
+// would be.
+func TestServerCheckLockTableFull(t *testing.T) {
+	tests := []struct {
+		name   string
+		opt    sqllock.Option
+		checks int // a shared session that cannot open leaves the call to a session of its own
+	}{{"dedicated", sqllock.WithDedicatedSessions(), 1}, {"shared", sqllock.WithKeepAlive(0), 2}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			db, mock := newMock(t)
+			l := sqllock.New(db, tt.opt, sqllock.WithKeepAlive(0))
+			for range tt.checks {
+				mock.ExpectQuery(regexp.QuoteMeta("SELECT version(), pg_backend_pid()")).WillReturnError(sqlStateErr("53200"))
+				mock.ExpectQuery("^" + regexp.QuoteMeta("SELECT version()") + "$").WillReturnError(sqlStateErr("53200"))
+			}
+			if _, err := l.TryLock(bg(), sqllock.Int64(1)); !errors.Is(err, sqllock.ErrLockTableFull) {
+				t.Fatalf("TryLock() = %v, want ErrLockTableFull", err)
+			}
+		})
+	}
+}

@@ -14,7 +14,8 @@ import (
 // TestSharedTryFailureTouchesOneLock: a TryLock on a shared session that
 // the server refuses (a full lock table, 53200) fails that call only: the
 // other locks on the same session stay held, and nothing the failed
-// statement took stays behind; alone, and in batches of concurrent calls.
+// statement took stays behind; alone, in batches of concurrent calls, and
+// in batches that carry unlocks too (which stand).
 func TestSharedTryFailureTouchesOneLock(t *testing.T) {
 	long(t)
 	t.Parallel()
@@ -27,7 +28,7 @@ func TestSharedTryFailureTouchesOneLock(t *testing.T) {
 			observer := pgtest.Open(t, "pgx", dsn)
 			l := sqllock.New(db, sqllock.WithKeepAlive(0))
 			var held []*sqllock.Lock
-			for i := range 40 {
+			for i := range 24 {
 				lk, err := l.TryLock(bg(), sqllock.Int64(int64(10000+i)))
 				if err != nil {
 					t.Fatal(err)
@@ -44,6 +45,12 @@ func TestSharedTryFailureTouchesOneLock(t *testing.T) {
 			}
 			if _, err := l.TryLock(bg(), sqllock.Int64(20000)); !errors.Is(err, sqllock.ErrLockTableFull) {
 				t.Fatalf("TryLock() on a full lock table = %v, want ErrLockTableFull", err)
+			}
+			// A Locker with no session yet: its first statement on a new
+			// connection meets the full table.
+			fresh := sqllock.New(pgtest.Open(t, drv, dsn))
+			if _, err := fresh.TryLock(bg(), sqllock.Int64(20000)); !errors.Is(err, sqllock.ErrLockTableFull) {
+				t.Fatalf("TryLock() of a new Locker on a full lock table = %v, want ErrLockTableFull", err)
 			}
 			var wg sync.WaitGroup
 			errs := make([]error, 30)
@@ -64,6 +71,54 @@ func TestSharedTryFailureTouchesOneLock(t *testing.T) {
 					t.Errorf("concurrent TryLock %d on a full lock table = %v, want ErrLockTableFull", i, err)
 				}
 			}
+			// Unlocks and tries at once: they meet in the session's
+			// batches, unlocks and tries in one statement, which the server
+			// fails; the unlocks stand, and the other locks stay held.
+			// More tries than unlocks: the entries the unlocks free in the
+			// lock table are not enough for the tries. Eight rounds; every
+			// lock on one session (fewer than the locks that open another).
+			for round := range 8 {
+				start := make(chan struct{})
+				unlockErrs, tryErrs := make([]error, 2), make([]error, 16)
+				for i := range unlockErrs {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						<-start
+						unlockErrs[i] = held[i].Unlock(bg())
+					}()
+				}
+				for i := range tryErrs {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						<-start
+						lk, err := l.TryLock(bg(), sqllock.Int64(int64(30000+100*round+i)))
+						if err == nil {
+							err = lk.Unlock(bg())
+						}
+						tryErrs[i] = err
+					}()
+				}
+				close(start)
+				wg.Wait()
+				for i, err := range unlockErrs {
+					if err != nil {
+						t.Errorf("round %d: Unlock %d beside tries on a full lock table = %v", round, i, err)
+					}
+				}
+				for i, err := range tryErrs {
+					if err != nil && !errors.Is(err, sqllock.ErrLockTableFull) {
+						t.Errorf("round %d: TryLock %d beside unlocks on a full lock table = %v, want ErrLockTableFull", round, i, err)
+					}
+				}
+				held = held[len(unlockErrs):]
+				for i, lk := range held {
+					if err := lk.Err(); err != nil {
+						t.Fatalf("round %d: lock %d on the shared session after the refused tries: Err() = %v", round, i, err)
+					}
+				}
+			}
 			if _, err := filler.ExecContext(bg(), "SELECT pg_advisory_unlock_all()"); err != nil {
 				t.Fatal(err)
 			}
@@ -73,7 +128,7 @@ func TestSharedTryFailureTouchesOneLock(t *testing.T) {
 					t.Fatalf("lock %d on the shared session after the refused tries: Err() = %v", i, err)
 				}
 			}
-			waitLocks(t, observer, 40)
+			waitLocks(t, observer, len(held))
 			for _, lk := range held {
 				if err := lk.Unlock(bg()); err != nil {
 					t.Fatalf("Unlock() = %v", err)

@@ -643,9 +643,12 @@ func (s *session) canMix(unlocks, tries []*op) bool {
 
 // runMixed sends unlocks and then tries in one statement, one round trip
 // for both where two statements took two: the calls of a busy shared
-// session wait half as long. A failed statement ends the session (which
-// of its unlocks ran is not known; the server releases what the session
-// held as it ends), and every op is told why.
+// session wait half as long. A statement the server failed once every
+// unlock was answered (a try refused by a full lock table) is a certain
+// answer for the tries alone: what it took is released (releaseStray), as
+// after a batch of tries, and the unlocks stand. Any other failure ends
+// the session (which unlocks ran is not known; the server releases what
+// the session held as it ends), and every op is told why.
 func (s *session) runMixed(unlocks, tries []*op) {
 	tries = s.claim(tries)
 	keys := make([]Key, 0, len(unlocks)+len(tries))
@@ -655,17 +658,22 @@ func (s *session) runMixed(unlocks, tries []*op) {
 	for _, o := range tries {
 		keys = append(keys, o.key)
 	}
-	got, err := mixed(s.p.mode, s.queryRows, len(unlocks), s.pid, keys)
+	got, unlocksRead, err := mixed(s.p.mode, s.queryRows, len(unlocks), s.pid, keys)
+	certain := err != nil && unlocksRead && serverRefused(err)
 	for i, o := range unlocks {
 		o.ok, o.err = got[i], err
-	}
-	for i, o := range tries {
-		o.ok, o.err = got[len(unlocks)+i], err
-		if err != nil {
-			o.ok = false
+		if certain {
+			o.err = nil
 		}
 	}
-	if err != nil {
+	for _, o := range tries {
+		o.ok, o.err = false, err
+	}
+	if err == nil {
+		for i, o := range tries {
+			o.ok = got[len(unlocks)+i]
+		}
+	} else if !certain || s.releaseStray(keys[len(unlocks):]) != nil {
 		s.end(err)
 	}
 	for _, o := range unlocks {

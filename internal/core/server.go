@@ -44,6 +44,11 @@ func (p *Pool) checkServer(ctx context.Context, conn *sql.Conn) (ident, error) {
 				return ident{}, err // a server that only looks like PostgreSQL
 			}
 		}
+		if SQLState(err) == "53200" {
+			// Its catalogue reads take locks too: a lock call on a full
+			// lock table is told so, whichever statement met it first.
+			return ident{}, fmt.Errorf("%w: check server version: %w", ErrLockTableFull, err)
+		}
 		return ident{}, fmt.Errorf("sqllock: check server version: %w", err)
 	}
 	if !p.serverOK.Load() {

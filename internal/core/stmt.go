@@ -4,6 +4,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -64,17 +65,24 @@ type manyQuery func(q string, args []any, row func([]driver.Value) error) error
 // answered. For more than sqltext.ManyRowsMax keys the answers come
 // aggregated in one row (the positions not answered true).
 func many(mode sqltext.Mode, query manyQuery, fn string, pid int64, keys []Key) ([]bool, error) {
-	return manyOf(mode, query, fn, 0, pid, keys)
+	return manyOf(mode, query, fn, 0, pid, keys, nil)
 }
 
-// mixed is many for a batch of unlocks and tries, in one statement: the
-// first unlocks keys are released, the others tried.
-func mixed(mode sqltext.Mode, query manyQuery, unlocks int, pid int64, keys []Key) ([]bool, error) {
-	return manyOf(mode, query, "", unlocks, pid, keys)
+// mixed is many for a batch of unlocks and tries, in one statement (of no
+// more than sqltext.ManyRowsMax keys): the first unlocks keys are
+// released, the others tried. Rows come as the server evaluates them,
+// unlocks first: when the statement fails (a try refused by a full lock
+// table), unlocksRead reports whether every unlock's answer was read
+// before the error, which then certainly concerns the tries alone.
+func mixed(mode sqltext.Mode, query manyQuery, unlocks int, pid int64, keys []Key) (got []bool, unlocksRead bool, err error) {
+	seen := make([]bool, len(keys))
+	got, err = manyOf(mode, query, "", unlocks, pid, keys, seen)
+	return got, !slices.Contains(seen[:unlocks], false), err
 }
 
-// manyOf is many of fn, or, for fn "", mixed's.
-func manyOf(mode sqltext.Mode, query manyQuery, fn string, unlocks int, pid int64, keys []Key) ([]bool, error) {
+// manyOf is many of fn, or, for fn "", mixed's; seen, when not nil, marks
+// the positions answered.
+func manyOf(mode sqltext.Mode, query manyQuery, fn string, unlocks int, pid int64, keys []Key, seen []bool) ([]bool, error) {
 	// Run on backend pid only: a statement that a pooler sent to another
 	// server session takes and releases nothing there.
 	only, agg := strconv.FormatInt(pid, 10), ""
@@ -110,6 +118,9 @@ func manyOf(mode sqltext.Mode, query manyQuery, fn string, unlocks int, pid int6
 			return errors.New("sqllock: answer out of range")
 		}
 		got[i-1] = v[1] == true
+		if seen != nil {
+			seen[i-1] = true
+		}
 		return nil
 	})
 	want := len(keys)
