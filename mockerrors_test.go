@@ -348,3 +348,29 @@ func TestServerCheckLockTableFull(t *testing.T) {
 		})
 	}
 }
+
+// TestStrayCheckOnAnotherBackend: after a try the server failed with a
+// certain refusal (a full lock table), the session reads which locks its
+// backend holds, to release what the try took before it failed; an answer
+// from another backend (a pooler moved the session) says nothing of them:
+// the session ends, and its locks are reported lost, rather than kept
+// with a key the failed try may hold.
+func TestStrayCheckOnAnotherBackend(t *testing.T) {
+	db, mock := newMock(t)
+	l := sqllock.New(db, sqllock.WithKeepAlive(0))
+	sqllockmock.ExpectServerCheck(mock)
+	sqllockmock.ExpectTryLock(mock, sqllock.Int64(1), true)
+	held, err := l.TryLock(bg(), sqllock.Int64(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqllockmock.ExpectTryLock(mock, sqllock.Int64(2), false).WillReturnError(sqlStateErr("53200"))
+	mock.ExpectQuery(regexp.QuoteMeta("SELECT pg_backend_pid(), l.classid::int8")).
+		WillReturnRows(sqlmock.NewRows([]string{"pid", "classid", "objid", "objsubid", "mode", "granted"}).AddRow(int64(sqllockmock.PID+1), nil, nil, nil, nil, nil))
+	if _, err := l.TryLock(bg(), sqllock.Int64(2)); !errors.Is(err, sqllock.ErrLockTableFull) {
+		t.Fatalf("TryLock() on a full lock table = %v, want ErrLockTableFull", err)
+	}
+	if err := held.Err(); !errors.Is(err, sqllock.ErrLockLost) {
+		t.Fatalf("Err() of the session's other lock = %v, want ErrLockLost (the session ended)", err)
+	}
+}

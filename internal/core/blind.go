@@ -62,9 +62,9 @@ func boundedRaw(ctx context.Context, blind *abandonSet, conn *sql.Conn, f func(d
 	case <-t.C:
 	}
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	select {
-	case err := <-w.res:
+	case err := <-w.res: // came as the grace ended
+		w.mu.Unlock()
 		idleBlindWorkers.put(w)
 		return err
 	default:
@@ -72,6 +72,7 @@ func boundedRaw(ctx context.Context, blind *abandonSet, conn *sql.Conn, f func(d
 		// the idle ones then.
 		w.gone = true
 		blind.conns.Store(conn, struct{}{})
+		w.mu.Unlock()
 		return fmt.Errorf("%w: %w", ErrAbandoned, ctx.Err())
 	}
 }

@@ -567,14 +567,23 @@ func serverRefused(err error) bool {
 // failed, and session-level locks outlive a failed statement. No lock of
 // the session's holds any of them (the keys of a shared session's
 // operations are reserved; an Owned tries only keys it does not hold).
+// It reads the locks of s's backend only: an answer from another is an
+// error, and the caller ends s.
 func (s *session) releaseStray(keys []Key) error {
 	want := map[Key]bool{}
 	for _, k := range keys {
 		want[k] = true
 	}
 	var stray []Key
+	rows := 0
 	err := s.queryRows(sqltext.OwnSQL, nil, func(v []driver.Value) error {
+		rows++
 		r := pglocks.Scan(v)
+		if r.PID != s.pid {
+			// A pooler sent it to another server session: what the
+			// failed statement took on s's backend is not known.
+			return sessionChanged(s.pid, r.PID)
+		}
 		if !r.Granted || r.Shared {
 			return nil
 		}
@@ -583,6 +592,9 @@ func (s *session) releaseStray(keys []Key) error {
 		}
 		return nil
 	})
+	if err == nil && rows == 0 {
+		err = sessionChanged(s.pid, 0)
+	}
 	for err == nil && len(stray) > 0 {
 		n := min(len(stray), sqltext.ManyRowsMax)
 		var released []bool

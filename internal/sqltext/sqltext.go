@@ -730,9 +730,11 @@ var serverStart = micros("pg_postmaster_start_time()")
 func micros(t string) string { return "(extract(epoch FROM " + t + ") * 1000000)::int8" }
 
 // OwnSQL lists the advisory locks, held or awaited, of the session that
-// runs it: (pid, classid, objid, objsubid, mode, granted) per lock.
+// runs it: (pid, classid, objid, objsubid, mode, granted) per lock, and
+// one row (pid, then NULLs) when it has none: every answer names the
+// backend that gave it.
 const OwnSQL = `SELECT pg_backend_pid(), l.classid::int8, l.objid::int8, l.objsubid::int4, l.mode, l.granted
- FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid()`
+ FROM (SELECT 1) AS one LEFT JOIN pg_catalog.pg_locks l ON l.locktype = 'advisory' AND l.pid = pg_backend_pid()`
 
 // TokenSQL returns a fencing token for the session-level lock whose tag is
 // ($1, $2, $3), taken on the session that holds it, while it holds it: the
