@@ -126,6 +126,9 @@ func ownLocks(ctx context.Context, dc driver.Conn) (int, []sqllock.HeldLock, err
 		}
 		r := pglocks.Scan(vals)
 		pid = int(r.PID)
+		if r.Tag.Objsubid == 0 {
+			continue // the row of a session with no advisory lock
+		}
 		k := sqllock.Int64(r.Tag.BigintKey())
 		if r.Tag.Objsubid == pglocks.Pair {
 			k = sqllock.Pair(r.Tag.PairKey())

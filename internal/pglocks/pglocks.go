@@ -8,7 +8,8 @@ import (
 	"strconv"
 )
 
-// Row is one row of sqltext.OwnSQL.
+// Row is one row of sqltext.OwnSQL: a lock, or, with a zero Tag, the one
+// row of a session that has none.
 type Row struct {
 	PID     int64
 	Tag     Tag
