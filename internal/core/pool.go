@@ -84,6 +84,9 @@ type Pool struct {
 	cfg    Config
 	hooks  Hooks
 
+	// limit is sharedLimit's last reading, until limitUntil (monoNow).
+	limit, limitUntil atomic.Int64
+
 	// stmts are the session-level statements, with the settings a lock
 	// session needs (see sessionSettings), plain those of a session set up
 	// already; pids, each connection's backend pid, as last seen; idents,

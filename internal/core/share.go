@@ -196,6 +196,9 @@ func (p *Pool) sharedFor(ctx context.Context) (*session, error) {
 // application's queries. Several Pools on one pool then share its room
 // instead of each opening its own limit.
 func (p *Pool) sharedRoom(n int) bool {
+	if n >= maxShared {
+		return false // the most a pool of any size shares: no need to ask it
+	}
 	st := p.db.Stats()
 	limit := sharedLimitOf(st)
 	return n < limit && (n == 0 || st.InUse < limit)
@@ -207,7 +210,23 @@ func (p *Pool) sharedRoom(n int) bool {
 // pinned for many locks would hold a third of it or more, and keep it
 // while they churn), and each lock takes a connection of its own for as
 // long as it is held.
-func (p *Pool) sharedLimit() int { return sharedLimitOf(p.db.Stats()) }
+//
+// It is read from the pool at most every sharedLimitAge (DB.Stats takes
+// the pool's lock, which every query takes too): a pool's limit changed
+// after a lock call applies within that time.
+func (p *Pool) sharedLimit() int {
+	now := monoNow()
+	if now < p.limitUntil.Load() {
+		return int(p.limit.Load())
+	}
+	n := sharedLimitOf(p.db.Stats())
+	p.limit.Store(int64(n))
+	p.limitUntil.Store(now + int64(sharedLimitAge))
+	return n
+}
+
+// sharedLimitAge is how long sharedLimit keeps what it read.
+const sharedLimitAge = 100 * time.Millisecond
 
 // sharedLimitOf is sharedLimit for a pool whose statistics are st.
 func sharedLimitOf(st sql.DBStats) int {
