@@ -175,8 +175,16 @@ func TestElectionsAgainstEtcd(t *testing.T) {
 				t.Fatalf("%s, %s: %d trials, want 1", r.cfg.name, f, len(r.times[f]))
 			}
 			d, most := r.times[f][0], bound+2*time.Second
-			if f == faultResign || f == faultKill && r.cfg.system == "sqllock" {
+			switch {
+			case f == faultResign || f == faultKill && r.cfg.system == "sqllock":
 				most = 2 * time.Second // nothing to wait for
+			case r.cfg.system == "etcd":
+				// etcd revokes an expired lease through its log, and
+				// retries a revoke not yet applied every 3 s (its
+				// lessor's expired-lease retry interval): on a machine
+				// loaded by the race-enabled tests beside it, a stopped
+				// leader's lease went 9.6 s after the fault. Two retries.
+				most += 2 * 3 * time.Second
 			}
 			if d <= 0 || d > most {
 				t.Errorf("%s, %s: next leader after %v, want within %v", r.cfg.name, f, d, most)
