@@ -35,7 +35,10 @@ type HeldLock struct {
 	Query     string
 	Hidden    bool      // the role may not see this session's activity
 	WaitStart time.Time // when the wait began; zero when granted or unknown
-	BlockedBy []int     // pg_blocking_pids: the sessions this one waits for
+	// BlockedBy are the sessions this one waits for (pg_blocking_pids; for
+	// a wait that ended as it was read, those holding its key in a
+	// conflicting mode then).
+	BlockedBy []int
 	// ClientAddr is the session's client address ("" over a Unix socket,
 	// or when hidden).
 	ClientAddr string
@@ -211,6 +214,14 @@ func inLine(out []HeldLock, r *Registry, keys []Key) []HeldLock {
 			}
 		}
 	}
+	for i, h := range out {
+		if !h.Granted && len(h.BlockedBy) == 0 {
+			// Its wait ended between the reads of pg_locks and of
+			// pg_blocking_pids (a wait's slice ran out, to be sent again):
+			// it waited, as pg_locks read, for those holding its key then.
+			out[i].BlockedBy = blockedBy(h, holders[h.Key])
+		}
+	}
 	now := time.Now()
 	// ticket returns the key and time of h when it is a ticket or a
 	// doorbell of a line.
@@ -253,20 +264,27 @@ func inLine(out []HeldLock, r *Registry, keys []Key) []HeldLock {
 		if sem, slot, ok := r.semaphore(k); ok && lk.sem {
 			h.Semaphore, h.Name = sem, fmt.Sprintf("%s[%d]", sem, slot)
 		}
-		h.BlockedBy = nil
 		blockers := holders[k]
 		if lk.sem {
 			c, _, _ := k.Pair()
 			blockers = slotHolders[c]
 		}
-		for _, o := range blockers {
-			if (!h.Shared || !o.Shared) && o.PID != 0 && !slices.Contains(h.BlockedBy, o.PID) {
-				h.BlockedBy = append(h.BlockedBy, o.PID)
-			}
-		}
+		h.BlockedBy = blockedBy(h, blockers)
 		kept = append(kept, h)
 	}
 	return kept
+}
+
+// blockedBy returns the pids of those of holders whose mode conflicts
+// with h's.
+func blockedBy(h HeldLock, holders []HeldLock) []int {
+	var pids []int
+	for _, o := range holders {
+		if (!h.Shared || !o.Shared) && o.PID != 0 && !slices.Contains(pids, o.PID) {
+			pids = append(pids, o.PID)
+		}
+	}
+	return pids
 }
 
 // ticketTime returns the time a ticket of id was taken: id is the server's

@@ -194,7 +194,7 @@ func TestInspectLine(t *testing.T) {
 		for i, w := range locks[1:] {
 			pids = append(pids, w.PID)
 			if w.Granted || w.Key != k || !slices.Equal(w.BlockedBy, []int{lk.PID()}) || w.WaitStart.IsZero() {
-				t.Errorf("waiter %d = %+v", i, w)
+				t.Errorf("waiter %d = %+v: blocked by %v, holder %d", i, w, w.BlockedBy, lk.PID())
 			}
 			if i > 0 && !locks[i].WaitStart.Before(w.WaitStart) {
 				t.Errorf("waiter %d began waiting at %v, not after the one before (%v)", i, w.WaitStart, locks[i].WaitStart)

@@ -168,7 +168,7 @@ func (p *Pool) triedLate(ctx context.Context, s *session, r Request, o outcome) 
 	if o.ok {
 		s.pid, s.tuned = o.pid, true // s is the caller's alone until settled
 		uctx, cancel := context.WithTimeout(context.Background(), abandonGrace)
-		got, err := s.sendUnlocks(uctx, []Key{r.Key}, r.Shared)
+		got, err := s.sendUnlocks(uctx, nil, []Key{r.Key}, r.Shared)
 		cancel()
 		if err == nil && !got[0] {
 			err = fmt.Errorf("%w: unlock of a try granted as the context ended found no such lock", ErrLockLost)
@@ -210,7 +210,12 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool) (h *Hold, err
 			s.leave()
 		}
 	}()
-	o := newOp(opTry, k)
+	var o *op
+	if ctx.Done() == nil {
+		o = takeOp(opTry, k) // told whatever happens: it goes back below
+	} else {
+		o = newOp(opTry, k)
+	}
 	if !try {
 		o.class = sqltext.TicketClass(k) // it will wait: it passes no one in line
 	}
@@ -242,9 +247,13 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool) (h *Hold, err
 	// only; an uncertain one ended the session): what is left is the
 	// call's. (A plain grant is granted whatever else: judge, and the
 	// key's name it formats, are spared the common case.)
+	ok, oerr := o.ok, o.err
+	if ctx.Done() == nil {
+		putOp(o)
+	}
 	v, verr := granted, error(nil)
-	if o.err != nil || !o.ok {
-		v, verr = judge(ctx, outcome{ok: o.ok, err: o.err, certain: true}, what, true, 0)
+	if oerr != nil || !ok {
+		v, verr = judge(ctx, outcome{ok: ok, err: oerr, certain: true}, what, true, 0)
 	}
 	if v != granted {
 		p.share.free(k)
@@ -254,11 +263,11 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool) (h *Hold, err
 	}
 	switch {
 	case v == uncertain:
-		if ConnectionBroken(o.err) {
+		if ConnectionBroken(oerr) {
 			return nil, nil, false // the session died: a session of its own
 		}
 		return nil, verr, true
-	case v == refused && o.err != nil: // a deadlock victim, a full lock table
+	case v == refused && oerr != nil: // a deadlock victim, a full lock table
 		return nil, verr, true
 	case v == refused:
 		if try {

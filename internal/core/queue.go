@@ -7,6 +7,7 @@ import (
 	"errors"
 	"runtime"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/sqllock/sqllock/internal/pglocks"
@@ -62,6 +63,26 @@ const (
 
 func newOp(kind opKind, k Key) *op {
 	return &op{kind: kind, key: k}
+}
+
+// spareOps are op records for callers that wait for their op's outcome
+// whatever happens (submit, with no ctx to leave by): once told, an op is
+// no longer referenced by the queue or its runner, and its caller puts it
+// back (putOp) after reading the outcome. An op whose caller may leave
+// first is never put back: the runner may still hold it.
+var spareOps = sync.Pool{New: func() any { return new(op) }}
+
+// takeOp is newOp from spareOps.
+func takeOp(kind opKind, k Key) *op {
+	o := spareOps.Get().(*op)
+	o.kind, o.key = kind, k
+	return o
+}
+
+// putOp gives back o, taken with takeOp and told, its outcome read.
+func putOp(o *op) {
+	*o = op{}
+	spareOps.Put(o)
 }
 
 // submit queues o and, when no runner runs, runs the queue here (flat
@@ -403,20 +424,27 @@ func b2i(b bool) int {
 
 // sendUnlocks is the one place an unlock statement is sent: it releases
 // keys (in mode shared) on s's backend, and returns, by position, whether
-// the server released each (a slice its callers only read). One key goes in the single-key statement
-// (which also sets a dedicated session's settings back: the session is
-// then no longer tuned); more in one batch, run on the backend only. ctx
-// bounds the statement.
-func (s *session) sendUnlocks(ctx context.Context, keys []Key, shared bool) ([]bool, error) {
+// the server released each (a slice its callers only read). One key goes
+// in the single-key statement (which also sets a dedicated session's
+// settings back: the session is then no longer tuned); more in one batch,
+// run on the backend only. ctx bounds the statement.
+//
+// sc is the session's scratch for the caller that runs its queue, nil for
+// any other caller.
+func (s *session) sendUnlocks(ctx context.Context, sc *scratch, keys []Key, shared bool) ([]bool, error) {
 	if len(keys) == 1 {
 		st := s.p.plain
 		dedicated := s.kind == kindDedicated
 		if dedicated {
 			st = s.st
 		}
-		var ok bool
-		q, args := st.UnlockSQL(shared, keys[0], s.pid)
-		err := s.queryRowCtx(ctx, q, args, &ok)
+		if sc == nil {
+			sc = new(scratch)
+		}
+		q, args := st.UnlockSQLTo(sc.args[:0], shared, keys[0], sc.pidArg(s.pid))
+		sc.ok = false
+		err := s.queryRowCtx(ctx, q, args, &sc.ok)
+		ok := sc.ok
 		if errors.Is(err, sql.ErrNoRows) {
 			err = sessionChanged(s.pid, 0) // another backend answered: it ran nothing
 		}
@@ -436,13 +464,17 @@ func (s *session) sendUnlocks(ctx context.Context, keys []Key, shared bool) ([]b
 // runUnlocks sends the unlocks ops; a failed statement ends the session
 // (the server releases what it held as it ends).
 func (s *session) runUnlocks(ops []*op) {
-	keys := make([]Key, len(ops))
+	keys := s.scratch.keys[:]
+	if len(ops) > len(keys) {
+		keys = make([]Key, len(ops))
+	}
+	keys = keys[:len(ops)]
 	shared := false
 	for i, o := range ops {
 		keys[i] = o.key
 		shared = o.shared // a shared-mode unlock comes alone (a dedicated session's one lock)
 	}
-	got, err := s.sendUnlocks(s.p.UnlockContext(), keys, shared)
+	got, err := s.sendUnlocks(s.p.UnlockContext(), &s.scratch, keys, shared)
 	for i, o := range ops {
 		o.ok, o.err = got[i], err
 	}
@@ -467,24 +499,27 @@ func (s *session) runTry(o *op) {
 	if !plain {
 		st = s.p.sql()
 	}
-	q, args := st.TrySQL(sqltext.Try, o.key, s.mark)
+	sc := &s.scratch
+	var q string
+	var args []any
 	if o.class != 0 {
 		q, args = st.PoliteTrySQL(0, o.key, o.class, s.mark)
+	} else {
+		q, args = st.TrySQLTo(sc.args[:0], sqltext.Try, o.key, sc.markArg(s.mark))
 	}
-	var pid int64
-	var standby bool
-	var ok sql.NullBool
 	var err error
+	sc.got, sc.gotPid, sc.standby = sql.NullBool{}, 0, false
 	if plain {
 		// On a session set up already the try answers whether it took
 		// the key, only: the mark, compared in the statement, stands for
 		// the backend, which was judged standby or not as it was set up
 		// (a backend never becomes a standby).
-		err = s.queryRow(q, args, &ok, skipRest)
-		pid = s.pid
+		err = s.queryRow(q, args, &sc.got, skipRest)
+		sc.gotPid = s.pid
 	} else {
-		err = s.queryRow(q, args, &ok, &pid, &standby)
+		err = s.queryRow(q, args, &sc.got, &sc.gotPid, &sc.standby)
 	}
+	ok, pid, standby := sc.got, sc.gotPid, sc.standby
 	o.ok = ok.Bool
 	if err == nil && !ok.Valid {
 		err = foreignSession() // nothing was tried
@@ -496,7 +531,7 @@ func (s *session) runTry(o *op) {
 		// Granted on a standby that is refused: released here, before
 		// the call returns, not left to the discard (the server frees a
 		// discarded session's locks a moment after the call).
-		s.sendUnlocks(s.p.UnlockContext(), []Key{o.key}, false)
+		s.sendUnlocks(s.p.UnlockContext(), sc, []Key{o.key}, false)
 	}
 	if err != nil {
 		o.ok = false
@@ -598,7 +633,7 @@ func (s *session) releaseStray(keys []Key) error {
 	for err == nil && len(stray) > 0 {
 		n := min(len(stray), sqltext.ManyRowsMax)
 		var released []bool
-		if released, err = s.sendUnlocks(s.p.UnlockContext(), stray[:n], false); err == nil && slices.Contains(released, false) {
+		if released, err = s.sendUnlocks(s.p.UnlockContext(), nil, stray[:n], false); err == nil && slices.Contains(released, false) {
 			err = errors.New("sqllock: a key the failed statement took was not held")
 		}
 		stray = stray[n:]
@@ -731,10 +766,12 @@ func (s *session) runTag(o *op) {
 // returns the answer as unlockAnswer reads it. An uncertain one has ended
 // s already.
 func (s *session) unlock(k Key, shared bool) (uncertain bool, err error) {
-	o := newOp(opUnlock, k)
+	o := takeOp(opUnlock, k)
 	o.shared = shared
 	s.submit(o)
-	return unlockAnswer(s.p, k, s.pid, o.err, o.ok)
+	ok, oerr := o.ok, o.err
+	putOp(o)
+	return unlockAnswer(s.p, k, s.pid, oerr, ok)
 }
 
 // onTag runs q, a statement about a lock's tag, on s: ok reports whether

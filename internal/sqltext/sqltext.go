@@ -134,12 +134,16 @@ func formIndex(k Key) int {
 // sharedIndex is 0 for exclusive and 1 for shared.
 func sharedIndex(shared bool) int { return int(SharedKind(shared) >> 1) }
 
-// bindArgs returns the bound values of k.
-func bindArgs(k Key, extra ...any) []any {
-	if k.Pair {
-		return append(append(make([]any, 0, 2+len(extra)), int64(k.Class), int64(k.ID)), extra...)
+// bindArgs appends the bound values of k, then extra, to dst (a slice
+// made to measure when dst is nil).
+func bindArgs(dst []any, k Key, extra ...any) []any {
+	if dst == nil {
+		dst = make([]any, 0, 2+len(extra))
 	}
-	return append(append(make([]any, 0, 1+len(extra)), k.V), extra...)
+	if k.Pair {
+		return append(append(dst, int64(k.Class), int64(k.ID)), extra...)
+	}
+	return append(append(dst, k.V), extra...)
 }
 
 // Statements are a Locker's session-level statements. A session leaves as
@@ -271,10 +275,18 @@ func newStatements(mode Mode, tune, untune, waiting, gate string) *Statements {
 // first column only: on a session set up already, the mark stands for the
 // pid, and the server's recovery state was read as it was set up.
 func (s *Statements) TrySQL(kind Kind, k Key, mark string) (string, []any) {
+	return s.TrySQLTo(nil, kind, k, mark)
+}
+
+// TrySQLTo is TrySQL with its arguments appended to args, and the mark
+// (a string) given as an interface value: a caller that keeps both, made
+// once, sends a Bind-mode try with no allocation of its own.
+func (s *Statements) TrySQLTo(args []any, kind Kind, k Key, mark any) (string, []any) {
 	if s.mode == Bind {
-		return s.try[sharedIndex(kind.IsShared())][formIndex(k)], bindArgs(k, mark)
+		return s.try[sharedIndex(kind.IsShared())][formIndex(k)], bindArgs(args, k, mark)
 	}
-	return s.BuildTrySQL(kind, k, mark)
+	q, a := s.BuildTrySQL(kind, k, mark.(string))
+	return q, append(args, a...)
 }
 
 func (s *Statements) BuildTrySQL(kind Kind, k Key, mark string) (string, []any) {
@@ -310,7 +322,7 @@ func (s *Statements) BuildTrySQL(kind Kind, k Key, mark string) (string, []any) 
 // another mark than mark it waits for nothing and answers no row.
 func (s *Statements) WaitSQL(kind Kind, k Key, slice, mark string) (string, []any) {
 	if s.mode == Bind {
-		return s.wait[sharedIndex(kind.IsShared())][formIndex(k)], bindArgs(k, slice, mark)
+		return s.wait[sharedIndex(kind.IsShared())][formIndex(k)], bindArgs(nil, k, slice, mark)
 	}
 	return s.BuildWaitSQL(kind, k, slice, mark)
 }
@@ -356,10 +368,17 @@ func (s *Statements) GrantedSQL(kind Kind, classid, objid int64, objsubid int, m
 // backend, and it returns no row (and changes nothing) on any other. (SQL
 // evaluates WHERE before the select list.)
 func (s *Statements) UnlockSQL(shared bool, k Key, pid int64) (string, []any) {
+	return s.UnlockSQLTo(nil, shared, k, pid)
+}
+
+// UnlockSQLTo is UnlockSQL as TrySQLTo is TrySQL, the pid (an int64)
+// given as an interface value.
+func (s *Statements) UnlockSQLTo(args []any, shared bool, k Key, pid any) (string, []any) {
 	if s.mode == Bind {
-		return s.unlock[sharedIndex(shared)][formIndex(k)], bindArgs(k, pid)
+		return s.unlock[sharedIndex(shared)][formIndex(k)], bindArgs(args, k, pid)
 	}
-	return s.BuildUnlockSQL(shared, k, pid)
+	q, a := s.BuildUnlockSQL(shared, k, pid.(int64))
+	return q, append(args, a...)
 }
 
 func (s *Statements) BuildUnlockSQL(shared bool, k Key, pid int64) (string, []any) {
@@ -428,7 +447,7 @@ const WaitSliceSQL = "SELECT greatest(1, (extract(epoch FROM current_setting('de
 // statement after it (XactLockSQL, XactDeadlineLockSQL).
 func (m Mode) XactTrySQL(kind Kind, k Key) (string, []any) {
 	if m == Bind {
-		return bound.xactTry[sharedIndex(kind.IsShared())][formIndex(k)], bindArgs(k)
+		return bound.xactTry[sharedIndex(kind.IsShared())][formIndex(k)], bindArgs(nil, k)
 	}
 	return m.BuildXactTrySQL(kind, k)
 }
@@ -445,7 +464,7 @@ func (m Mode) BuildXactTrySQL(kind Kind, k Key) (string, []any) {
 // Its single row is (acquired bool).
 func (m Mode) XactLockSQL(kind Kind, k Key) (string, []any) {
 	if m == Bind {
-		return bound.xact[sharedIndex(kind.IsShared())][formIndex(k)], bindArgs(k)
+		return bound.xact[sharedIndex(kind.IsShared())][formIndex(k)], bindArgs(nil, k)
 	}
 	return m.BuildXactLockSQL(kind, k)
 }
