@@ -37,6 +37,10 @@ const (
 	MinServerVersion     = core.MinServerVersion
 )
 
+// Queued returns how many of l's callers are in k's queue, its head among
+// them.
+func Queued(l *Locker, k Key) int { return l.pool.Queued(k.sqlKey()) }
+
 // SemaphoreSlots returns the keys of the slots of semaphore name of n slots.
 var SemaphoreSlots = semaphoreSlots
 

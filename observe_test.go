@@ -39,7 +39,8 @@ func TestObserveBriefTerms(t *testing.T) {
 }
 
 // briefTerms runs 5 terms of 100 ms on key k through candidates, 200 ms
-// apart, and fails t unless an observer through observers reports each.
+// apart (2 with -short), and fails t unless an observer through observers
+// reports each.
 func briefTerms(t *testing.T, observers, candidates *sql.DB, k sqllock.Key) {
 	candidate := sqllock.New(candidates).Election(k)
 	ctx, cancel := context.WithTimeout(bg(), time.Minute)
@@ -49,7 +50,10 @@ func briefTerms(t *testing.T, observers, candidates *sql.DB, k sqllock.Key) {
 		t.Fatalf("Observe before any campaign = %v, want no leader", first)
 	}
 	seen := make(chan []sqllock.Leader, 1)
-	const terms = 5
+	terms := 5
+	if testing.Short() {
+		terms = 2
+	}
 	go func() {
 		var got []sqllock.Leader
 		for ld := range changes {
@@ -207,7 +211,7 @@ func TestObserveSlowConsumer(t *testing.T) {
 // the second Observe documents, as a leader without a value, and so is
 // its release.
 func TestObserveHeldByHand(t *testing.T) {
-	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
 		k := sqllock.Int64(4245)
 		ctx, cancel := context.WithTimeout(bg(), time.Minute)
 		defer cancel()

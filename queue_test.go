@@ -70,12 +70,14 @@ func TestQueueArrivalOrder(t *testing.T) {
 		var served []int
 		var wg sync.WaitGroup
 		var arrivals atomic.Int64
-		for range n {
+		for i := range n {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				// Arrival is the call (a goroutine started on a loaded
-				// machine may run later than the next one).
+				// machine may run later than the next one); the next
+				// starts once this one queued (one preempted between
+				// the two for longer than the pause would arrive later).
 				i := int(arrivals.Add(1) - 1)
 				lk, err := l.Lock(bg(), k)
 				if err != nil {
@@ -90,6 +92,9 @@ func TestQueueArrivalOrder(t *testing.T) {
 					t.Error(err)
 				}
 			}()
+			for deadline := time.Now().Add(10 * time.Second); sqllock.Queued(l, k) <= i && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
 			time.Sleep(20 * time.Millisecond)
 		}
 		if err := holder.Unlock(bg()); err != nil {

@@ -111,6 +111,24 @@ func (qs *keyQueues) waited(qk queueKey) bool {
 	return q != nil && (q.head != nil || len(q.waiters) > 0)
 }
 
+// Queued returns how many of the Pool's callers are in k's queue (its
+// head among them): for tests that make callers arrive in a known order.
+func (p *Pool) Queued(k Key) int {
+	qk := queueKey{k: k}
+	sh := p.queue.shard(qk)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	q := sh.m[qk]
+	if q == nil {
+		return 0
+	}
+	n := len(q.waiters)
+	if q.head != nil {
+		n++
+	}
+	return n
+}
+
 // acquire queues the call r for qk, and returns the Hold it is handed, or,
 // once it is the head, the outcome of fromServer, its acquisition from the
 // server. When ctx ends while it waits, it leaves the queue at once and
