@@ -275,12 +275,12 @@ func inLine(out []HeldLock, r *Registry, keys []Key) []HeldLock {
 	return kept
 }
 
-// blockedBy returns the pids of those of holders whose mode conflicts
-// with h's.
+// blockedBy returns the pids of those of holders, other than h's session,
+// whose mode conflicts with h's.
 func blockedBy(h HeldLock, holders []HeldLock) []int {
 	var pids []int
 	for _, o := range holders {
-		if (!h.Shared || !o.Shared) && o.PID != 0 && !slices.Contains(pids, o.PID) {
+		if (!h.Shared || !o.Shared) && o.PID != 0 && o.PID != h.PID && !slices.Contains(pids, o.PID) {
 			pids = append(pids, o.PID)
 		}
 	}

@@ -18,6 +18,7 @@ func TestInspectWaitEndedAsRead(t *testing.T) {
 		{Key: k, PID: 20},                           // exclusive: 10 and 11 block it
 		{Key: k, PID: 21, Shared: true},             // shared: 10 alone
 		{Key: k, PID: 22, BlockedBy: []int{10, 20}}, // read in time: as read
+		{Key: k, PID: 11},                           // its own shared hold is no blocker
 	}, nil, nil)
 	want := map[int][]int{20: {10, 11}, 21: {10}, 22: {10, 20}}
 	for _, h := range out {
@@ -25,7 +26,12 @@ func TestInspectWaitEndedAsRead(t *testing.T) {
 			t.Errorf("pid %d blocked by %v, want %v", h.PID, h.BlockedBy, w)
 		}
 	}
-	if len(out) != 6 {
-		t.Errorf("inLine kept %d rows, want 6: %+v", len(out), out)
+	for _, h := range out {
+		if h.PID == 11 && !h.Granted && !slices.Equal(h.BlockedBy, []int{10}) {
+			t.Errorf("pid 11, waiting, blocked by %v, want [10]", h.BlockedBy)
+		}
+	}
+	if len(out) != 7 {
+		t.Errorf("inLine kept %d rows, want 7: %+v", len(out), out)
 	}
 }

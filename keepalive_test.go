@@ -57,6 +57,16 @@ func TestKeepAliveNotBlockedBySessionWait(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// A lock of l on a session of its own, which A's loss leaves held:
+		// the keep-alive has it to watch after the loss, during the wait.
+		kept, err := l.Session(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer kept.Close(bg())
+		if err := kept.Lock(bg(), sqllock.Int64(103)); err != nil {
+			t.Fatal(err)
+		}
 		s, err := l.Session(bg())
 		if err != nil {
 			t.Fatal(err)
@@ -82,7 +92,8 @@ func TestKeepAliveNotBlockedBySessionWait(t *testing.T) {
 			t.Fatalf("A.Err() = %v, want ErrLockLost", lkA.Err())
 		}
 		// (The loss may have been found by a check that was already under
-		// way: the next ones must run too, while the Session still waits.)
+		// way, counted before: the next ones, for the kept lock, must run
+		// too, while the Session still waits.)
 		for until := time.Now().Add(5 * keepAlive); l.Stats().KeepAliveChecks <= checks && time.Now().Before(until); {
 			time.Sleep(keepAlive / 10)
 		}
@@ -109,6 +120,9 @@ func TestKeepAliveNotBlockedBySessionWait(t *testing.T) {
 			t.Fatalf("Session.Lock after the holder left = %v", err)
 		}
 		if err := s.Close(bg()); err != nil {
+			t.Fatal(err)
+		}
+		if err := kept.Close(bg()); err != nil {
 			t.Fatal(err)
 		}
 		lkA.Unlock(bg())
