@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"io"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -76,4 +78,68 @@ func TestBoundedRawAnswerAtGraceEnd(t *testing.T) {
 		t.Fatalf("a call returned %v after its grace ended", worst)
 	}
 	t.Logf("%d calls, the last returned %v after its grace ended", calls, worst)
+}
+
+// slowRowsDriver's connections answer every query with rows that come
+// 40 ms apart, whatever the context: a blind driver on a slow link.
+type slowRowsDriver struct{}
+type slowRowsConn struct{ stubConn }
+type slowRows struct{ left int }
+
+func (slowRowsDriver) Open(string) (driver.Conn, error) { return slowRowsConn{}, nil }
+
+func (slowRowsConn) QueryContext(context.Context, string, []driver.NamedValue) (driver.Rows, error) {
+	return &slowRows{left: 15}, nil
+}
+
+func (*slowRows) Columns() []string { return []string{"n"} }
+func (*slowRows) Close() error      { return nil }
+func (r *slowRows) Next(dest []driver.Value) error {
+	if r.left == 0 {
+		return io.EOF
+	}
+	time.Sleep(40 * time.Millisecond)
+	r.left--
+	dest[0] = int64(r.left)
+	return nil
+}
+
+func init() { sql.Register("sqllock-core-slowrows", slowRowsDriver{}) }
+
+// TestAbandonedRowsStopAtReturn: a blind driver's statement whose caller
+// left (abandoned, its rows still coming) hands no row to the caller's
+// function after the call returned: that function writes what the caller
+// reads then (a batch's answers).
+func TestAbandonedRowsStopAtReturn(t *testing.T) {
+	db, err := sql.Open("sqllock-core-slowrows", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	var returned atomic.Bool
+	var afterReturn atomic.Int32
+	var got []int64 // written by row, read once the call returned
+	err = queryRows(ctx, &abandonSet{}, conn, "SELECT", nil, func(v []driver.Value) error {
+		if returned.Load() {
+			afterReturn.Add(1)
+		}
+		got = append(got, v[0].(int64))
+		return nil
+	})
+	returned.Store(true)
+	if !errors.Is(err, ErrAbandoned) {
+		t.Fatalf("queryRows() = %v, want ErrAbandoned", err)
+	}
+	n := len(got)
+	time.Sleep(400 * time.Millisecond) // the rows that would still come
+	if a := afterReturn.Load(); a != 0 || len(got) != n {
+		t.Fatalf("%d rows handed after the call returned (%d before)", a, n)
+	}
+	t.Logf("%d rows before the call returned, none after", n)
 }

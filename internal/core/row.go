@@ -161,6 +161,13 @@ var skipRest restColumns
 // int64, bool, nil, string or []byte as the driver gives them).
 func queryRows(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string, args []any, row func([]driver.Value) error) error {
 	nv := namedValues(nil, args)
+	var g *rowGuard
+	if blind != nil && ctx.Done() != nil {
+		// A blind driver's statement may be abandoned (see boundedRaw)
+		// and read on: its rows stop reaching row once the call returned.
+		g = &rowGuard{row: row}
+		row = g.call
+	}
 	err := boundedRaw(ctx, blind, conn, func(dc any) error {
 		rows, err := driverQuery(ctx, dc, q, nv)
 		if err != nil {
@@ -183,6 +190,9 @@ func queryRows(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string,
 			}
 		}
 	})
+	if g != nil && errors.Is(err, ErrAbandoned) {
+		g.leave()
+	}
 	if !errors.Is(err, errNoFastPath) {
 		return err
 	}
@@ -210,6 +220,32 @@ func queryRows(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string,
 		}
 	}
 	return rows.Err()
+}
+
+// rowGuard hands an abandoned statement's rows to row only until its
+// caller left: row writes into what the caller reads once the call
+// returned.
+type rowGuard struct {
+	mu   sync.Mutex
+	row  func([]driver.Value) error
+	left bool
+}
+
+// call is row, until leave.
+func (g *rowGuard) call(v []driver.Value) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.left {
+		return ErrAbandoned
+	}
+	return g.row(v)
+}
+
+// leave stops the rows, after any row being handed.
+func (g *rowGuard) leave() {
+	g.mu.Lock()
+	g.left = true
+	g.mu.Unlock()
 }
 
 func assign(dest []any, vals []driver.Value) error {
