@@ -210,16 +210,19 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool) (h *Hold, err
 			s.leave()
 		}
 	}()
+	// A call that nothing ends early waits for its op's outcome whatever
+	// happens: the op is a spare one, and goes back below.
+	spare := ctx.Done() == nil
 	var o *op
-	if ctx.Done() == nil {
-		o = takeOp(opTry, k) // told whatever happens: it goes back below
+	if spare {
+		o = takeOp(opTry, k)
 	} else {
 		o = newOp(opTry, k)
 	}
 	if !try {
 		o.class = sqltext.TicketClass(k) // it will wait: it passes no one in line
 	}
-	if ctx.Done() == nil {
+	if spare {
 		s.submit(o) // nothing ends the call early: run the queue here
 	} else {
 		o.done = make(chan struct{})
@@ -248,7 +251,7 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool) (h *Hold, err
 	// call's. (A plain grant is granted whatever else: judge, and the
 	// key's name it formats, are spared the common case.)
 	ok, oerr := o.ok, o.err
-	if ctx.Done() == nil {
+	if spare {
 		putOp(o)
 	}
 	v, verr := granted, error(nil)

@@ -12,10 +12,12 @@ import (
 	"time"
 )
 
-// stubDriver's connections run nothing: boundedRaw's statement is the
-// function it is given.
+// stubDriver's connections run nothing of a server's: boundedRaw's
+// statement is the function it is given, and a query's rows come 40 ms
+// apart, whatever the context (a blind driver on a slow link).
 type stubDriver struct{}
 type stubConn struct{}
+type slowRows struct{ left int }
 
 func (stubDriver) Open(string) (driver.Conn, error)  { return stubConn{}, nil }
 func (stubConn) Prepare(string) (driver.Stmt, error) { return nil, errors.New("stub") }
@@ -80,15 +82,7 @@ func TestBoundedRawAnswerAtGraceEnd(t *testing.T) {
 	t.Logf("%d calls, the last returned %v after its grace ended", calls, worst)
 }
 
-// slowRowsDriver's connections answer every query with rows that come
-// 40 ms apart, whatever the context: a blind driver on a slow link.
-type slowRowsDriver struct{}
-type slowRowsConn struct{ stubConn }
-type slowRows struct{ left int }
-
-func (slowRowsDriver) Open(string) (driver.Conn, error) { return slowRowsConn{}, nil }
-
-func (slowRowsConn) QueryContext(context.Context, string, []driver.NamedValue) (driver.Rows, error) {
+func (stubConn) QueryContext(context.Context, string, []driver.NamedValue) (driver.Rows, error) {
 	return &slowRows{left: 15}, nil
 }
 
@@ -104,14 +98,12 @@ func (r *slowRows) Next(dest []driver.Value) error {
 	return nil
 }
 
-func init() { sql.Register("sqllock-core-slowrows", slowRowsDriver{}) }
-
 // TestAbandonedRowsStopAtReturn: a blind driver's statement whose caller
 // left (abandoned, its rows still coming) hands no row to the caller's
 // function after the call returned: that function writes what the caller
 // reads then (a batch's answers).
 func TestAbandonedRowsStopAtReturn(t *testing.T) {
-	db, err := sql.Open("sqllock-core-slowrows", "")
+	db, err := sql.Open("sqllock-core-stub", "")
 	if err != nil {
 		t.Fatal(err)
 	}

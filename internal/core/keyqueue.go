@@ -103,19 +103,11 @@ func (qs *keyQueues) shard(qk queueKey) *queueShard {
 
 // waited reports whether callers of the Pool's queue for qk wait for it,
 // or acquire it from the server.
-func (qs *keyQueues) waited(qk queueKey) bool {
-	sh := qs.shard(qk)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	q := sh.m[qk]
-	return q != nil && (q.head != nil || len(q.waiters) > 0)
-}
+func (qs *keyQueues) waited(qk queueKey) bool { return qs.count(qk) > 0 }
 
-// Queued returns how many of the Pool's callers are in k's queue (its
-// head among them): for tests that make callers arrive in a known order.
-func (p *Pool) Queued(k Key) int {
-	qk := queueKey{k: k}
-	sh := p.queue.shard(qk)
+// count returns how many callers are in qk's queue, its head among them.
+func (qs *keyQueues) count(qk queueKey) int {
+	sh := qs.shard(qk)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	q := sh.m[qk]
@@ -128,6 +120,10 @@ func (p *Pool) Queued(k Key) int {
 	}
 	return n
 }
+
+// Queued returns how many of the Pool's callers are in k's queue (its
+// head among them): for tests that make callers arrive in a known order.
+func (p *Pool) Queued(k Key) int { return p.queue.count(queueKey{k: k}) }
 
 // acquire queues the call r for qk, and returns the Hold it is handed, or,
 // once it is the head, the outcome of fromServer, its acquisition from the
