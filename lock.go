@@ -24,9 +24,10 @@ import (
 // never panics, so `defer lk.Unlock(ctx)` is always safe, even on a nil Lock.
 type Lock struct {
 	l     *Locker
-	h     *core.Hold // the lock, on its session (see core.Hold)
+	h     *core.Hold // the lock, on its session (see core.Hold): own, or one the core made
 	key   Key
 	since time.Time
+	own   core.Hold // where the core makes h when it can (one allocation per lock)
 
 	unlockMu sync.Mutex // serialises Unlock
 
@@ -38,6 +39,13 @@ type Lock struct {
 // newLock returns the handle of h, the lock of k.
 func newLock(l *Locker, h *core.Hold, k Key) *Lock {
 	return &Lock{l: l, h: h, key: k, since: h.Since()}
+}
+
+// held makes lk the handle of h, which the core made in lk.own or
+// elsewhere (a semaphore's permit, or the key handed on in the queue).
+func (lk *Lock) held(h *core.Hold) *Lock {
+	lk.h, lk.since = h, h.Since()
+	return lk
 }
 
 // Key returns the lock's key (the zero Key for a nil Lock).

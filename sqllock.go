@@ -186,7 +186,8 @@ func (l *Locker) acquire(ctx context.Context, k Key, shared, try bool, named str
 			defer func() { end(lk, err) }()
 		}
 	}
-	h, err := l.pool.Acquire(ctx, core.Request{Key: k.sqlKey(), Shared: shared, Try: try, Named: named})
+	lk = &Lock{l: l, key: k}
+	h, err := l.pool.Acquire(ctx, core.Request{Key: k.sqlKey(), Shared: shared, Try: try, Named: named, Into: &lk.own})
 	if err != nil {
 		if l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, core.ErrAbandoned) {
 			// Also when ctx ended during the call (not before it: then
@@ -196,7 +197,7 @@ func (l *Locker) acquire(ctx context.Context, k Key, shared, try bool, named str
 		}
 		return nil, err
 	}
-	return newLock(l, h, k), nil
+	return lk.held(h), nil
 }
 
 // withHolders wraps the refusal err of k in a HeldError that says who

@@ -20,6 +20,11 @@ type Request struct {
 	// application_name while it waits and while it holds the lock ("":
 	// the Pool's own name).
 	Named string
+	// Into, when not nil, is where the granted Hold is made: zero storage
+	// its caller keeps with its own handle, used for this Request only
+	// (a granted lock then allocates one thing, not two). Left as it was
+	// when nothing is granted.
+	Into *Hold
 }
 
 // namer names a lock in errors, only when one is built: label, or the
@@ -68,7 +73,7 @@ func (p *Pool) Acquire(ctx context.Context, r Request) (*Hold, error) {
 // trip), else on a session of its own.
 func (p *Pool) fromServer(ctx context.Context, r Request) (*Hold, error) {
 	if !r.Shared && !p.cfg.Dedicated && r.Named == "" {
-		if h, err, handled := p.acquireShared(ctx, r.Key, r.Try); handled {
+		if h, err, handled := p.acquireShared(ctx, r.Key, r.Try, r.Into); handled {
 			return h, err
 		}
 	}
@@ -153,7 +158,7 @@ func (p *Pool) acquireOn(ctx context.Context, s *session, r Request, what namer)
 		s.pid = o.pid // s is the caller's alone until settled
 		s.tuned = o.ok
 	}
-	return p.settle(ctx, s, r.Key, r.Shared, o, what)
+	return p.settle(ctx, s, r.Key, r.Shared, r.Into, o, what)
 }
 
 // triedLate returns o, the outcome of a try on s, a dedicated session,
@@ -186,7 +191,7 @@ func (p *Pool) triedLate(ctx context.Context, s *session, r Request, o outcome) 
 // A waiting call that finds k held elsewhere waits on a session of its
 // own: the shared session it tried on, when that carries nothing else
 // (handOver), else one of the pool's.
-func (p *Pool) acquireShared(ctx context.Context, k Key, try bool) (h *Hold, err error, handled bool) {
+func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold) (h *Hold, err error, handled bool) {
 	if p.sharedLimit() == 0 {
 		return nil, nil, false // a small pool: no sharing
 	}
@@ -294,14 +299,14 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool) (h *Hold, err
 			p.pids.set(driverConnOf(s.conn), ow.pid) // as acquireOn does: its next wait needs no try
 			s.tuned = true
 		}
-		h, err = p.settle(ctx, s, k, false, ow, what)
+		h, err = p.settle(ctx, s, k, false, into, ow, what)
 		if err != nil && ConnectionBroken(err) && !CtxEnded(ctx) {
 			return nil, nil, false // it died meanwhile: another
 		}
 		return h, err, true
 	}
 	if !CtxEnded(ctx) {
-		h = newHold(s, k, false)
+		h = newHold(into, s, k, false)
 	}
 	if h == nil {
 		// Granted as ctx ended (or as its session ended): the key goes

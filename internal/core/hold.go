@@ -48,14 +48,24 @@ const (
 	holdReleased
 )
 
-// newHold returns the Hold of k, held in mode shared by s, and records it
-// there; nil when s ended meanwhile.
-func newHold(s *session, k Key, shared bool) *Hold {
-	h := &Hold{s: s, key: k, shared: shared, pid: s.pid, id: s.id, ls: s.ls, since: time.Now()}
+// newHold returns the Hold of k, held in mode shared by s, made in into
+// (nil: a new one), and records it there; nil when s ended meanwhile.
+func newHold(into *Hold, s *session, k Key, shared bool) *Hold {
+	h := holdIn(into)
+	*h = Hold{s: s, key: k, shared: shared, pid: s.pid, id: s.id, ls: s.ls, since: time.Now()}
 	if !s.attach(h) {
 		return nil
 	}
 	return h
+}
+
+// holdIn returns into, the storage of a Request's Hold, or a new Hold
+// when it has none.
+func holdIn(into *Hold) *Hold {
+	if into == nil {
+		return new(Hold)
+	}
+	return into
 }
 
 // Key returns the lock's key.

@@ -115,7 +115,7 @@ func unlockVerdict(what namer, pid int64, err error, released bool) (uncertain b
 // releases every lock of a session that ends); a lock granted on a
 // standby is released; a refused one gives s back to the pool. what names
 // the call in errors.
-func (p *Pool) settle(ctx context.Context, s *session, k Key, shared bool, o outcome, what namer) (*Hold, error) {
+func (p *Pool) settle(ctx context.Context, s *session, k Key, shared bool, into *Hold, o outcome, what namer) (*Hold, error) {
 	v, err := judge(ctx, o, what, p.cfg.AllowStandby, 0)
 	if v == refused && o.err != nil && !errors.Is(o.err, errDeadline) && !errors.Is(o.err, errLeft) {
 		// A lock statement that failed, even for a reason the server is
@@ -148,7 +148,7 @@ func (p *Pool) settle(ctx context.Context, s *session, k Key, shared bool, o out
 		return nil, err
 	}
 	s.ls.sent(o.sent)
-	h := newHold(s, k, shared)
+	h := newHold(into, s, k, shared)
 	if h == nil {
 		// Ended meanwhile (the keep-alive found it lost): what it took
 		// went with it.

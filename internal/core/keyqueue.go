@@ -269,7 +269,7 @@ func (qs *keyQueues) handOff(p *Pool, h *Hold) bool {
 		sh.mu.Unlock()
 		return false
 	}
-	nh := h.s.transfer(h)
+	nh := h.s.transfer(h, w.r.Into)
 	if nh == nil {
 		sh.mu.Unlock()
 		return false // its session ended: the release says how
@@ -325,14 +325,17 @@ func (qs *keyQueues) released(h *Hold) {
 }
 
 // transfer replaces h, which holds its key on s, with a new Hold of the
-// same key there, for the next caller: nil when s ended meanwhile.
-func (s *session) transfer(h *Hold) *Hold {
-	nh := &Hold{s: s, key: h.key, shared: h.shared, pid: h.pid, id: h.id, ls: h.ls, since: time.Now()}
+// same key there, made in into (nil: a new one), for the next caller: nil
+// when s ended meanwhile.
+func (s *session) transfer(h, into *Hold) *Hold {
+	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.state == ended {
 		return nil
 	}
+	nh := holdIn(into)
+	*nh = Hold{s: s, key: h.key, shared: h.shared, pid: h.pid, id: h.id, ls: h.ls, since: now}
 	delete(s.held, h)
 	s.held[nh] = struct{}{}
 	return nh

@@ -114,7 +114,7 @@ func (p *Pool) slotOn(ctx context.Context, s *session, sl Slots, try bool, what 
 		k = Key{Pair: true, Class: sl.Class, ID: o.slot}
 		s.pid, s.tuned = o.pid, true
 	}
-	h, err := p.settle(ctx, s, k, false, o, what)
+	h, err := p.settle(ctx, s, k, false, nil, o, what)
 	if errors.Is(err, ErrNotAcquired) && try && !CtxEnded(ctx) {
 		err = fmt.Errorf("%w: all %d slots of %s are held", ErrNotAcquired, sl.N, sl.Name)
 	}
