@@ -50,3 +50,11 @@ func SharedOf(lk *Lock) bool { return lk != nil && lk.h.Shared() }
 // LoseSession reports s lost, as the keep-alive does when it finds one of
 // its keys gone.
 func LoseSession(s *Session, cause error) { s.o.Lose(cause) }
+
+// HandOffs returns how many keys l handed from one of its callers to the
+// next without a statement.
+func HandOffs(l *Locker) int64 { return l.pool.HandOffs() }
+
+// OwnHold reports whether lk's Hold was made in lk itself (one allocation
+// per lock; see core.Request.Into).
+func OwnHold(lk *Lock) bool { return lk != nil && lk.h == &lk.own }

@@ -23,11 +23,10 @@ import (
 // Done is closed and Err is non-nil; Unlock then returns an error and
 // never panics, so `defer lk.Unlock(ctx)` is always safe, even on a nil Lock.
 type Lock struct {
-	l     *Locker
-	h     *core.Hold // the lock, on its session (see core.Hold): own, or one the core made
-	key   Key
-	since time.Time
-	own   core.Hold // where the core makes h when it can (one allocation per lock)
+	l   *Locker
+	h   *core.Hold // the lock, on its session (see core.Hold): &own, or a semaphore's permit
+	key Key
+	own core.Hold // where the core makes a lock's Hold (core.Request.Into): one allocation per lock
 
 	unlockMu sync.Mutex // serialises Unlock
 
@@ -38,14 +37,7 @@ type Lock struct {
 
 // newLock returns the handle of h, the lock of k.
 func newLock(l *Locker, h *core.Hold, k Key) *Lock {
-	return &Lock{l: l, h: h, key: k, since: h.Since()}
-}
-
-// held makes lk the handle of h, which the core made in lk.own or
-// elsewhere (a semaphore's permit, or the key handed on in the queue).
-func (lk *Lock) held(h *core.Hold) *Lock {
-	lk.h, lk.since = h, h.Since()
-	return lk
+	return &Lock{l: l, h: h, key: k}
 }
 
 // Key returns the lock's key (the zero Key for a nil Lock).
@@ -171,7 +163,7 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 	if first && !errors.Is(err, ErrLockLost) { // a loss is told by the core
 		e := Event{Kind: EventReleased, Key: lk.key, PID: int(lk.h.PID()), Err: err}
 		if len(lk.l.observers) > 0 { // nothing is built on the hot path unless someone listens
-			e.Name, e.Held = lk.l.regName(lk.key), time.Since(lk.since)
+			e.Name, e.Held = lk.l.regName(lk.key), time.Since(lk.h.Since())
 			lk.l.tell(ctx, e)
 		}
 	}
@@ -187,7 +179,7 @@ func (lk *Lock) run(ctx context.Context, fn func(context.Context) error, w time.
 	defer func() {
 		stop()
 		cancel(nil)
-		if w > 0 && time.Since(lk.since) < w {
+		if w > 0 && time.Since(lk.h.Since()) < w {
 			// The release comes later; the server confirms now that fn
 			// ran under the lock, as an unlock would.
 			if _, cerr := lk.h.Tag(lk.l.pool.UnlockContext(), sqltext.HeldSQL); cerr != nil {
@@ -253,7 +245,7 @@ func (lk *Lock) UnlockAfter(d time.Duration) error {
 	if err := lk.Err(); err != nil {
 		return err
 	}
-	wait := time.Until(lk.since.Add(d))
+	wait := time.Until(lk.h.Since().Add(d))
 	if wait <= 0 {
 		return lk.Unlock(context.Background())
 	}

@@ -197,7 +197,8 @@ func (l *Locker) acquire(ctx context.Context, k Key, shared, try bool, named str
 		}
 		return nil, err
 	}
-	return lk.held(h), nil
+	lk.h = h // &lk.own
+	return lk, nil
 }
 
 // withHolders wraps the refusal err of k in a HeldError that says who

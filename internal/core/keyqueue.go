@@ -4,6 +4,7 @@ import (
 	"context"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
@@ -49,9 +50,10 @@ const queueShards = 64
 
 // keyQueues are a Pool's queues.
 type keyQueues struct {
-	seed   maphash.Seed
-	once   sync.Once
-	shards [queueShards]queueShard
+	seed     maphash.Seed
+	once     sync.Once
+	shards   [queueShards]queueShard
+	handoffs atomic.Int64 // keys handed on without a statement (handOff)
 }
 
 type queueShard struct {
@@ -124,6 +126,10 @@ func (qs *keyQueues) count(qk queueKey) int {
 // Queued returns how many of the Pool's callers are in k's queue (its
 // head among them): for tests that make callers arrive in a known order.
 func (p *Pool) Queued(k Key) int { return p.queue.count(queueKey{k: k}) }
+
+// HandOffs returns how many keys the Pool handed from one of its callers
+// to the next without a statement: for tests of that path.
+func (p *Pool) HandOffs() int64 { return p.queue.handoffs.Load() }
 
 // acquire queues the call r for qk, and returns the Hold it is handed, or,
 // once it is the head, the outcome of fromServer, its acquisition from the
@@ -278,6 +284,7 @@ func (qs *keyQueues) handOff(p *Pool, h *Hold) bool {
 	q.holder = nh
 	w.state, w.hold = qhanded, nh
 	sh.mu.Unlock()
+	qs.handoffs.Add(1)
 	p.mon.remove(h)
 	p.stats.took(1) // (h's Release counts its release)
 	p.mon.add(nh)
