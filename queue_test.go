@@ -427,15 +427,19 @@ func TestLockHoldInHandle(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// lockAside has l wait for k in a goroutine: its lock comes on got.
 		got := make(chan *sqllock.Lock, 1)
-		go func() {
-			lk, err := l.Lock(bg(), k)
-			if err != nil {
-				t.Error(err)
-			}
-			got <- lk
-		}()
-		waitFor(func() bool { return waitingRows(t, db, k) == 1 })
+		lockAside := func() {
+			go func() {
+				lk, err := l.Lock(bg(), k)
+				if err != nil {
+					t.Error(err)
+				}
+				got <- lk
+			}()
+		}
+		lockAside()
+		testkit.WaitWaiters(t, db, k, 1)
 		held.Unlock(bg())
 		check("waited on the server", <-got)
 
@@ -449,13 +453,7 @@ func TestLockHoldInHandle(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			go func() {
-				lk, err := l.Lock(bg(), k)
-				if err != nil {
-					t.Error(err)
-				}
-				got <- lk
-			}()
+			lockAside()
 			waitFor(func() bool { return sqllock.Queued(l, k) == 1 })
 			time.Sleep(2 * time.Millisecond) // the check of the line, sent as the caller queued
 			before := sqllock.HandOffs(l)
