@@ -40,8 +40,12 @@ type op struct {
 	state  atomic.Uint32
 	// done is closed when the outcome is known: made for a caller that
 	// waits for another goroutine to run o (nil for one that runs the
-	// queue itself, or does not wait).
+	// queue itself, or does not wait). A spare op's is its wake, told
+	// with a send instead.
 	done chan struct{}
+	// wake is a spare op's own done, kept across its uses: one slot,
+	// which the runner fills and the op's caller empties (submit).
+	wake chan struct{}
 
 	ok  bool  // opTry: granted; opUnlock: released; opTag: a row came
 	v   int64 // opTag's answer
@@ -70,7 +74,7 @@ func newOp(kind opKind, k Key) *op {
 // no longer referenced by the queue or its runner, and its caller puts it
 // back (putOp) after reading the outcome. An op whose caller may leave
 // first is never put back: the runner may still hold it.
-var spareOps = sync.Pool{New: func() any { return new(op) }}
+var spareOps = sync.Pool{New: func() any { return &op{wake: make(chan struct{}, 1)} }}
 
 // takeOp is newOp from spareOps.
 func takeOp(kind opKind, k Key) *op {
@@ -79,9 +83,10 @@ func takeOp(kind opKind, k Key) *op {
 	return o
 }
 
-// putOp gives back o, taken with takeOp and told, its outcome read.
+// putOp gives back o, taken with takeOp and told, its outcome read (its
+// wake emptied by submit).
 func putOp(o *op) {
-	*o = op{}
+	*o = op{wake: o.wake}
 	spareOps.Put(o)
 }
 
@@ -175,7 +180,10 @@ func (s *session) enqueue(o *op, inline bool) bool {
 		s.queue, s.spare = s.spare, nil
 	}
 	if s.running && inline && o.done == nil {
-		o.done = make(chan struct{}) // under mu: the runner that takes o sees it
+		// Under mu: the runner that takes o sees it.
+		if o.done = o.wake; o.done == nil {
+			o.done = make(chan struct{})
+		}
 	}
 	s.queue = append(s.queue, o)
 	if s.running {
@@ -265,7 +273,11 @@ func (s *session) finish(o *op) {
 	if o.after != nil {
 		o.after()
 	}
-	if o.done != nil {
+	switch {
+	case o.done == nil:
+	case o.done == o.wake:
+		o.done <- struct{}{} // a spare op's: its one slot, emptied by its caller
+	default:
 		close(o.done)
 	}
 }
