@@ -303,7 +303,16 @@ func (s *session) run(batch []*op) {
 		s.runMany(batch, batch[0].kind == opUnlock) // one key, the common case
 		return
 	}
-	var tries, unlocks, alives []*op
+	// The batch's sorting and its keys live in the session's scratch (one
+	// runner at a time), emptied after: a batch allocates none of them.
+	sc := &s.scratch
+	tries, unlocks, alives := sc.tries[:0], sc.unlocks[:0], sc.alives[:0]
+	defer func() {
+		clear(tries)
+		clear(unlocks)
+		clear(alives)
+		sc.tries, sc.unlocks, sc.alives = tries[:0], unlocks[:0], alives[:0]
+	}()
 	for _, o := range batch {
 		switch {
 		case o.kind == opTag:
@@ -659,10 +668,11 @@ func (s *session) runTries(ops []*op) {
 	if len(ops) == 0 {
 		return
 	}
-	keys := make([]Key, len(ops))
-	for i, o := range ops {
-		keys[i] = o.key
+	keys := s.scratch.batchKeys[:0]
+	for _, o := range ops {
+		keys = append(keys, o.key)
 	}
+	s.scratch.batchKeys = keys[:0]
 	got, err := many(s.p.mode, s.queryRows, "pg_try_advisory_lock", s.pid, keys)
 	for i, o := range ops {
 		o.ok = got[i]
@@ -710,13 +720,14 @@ func (s *session) canMix(unlocks, tries []*op) bool {
 // the session held as it ends), and every op is told why.
 func (s *session) runMixed(unlocks, tries []*op) {
 	tries = s.claim(tries)
-	keys := make([]Key, 0, len(unlocks)+len(tries))
+	keys := s.scratch.batchKeys[:0]
 	for _, o := range unlocks {
 		keys = append(keys, o.key)
 	}
 	for _, o := range tries {
 		keys = append(keys, o.key)
 	}
+	s.scratch.batchKeys = keys[:0]
 	got, unlocksRead, err := mixed(s.p.mode, s.queryRows, len(unlocks), s.pid, keys)
 	certain := err != nil && unlocksRead && serverRefused(err)
 	for i, o := range unlocks {

@@ -97,6 +97,11 @@ type scratch struct {
 
 	mark, pid any   // the session's mark and pid as arguments, made once
 	pidOf     int64 // the pid in pid
+
+	// A batch's operations by kind (run), and the keys of its statement
+	// of many (runTries, runMixed): kept for the next batch, emptied.
+	tries, unlocks, alives []*op
+	batchKeys              []Key
 }
 
 // markArg returns mark (the session's, which never changes) as an
