@@ -69,3 +69,35 @@ func TestMarkPositions(t *testing.T) {
 		}
 	}
 }
+
+// TestSharingReserve: a key is reserved once until freed, whatever part
+// of the set it falls in; a bigint key and a pair key of the same value
+// are distinct; many keys spread over the parts.
+func TestSharingReserve(t *testing.T) {
+	var sh sharing
+	keys := []Key{{V: 1}, {Pair: true, Class: 0, ID: 1}, {V: -1}, {Pair: true, Class: -1, ID: -1}, {V: 1 << 40}}
+	for _, k := range keys {
+		if !sh.reserve(k) {
+			t.Fatalf("%v: first reserve refused", k)
+		}
+	}
+	for _, k := range keys {
+		if sh.reserve(k) {
+			t.Errorf("%v: reserved twice", k)
+		}
+	}
+	sh.free(keys[0])
+	if !sh.reserve(keys[0]) {
+		t.Errorf("%v: not reserved again after free", keys[0])
+	}
+	if sh.reserve(keys[1]) {
+		t.Errorf("%v: freeing %v freed it too", keys[1], keys[0])
+	}
+	used := map[*keyPart]bool{}
+	for v := range int64(1000) {
+		used[sh.part(Key{V: v})] = true
+	}
+	if len(used) < keyParts/2 {
+		t.Errorf("1,000 keys fall in %d of %d parts", len(used), keyParts)
+	}
+}

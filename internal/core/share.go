@@ -63,32 +63,52 @@ const sessionLinger = time.Second
 // sharing is a Pool's shared sessions and the keys they hold.
 type sharing struct {
 	mu      sync.Mutex
-	all     []*session       // guarded by mu: shared sessions that take locks
-	opening int              // guarded by mu: shared sessions being opened
-	keys    map[Key]struct{} // guarded by mu: held, or being taken or released, on a shared session
-	opened  chan struct{}    // guarded by mu: closed (and replaced) when an opening ends
+	all     []*session    // guarded by mu: shared sessions that take locks
+	opening int           // guarded by mu: shared sessions being opened
+	opened  chan struct{} // guarded by mu: closed (and replaced) when an opening ends
+
+	// keys are those held, or being taken or released, on a shared
+	// session, in parts by key, each under a lock of its own: every
+	// shared lock call reserves and frees its key, many at once.
+	keys [keyParts]keyPart
+}
+
+// keyParts is how many parts sharing.keys is split in.
+const (
+	keyPartBits = 5
+	keyParts    = 1 << keyPartBits
+)
+
+type keyPart struct {
+	mu  sync.Mutex
+	set keySet // guarded by mu
+}
+
+// part returns the part of sh.keys that k belongs to.
+func (sh *sharing) part(k Key) *keyPart {
+	f, v := slot(k)
+	return &sh.keys[(uint64(v)*0x9e3779b97f4a7c15+uint64(f))>>(64-keyPartBits)]
 }
 
 // reserve claims k for a shared session; false when one holds or handles
 // k.
 func (sh *sharing) reserve(k Key) bool {
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if _, ok := sh.keys[k]; ok {
+	kp := sh.part(k)
+	kp.mu.Lock()
+	defer kp.mu.Unlock()
+	if kp.set.has(k) {
 		return false
 	}
-	if sh.keys == nil {
-		sh.keys = map[Key]struct{}{}
-	}
-	sh.keys[k] = struct{}{}
+	kp.set.add(k)
 	return true
 }
 
 // free gives up the claim on k.
 func (sh *sharing) free(k Key) {
-	sh.mu.Lock()
-	delete(sh.keys, k)
-	sh.mu.Unlock()
+	kp := sh.part(k)
+	kp.mu.Lock()
+	kp.set.remove(k)
+	kp.mu.Unlock()
 }
 
 // sessions returns the number of shared sessions.
