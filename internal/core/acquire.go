@@ -22,8 +22,8 @@ type Request struct {
 	Named string
 	// Into, when not nil, is where the granted Hold is made: zero storage
 	// its caller keeps with its own handle, used for this Request only
-	// (a granted lock then allocates one thing, not two). Left as it was
-	// when nothing is granted.
+	// (a granted lock then allocates one thing, not two). When nothing is
+	// granted it may have been written, and nothing refers to it.
 	Into *Hold
 }
 
@@ -318,7 +318,7 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold) (
 		return nil, lockError(what.String(), s.err()), true
 	}
 	p.stats.took(1)
-	p.mon.add(h)
+	p.mon.addHeld(h)
 	return h, nil, true
 }
 

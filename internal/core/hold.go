@@ -125,6 +125,14 @@ func (h *Hold) end() {
 	}
 }
 
+// held reports whether h is still held: neither released, nor being
+// released, nor lost.
+func (h *Hold) held() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.state == holdHeld
+}
+
 // releasing reports whether Release has begun (or ended).
 func (h *Hold) releasing() bool {
 	h.mu.Lock()

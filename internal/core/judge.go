@@ -155,6 +155,6 @@ func (p *Pool) settle(ctx context.Context, s *session, k Key, shared bool, into 
 		return nil, lockError(what.String(), s.err())
 	}
 	p.stats.took(1)
-	p.mon.add(h)
+	p.mon.addHeld(h)
 	return h, nil
 }

@@ -81,6 +81,27 @@ func (m *monitor) add(w watched) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.addLocked(w)
+}
+
+// addHeld watches h, unless it was released or found lost before: its
+// Release, or its loss, removed it from the watched before it was added
+// (a key handed on to a caller whose ctx ended at that moment), and
+// adding it now would keep it watched for ever. Its state is read under
+// m.mu, which its later removal waits for.
+func (m *monitor) addHeld(h *Hold) {
+	if m.p.cfg.KeepAlive <= 0 {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if h.held() {
+		m.addLocked(h)
+	}
+}
+
+// addLocked watches w. The caller holds m.mu.
+func (m *monitor) addLocked(w watched) {
 	m.watched[w] = struct{}{}
 	if !m.running {
 		m.running = true

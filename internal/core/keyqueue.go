@@ -287,7 +287,7 @@ func (qs *keyQueues) handOff(p *Pool, h *Hold) bool {
 	qs.handoffs.Add(1)
 	p.mon.remove(h)
 	p.stats.took(1) // (h's Release counts its release)
-	p.mon.add(nh)
+	p.mon.addHeld(nh)
 	close(w.ready)
 	return true
 }
