@@ -195,6 +195,7 @@ func TestQueueKeysAfterContention(t *testing.T) {
 	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
 		other := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithKeepAlive(0))
 		l := sqllock.New(db, sqllock.WithKeepAlive(0))
+		observer := pgtest.Open(t, "pgx", dsn)
 		for i := range keys {
 			k := sqllock.Pair(3802, int32(i))
 			h, err := other.Lock(bg(), k)
@@ -209,7 +210,7 @@ func TestQueueKeysAfterContention(t *testing.T) {
 				}
 				got <- err
 			}()
-			testkit.WaitWaiters(t, pgtest.Open(t, "pgx", dsn), k, 1)
+			testkit.WaitWaiters(t, observer, k, 1)
 			h.Unlock(bg())
 			if err := <-got; err != nil {
 				t.Fatal(err)
