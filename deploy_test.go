@@ -338,6 +338,46 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 		}
 	})
 
+	// A shared session sends its statements prepared once it is busy
+	// (lib/pq, see TestPreparedStatements): one that runs on another
+	// server session than it was prepared on is a swap too.
+	t.Run("shared sessions: swap detected/postgres", func(t *testing.T) {
+		db := pgtest.Open(t, "postgres", bdsn)
+		l := sqllock.New(db, sqllock.WithKeepAlive(0))
+		var ok, detected atomic.Int64
+		var wg sync.WaitGroup
+		for g := range 8 {
+			wg.Go(func() {
+				for i := range 40 {
+					lk, err := l.TryLock(bg(), sqllock.Pair(52, int32(100*g+i)))
+					if err != nil {
+						switch {
+						case errors.Is(err, sqllock.ErrSessionChanged):
+							detected.Add(1)
+						case errors.Is(err, sqllock.ErrNotAcquired):
+						default:
+							t.Errorf("TryLock() = %v", err)
+						}
+						continue
+					}
+					switch err := lk.Unlock(bg()); {
+					case err == nil:
+						ok.Add(1)
+					case errors.Is(err, sqllock.ErrSessionChanged) || errors.Is(err, sqllock.ErrLockLost):
+						detected.Add(1)
+					default:
+						t.Errorf("Unlock() = %v", err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		t.Logf("through PgBouncer (transaction mode), shared sessions: %d confirmed unlocks, %d swaps detected", ok.Load(), detected.Load())
+		if detected.Load() == 0 {
+			t.Fatal("no session swap detected under concurrent load: the pooler's swaps went unnoticed")
+		}
+	})
+
 	for _, drv := range drivers {
 		t.Run("LockTx mutual exclusion/"+drv, func(t *testing.T) {
 			d := bdsn
@@ -488,5 +528,79 @@ func TestPgBouncerNoTwoHolders(t *testing.T) {
 				})
 			}
 		}
+	}
+}
+
+// TestPgBouncerPreparedSwap: a busy lib/pq shared session runs its
+// statements prepared on its server session (see TestPreparedStatements).
+// Behind PgBouncer in transaction mode, once another client holds that
+// server session, the next statement lands on another, where the
+// statement does not exist: a swap, reported as ErrSessionChanged, and
+// nothing held.
+func TestPgBouncerPreparedSwap(t *testing.T) {
+	long(t)
+	srv := pgtest.Start(t)
+	if !srv.Local() {
+		pgtest.Unavailable(t, "a local cluster (for PgBouncer)", errors.New("SQLLOCK_TEST_DSN or Docker server"))
+	}
+	dsn := srv.NewDatabase(t)
+	observer := pgtest.Open(t, "pgx", dsn)
+	b := pgtest.StartPgBouncer(t, srv, "transaction", 2)
+	bdsn := b.DSNFor(pgtest.DatabaseOf(dsn))
+	db := pgtest.Open(t, "postgres", bdsn)
+	db.SetMaxOpenConns(4)
+	l := sqllock.New(db, sqllock.WithKeepAlive(0))
+	// One client alone: PgBouncer gives it the server session it used last,
+	// so that the shared session stays on one backend until it is busy.
+	pid, run := 0, 0
+	for i := 0; run < 8; i++ {
+		if i == 100 {
+			t.Fatalf("no 8 locks in a row on one backend through PgBouncer in 100 tries")
+		}
+		lk, err := l.TryLock(bg(), sqllock.Int64(int64(93000+i)))
+		if err != nil {
+			if !errors.Is(err, sqllock.ErrSessionChanged) {
+				t.Fatalf("TryLock() = %v", err)
+			}
+			run = 0
+			continue
+		}
+		if lk.PID() != pid {
+			pid, run = lk.PID(), 0
+		}
+		if err := lk.Unlock(bg()); err != nil {
+			if !errors.Is(err, sqllock.ErrSessionChanged) {
+				t.Fatalf("Unlock() = %v", err)
+			}
+			run = 0
+			continue
+		}
+		run++
+	}
+	// Another client takes the server session the shared one used last.
+	other := pgtest.Open(t, "pgx", bdsn+"&default_query_exec_mode=simple_protocol")
+	tx, err := other.BeginTx(bg(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	var otherPID int
+	if err := tx.QueryRowContext(bg(), "SELECT pg_backend_pid()").Scan(&otherPID); err != nil {
+		t.Fatal(err)
+	}
+	if otherPID != pid {
+		t.Fatalf("the other client got backend %d, not the shared session's %d", otherPID, pid)
+	}
+	k := sqllock.Int64(93999)
+	lk, err := l.TryLock(bg(), k)
+	if err == nil {
+		lk.Unlock(bg())
+		t.Fatalf("TryLock() on another server session than its statements were prepared on succeeded (backend %d)", lk.PID())
+	}
+	if !errors.Is(err, sqllock.ErrSessionChanged) {
+		t.Fatalf("TryLock() = %v, want ErrSessionChanged", err)
+	}
+	if n := advisoryCount(t, observer); n != 0 {
+		t.Fatalf("%d advisory locks held after the swap, want 0", n)
 	}
 }

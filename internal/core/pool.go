@@ -91,10 +91,13 @@ type Pool struct {
 	// session needs (see sessionSettings), plain those of a session set up
 	// already; pids, each connection's backend pid, as last seen; idents,
 	// each connection's identity (see checkServer).
-	stmts  atomic.Pointer[statements] // set by the server check
-	plain  *statements
-	pids   connSet[int64]
-	idents connSet[ident]
+	stmts atomic.Pointer[statements] // set by the server check
+	plain *statements
+	// bindPlain are plain's with keys bound, for a blind driver's
+	// prepared statements (see prepared.go).
+	bindPlain *statements
+	pids      connSet[int64]
+	idents    connSet[ident]
 
 	serverMu sync.Mutex
 	serverOK atomic.Bool  // set under serverMu: the server was checked and is supported
@@ -122,6 +125,7 @@ func NewPool(db *sql.DB, cfg Config, hooks Hooks) *Pool {
 		p.abandoned = &abandonSet{}
 	}
 	p.plain = sqltext.Plain(p.mode)
+	p.bindPlain = sqltext.Plain(sqltext.Bind)
 	p.markBase = strconv.FormatUint(rand.Uint64(), 36)
 	p.mon = newMonitor(p)
 	p.trace = func(ctx context.Context, msg string, k Key, attrs ...slog.Attr) {

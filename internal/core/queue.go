@@ -454,17 +454,17 @@ func b2i(b bool) int {
 // any other caller.
 func (s *session) sendUnlocks(ctx context.Context, sc *scratch, keys []Key, shared bool) ([]bool, error) {
 	if len(keys) == 1 {
-		st := s.p.plain
 		dedicated := s.kind == kindDedicated
-		if dedicated {
-			st = s.st
+		st := s.st
+		if !dedicated {
+			st, _ = s.plainSQL()
 		}
 		if sc == nil {
 			sc = new(scratch)
 		}
 		q, args := st.UnlockSQLTo(sc.args[:0], shared, keys[0], sc.pidArg(s.pid))
 		sc.ok = false
-		err := s.queryRowCtx(ctx, q, args, &sc.ok)
+		err := s.queryRowVia(ctx, true, q, args, &sc.ok)
 		ok := sc.ok
 		if errors.Is(err, sql.ErrNoRows) {
 			err = sessionChanged(s.pid, 0) // another backend answered: it ran nothing
@@ -477,9 +477,10 @@ func (s *session) sendUnlocks(ctx context.Context, sc *scratch, keys []Key, shar
 		return answerOf[b2i(ok)], err
 	}
 	query := func(q string, args []any, row func([]driver.Value) error) error {
-		return s.queryRowsCtx(ctx, q, args, row)
+		return s.queryRowsVia(ctx, true, q, args, row)
 	}
-	return many(s.p.mode, query, "pg_advisory_unlock", s.pid, keys)
+	_, mode := s.plainSQL()
+	return many(mode, query, "pg_advisory_unlock", s.pid, keys)
 }
 
 // runUnlocks sends the unlocks ops; a failed statement ends the session
@@ -516,9 +517,12 @@ func (s *session) runTry(o *op) {
 	// Until a try is granted on it, the session's settings are not
 	// applied: its tries are a dedicated lock's, which apply them when
 	// granted.
-	st, plain := s.p.plain, s.tuned
-	if !plain {
-		st = s.p.sql()
+	st, plain := s.p.sql(), s.tuned
+	switch {
+	case plain && o.class != 0:
+		st = s.p.plain // a polite try: a statement of its own kind
+	case plain:
+		st, _ = s.plainSQL()
 	}
 	sc := &s.scratch
 	var q string
@@ -566,6 +570,17 @@ func (s *session) runTry(o *op) {
 		}
 	}
 	s.finish(o)
+}
+
+// plainSQL returns the statements of a session set up already, for the
+// next one sent on s, and how they send keys: bound, to run prepared, once
+// s prepares its statements (see prepared.go), else as the Pool's do. The
+// runner of s's queue calls it, once per statement.
+func (s *session) plainSQL() (*statements, sqltext.Mode) {
+	if s.prep.bound() {
+		return s.p.bindPlain, sqltext.Bind
+	}
+	return s.p.plain, s.p.mode
 }
 
 // answered records what a statement's answer says of the session: its
@@ -673,7 +688,8 @@ func (s *session) runTries(ops []*op) {
 		keys = append(keys, o.key)
 	}
 	s.scratch.batchKeys = keys[:0]
-	got, err := many(s.p.mode, s.queryRows, "pg_try_advisory_lock", s.pid, keys)
+	_, mode := s.plainSQL()
+	got, err := many(mode, s.queryRows, "pg_try_advisory_lock", s.pid, keys)
 	for i, o := range ops {
 		o.ok = got[i]
 	}
@@ -728,7 +744,8 @@ func (s *session) runMixed(unlocks, tries []*op) {
 		keys = append(keys, o.key)
 	}
 	s.scratch.batchKeys = keys[:0]
-	got, unlocksRead, err := mixed(s.p.mode, s.queryRows, len(unlocks), s.pid, keys)
+	_, mode := s.plainSQL()
+	got, unlocksRead, err := mixed(mode, s.queryRows, len(unlocks), s.pid, keys)
 	certain := err != nil && unlocksRead && serverRefused(err)
 	for i, o := range unlocks {
 		o.ok, o.err = got[i], err

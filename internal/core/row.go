@@ -51,7 +51,9 @@ func driverConnOf(conn *sql.Conn) any {
 // allocates nothing of its own per statement, whatever the number of
 // arguments and columns.
 type call struct {
-	ctx    context.Context
+	ctx    context.Context // bounds the statement (see boundedRaw)
+	dctx   context.Context // the driver's: ctx, or none (see via.nowait)
+	prep   *prepared       // see via.prep
 	q      string
 	args   []driver.NamedValue
 	vals   []driver.Value
@@ -85,7 +87,7 @@ func namedValues(buf []driver.NamedValue, args []any) []driver.NamedValue {
 
 // run runs the statement on the driver connection dc and reads its row.
 func (c *call) run(dc any) error {
-	rows, err := driverQuery(c.ctx, dc, c.q, c.args)
+	rows, err := c.prep.run(c.dctx, dc, c.q, c.args)
 	if err != nil {
 		return err
 	}
@@ -114,11 +116,40 @@ var calls = sync.Pool{New: func() any {
 	return c
 }}
 
+// via is how a statement reaches a connection's driver.
+type via struct {
+	blind *abandonSet // non-nil for a blind driver (see boundedRaw)
+	// prep, when not nil, runs statements with arguments as statements
+	// prepared on the connection (see prepared.go).
+	prep *prepared
+	// nowait: the statement never waits for a lock (a try, an unlock, a
+	// batch of them), and is bounded by boundedRaw alone, so a blind
+	// driver is not given ctx: lib/pq starts a goroutine per statement to
+	// watch a context that can end, only to send a cancel that such a
+	// statement has no use for (a wait's cancel takes it out of the
+	// server's queue: a wait is given its ctx).
+	nowait bool
+}
+
+// driverCtx is the context a statement bounded by ctx gives the driver.
+func (v via) driverCtx(ctx context.Context) context.Context {
+	if v.nowait && v.blind != nil {
+		return context.Background()
+	}
+	return ctx
+}
+
 // queryRow runs q, which returns one row, on conn and stores its columns in
 // dest (each a *bool, *int64, *string, *sql.NullBool, or skip).
 func queryRow(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string, args []any, dest ...any) error {
+	return queryRowVia(ctx, via{blind: blind}, conn, q, args, dest...)
+}
+
+// queryRowVia is queryRow, the statement sent as v says.
+func queryRowVia(ctx context.Context, v via, conn *sql.Conn, q string, args []any, dest ...any) error {
+	blind := v.blind
 	c := calls.Get().(*call)
-	c.ctx, c.q = ctx, q
+	c.ctx, c.dctx, c.prep, c.q = ctx, v.driverCtx(ctx), v.prep, q
 	c.args = namedValues(c.argBuf[:], args)
 	err := boundedRaw(ctx, blind, conn, c.runFn)
 	if errors.Is(err, errNoFastPath) {
@@ -160,6 +191,12 @@ var skipRest restColumns
 // queryRows runs q on conn and calls row for each row's values (each an
 // int64, bool, nil, string or []byte as the driver gives them).
 func queryRows(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string, args []any, row func([]driver.Value) error) error {
+	return queryRowsVia(ctx, via{blind: blind}, conn, q, args, row)
+}
+
+// queryRowsVia is queryRows, the statement sent as v says.
+func queryRowsVia(ctx context.Context, v via, conn *sql.Conn, q string, args []any, row func([]driver.Value) error) error {
+	blind, dctx := v.blind, v.driverCtx(ctx)
 	nv := namedValues(nil, args)
 	var g *rowGuard
 	if blind != nil && ctx.Done() != nil {
@@ -169,7 +206,7 @@ func queryRows(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string,
 		row = g.call
 	}
 	err := boundedRaw(ctx, blind, conn, func(dc any) error {
-		rows, err := driverQuery(ctx, dc, q, nv)
+		rows, err := v.prep.run(dctx, dc, q, nv)
 		if err != nil {
 			return err
 		}

@@ -79,6 +79,9 @@ type session struct {
 
 	// scratch is used by whoever runs the queue (drain's caller) alone.
 	scratch scratch
+	// prep are a blind driver's shared session's prepared statements
+	// (nil: none; see prepared.go).
+	prep *prepared
 }
 
 // scratch is what a session's single-key statements are built from and
@@ -151,7 +154,11 @@ const (
 // session of kind, marked with a new owner mark; its lease starts with
 // the statement sent at sent.
 func (p *Pool) newSession(conn *sql.Conn, id ident, kind sessionKind, sent int64) *session {
-	return &session{p: p, conn: conn, id: id, ls: p.newLease(sent), mark: p.newMark(), kind: kind, held: map[*Hold]struct{}{}, gone: make(chan struct{})}
+	s := &session{p: p, conn: conn, id: id, ls: p.newLease(sent), mark: p.newMark(), kind: kind, held: map[*Hold]struct{}{}, gone: make(chan struct{})}
+	if kind == kindShared && p.abandoned != nil {
+		s.prep = &prepared{}
+	}
+	return s
 }
 
 // setState moves s to state to, with cause when to is ended: the one
@@ -289,6 +296,10 @@ func (s *session) endIf(cause error, onlyIdle bool) {
 // sure to undo: settings, temporary tables, prepared statements, LISTEN).
 // The caller holds connMu (see endConn).
 func (s *session) closeConn() {
+	if !s.handedOut.Load() && s.prep.close(s.p.UnlockContext(), s.p.abandoned, s.conn) != nil {
+		s.p.discard(s.conn, "prepared statements not closed")
+		return
+	}
 	switch {
 	case s.handedOut.Load():
 		discardConn(s.conn)
@@ -387,20 +398,31 @@ func (s *session) withConn(fn func(conn *sql.Conn) error) error {
 // right after) never meets a lease that still looks busy. The queue's
 // statements are bounded like an unlock (UnlockContext); an Owned's own
 // calls pass their ctx (queryRowCtx, queryRowsCtx).
+// The queue's statements never wait for a lock (see via.nowait).
 func (s *session) queryRow(q string, args []any, dest ...any) error {
-	return s.queryRowCtx(s.p.UnlockContext(), q, args, dest...)
+	return s.queryRowVia(s.p.UnlockContext(), true, q, args, dest...)
 }
 
 func (s *session) queryRows(q string, args []any, row func([]driver.Value) error) error {
-	return s.queryRowsCtx(s.p.UnlockContext(), q, args, row)
+	return s.queryRowsVia(s.p.UnlockContext(), true, q, args, row)
 }
 
 func (s *session) queryRowCtx(ctx context.Context, q string, args []any, dest ...any) error {
-	return s.withConn(func(conn *sql.Conn) error { return queryRow(ctx, s.p.abandoned, conn, q, args, dest...) })
+	return s.queryRowVia(ctx, false, q, args, dest...)
 }
 
 func (s *session) queryRowsCtx(ctx context.Context, q string, args []any, row func([]driver.Value) error) error {
-	return s.withConn(func(conn *sql.Conn) error { return queryRows(ctx, s.p.abandoned, conn, q, args, row) })
+	return s.queryRowsVia(ctx, false, q, args, row)
+}
+
+func (s *session) queryRowVia(ctx context.Context, nowait bool, q string, args []any, dest ...any) error {
+	v := via{blind: s.p.abandoned, prep: s.prep, nowait: nowait}
+	return s.withConn(func(conn *sql.Conn) error { return queryRowVia(ctx, v, conn, q, args, dest...) })
+}
+
+func (s *session) queryRowsVia(ctx context.Context, nowait bool, q string, args []any, row func([]driver.Value) error) error {
+	v := via{blind: s.p.abandoned, prep: s.prep, nowait: nowait}
+	return s.withConn(func(conn *sql.Conn) error { return queryRowsVia(ctx, v, conn, q, args, row) })
 }
 
 // idleLocked reports whether s holds nothing and nothing is under way on
