@@ -100,8 +100,11 @@ func manyOf(mode sqltext.Mode, query manyQuery, fn string, unlocks int, pid int6
 	rows := 0
 	err := query(q, args, func(v []driver.Value) error {
 		rows++
-		if p := pglocks.Int(v[len(v)-1]); p != pid {
-			return sessionChanged(pid, p)
+		if agg == "" && v[1] == nil {
+			return sessionChanged(pid, 0) // another backend: it ran nothing
+		}
+		if agg != "" && pglocks.Int(v[1]) != pid {
+			return sessionChanged(pid, pglocks.Int(v[1]))
 		}
 		if agg != "" {
 			missed := make([]bool, len(keys))

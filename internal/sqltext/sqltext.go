@@ -553,11 +553,11 @@ const AggNotTaken = "coalesce(array_agg(t.i) FILTER (WHERE t.got IS NOT TRUE), '
 const ManyRowsMax = 64
 
 // ManySQL returns a statement that calls fn (an exclusive lock or unlock
-// function) on every key. With agg empty it answers a row per key:
-// (position from 1, result, pid); otherwise one row: (agg, pid), where agg
-// aggregates the rows t(i, got). With onlyPID, the function runs only on
-// that backend (NULL elsewhere). Keys are passed as array literals in
-// text, which every driver can bind.
+// function) on every key, on backend onlyPID only. With agg empty it
+// answers a row per key: (position from 1, result), the result NULL on
+// any other backend (the functions never answer NULL); otherwise one row:
+// (agg, pid), where agg aggregates the rows t(i, got). Keys are passed as
+// array literals in text, which every driver can bind.
 func (m Mode) ManySQL(fn, onlyPID, agg string, keys []Key) (string, []any) {
 	call := "CASE WHEN u.pair THEN " + fn + "(u.c, u.d) ELSE " + fn + "(u.v) END"
 	return m.manySQL(call, onlyPID, agg, keys)
@@ -599,10 +599,8 @@ func (m Mode) manySQL(call, onlyPID, agg string, keys []Key, extra ...string) (s
 			d = append(d, '0')
 		}
 	}
-	if onlyPID != "" {
-		call = "CASE WHEN pg_backend_pid() = " + onlyPID + " THEN " + call + " END"
-	}
-	rows := "SELECT u.i, " + call + " AS got, pg_backend_pid()" +
+	call = "CASE WHEN pg_backend_pid() = " + onlyPID + " THEN " + call + " END"
+	rows := "SELECT u.i, " + call + " AS got" +
 		" FROM unnest($1::text::bool[], $2::text::int8[], $3::text::int4[], $4::text::int4[]) WITH ORDINALITY AS u(pair, v, c, d, i)"
 	q := rows
 	if agg != "" {
