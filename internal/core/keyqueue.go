@@ -343,7 +343,11 @@ func (s *session) transfer(h, into *Hold) *Hold {
 	}
 	nh := holdIn(into)
 	*nh = Hold{s: s, key: h.key, shared: h.shared, pid: h.pid, id: h.id, ls: h.ls, since: now}
-	delete(s.held, h)
+	if _, ok := s.held[h]; ok {
+		delete(s.held, h)
+	} else {
+		s.nheld.Add(1)
+	}
 	s.held[nh] = struct{}{}
 	return nh
 }

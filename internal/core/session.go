@@ -49,20 +49,28 @@ type session struct {
 	// granted try, until a dedicated session's unlock sets them back).
 	// Both are set under mu before the answer is told: whoever holds an
 	// outcome of it reads them without mu.
-	pid      int64
-	tuned    bool
-	held     map[*Hold]struct{} // guarded by mu: the Holds it carries
-	owner    *Owned             // the Owned whose keys it holds (kindOwned)
-	users    int                // guarded by mu: calls that picked it and have not finished
-	queue    []*op              // guarded by mu: operations waiting for the runner
-	running  bool               // guarded by mu: a runner is sending the queue
-	ranOut   chan struct{}      // guarded by mu: closed when the runner stops (made by awaitRunner)
-	linger   *time.Timer        // guarded by mu: ends it (lingered) once armed; made once
-	armed    bool               // guarded by mu: linger is counting down
-	idleAt   int64              // guarded by mu: monoNow when it last became idle
-	spare    []*op              // guarded by mu: the last batch's slice, for the next queue
-	kick     chan struct{}      // guarded by mu: wakes the runner goroutine (see runAside); made once
-	runnerUp bool               // guarded by mu: the runner goroutine runs
+	pid   int64
+	tuned bool
+	held  map[*Hold]struct{} // guarded by mu: the Holds it carries
+	owner *Owned             // the Owned whose keys it holds (kindOwned)
+	// gate counts the calls that picked it and have not finished (users,
+	// the low bits), and shuts (gateShut) when it takes no new call: it
+	// left open, or was handed over. A call joins only while it is open,
+	// and a session that ends idle shuts it only while no call is in, in
+	// one step each (join, shutIdle), so that a call picked without the
+	// sharing's lock (sharedFor) never meets a session that ended under it.
+	gate atomic.Int64
+	// nheld is len(held), for sharedFor; written under mu.
+	nheld    atomic.Int32
+	queue    []*op         // guarded by mu: operations waiting for the runner
+	running  bool          // guarded by mu: a runner is sending the queue
+	ranOut   chan struct{} // guarded by mu: closed when the runner stops (made by awaitRunner)
+	linger   *time.Timer   // guarded by mu: ends it (lingered) once armed; made once
+	armed    bool          // guarded by mu: linger is counting down
+	idleAt   int64         // guarded by mu: monoNow when it last became idle
+	spare    []*op         // guarded by mu: the last batch's slice, for the next queue
+	kick     chan struct{} // guarded by mu: wakes the runner goroutine (see runAside); made once
+	runnerUp bool          // guarded by mu: the runner goroutine runs
 
 	gone chan struct{} // closed once conn is ended (closed, reset or discarded)
 
@@ -169,6 +177,7 @@ func (s *session) setStateLocked(to sessState, cause error) bool {
 	if to <= s.state {
 		return false
 	}
+	s.shut()
 	s.state, s.cause = to, cause
 	if to == ended {
 		s.unarmLocked()
@@ -231,7 +240,7 @@ func (s *session) endIf(cause error, onlyIdle bool) {
 	if !shared {
 		sh.mu.Unlock()
 	}
-	if onlyIdle && !s.idleLocked() || !s.setStateLocked(ended, cause) {
+	if onlyIdle && !(s.idleLocked() && s.shutIdle()) || !s.setStateLocked(ended, cause) {
 		s.mu.Unlock()
 		if shared {
 			sh.mu.Unlock()
@@ -428,7 +437,35 @@ func (s *session) queryRowsVia(ctx context.Context, nowait bool, q string, args 
 // idleLocked reports whether s holds nothing and nothing is under way on
 // it: it may go back to the pool. The caller holds s.mu.
 func (s *session) idleLocked() bool {
-	return s.state != ended && s.users == 0 && len(s.held) == 0 && !s.running && len(s.queue) == 0
+	return s.state != ended && s.users() == 0 && len(s.held) == 0 && !s.running && len(s.queue) == 0
+}
+
+// gateShut marks a session's gate shut (see session.gate); the bits below
+// it count its users.
+const gateShut = 1 << 40
+
+// users is how many calls picked s and have not finished.
+func (s *session) users() int64 { return s.gate.Load() &^ gateShut }
+
+// join counts one more call on s, unless s takes none (shut).
+func (s *session) join() bool {
+	for {
+		g := s.gate.Load()
+		if g&gateShut != 0 {
+			return false
+		}
+		if s.gate.CompareAndSwap(g, g+1) {
+			return true
+		}
+	}
+}
+
+// shut makes s take no new call.
+func (s *session) shut() { s.gate.Or(gateShut) }
+
+// shutIdle shuts s when no call is in it, in one step; false when one is.
+func (s *session) shutIdle() bool {
+	return s.gate.Load() == gateShut || s.gate.CompareAndSwap(0, gateShut)
 }
 
 // attach records h as carried; false when s ended meanwhile.
@@ -438,7 +475,10 @@ func (s *session) attach(h *Hold) bool {
 	if s.state == ended {
 		return false
 	}
-	s.held[h] = struct{}{}
+	if _, ok := s.held[h]; !ok {
+		s.held[h] = struct{}{}
+		s.nheld.Add(1)
+	}
 	return true
 }
 
@@ -452,7 +492,10 @@ func (s *session) attach(h *Hold) bool {
 func (s *session) detach(h *Hold, retire bool) (dedicated bool) {
 	s.mu.Lock()
 	_, ok := s.held[h]
-	delete(s.held, h)
+	if ok {
+		delete(s.held, h)
+		s.nheld.Add(-1)
+	}
 	shared := s.kind == kindShared
 	dedicated = s.kind == kindDedicated
 	if retire && !dedicated {
@@ -470,9 +513,7 @@ func (s *session) detach(h *Hold, retire bool) (dedicated bool) {
 
 // leave ends a call's use of a shared session.
 func (s *session) leave() {
-	s.mu.Lock()
-	s.users--
-	s.mu.Unlock()
+	s.gate.Add(-1)
 	s.maybeLinger()
 }
 
@@ -537,7 +578,7 @@ func (s *session) handOver() (ok bool) {
 	defer sh.mu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.idleLocked() || s.pid == 0 || s.kind != kindShared || s.state != open {
+	if !s.idleLocked() || s.pid == 0 || s.kind != kindShared || s.state != open || !s.shutIdle() {
 		return false
 	}
 	s.kind = kindDedicated

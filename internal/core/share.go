@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -62,8 +64,11 @@ const sessionLinger = time.Second
 
 // sharing is a Pool's shared sessions and the keys they hold.
 type sharing struct {
-	mu      sync.Mutex
-	all     []*session    // guarded by mu: shared sessions that take locks
+	mu  sync.Mutex
+	all []*session // guarded by mu: shared sessions that take locks
+	// snap is a copy of all, made anew whenever all changes (published),
+	// read without mu.
+	snap    atomic.Pointer[[]*session]
 	opening int           // guarded by mu: shared sessions being opened
 	opened  chan struct{} // guarded by mu: closed (and replaced) when an opening ends
 
@@ -123,9 +128,17 @@ func (sh *sharing) remove(s *session) {
 	for i, x := range sh.all {
 		if x == s {
 			sh.all = append(sh.all[:i:i], sh.all[i+1:]...)
+			sh.published()
 			return
 		}
 	}
+}
+
+// published makes the snapshot of the shared sessions anew. The caller
+// holds sh.mu.
+func (sh *sharing) published() {
+	all := slices.Clone(sh.all)
+	sh.snap.Store(&all)
 }
 
 // sharedFor returns a shared session for one operation. Calls gather on
@@ -135,30 +148,21 @@ func (sh *sharing) remove(s *session) {
 // else the least busy takes the call. A call that finds every one still
 // opening waits for one. The caller must call leave when its operation is
 // done.
+//
+// A call that finds one with room takes it without the sharing's lock,
+// from its snapshot of the shared sessions (pick, join): every shared lock
+// call picks a session, and a lock of the Pool's taken by each, with each
+// session's read in turn, cost more than the lock itself under load.
 func (p *Pool) sharedFor(ctx context.Context) (*session, error) {
 	sh := &p.share
+	if all := sh.snap.Load(); all != nil {
+		if s, _ := pick(*all); s != nil && s.join() {
+			return s, nil
+		}
+	}
 	sh.mu.Lock()
 	for {
-		// pack: the busiest with room (of those, the one with fewest
-		// locks); least: the least busy of all, should none have room.
-		var pack, least *session
-		packLoad, packHeld, leastLoad := 0, 0, 0
-		for _, s := range sh.all {
-			s.mu.Lock()
-			usable := s.state == open
-			load, held := s.users, len(s.held)
-			s.mu.Unlock()
-			if !usable {
-				continue
-			}
-			if load < sharedOpenLoad && held < sharedSpread &&
-				(pack == nil || load > packLoad || load == packLoad && held < packHeld) {
-				pack, packLoad, packHeld = s, load, held
-			}
-			if least == nil || load < leastLoad {
-				least, leastLoad = s, load
-			}
-		}
+		pack, least := pick(sh.all)
 		// (The pool's limit is read only when it matters: DB.Stats takes the
 		// pool's lock, which every query takes too.)
 		room := pack == nil && p.sharedRoom(len(sh.all)+sh.opening)
@@ -178,19 +182,20 @@ func (p *Pool) sharedFor(ctx context.Context) (*session, error) {
 				sh.mu.Unlock()
 				return nil, err
 			}
-			s.users++
+			s.join() // no other call knows it yet
 			sh.all = append(sh.all, s)
+			sh.published()
 			sh.mu.Unlock()
 			return s, nil
-		case pack == nil && least != nil && (sh.opening == 0 || leastLoad < sharedQueue):
+		case pack == nil && least != nil && (sh.opening == 0 || least.users() < sharedQueue):
 			best = least
 		}
-		if best != nil {
-			best.mu.Lock()
-			best.users++
-			best.mu.Unlock()
+		if best != nil && best.join() {
 			sh.mu.Unlock()
 			return best, nil
+		}
+		if best != nil {
+			continue // it shut meanwhile: look again
 		}
 		// Every shared session is still opening (arrivals at once, at the
 		// start), or the usable ones are busy while more open: wait for
@@ -207,6 +212,28 @@ func (p *Pool) sharedFor(ctx context.Context) (*session, error) {
 		}
 		sh.mu.Lock()
 	}
+}
+
+// pick returns, of all, the busiest session with room (of those, the one
+// with fewest locks), and the least busy of all, should none have room;
+// sessions that take no new call are left out.
+func pick(all []*session) (pack, least *session) {
+	var packLoad, packHeld, leastLoad int64
+	for _, s := range all {
+		g := s.gate.Load()
+		if g&gateShut != 0 {
+			continue
+		}
+		load, held := g, int64(s.nheld.Load())
+		if load < sharedOpenLoad && held < sharedSpread &&
+			(pack == nil || load > packLoad || load == packLoad && held < packHeld) {
+			pack, packLoad, packHeld = s, load, held
+		}
+		if least == nil || load < leastLoad {
+			least, leastLoad = s, load
+		}
+	}
+	return pack, least
 }
 
 // sharedRoom reports whether a Pool that has n shared sessions (open or
