@@ -535,8 +535,8 @@ func TestPgBouncerNoTwoHolders(t *testing.T) {
 // statements prepared on its server session (see TestPreparedStatements).
 // Behind PgBouncer in transaction mode, once another client holds that
 // server session, the next statement lands on another, where the
-// statement does not exist: a swap, reported as ErrSessionChanged, and
-// nothing held.
+// statement does not exist: a swap, reported as ErrSessionChanged, with
+// nothing taken, and the session's other lock reported lost.
 func TestPgBouncerPreparedSwap(t *testing.T) {
 	long(t)
 	srv := pgtest.Start(t)
@@ -577,6 +577,11 @@ func TestPgBouncerPreparedSwap(t *testing.T) {
 		}
 		run++
 	}
+	pin, err := l.TryLock(bg(), sqllock.Int64(93998))
+	if err != nil || pin.PID() != pid {
+		t.Fatalf("TryLock() = %v on the shared session (backend %d)", err, pid)
+	}
+	defer pin.Unlock(bg())
 	// Another client takes the server session the shared one used last.
 	other := pgtest.Open(t, "pgx", bdsn+"&default_query_exec_mode=simple_protocol")
 	tx, err := other.BeginTx(bg(), nil)
@@ -591,6 +596,15 @@ func TestPgBouncerPreparedSwap(t *testing.T) {
 	if otherPID != pid {
 		t.Fatalf("the other client got backend %d, not the shared session's %d", otherPID, pid)
 	}
+	// As the swap is found, the other client gives the server session
+	// back: whatever the session sends next lands on its own backend
+	// again, and must not make it look whole.
+	var once sync.Once
+	defer sqllock.SetAfterBlindStatement(func(_ context.Context, err error, _ func() bool) {
+		if errors.Is(err, sqllock.ErrSessionChanged) {
+			once.Do(func() { tx.Commit() })
+		}
+	})()
 	k := sqllock.Int64(93999)
 	lk, err := l.TryLock(bg(), k)
 	if err == nil {
@@ -600,7 +614,12 @@ func TestPgBouncerPreparedSwap(t *testing.T) {
 	if !errors.Is(err, sqllock.ErrSessionChanged) {
 		t.Fatalf("TryLock() = %v, want ErrSessionChanged", err)
 	}
-	if n := advisoryCount(t, observer); n != 0 {
-		t.Fatalf("%d advisory locks held after the swap, want 0", n)
+	if h := holders(t, observer, k); len(h) != 0 {
+		t.Fatalf("%v held by %v after the swap, want no one", k, h)
+	}
+	// The session is gone: its lock too, as its holder is told (the
+	// pooler's server session keeps it, as after any swap).
+	if err := pin.Err(); !errors.Is(err, sqllock.ErrLockLost) {
+		t.Fatalf("Err() of the session's other lock = %v, want ErrLockLost", err)
 	}
 }

@@ -6,25 +6,30 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 )
 
 // Prepared statements, on a blind driver's shared sessions. A driver whose
 // statements with arguments cost two round trips (lib/pq: an unnamed
 // prepare, then the execution) gets each key rendered into the text of its
 // statement (sqltext.Inline), which the server then parses and plans every
-// time: most of such a statement's cost. A shared session that has sent
-// preparedAfter of its plain statements (its single-key tries and unlocks,
-// its batches) sends them bound instead (sqltext.Bind), each text
-// prepared on its connection the first time it is sent (a round trip, once)
-// and executed from then on (one round trip, neither parsed nor planned
-// again). A session that sends a few statements and idles, a cron job's,
-// never prepares one. The statements are closed before the connection goes
-// back to the pool: a session leaves as it came.
+// time. A shared session that has sent preparedAfter of its plain
+// statements (its single-key tries and unlocks, its batches) prepares
+// each of their texts once instead (PREPARE, a round trip the first time)
+// and from then on sends EXECUTE with the keys: still one round trip,
+// the statement not planned again. A session that sends a few statements
+// and idles, a cron job's, prepares none. Its statements are deallocated
+// before the connection goes back to the pool: a session leaves as it
+// came.
 //
-// A prepared statement runs only on the server session it was prepared on:
-// one that answers that it does not exist (SQLSTATE 26000) ran on another,
-// which a pooler in transaction mode put in the way; nothing ran there, and
-// the session ends (ErrSessionChanged).
+// They are named by SQL, with the session's owner mark, which no other
+// session carries (the names a driver gives its own prepared statements
+// repeat from one connection to the next, and one sent through a
+// transaction pooler to a server session of another client's would run
+// that client's statement): one that reaches another server session finds
+// no statement of that name (SQLSTATE 26000), runs nothing, and the
+// session ends with ErrSessionChanged.
 
 // preparedAfter is how many plain statements a shared session sends before
 // it prepares them.
@@ -32,10 +37,16 @@ const preparedAfter = 4
 
 // prepared is one session's prepared statements. Only the runner of the
 // session's queue uses it, its statements under connMu (see withConn); the
-// session's end closes them, under connMu too.
+// session's end deallocates them, under connMu too.
 type prepared struct {
-	sent  int                    // plain statements sent so far, up to preparedAfter
-	stmts map[string]driver.Stmt // by text, on the session's driver connection
+	prefix string            // of the names: the session's mark, made a name
+	sent   int               // plain statements sent so far, up to preparedAfter
+	names  map[string]string // by text: the name it was prepared as
+}
+
+// newPrepared returns the prepared statements of a session marked mark.
+func newPrepared(mark string) *prepared {
+	return &prepared{prefix: "sqllock_" + strings.NewReplacer(".", "_", "-", "_").Replace(mark)}
 }
 
 // bound reports whether the next plain statement is to be sent bound and
@@ -51,59 +62,96 @@ func (pr *prepared) bound() bool {
 	return true
 }
 
-// run runs q, with its arguments nv, on dc: prepared on it when q has
-// arguments and pr is not nil.
+// run runs q, with its arguments nv, on dc: when q has arguments and pr is
+// not nil, as an EXECUTE of q prepared on dc (preparing it the first time),
+// its arguments rendered into its text.
 func (pr *prepared) run(ctx context.Context, dc any, q string, nv []driver.NamedValue) (driver.Rows, error) {
 	if pr == nil || len(nv) == 0 {
 		return driverQuery(ctx, dc, q, nv)
 	}
-	return pr.query(ctx, dc, q, nv)
-}
-
-// query runs q, with its arguments nv, on dc as a statement prepared on it
-// (preparing it the first time).
-func (pr *prepared) query(ctx context.Context, dc any, q string, nv []driver.NamedValue) (driver.Rows, error) {
-	st, ok := pr.stmts[q]
+	name, ok := pr.names[q]
 	if !ok {
-		pc, ok := dc.(driver.ConnPrepareContext)
-		if !ok {
-			return driverQuery(ctx, dc, q, nv)
-		}
-		var err error
-		if st, err = pc.PrepareContext(ctx, q); err != nil {
+		name = pr.prefix + "_" + strconv.Itoa(len(pr.names)+1)
+		if err := execRows(driverQuery(ctx, dc, "PREPARE "+name+" AS "+q, nil)); err != nil {
 			return nil, err
 		}
-		if pr.stmts == nil {
-			pr.stmts = map[string]driver.Stmt{}
+		if pr.names == nil {
+			pr.names = map[string]string{}
 		}
-		pr.stmts[q] = st
+		pr.names[q] = name
 	}
-	sq, ok := st.(driver.StmtQueryContext)
-	if !ok {
-		return driverQuery(ctx, dc, q, nv)
+	var b strings.Builder
+	b.WriteString("EXECUTE ")
+	b.WriteString(name)
+	for i, a := range nv {
+		if i == 0 {
+			b.WriteByte('(')
+		} else {
+			b.WriteString(", ")
+		}
+		if err := writeLiteral(&b, a.Value); err != nil {
+			return nil, err
+		}
 	}
-	rows, err := sq.QueryContext(ctx, nv)
+	b.WriteByte(')')
+	rows, err := driverQuery(ctx, dc, b.String(), nil)
 	if SQLState(err) == "26000" {
-		// Not the server session it was prepared on: nothing ran.
-		return nil, fmt.Errorf("%w (%w)", foreignSession(), err)
+		// Not the server session it was prepared on: nothing ran. (The
+		// driver's error is quoted, not wrapped: its SQLSTATE would read
+		// as the server's refusal of a statement that ran.)
+		return nil, fmt.Errorf("%w: a statement prepared on the lock session's server session reached another, which does not have it (%v): a transaction-mode pooler (such as PgBouncer with pool_mode=transaction) is in the way; session locks are unsafe there, use LockTx or InTx", ErrSessionChanged, err)
 	}
 	return rows, err
 }
 
-// close closes the statements on conn, and reports whether the server
+// writeLiteral writes v, an argument of one of the library's statements
+// (an integer, or a text it made: a mark, a number, an array literal of
+// numbers and booleans), as a quoted literal, which EXECUTE converts to
+// its parameter's type.
+func writeLiteral(b *strings.Builder, v any) error {
+	switch t := v.(type) {
+	case int64:
+		b.WriteByte('\'')
+		b.WriteString(strconv.FormatInt(t, 10))
+		b.WriteByte('\'')
+	case string:
+		if strings.ContainsAny(t, `'\`) {
+			return fmt.Errorf("sqllock: argument %q cannot be rendered", t)
+		}
+		b.WriteByte('\'')
+		b.WriteString(t)
+		b.WriteByte('\'')
+	default:
+		return fmt.Errorf("sqllock: argument of type %T cannot be rendered", v)
+	}
+	return nil
+}
+
+// execRows closes the rows of a statement that returns none.
+func execRows(rows driver.Rows, err error) error {
+	if err != nil {
+		return err
+	}
+	return rows.Close()
+}
+
+// close deallocates the statements on conn, and reports whether the server
 // confirmed it (the connection is otherwise not as it came). ctx bounds it
 // (see boundedRaw).
 func (pr *prepared) close(ctx context.Context, blind *abandonSet, conn *sql.Conn) error {
-	if pr == nil || len(pr.stmts) == 0 {
+	if pr == nil || len(pr.names) == 0 {
 		return nil
 	}
-	stmts := pr.stmts
-	pr.stmts = nil
-	return boundedRaw(ctx, blind, conn, func(any) error {
-		var errs []error
-		for _, st := range stmts {
-			errs = append(errs, st.Close())
+	var q strings.Builder
+	for _, name := range pr.names {
+		q.WriteString("DEALLOCATE " + name + ";")
+	}
+	pr.names = nil
+	return boundedRaw(ctx, blind, conn, func(dc any) error {
+		err := execRows(driverQuery(ctx, dc, q.String(), nil))
+		if errors.Is(err, errNoFastPath) {
+			return errors.New("sqllock: driver has no QueryerContext")
 		}
-		return errors.Join(errs...)
+		return err
 	})
 }

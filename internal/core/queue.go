@@ -464,7 +464,7 @@ func (s *session) sendUnlocks(ctx context.Context, sc *scratch, keys []Key, shar
 		}
 		q, args := st.UnlockSQLTo(sc.args[:0], shared, keys[0], sc.pidArg(s.pid))
 		sc.ok = false
-		err := s.queryRowVia(ctx, true, q, args, &sc.ok)
+		err := s.queryRowCtx(ctx, q, args, &sc.ok)
 		ok := sc.ok
 		if errors.Is(err, sql.ErrNoRows) {
 			err = sessionChanged(s.pid, 0) // another backend answered: it ran nothing
@@ -477,7 +477,7 @@ func (s *session) sendUnlocks(ctx context.Context, sc *scratch, keys []Key, shar
 		return answerOf[b2i(ok)], err
 	}
 	query := func(q string, args []any, row func([]driver.Value) error) error {
-		return s.queryRowsVia(ctx, true, q, args, row)
+		return s.queryRowsCtx(ctx, q, args, row)
 	}
 	_, mode := s.plainSQL()
 	return many(mode, query, "pg_advisory_unlock", s.pid, keys)
@@ -630,7 +630,7 @@ func (s *session) tune() error {
 // touches that one call, and the session and its other locks are not
 // concerned.
 func serverRefused(err error) bool {
-	return SQLState(err) != "" && !ConnectionBroken(err)
+	return SQLState(err) != "" && !ConnectionBroken(err) && !errors.Is(err, ErrSessionChanged)
 }
 
 // releaseStray unlocks those of keys (the keys of a try statement that the

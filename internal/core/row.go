@@ -51,9 +51,8 @@ func driverConnOf(conn *sql.Conn) any {
 // allocates nothing of its own per statement, whatever the number of
 // arguments and columns.
 type call struct {
-	ctx    context.Context // bounds the statement (see boundedRaw)
-	dctx   context.Context // the driver's: ctx, or none (see via.nowait)
-	prep   *prepared       // see via.prep
+	ctx    context.Context
+	prep   *prepared // see via.prep
 	q      string
 	args   []driver.NamedValue
 	vals   []driver.Value
@@ -87,7 +86,7 @@ func namedValues(buf []driver.NamedValue, args []any) []driver.NamedValue {
 
 // run runs the statement on the driver connection dc and reads its row.
 func (c *call) run(dc any) error {
-	rows, err := c.prep.run(c.dctx, dc, c.q, c.args)
+	rows, err := c.prep.run(c.ctx, dc, c.q, c.args)
 	if err != nil {
 		return err
 	}
@@ -122,21 +121,6 @@ type via struct {
 	// prep, when not nil, runs statements with arguments as statements
 	// prepared on the connection (see prepared.go).
 	prep *prepared
-	// nowait: the statement never waits for a lock (a try, an unlock, a
-	// batch of them), and is bounded by boundedRaw alone, so a blind
-	// driver is not given ctx: lib/pq starts a goroutine per statement to
-	// watch a context that can end, only to send a cancel that such a
-	// statement has no use for (a wait's cancel takes it out of the
-	// server's queue: a wait is given its ctx).
-	nowait bool
-}
-
-// driverCtx is the context a statement bounded by ctx gives the driver.
-func (v via) driverCtx(ctx context.Context) context.Context {
-	if v.nowait && v.blind != nil {
-		return context.Background()
-	}
-	return ctx
 }
 
 // queryRow runs q, which returns one row, on conn and stores its columns in
@@ -149,7 +133,7 @@ func queryRow(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string, 
 func queryRowVia(ctx context.Context, v via, conn *sql.Conn, q string, args []any, dest ...any) error {
 	blind := v.blind
 	c := calls.Get().(*call)
-	c.ctx, c.dctx, c.prep, c.q = ctx, v.driverCtx(ctx), v.prep, q
+	c.ctx, c.prep, c.q = ctx, v.prep, q
 	c.args = namedValues(c.argBuf[:], args)
 	err := boundedRaw(ctx, blind, conn, c.runFn)
 	if errors.Is(err, errNoFastPath) {
@@ -196,7 +180,7 @@ func queryRows(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string,
 
 // queryRowsVia is queryRows, the statement sent as v says.
 func queryRowsVia(ctx context.Context, v via, conn *sql.Conn, q string, args []any, row func([]driver.Value) error) error {
-	blind, dctx := v.blind, v.driverCtx(ctx)
+	blind := v.blind
 	nv := namedValues(nil, args)
 	var g *rowGuard
 	if blind != nil && ctx.Done() != nil {
@@ -206,7 +190,7 @@ func queryRowsVia(ctx context.Context, v via, conn *sql.Conn, q string, args []a
 		row = g.call
 	}
 	err := boundedRaw(ctx, blind, conn, func(dc any) error {
-		rows, err := v.prep.run(dctx, dc, q, nv)
+		rows, err := v.prep.run(ctx, dc, q, nv)
 		if err != nil {
 			return err
 		}

@@ -164,7 +164,7 @@ const (
 func (p *Pool) newSession(conn *sql.Conn, id ident, kind sessionKind, sent int64) *session {
 	s := &session{p: p, conn: conn, id: id, ls: p.newLease(sent), mark: p.newMark(), kind: kind, held: map[*Hold]struct{}{}, gone: make(chan struct{})}
 	if kind == kindShared && p.abandoned != nil {
-		s.prep = &prepared{}
+		s.prep = newPrepared(s.mark)
 	}
 	return s
 }
@@ -407,30 +407,21 @@ func (s *session) withConn(fn func(conn *sql.Conn) error) error {
 // right after) never meets a lease that still looks busy. The queue's
 // statements are bounded like an unlock (UnlockContext); an Owned's own
 // calls pass their ctx (queryRowCtx, queryRowsCtx).
-// The queue's statements never wait for a lock (see via.nowait).
 func (s *session) queryRow(q string, args []any, dest ...any) error {
-	return s.queryRowVia(s.p.UnlockContext(), true, q, args, dest...)
+	return s.queryRowCtx(s.p.UnlockContext(), q, args, dest...)
 }
 
 func (s *session) queryRows(q string, args []any, row func([]driver.Value) error) error {
-	return s.queryRowsVia(s.p.UnlockContext(), true, q, args, row)
+	return s.queryRowsCtx(s.p.UnlockContext(), q, args, row)
 }
 
 func (s *session) queryRowCtx(ctx context.Context, q string, args []any, dest ...any) error {
-	return s.queryRowVia(ctx, false, q, args, dest...)
-}
-
-func (s *session) queryRowsCtx(ctx context.Context, q string, args []any, row func([]driver.Value) error) error {
-	return s.queryRowsVia(ctx, false, q, args, row)
-}
-
-func (s *session) queryRowVia(ctx context.Context, nowait bool, q string, args []any, dest ...any) error {
-	v := via{blind: s.p.abandoned, prep: s.prep, nowait: nowait}
+	v := via{blind: s.p.abandoned, prep: s.prep}
 	return s.withConn(func(conn *sql.Conn) error { return queryRowVia(ctx, v, conn, q, args, dest...) })
 }
 
-func (s *session) queryRowsVia(ctx context.Context, nowait bool, q string, args []any, row func([]driver.Value) error) error {
-	v := via{blind: s.p.abandoned, prep: s.prep, nowait: nowait}
+func (s *session) queryRowsCtx(ctx context.Context, q string, args []any, row func([]driver.Value) error) error {
+	v := via{blind: s.p.abandoned, prep: s.prep}
 	return s.withConn(func(conn *sql.Conn) error { return queryRowsVia(ctx, v, conn, q, args, row) })
 }
 
