@@ -54,6 +54,10 @@ type keyQueues struct {
 	once     sync.Once
 	shards   [queueShards]queueShard
 	handoffs atomic.Int64 // keys handed on without a statement (handOff)
+	// live counts the queues of every shard: with none, no key is
+	// queued for or held by a queue's caller, and the lock calls that
+	// only ask (a try, the release of a try's lock) skip the shards.
+	live atomic.Int64
 }
 
 type queueShard struct {
@@ -109,6 +113,9 @@ func (qs *keyQueues) waited(qk queueKey) bool { return qs.count(qk) > 0 }
 
 // count returns how many callers are in qk's queue, its head among them.
 func (qs *keyQueues) count(qk queueKey) int {
+	if qs.live.Load() == 0 {
+		return 0
+	}
 	sh := qs.shard(qk)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -147,6 +154,7 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 	if q == nil {
 		q = &keyQueue{}
 		sh.m[qk] = q
+		qs.live.Add(1)
 	}
 	if q.head == nil && q.holder == nil && len(q.waiters) == 0 {
 		q.head, w.state = w, qhead
@@ -168,7 +176,7 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 		sh.mu.Lock()
 		if w.state == qwaiting {
 			q.remove(w)
-			sh.dropIfIdle(qk, q)
+			sh.dropIfIdle(qs, qk, q)
 			sh.mu.Unlock()
 			return nil, NotAcquired(what.String(), ctx.Err())
 		}
@@ -219,7 +227,7 @@ func (qs *keyQueues) headDone(p *Pool, qk queueKey, w *qwaiter, h *Hold) {
 		return
 	}
 	q.promote()
-	sh.dropIfIdle(qk, q)
+	sh.dropIfIdle(qs, qk, q)
 }
 
 // promote makes the queue's first caller its head, when it has none and no
@@ -246,9 +254,10 @@ func (q *keyQueue) remove(w *qwaiter) {
 
 // dropIfIdle forgets q once nobody holds, acquires or waits for its key.
 // The caller holds sh.mu.
-func (sh *queueShard) dropIfIdle(qk queueKey, q *keyQueue) {
+func (sh *queueShard) dropIfIdle(qs *keyQueues, qk queueKey, q *keyQueue) {
 	if q.head == nil && q.holder == nil && len(q.waiters) == 0 && sh.m[qk] == q {
 		delete(sh.m, qk)
+		qs.live.Add(-1)
 	}
 }
 
@@ -259,7 +268,7 @@ func (sh *queueShard) dropIfIdle(qk queueKey, q *keyQueue) {
 // grant is shorter than handoffRun. The lock stays on h's session; a new
 // Hold takes it over there.
 func (qs *keyQueues) handOff(p *Pool, h *Hold) bool {
-	if h.shared {
+	if h.shared || qs.live.Load() == 0 {
 		return false
 	}
 	qk := queueKey{k: h.key}
@@ -315,7 +324,7 @@ func (qs *keyQueues) check(h *Hold) error {
 // released tells h's queue that h no longer holds its key (released, or
 // lost): the next caller becomes head, and acquires from the server.
 func (qs *keyQueues) released(h *Hold) {
-	if h.shared {
+	if h.shared || qs.live.Load() == 0 {
 		return
 	}
 	qk := queueKey{k: h.key}
@@ -328,7 +337,7 @@ func (qs *keyQueues) released(h *Hold) {
 	}
 	q.holder = nil
 	q.promote()
-	sh.dropIfIdle(qk, q)
+	sh.dropIfIdle(qs, qk, q)
 }
 
 // transfer replaces h, which holds its key on s, with a new Hold of the

@@ -641,11 +641,27 @@ func serverRefused(err error) bool {
 // It reads the locks of s's backend only: an answer from another is an
 // error, and the caller ends s.
 func (s *session) releaseStray(keys []Key) error {
+	stray, err := s.holding(keys)
+	for err == nil && len(stray) > 0 {
+		n := min(len(stray), sqltext.ManyRowsMax)
+		var released []bool
+		if released, err = s.sendUnlocks(s.p.UnlockContext(), nil, stray[:n], false); err == nil && slices.Contains(released, false) {
+			err = errors.New("sqllock: a key the failed statement took was not held")
+		}
+		stray = stray[n:]
+	}
+	return err
+}
+
+// holding returns those of keys that s's backend holds, in exclusive mode,
+// as its server reads them now (an answer from another backend is an
+// error).
+func (s *session) holding(keys []Key) ([]Key, error) {
 	want := map[Key]bool{}
 	for _, k := range keys {
 		want[k] = true
 	}
-	var stray []Key
+	var held []Key
 	rows := 0
 	err := s.queryRows(sqltext.OwnSQL, nil, func(v []driver.Value) error {
 		rows++
@@ -659,22 +675,14 @@ func (s *session) releaseStray(keys []Key) error {
 			return nil
 		}
 		if k, ok := KeyOfTag(r.Tag); ok && want[k] {
-			stray = append(stray, k)
+			held = append(held, k)
 		}
 		return nil
 	})
 	if err == nil && rows == 0 {
 		err = sessionChanged(s.pid, 0)
 	}
-	for err == nil && len(stray) > 0 {
-		n := min(len(stray), sqltext.ManyRowsMax)
-		var released []bool
-		if released, err = s.sendUnlocks(s.p.UnlockContext(), nil, stray[:n], false); err == nil && slices.Contains(released, false) {
-			err = errors.New("sqllock: a key the failed statement took was not held")
-		}
-		stray = stray[n:]
-	}
-	return err
+	return held, err
 }
 
 // runTries sends many tries in one statement.
@@ -746,6 +754,18 @@ func (s *session) runMixed(unlocks, tries []*op) {
 	s.scratch.batchKeys = keys[:0]
 	_, mode := s.plainSQL()
 	got, unlocksRead, err := mixed(mode, s.queryRows, len(unlocks), s.pid, keys)
+	if err != nil && !unlocksRead && serverRefused(err) {
+		// An EXECUTE of a prepared statement (see prepared.go) answers
+		// once it has run whole, so its rows are not read when it fails:
+		// the server says instead whether the unlocks ran, each of a key
+		// the session held, and holds no more once it ran.
+		if held, herr := s.holding(keys[:len(unlocks)]); herr == nil && len(held) == 0 {
+			for i := range unlocks {
+				got[i] = true
+			}
+			unlocksRead = true
+		}
+	}
 	certain := err != nil && unlocksRead && serverRefused(err)
 	for i, o := range unlocks {
 		o.ok, o.err = got[i], err

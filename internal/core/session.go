@@ -515,6 +515,9 @@ func (s *session) leave() {
 // (most are picked again at once; a timer reset per lock would cost more
 // than the lock's own bookkeeping).
 func (s *session) maybeLinger() {
+	if s.users() > 0 {
+		return // not idle: the last call to leave looks again
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.kind != kindShared || !s.idleLocked() {
