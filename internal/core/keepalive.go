@@ -23,10 +23,16 @@ import (
 type monitor struct {
 	p *Pool
 
+	// parts are what it watches, in parts by key, each under a lock of
+	// its own: every lock is added and removed, many at once.
+	parts [watchParts]watchPart
+	// running: the loop runs. It is set by whoever adds to an empty
+	// monitor, and cleared by the loop as it finds nothing left, which
+	// then looks once more (see loop).
+	running atomic.Bool
+
 	mu       sync.Mutex
-	watched  map[watched]struct{} // guarded by mu
-	running  bool                 // guarded by mu
-	failures int                  // guarded by mu: consecutive failed checks
+	failures int // guarded by mu: consecutive failed checks
 
 	// starved is set while checks find the pool at its limit. Only the
 	// loop goroutine uses it.
@@ -71,17 +77,41 @@ type heldKey struct {
 // confirmation mean the holder can no longer claim the lock.
 const FailedChecksBeforeLost = 2
 
+// monitorFoundNone, when set (by tests), runs as a loop finds nothing to
+// watch, before it stops.
+var monitorFoundNone atomic.Pointer[func()]
+
+// watchParts is how many parts a monitor's watched are kept in.
+const watchParts = 16
+
+type watchPart struct {
+	mu sync.Mutex
+	m  map[watched]struct{} // guarded by mu
+}
+
+// part returns w's part: a Hold's by its key, an Owned's the first.
+func (m *monitor) part(w watched) *watchPart {
+	h, ok := w.(*Hold)
+	if !ok {
+		return &m.parts[0]
+	}
+	f, v := slot(h.key)
+	return &m.parts[(uint64(v)*0x9e3779b97f4a7c15+uint64(f))>>60]
+}
+
 func newMonitor(p *Pool) *monitor {
-	return &monitor{p: p, watched: map[watched]struct{}{}}
+	return &monitor{p: p}
 }
 
 func (m *monitor) add(w watched) {
 	if m.p.cfg.KeepAlive <= 0 {
 		return
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.addLocked(w)
+	wp := m.part(w)
+	wp.mu.Lock()
+	m.addLocked(wp, w)
+	wp.mu.Unlock()
+	m.start()
 }
 
 // addHeld watches h, unless it was released or found lost before: its
@@ -93,27 +123,56 @@ func (m *monitor) addHeld(h *Hold) {
 	if m.p.cfg.KeepAlive <= 0 {
 		return
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if h.held() {
-		m.addLocked(h)
+	wp := m.part(h)
+	wp.mu.Lock()
+	held := h.held()
+	if held {
+		m.addLocked(wp, h)
+	}
+	wp.mu.Unlock()
+	if held {
+		m.start()
 	}
 }
 
-// addLocked watches w. The caller holds m.mu.
-func (m *monitor) addLocked(w watched) {
-	m.watched[w] = struct{}{}
-	if !m.running {
-		m.running = true
-		m.failures = 0
-		go m.loop()
+// addLocked watches w, in its part wp, whose mu the caller holds.
+func (m *monitor) addLocked(wp *watchPart, w watched) {
+	if wp.m == nil {
+		wp.m = map[watched]struct{}{}
 	}
+	wp.m[w] = struct{}{}
+}
+
+// start starts the loop, once something was added, unless it runs.
+func (m *monitor) start() {
+	if m.running.Load() || !m.running.CompareAndSwap(false, true) {
+		return
+	}
+	m.mu.Lock()
+	m.failures = 0
+	m.mu.Unlock()
+	go m.loop()
 }
 
 func (m *monitor) remove(w watched) {
-	m.mu.Lock()
-	delete(m.watched, w)
-	m.mu.Unlock()
+	wp := m.part(w)
+	wp.mu.Lock()
+	delete(wp.m, w)
+	wp.mu.Unlock()
+}
+
+// watchedNow returns everything watched.
+func (m *monitor) watchedNow() []watched {
+	var ws []watched
+	for i := range m.parts {
+		wp := &m.parts[i]
+		wp.mu.Lock()
+		for w := range wp.m {
+			ws = append(ws, w)
+		}
+		wp.mu.Unlock()
+	}
+	return ws
 }
 
 // loop checks once per interval, and ends at the first tick that finds
@@ -124,17 +183,20 @@ func (m *monitor) loop() {
 	t := time.NewTicker(m.p.cfg.KeepAlive)
 	defer t.Stop()
 	for range t.C {
-		m.mu.Lock()
-		if len(m.watched) == 0 {
-			m.running = false
-			m.mu.Unlock()
-			return
+		ws := m.watchedNow()
+		if len(ws) == 0 {
+			if f := monitorFoundNone.Load(); f != nil {
+				(*f)()
+			}
+			// Nothing left: it stops, unless something was added as it
+			// found none (whoever adds after this finds it stopped, and
+			// starts another).
+			m.running.Store(false)
+			if len(m.watchedNow()) == 0 || !m.running.CompareAndSwap(false, true) {
+				return
+			}
+			continue
 		}
-		ws := make([]watched, 0, len(m.watched))
-		for w := range m.watched {
-			ws = append(ws, w)
-		}
-		m.mu.Unlock()
 		m.check(ws)
 	}
 }

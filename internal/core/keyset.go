@@ -24,24 +24,32 @@ func (s *keySet) has(k Key) bool {
 	return ok
 }
 
-func (s *keySet) add(k Key) {
+func (s *keySet) add(k Key) { s.addNew(k) }
+
+// addNew adds k, and reports whether it was not there yet: one look-up
+// where has and add take two.
+func (s *keySet) addNew(k Key) bool {
 	f, v := slot(k)
 	m := s.m[f]
 	if m == nil {
 		m = map[int64]struct{}{}
 		s.m[f] = m
 	}
-	if _, ok := m[v]; !ok {
-		m[v] = struct{}{}
-		s.n++
+	n := len(m)
+	m[v] = struct{}{}
+	if len(m) == n {
+		return false
 	}
+	s.n++
+	return true
 }
 
 func (s *keySet) remove(k Key) {
 	f, v := slot(k)
 	m := s.m[f]
-	if _, ok := m[v]; ok {
-		delete(m, v)
+	n := len(m)
+	delete(m, v)
+	if len(m) < n {
 		s.n--
 	}
 }

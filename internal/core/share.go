@@ -101,11 +101,7 @@ func (sh *sharing) reserve(k Key) bool {
 	kp := sh.part(k)
 	kp.mu.Lock()
 	defer kp.mu.Unlock()
-	if kp.set.has(k) {
-		return false
-	}
-	kp.set.add(k)
-	return true
+	return kp.set.addNew(k)
 }
 
 // free gives up the claim on k.
