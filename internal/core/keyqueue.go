@@ -218,7 +218,9 @@ func (qs *keyQueues) headDone(p *Pool, qk queueKey, w *qwaiter, h *Hold) {
 	if q.head == w {
 		q.head = nil
 	}
-	if h != nil && !h.shared && !qk.sem {
+	// (A Hold lost since it was granted told the queue already, before it
+	// was its holder: it is not made one.)
+	if h != nil && !h.shared && !qk.sem && h.held() {
 		q.holder, q.named, q.grantedAt = h, w.r.Named != "", time.Now()
 		if len(q.waiters) > 0 && !q.checking {
 			q.checking = true

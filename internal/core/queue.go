@@ -753,15 +753,17 @@ func (s *session) runMixed(unlocks, tries []*op) {
 	}
 	s.scratch.batchKeys = keys[:0]
 	_, mode := s.plainSQL()
-	got, unlocksRead, err := mixed(mode, s.queryRows, len(unlocks), s.pid, keys)
-	if err != nil && !unlocksRead && serverRefused(err) {
+	got, seen, err := mixed(mode, s.queryRows, len(unlocks), s.pid, keys)
+	unlocksRead := !slices.Contains(seen[:len(unlocks)], false)
+	if err != nil && !unlocksRead && serverRefused(err) && mode == sqltext.Bind && s.prep != nil {
 		// An EXECUTE of a prepared statement (see prepared.go) answers
 		// once it has run whole, so its rows are not read when it fails:
 		// the server says instead whether the unlocks ran, each of a key
-		// the session held, and holds no more once it ran.
+		// that the session held (its Hold's), and holds no more once it
+		// ran.
 		if held, herr := s.holding(keys[:len(unlocks)]); herr == nil && len(held) == 0 {
 			for i := range unlocks {
-				got[i] = true
+				got[i] = got[i] || !seen[i]
 			}
 			unlocksRead = true
 		}

@@ -240,7 +240,7 @@ func (s *session) endIf(cause error, onlyIdle bool) {
 	if !shared {
 		sh.mu.Unlock()
 	}
-	if onlyIdle && !(s.idleLocked() && s.shutIdle()) || !s.setStateLocked(ended, cause) {
+	if onlyIdle && !(shared && s.idleLocked() && s.shutIdle()) || !s.setStateLocked(ended, cause) {
 		s.mu.Unlock()
 		if shared {
 			sh.mu.Unlock()
@@ -541,7 +541,9 @@ func (s *session) maybeLinger() {
 func (s *session) lingered() {
 	s.mu.Lock()
 	s.armed = false
-	idle := s.idleLocked()
+	// (A session handed over to a waiter meanwhile is that waiter's: it
+	// ends with its lock, never as it idles.)
+	idle := s.kind == kindShared && s.idleLocked()
 	if rest := sessionLinger - time.Duration(monoNow()-s.idleAt); idle && rest > 0 {
 		s.armed = true
 		s.linger.Reset(rest)

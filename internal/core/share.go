@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -119,12 +120,17 @@ func (sh *sharing) sessions() int {
 	return len(sh.all)
 }
 
-// remove drops s from the shared sessions. The caller holds sh.mu.
+// remove drops s from the shared sessions, and wakes the calls that wait
+// for one (the pool may have room again). The caller holds sh.mu.
 func (sh *sharing) remove(s *session) {
 	for i, x := range sh.all {
 		if x == s {
 			sh.all = append(sh.all[:i:i], sh.all[i+1:]...)
 			sh.published()
+			if sh.opened != nil {
+				close(sh.opened)
+				sh.opened = nil
+			}
 			return
 		}
 	}
@@ -136,6 +142,9 @@ func (sh *sharing) published() {
 	all := slices.Clone(sh.all)
 	sh.snap.Store(&all)
 }
+
+// errNoShared is sharedFor's when no shared session can be had now.
+var errNoShared = errors.New("sqllock: no shared session has room")
 
 // sharedFor returns a shared session for one operation. Calls gather on
 // one, so that its runner sends their keys together: the busiest that has
@@ -192,6 +201,14 @@ func (p *Pool) sharedFor(ctx context.Context) (*session, error) {
 		}
 		if best != nil {
 			continue // it shut meanwhile: look again
+		}
+		if least == nil && sh.opening == 0 {
+			// None takes calls (each is retiring, or ending), none opens,
+			// and the pool has no room: a session of its own (which the
+			// pool gives when it can) rather than a wait for one that may
+			// never open.
+			sh.mu.Unlock()
+			return nil, errNoShared
 		}
 		// Every shared session is still opening (arrivals at once, at the
 		// start), or the usable ones are busy while more open: wait for

@@ -1,9 +1,12 @@
 package core
 
 import (
+	"context"
+	"database/sql"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // TestGateJoinOrShut: calls that join a shared session without the
@@ -40,5 +43,54 @@ func TestGateJoinOrShut(t *testing.T) {
 		if shut.Load() && s.join() {
 			t.Fatalf("round %d: a call joined a shut session", round)
 		}
+	}
+}
+
+// TestLingerSparesHandedOver: a shared session handed over to a waiter is
+// the waiter's: the countdown that ends an idle shared session, fired as
+// it was handed over, leaves it be.
+func TestLingerSparesHandedOver(t *testing.T) {
+	p := &Pool{}
+	s := &session{p: p, kind: kindShared, pid: 1, held: map[*Hold]struct{}{}, gone: make(chan struct{})}
+	s.linger = time.AfterFunc(time.Hour, func() {})
+	defer s.linger.Stop()
+	s.idleAt = monoNow() - int64(2*sessionLinger) // idle long enough to end
+	p.share.all = []*session{s}
+	if !s.handOver() {
+		t.Fatal("handOver() = false for an idle shared session")
+	}
+	s.lingered()
+	if s.armed {
+		t.Error("the countdown was armed again on a session handed over")
+	}
+	s.endIfIdle()
+	if s.state != open || s.kind != kindDedicated {
+		t.Fatalf("after its linger: state %d, kind %d; want it open and dedicated", s.state, s.kind)
+	}
+}
+
+// TestSharedForNoneUsable: when every shared session is retiring and the
+// pool has no room for another, a call takes a session of its own at once
+// instead of waiting for one that nobody opens.
+func TestSharedForNoneUsable(t *testing.T) {
+	db, err := sql.Open("sqllock-core-stub", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(4) // room for one shared session
+	p := &Pool{engine: engine{db: db}}
+	s := &session{p: p, kind: kindShared, held: map[*Hold]struct{}{}, gone: make(chan struct{})}
+	s.mu.Lock()
+	s.setStateLocked(retiring, nil)
+	s.mu.Unlock()
+	p.share.all = []*session{s}
+	p.share.published()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	got, err := p.sharedFor(ctx)
+	if err == nil || got != nil || time.Since(start) > time.Second {
+		t.Fatalf("sharedFor() = %v, %v after %v; want no session, at once", got, err, time.Since(start))
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -72,12 +71,13 @@ func many(mode sqltext.Mode, query manyQuery, fn string, pid int64, keys []Key) 
 // more than sqltext.ManyRowsMax keys): the first unlocks keys are
 // released, the others tried. Rows come as the server evaluates them,
 // unlocks first: when the statement fails (a try refused by a full lock
-// table), unlocksRead reports whether every unlock's answer was read
-// before the error, which then certainly concerns the tries alone.
-func mixed(mode sqltext.Mode, query manyQuery, unlocks int, pid int64, keys []Key) (got []bool, unlocksRead bool, err error) {
-	seen := make([]bool, len(keys))
+// table), seen tells, by position, which answers were read before the
+// error: when every unlock's was, the error certainly concerns the tries
+// alone.
+func mixed(mode sqltext.Mode, query manyQuery, unlocks int, pid int64, keys []Key) (got, seen []bool, err error) {
+	seen = make([]bool, len(keys))
 	got, err = manyOf(mode, query, "", unlocks, pid, keys, seen)
-	return got, !slices.Contains(seen[:unlocks], false), err
+	return got, seen, err
 }
 
 // manyOf is many of fn, or, for fn "", mixed's; seen, when not nil, marks
