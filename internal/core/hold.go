@@ -26,6 +26,10 @@ type Hold struct {
 
 	releaseMu sync.Mutex // serialises Release
 
+	// Its links in its session's holdList, guarded by the session's mu.
+	linked     bool
+	prev, next *Hold
+
 	mu    sync.Mutex
 	state holdState // guarded by mu
 	err   error     // guarded by mu: nil while held

@@ -354,11 +354,9 @@ func (s *session) transfer(h, into *Hold) *Hold {
 	}
 	nh := holdIn(into)
 	*nh = Hold{s: s, key: h.key, shared: h.shared, pid: h.pid, id: h.id, ls: h.ls, since: now}
-	if _, ok := s.held[h]; ok {
-		delete(s.held, h)
-	} else {
+	if !s.held.remove(h) {
 		s.nheld.Add(1)
 	}
-	s.held[nh] = struct{}{}
+	s.held.add(nh)
 	return nh
 }

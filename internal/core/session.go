@@ -51,8 +51,8 @@ type session struct {
 	// outcome of it reads them without mu.
 	pid   int64
 	tuned bool
-	held  map[*Hold]struct{} // guarded by mu: the Holds it carries
-	owner *Owned             // the Owned whose keys it holds (kindOwned)
+	held  holdList // guarded by mu: the Holds it carries
+	owner *Owned   // the Owned whose keys it holds (kindOwned)
 	// gate counts the calls that picked it and have not finished (users,
 	// the low bits), and shuts (gateShut) when it takes no new call: it
 	// left open, or was handed over. A call joins only while it is open,
@@ -162,7 +162,7 @@ const (
 // session of kind, marked with a new owner mark; its lease starts with
 // the statement sent at sent.
 func (p *Pool) newSession(conn *sql.Conn, id ident, kind sessionKind, sent int64) *session {
-	s := &session{p: p, conn: conn, id: id, ls: p.newLease(sent), mark: p.newMark(), kind: kind, held: map[*Hold]struct{}{}, gone: make(chan struct{})}
+	s := &session{p: p, conn: conn, id: id, ls: p.newLease(sent), mark: p.newMark(), kind: kind, gone: make(chan struct{})}
 	if kind == kindShared && p.abandoned != nil {
 		s.prep = newPrepared(s.mark)
 	}
@@ -247,8 +247,8 @@ func (s *session) endIf(cause error, onlyIdle bool) {
 		}
 		return
 	}
-	holds := make([]*Hold, 0, len(s.held))
-	for h := range s.held {
+	holds := make([]*Hold, 0, s.held.n)
+	for h := s.held.head; h != nil; h = h.next {
 		holds = append(holds, h)
 	}
 	owner := s.owner
@@ -428,7 +428,46 @@ func (s *session) queryRowsCtx(ctx context.Context, q string, args []any, row fu
 // idleLocked reports whether s holds nothing and nothing is under way on
 // it: it may go back to the pool. The caller holds s.mu.
 func (s *session) idleLocked() bool {
-	return s.state != ended && s.users() == 0 && len(s.held) == 0 && !s.running && len(s.queue) == 0
+	return s.state != ended && s.users() == 0 && s.held.n == 0 && !s.running && len(s.queue) == 0
+}
+
+// holdList is a session's Holds, linked through them (no look-up, no
+// allocation per lock). Guarded by the session's mu, as are the links.
+type holdList struct {
+	head *Hold
+	n    int
+}
+
+// add links h in, and reports whether it was not linked yet.
+func (l *holdList) add(h *Hold) bool {
+	if h.linked {
+		return false
+	}
+	h.linked, h.prev, h.next = true, nil, l.head
+	if l.head != nil {
+		l.head.prev = h
+	}
+	l.head = h
+	l.n++
+	return true
+}
+
+// remove unlinks h, and reports whether it was linked.
+func (l *holdList) remove(h *Hold) bool {
+	if !h.linked {
+		return false
+	}
+	if h.prev != nil {
+		h.prev.next = h.next
+	} else {
+		l.head = h.next
+	}
+	if h.next != nil {
+		h.next.prev = h.prev
+	}
+	h.linked, h.prev, h.next = false, nil, nil
+	l.n--
+	return true
 }
 
 // gateShut marks a session's gate shut (see session.gate); the bits below
@@ -466,8 +505,7 @@ func (s *session) attach(h *Hold) bool {
 	if s.state == ended {
 		return false
 	}
-	if _, ok := s.held[h]; !ok {
-		s.held[h] = struct{}{}
+	if s.held.add(h) {
 		s.nheld.Add(1)
 	}
 	return true
@@ -482,9 +520,8 @@ func (s *session) attach(h *Hold) bool {
 // that waiter, not to h.
 func (s *session) detach(h *Hold, retire bool) (dedicated bool) {
 	s.mu.Lock()
-	_, ok := s.held[h]
+	ok := s.held.remove(h)
 	if ok {
-		delete(s.held, h)
 		s.nheld.Add(-1)
 	}
 	shared := s.kind == kindShared
