@@ -288,13 +288,7 @@ func TestStandbyInTxAllowed(t *testing.T) {
 // transaction-scoped locks must still exclude each other.
 func TestPgBouncerTransactionMode(t *testing.T) {
 	long(t)
-	srv := pgtest.Start(t)
-	if !srv.Local() {
-		pgtest.Unavailable(t, "a local cluster (for PgBouncer)", errors.New("SQLLOCK_TEST_DSN or Docker server"))
-	}
-	dsn := srv.NewDatabase(t)
-	b := pgtest.StartPgBouncer(t, srv, "transaction", 2)
-	bdsn := b.DSNFor(pgtest.DatabaseOf(dsn))
+	_, bdsn := behindPgBouncer(t, "transaction", 2)
 
 	t.Run("session locks: swap detected", func(t *testing.T) {
 		db := pgtest.Open(t, "postgres", bdsn)
@@ -428,14 +422,8 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 // disconnects releases its locks (PgBouncer's server_reset_query).
 func TestPgBouncerSessionMode(t *testing.T) {
 	long(t)
-	srv := pgtest.Start(t)
-	if !srv.Local() {
-		pgtest.Unavailable(t, "a local cluster (for PgBouncer)", errors.New("SQLLOCK_TEST_DSN or Docker server"))
-	}
-	dsn := srv.NewDatabase(t)
+	dsn, bdsn := behindPgBouncer(t, "session", 4)
 	observer := pgtest.Open(t, "pgx", dsn)
-	b := pgtest.StartPgBouncer(t, srv, "session", 4)
-	bdsn := b.DSNFor(pgtest.DatabaseOf(dsn))
 	for _, drv := range drivers {
 		t.Run(drv, func(t *testing.T) {
 			db := pgtest.Open(t, drv, bdsn)
@@ -539,14 +527,8 @@ func TestPgBouncerNoTwoHolders(t *testing.T) {
 // nothing taken, and the session's other lock reported lost.
 func TestPgBouncerPreparedSwap(t *testing.T) {
 	long(t)
-	srv := pgtest.Start(t)
-	if !srv.Local() {
-		pgtest.Unavailable(t, "a local cluster (for PgBouncer)", errors.New("SQLLOCK_TEST_DSN or Docker server"))
-	}
-	dsn := srv.NewDatabase(t)
+	dsn, bdsn := behindPgBouncer(t, "transaction", 2)
 	observer := pgtest.Open(t, "pgx", dsn)
-	b := pgtest.StartPgBouncer(t, srv, "transaction", 2)
-	bdsn := b.DSNFor(pgtest.DatabaseOf(dsn))
 	db := pgtest.Open(t, "postgres", bdsn)
 	db.SetMaxOpenConns(4)
 	l := sqllock.New(db, sqllock.WithKeepAlive(0))
@@ -622,4 +604,18 @@ func TestPgBouncerPreparedSwap(t *testing.T) {
 	if err := pin.Err(); !errors.Is(err, sqllock.ErrLockLost) {
 		t.Fatalf("Err() of the session's other lock = %v, want ErrLockLost", err)
 	}
+}
+
+// behindPgBouncer starts a PgBouncer in mode, with pool server connections,
+// in front of a database of its own on the test server, and returns the
+// database's DSN and PgBouncer's for it.
+func behindPgBouncer(t *testing.T, mode string, pool int) (dsn, bdsn string) {
+	t.Helper()
+	srv := pgtest.Start(t)
+	if !srv.Local() {
+		pgtest.Unavailable(t, "a local cluster (for PgBouncer)", errors.New("SQLLOCK_TEST_DSN or Docker server"))
+	}
+	dsn = srv.NewDatabase(t)
+	b := pgtest.StartPgBouncer(t, srv, mode, pool)
+	return dsn, b.DSNFor(pgtest.DatabaseOf(dsn))
 }
