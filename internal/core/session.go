@@ -478,10 +478,15 @@ const gateShut = 1 << 40
 func (s *session) users() int64 { return s.gate.Load() &^ gateShut }
 
 // join counts one more call on s, unless s takes none (shut).
-func (s *session) join() bool {
+func (s *session) join() bool { return s.joinUnder(gateShut) }
+
+// joinUnder is join, only while fewer than limit calls are in s: calls
+// that picked s at once, each without the sharing's lock, never fill it
+// past the limit between them.
+func (s *session) joinUnder(limit int64) bool {
 	for {
 		g := s.gate.Load()
-		if g&gateShut != 0 {
+		if g&gateShut != 0 || g >= limit {
 			return false
 		}
 		if s.gate.CompareAndSwap(g, g+1) {

@@ -161,7 +161,7 @@ var errNoShared = errors.New("sqllock: no shared session has room")
 func (p *Pool) sharedFor(ctx context.Context) (*session, error) {
 	sh := &p.share
 	if all := sh.snap.Load(); all != nil {
-		if s, _ := pick(*all); s != nil && s.join() {
+		if s, _ := pick(*all); s != nil && s.joinUnder(sharedOpenLoad) {
 			return s, nil
 		}
 	}
@@ -195,12 +195,12 @@ func (p *Pool) sharedFor(ctx context.Context) (*session, error) {
 		case pack == nil && least != nil && (sh.opening == 0 || least.users() < sharedQueue):
 			best = least
 		}
-		if best != nil && best.join() {
+		if best != nil && (best != pack && best.join() || best == pack && best.joinUnder(sharedOpenLoad)) {
 			sh.mu.Unlock()
 			return best, nil
 		}
 		if best != nil {
-			continue // it shut meanwhile: look again
+			continue // it shut, or filled, meanwhile: look again
 		}
 		if least == nil && sh.opening == 0 {
 			// None takes calls (each is retiring, or ending), none opens,
