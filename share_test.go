@@ -401,3 +401,63 @@ func TestSharedSessionsGoBack(t *testing.T) {
 		}
 	})
 }
+
+// TestSharedCallerNotHeld: a call that sends its own statement on a
+// shared session (nothing else was under way on it) returns with its
+// answer, not after the calls that queued behind it meanwhile: those go
+// out in the next statement, sent for them by the session's runner. Over
+// a link of 400 ms round trips: A's try is in flight when B's queues on
+// the same session; A returns a round trip before B does.
+func TestSharedCallerNotHeld(t *testing.T) {
+	t.Parallel()
+	const oneWay = 200 * time.Millisecond
+	srv := pgtest.Start(t)
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			t.Parallel()
+			dsn := srv.NewDatabase(t)
+			proxy := pgtest.StartProxy(t, srv.Addr(), oneWay)
+			l := sqllock.New(pgtest.Open(t, drv, proxy.DSN(dsn)))
+			// The shared session opened, and idle (it lingers a second).
+			lk, err := l.TryLock(bg(), sqllock.Int64(1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := lk.Unlock(bg()); err != nil {
+				t.Fatal(err)
+			}
+			type result struct {
+				lk  *sqllock.Lock
+				err error
+				at  time.Time
+			}
+			try := func(k int64, out chan<- result) {
+				lk, err := l.TryLock(bg(), sqllock.Int64(k))
+				out <- result{lk, err, time.Now()}
+			}
+			a, b := make(chan result, 1), make(chan result, 1)
+			go try(2, a)
+			time.Sleep(oneWay / 2) // A's statement is on its way
+			go try(3, b)
+			ra, rb := <-a, <-b
+			for _, r := range []result{ra, rb} {
+				if r.err != nil {
+					t.Fatal(r.err)
+				}
+				defer func() {
+					if err := r.lk.Unlock(bg()); err != nil {
+						t.Error(err)
+					}
+				}()
+			}
+			if ra.lk.PID() != rb.lk.PID() {
+				t.Fatalf("A on backend %d, B on %d: want one shared session", ra.lk.PID(), rb.lk.PID())
+			}
+			gap := rb.at.Sub(ra.at)
+			t.Logf("A returned %v before B", gap)
+			if gap < oneWay {
+				t.Errorf("A returned %v before B, want at least %v (half of B's own round trip): A was held for B's statement", gap, oneWay)
+			}
+		})
+	}
+}

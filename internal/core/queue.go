@@ -96,7 +96,7 @@ func putOp(o *op) {
 // outcome is known.
 func (s *session) submit(o *op) {
 	if s.enqueue(o, true) {
-		s.drain() // o is told before the queue runs out
+		s.drain(true) // o is told by its first batch
 		return
 	}
 	if o.done != nil {
@@ -146,7 +146,7 @@ func (s *session) runner(kick chan struct{}) {
 	for {
 		select {
 		case <-kick:
-			s.drain()
+			s.drain(false)
 			continue
 		case <-s.gone:
 		}
@@ -154,7 +154,7 @@ func (s *session) runner(kick chan struct{}) {
 		select {
 		case <-kick: // kicked as the session ended: its ops are told why
 			s.mu.Unlock()
-			s.drain()
+			s.drain(false)
 			continue
 		default:
 		}
@@ -196,8 +196,12 @@ func (s *session) enqueue(o *op, inline bool) bool {
 }
 
 // drain sends the queue, batch after batch, until it is empty; the caller
-// is the runner (enqueue returned true).
-func (s *session) drain() {
+// is the runner (enqueue returned true). A caller that runs the queue for
+// its own op (submit) runs one batch, which tells it: should more have
+// queued meanwhile, the session's runner goroutine takes them on, so that
+// no caller is held past its own answer by others' calls (under load the
+// queue may not run out for a long time).
+func (s *session) drain(caller bool) {
 	s.mu.Lock()
 	for len(s.queue) > 0 && s.state != ended {
 		batch := s.queue
@@ -214,6 +218,11 @@ func (s *session) drain() {
 		s.mu.Lock()
 		if s.spare == nil {
 			s.spare = batch[:0]
+		}
+		if caller && len(s.queue) > 0 && s.state != ended {
+			s.mu.Unlock()
+			s.runAside() // still running: the runner goroutine goes on
+			return
 		}
 	}
 	rest := s.queue
