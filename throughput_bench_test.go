@@ -26,7 +26,8 @@ import (
 // process (internal/testkit's Throughput); reported: the median locks/s of
 // each, "ratio" (sqllock ÷ raw) and "of-ceiling" (sqllock ÷ ceiling), and
 // where the time went, per lock: the client's CPU, the server's (a local
-// server's processes) and the client's allocations. Run it with
+// server's processes) and the client's allocations, and the longest one
+// lock and release took ("-longest-ms"). Run it with
 // -benchtime 1x (one measurement of every variant per sub-benchmark):
 //
 //	go test -run '^$' -bench BenchmarkThroughput -benchtime 1x .
@@ -63,6 +64,9 @@ func BenchmarkThroughput(b *testing.B) {
 					b.ReportMetric(r.ClientUS, r.Name+"-client-µs/lock")
 					b.ReportMetric(r.ServerUS, r.Name+"-server-µs/lock")
 					b.ReportMetric(r.Allocs, r.Name+"-allocs/lock")
+					if r.Longest > 0 {
+						b.ReportMetric(float64(r.Longest)/1e6, r.Name+"-longest-ms")
+					}
 				}
 				b.ReportMetric(by["sqllock"].LocksPerSec/by["raw"].LocksPerSec, "ratio")
 				b.ReportMetric(by["sqllock"].LocksPerSec/by["ceiling"].LocksPerSec, "of-ceiling")

@@ -38,7 +38,14 @@ type LoadResult struct {
 	ClientUS    float64 // client CPU per lock, µs
 	ServerUS    float64 // server CPU per lock, µs (0 when it cannot be read)
 	Allocs      float64 // client allocations per lock
+	// Longest is the longest time one lock and its release took, over
+	// all the phases (loads that run PerGoroutine; 0 for the others).
+	Longest time.Duration
 }
+
+// longestKey is the context key under which Throughput gives a phase's
+// PerGoroutine the place for its longest call.
+type longestKey struct{}
 
 // Throughput measures loads at n goroutines: rounds rounds of one phase
 // each. serverCPU reads the server's CPU time (see ServerCPU); nil when the
@@ -48,6 +55,7 @@ func Throughput(loads []Load, n int, phase time.Duration, rounds int, serverCPU 
 		rates                  []float64
 		client, server, allocs float64
 		locks                  int64
+		longest                atomic.Int64 // ns
 	}
 	sums := make([]sum, len(loads))
 	read := func() (client, server time.Duration, allocs uint64, err error) {
@@ -64,7 +72,8 @@ func Throughput(loads []Load, n int, phase time.Duration, rounds int, serverCPU 
 			if err != nil {
 				return nil, err
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), phase)
+			s := &sums[i]
+			ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), longestKey{}, &s.longest), phase)
 			start := time.Now()
 			got, err := loads[i].Run(ctx, n)
 			took := time.Since(start)
@@ -76,7 +85,6 @@ func Throughput(loads []Load, n int, phase time.Duration, rounds int, serverCPU 
 			if err != nil {
 				return nil, err
 			}
-			s := &sums[i]
 			s.rates = append(s.rates, float64(got)/took.Seconds())
 			s.client += float64(c1 - c0)
 			s.server += float64(s1 - s0)
@@ -85,10 +93,12 @@ func Throughput(loads []Load, n int, phase time.Duration, rounds int, serverCPU 
 		}
 	}
 	out := make([]LoadResult, len(loads))
-	for i, s := range sums {
+	for i := range sums {
+		s := &sums[i]
 		per := float64(max(s.locks, 1))
 		out[i] = LoadResult{Name: loads[i].Name, LocksPerSec: medianFloat(s.rates),
-			ClientUS: s.client / per / 1e3, ServerUS: s.server / per / 1e3, Allocs: s.allocs / per}
+			ClientUS: s.client / per / 1e3, ServerUS: s.server / per / 1e3, Allocs: s.allocs / per,
+			Longest: time.Duration(s.longest.Load())}
 	}
 	return out, nil
 }
@@ -116,16 +126,28 @@ func TryUnlockLoads(l *sqllock.Locker, raw, ceiling *sql.DB) []Load {
 
 // PerGoroutine runs n goroutines, each taking and releasing keys of its
 // own (from base, 1000 each) with one until ctx ends, and returns how many
-// locks they took. A failed lock ends the run with its error.
+// locks they took. A failed lock ends the run with its error. Under
+// Throughput it also records the longest call of one (see
+// LoadResult.Longest).
 func PerGoroutine(ctx context.Context, n int, base int64, one func(k int64) error) (int64, error) {
 	var total atomic.Int64
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var first error
+	longest, _ := ctx.Value(longestKey{}).(*atomic.Int64)
 	for g := range n {
 		wg.Go(func() {
 			keys := base + int64(g)*1000
+			var most time.Duration
+			defer func() {
+				for l := longest; l != nil; {
+					if v := l.Load(); int64(most) <= v || l.CompareAndSwap(v, int64(most)) {
+						break
+					}
+				}
+			}()
 			for i := int64(0); ctx.Err() == nil; i++ {
+				start := time.Now()
 				if err := one(keys + i%1000); err != nil {
 					mu.Lock()
 					if first == nil {
@@ -134,6 +156,7 @@ func PerGoroutine(ctx context.Context, n int, base int64, one func(k int64) erro
 					mu.Unlock()
 					return
 				}
+				most = max(most, time.Since(start))
 				total.Add(1)
 			}
 		})
