@@ -15,10 +15,11 @@ import (
 )
 
 // A session's queue: its statements, one at a time, batched. The first
-// caller to find the session idle becomes its runner and sends the queue,
-// batch after batch, until it is empty; calls that arrive meanwhile are
+// caller to find the session idle becomes its runner and sends the queue
+// (its own op and any queued with it); calls that arrive meanwhile are
 // sent together in the next batch (one round trip for many tries or
-// unlocks).
+// unlocks), by the session's runner goroutine, batch after batch, until
+// the queue is empty.
 
 type opKind uint8
 
@@ -91,9 +92,10 @@ func putOp(o *op) {
 }
 
 // submit queues o and, when no runner runs, runs the queue here (flat
-// combining: the caller sends its own statement, and those queued
-// meanwhile, with no hand-off and no channel); it returns once o's
-// outcome is known.
+// combining: the caller sends its own statement, and those queued with
+// it, with no hand-off and no channel while nothing else waits); it
+// returns once o's outcome is known, handing what queued meanwhile to the
+// runner goroutine (see drain).
 func (s *session) submit(o *op) {
 	if s.enqueue(o, true) {
 		s.drain(true) // o is told by its first batch

@@ -85,7 +85,8 @@ type session struct {
 	connDone bool
 	endNext  func()
 
-	// scratch is used by whoever runs the queue (drain's caller) alone.
+	// scratch is used by whoever runs the queue (drain's caller, while it
+	// does) alone.
 	scratch scratch
 	// prep are a blind driver's shared session's prepared statements
 	// (nil: none; see prepared.go).
