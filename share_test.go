@@ -436,8 +436,15 @@ func TestSharedCallerNotHeld(t *testing.T) {
 				out <- result{lk, err, time.Now()}
 			}
 			a, b := make(chan result, 1), make(chan result, 1)
+			sent := proxy.RoundTrips()
 			go try(2, a)
-			time.Sleep(oneWay / 2) // A's statement is on its way
+			// B once A's statement is on its way (its answer is a round
+			// trip away).
+			for deadline := time.Now().Add(10 * time.Second); proxy.RoundTrips() == sent; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("A's statement never reached the server")
+				}
+			}
 			go try(3, b)
 			ra, rb := <-a, <-b
 			for _, r := range []result{ra, rb} {
