@@ -140,11 +140,14 @@ func PerGoroutine(ctx context.Context, n int, base int64, one func(k int64) erro
 			keys := base + int64(g)*1000
 			var most time.Duration
 			defer func() {
-				for l := longest; l != nil; {
-					if v := l.Load(); int64(most) <= v || l.CompareAndSwap(v, int64(most)) {
-						break
-					}
+				if longest == nil {
+					return
 				}
+				mu.Lock()
+				if int64(most) > longest.Load() {
+					longest.Store(int64(most))
+				}
+				mu.Unlock()
 			}()
 			for i := int64(0); ctx.Err() == nil; i++ {
 				start := time.Now()
