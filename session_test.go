@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"math"
+	"sync"
 	"testing"
 	"time"
 
@@ -226,6 +228,115 @@ func TestSessionLost(t *testing.T) {
 		holder.Unlock(bg())
 		waitNoLocks(t, db, 5*time.Second)
 	})
+}
+
+// TestBatchKeyForms: a batch statement takes and releases the keys it is
+// given, in both forms and at their extremes (pair keys travel packed in
+// one bigint, their halves signed): a Session's TryLock of many keys, and
+// the tries and unlocks that queue on a busy shared session (each round
+// trip 40 ms long, so that the calls meet in one statement). pg_locks
+// shows exactly those keys held, and nothing once they are released.
+func TestBatchKeyForms(t *testing.T) {
+	t.Parallel()
+	keys := []sqllock.Key{
+		sqllock.Pair(-1, 5), sqllock.Pair(5, -1), sqllock.Pair(-1, -1), sqllock.Pair(0, 0),
+		sqllock.Pair(math.MinInt32, math.MaxInt32), sqllock.Pair(math.MaxInt32, math.MinInt32),
+		sqllock.Int64(0), sqllock.Int64(-1), sqllock.Int64(math.MinInt64), sqllock.Int64(math.MaxInt64),
+		sqllock.Int64(1<<40 + 5), sqllock.Int64(5),
+	}
+	heldBy := func(t *testing.T, q sqllock.Querier, pid int) map[sqllock.Key]bool {
+		t.Helper()
+		locks, err := sqllock.Inspect(bg(), q, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[sqllock.Key]bool{}
+		for _, l := range locks {
+			if l.Granted && (pid == 0 || l.PID == pid) {
+				got[l.Key] = true
+			}
+		}
+		return got
+	}
+	want := func(t *testing.T, got map[sqllock.Key]bool, what string) {
+		t.Helper()
+		if len(got) != len(keys) {
+			t.Errorf("%s: pg_locks shows %d keys held, want %d: %v", what, len(got), len(keys), got)
+		}
+		for _, k := range keys {
+			if !got[k] {
+				t.Errorf("%s: key %v is not held", what, k)
+			}
+		}
+	}
+	srv := pgtest.Start(t)
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			t.Parallel()
+			testBatchKeyForms(t, srv, drv, keys, heldBy, want)
+		})
+	}
+}
+
+func testBatchKeyForms(t *testing.T, srv *pgtest.Server, drv string, keys []sqllock.Key,
+	heldBy func(*testing.T, sqllock.Querier, int) map[sqllock.Key]bool, want func(*testing.T, map[sqllock.Key]bool, string)) {
+	dsn := srv.NewDatabase(t)
+	observer := pgtest.Open(t, "pgx", dsn)
+	{
+		s, err := sqllock.New(pgtest.Open(t, drv, dsn)).Session(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.TryLock(bg(), keys...)
+		if err != nil || len(got) != len(keys) {
+			t.Fatalf("Session TryLock of %d keys = %d keys, %v", len(keys), len(got), err)
+		}
+		want(t, heldBy(t, observer, s.PID()), "a Session's batch")
+		if err := s.Unlock(bg(), keys...); err != nil {
+			t.Fatalf("Session Unlock = %v", err)
+		}
+		if left := heldBy(t, observer, 0); len(left) != 0 {
+			t.Fatalf("after the Session's Unlock, pg_locks shows %v held", left)
+		}
+		s.Close(bg())
+
+	}
+	{
+		slow := pgtest.StartProxy(t, srv.Addr(), 20*time.Millisecond)
+		l := sqllock.New(pgtest.Open(t, drv, slow.DSN(dsn)))
+		for round := range 2 { // the second round's unlocks and tries meet too
+			locks := make([]*sqllock.Lock, len(keys))
+			var wg sync.WaitGroup
+			for i, k := range keys {
+				wg.Go(func() {
+					lk, err := l.TryLock(bg(), k)
+					if err != nil {
+						t.Errorf("round %d: TryLock(%v) = %v", round, k, err)
+					}
+					locks[i] = lk
+				})
+			}
+			wg.Wait()
+			if t.Failed() {
+				t.FailNow()
+			}
+			want(t, heldBy(t, observer, 0), "a shared session's batches")
+			for _, lk := range locks {
+				wg.Go(func() {
+					if err := lk.Unlock(bg()); err != nil {
+						t.Errorf("round %d: Unlock(%v) = %v", round, lk.Key(), err)
+					}
+				})
+			}
+			wg.Wait()
+			if left := heldBy(t, observer, 0); len(left) != 0 {
+				t.Fatalf("round %d: after the Unlocks, pg_locks shows %v held", round, left)
+			}
+		}
+		if trips := slow.RoundTrips(); trips >= int64(2*2*len(keys)) {
+			t.Errorf("%d round trips for %d locks and unlocks: the calls did not meet in batches", trips, 2*2*len(keys))
+		}
+	}
 }
 
 // TestSessionLockTableFull: filling the server's lock table returns

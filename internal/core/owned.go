@@ -3,7 +3,6 @@ package core
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"sync"
@@ -203,8 +202,8 @@ func (o *Owned) TryLock(ctx context.Context, keys []Key) ([]Key, error) {
 	if len(want) == 0 {
 		return o.heldOf(keys), nil
 	}
-	query := func(q string, args []any, row func([]driver.Value) error) error {
-		return o.s.queryRowsCtx(ctx, q, args, row)
+	query := func(q string, args []any, dest ...any) error {
+		return o.s.queryRowCtx(ctx, q, args, dest...)
 	}
 	took, err := many(o.p.mode, query, "pg_try_advisory_lock", o.pid, want)
 	if CtxEnded(ctx) || err != nil {

@@ -418,10 +418,10 @@ func (s *session) alive(class int32) (rung bool, err error) {
 }
 
 // runMany sends ops (all unlocks, or all tries) in statements of up to
-// ManyRowsMax keys.
+// BatchMax keys.
 func (s *session) runMany(ops []*op, unlock bool) {
 	for len(ops) > 0 {
-		n := min(len(ops), sqltext.ManyRowsMax)
+		n := min(len(ops), sqltext.BatchMax)
 		if s.dead() {
 			for _, o := range ops {
 				o.err = s.err()
@@ -487,8 +487,8 @@ func (s *session) sendUnlocks(ctx context.Context, sc *scratch, keys []Key, shar
 		}
 		return answerOf[b2i(ok)], err
 	}
-	query := func(q string, args []any, row func([]driver.Value) error) error {
-		return s.queryRowsCtx(ctx, q, args, row)
+	query := func(q string, args []any, dest ...any) error {
+		return s.queryRowCtx(ctx, q, args, dest...)
 	}
 	_, mode := s.plainSQL()
 	return many(mode, query, "pg_advisory_unlock", s.pid, keys)
@@ -654,7 +654,7 @@ func serverRefused(err error) bool {
 func (s *session) releaseStray(keys []Key) error {
 	stray, err := s.holding(keys)
 	for err == nil && len(stray) > 0 {
-		n := min(len(stray), sqltext.ManyRowsMax)
+		n := min(len(stray), sqltext.BatchMax)
 		var released []bool
 		if released, err = s.sendUnlocks(s.p.UnlockContext(), nil, stray[:n], false); err == nil && slices.Contains(released, false) {
 			err = errors.New("sqllock: a key the failed statement took was not held")
@@ -708,7 +708,7 @@ func (s *session) runTries(ops []*op) {
 	}
 	s.scratch.batchKeys = keys[:0]
 	_, mode := s.plainSQL()
-	got, err := many(mode, s.queryRows, "pg_try_advisory_lock", s.pid, keys)
+	got, err := many(mode, s.queryRow, "pg_try_advisory_lock", s.pid, keys)
 	for i, o := range ops {
 		o.ok = got[i]
 	}
@@ -734,7 +734,7 @@ func (s *session) runTries(ops []*op) {
 // shared-mode unlock is a dedicated session's one lock), the session's
 // settings are applied, and the keys fit in one statement.
 func (s *session) canMix(unlocks, tries []*op) bool {
-	if len(unlocks) == 0 || len(tries) == 0 || len(unlocks)+len(tries) > sqltext.ManyRowsMax || !s.tuned || s.dead() {
+	if len(unlocks) == 0 || len(tries) == 0 || len(unlocks)+len(tries) > sqltext.BatchMax || !s.tuned || s.dead() {
 		return false
 	}
 	for _, o := range unlocks {
@@ -747,12 +747,14 @@ func (s *session) canMix(unlocks, tries []*op) bool {
 
 // runMixed sends unlocks and then tries in one statement, one round trip
 // for both where two statements took two: the calls of a busy shared
-// session wait half as long. A statement the server failed once every
-// unlock was answered (a try refused by a full lock table) is a certain
-// answer for the tries alone: what it took is released (releaseStray), as
-// after a batch of tries, and the unlocks stand. Any other failure ends
-// the session (which unlocks ran is not known; the server releases what
-// the session held as it ends), and every op is told why.
+// session wait half as long. The server answers a batch as a whole: when
+// it failed the statement (a try refused by a full lock table), what it
+// did is asked of the server (ranUnlocks); when that is certain, the
+// answer is certain for the tries alone: what it took is released
+// (releaseStray), as after a batch of tries, and the unlocks stand. Any
+// other failure ends the session (which unlocks ran is not known; the
+// server releases what the session held as it ends), and every op is told
+// why.
 func (s *session) runMixed(unlocks, tries []*op) {
 	tries = s.claim(tries)
 	keys := s.scratch.batchKeys[:0]
@@ -764,36 +766,25 @@ func (s *session) runMixed(unlocks, tries []*op) {
 	}
 	s.scratch.batchKeys = keys[:0]
 	_, mode := s.plainSQL()
-	got, seen, err := mixed(mode, s.queryRows, len(unlocks), s.pid, keys)
-	unlocksRead := !slices.Contains(seen[:len(unlocks)], false)
-	if err != nil && !unlocksRead && serverRefused(err) && mode == sqltext.Bind && s.prep != nil {
-		// An EXECUTE of a prepared statement (see prepared.go) answers
-		// once it has run whole, so its rows are not read when it fails:
-		// the server says instead whether the unlocks ran, each of a key
-		// that the session held (its Hold's), and holds no more once it
-		// ran.
-		if held, herr := s.holding(keys[:len(unlocks)]); herr == nil && len(held) == 0 {
-			for i := range unlocks {
-				got[i] = got[i] || !seen[i]
-			}
-			unlocksRead = true
-		}
-	}
-	certain := err != nil && unlocksRead && serverRefused(err)
+	got, err := mixed(mode, s.queryRow, len(unlocks), s.pid, keys)
+	certain := err != nil && serverRefused(err) && s.ranUnlocks(keys[:len(unlocks)]) == nil
 	for i, o := range unlocks {
-		o.ok, o.err = got[i], err
-		if certain {
-			o.err = nil
+		switch {
+		case err == nil:
+			o.ok = got[i]
+		case certain:
+			o.ok = true
+		default:
+			o.ok, o.err = false, err
 		}
 	}
-	for _, o := range tries {
+	for i, o := range tries {
 		o.ok, o.err = false, err
-	}
-	if err == nil {
-		for i, o := range tries {
+		if err == nil {
 			o.ok = got[len(unlocks)+i]
 		}
-	} else if !certain || s.releaseStray(keys[len(unlocks):]) != nil {
+	}
+	if err != nil && (!certain || s.releaseStray(keys[len(unlocks):]) != nil) {
 		s.end(err)
 	}
 	for _, o := range unlocks {
@@ -802,6 +793,25 @@ func (s *session) runMixed(unlocks, tries []*op) {
 	for _, o := range tries {
 		s.finish(o)
 	}
+}
+
+// ranUnlocks makes sure that the unlocks of keys, sent in a statement that
+// the server failed, ran: each of a key that s held (a Hold's), which its
+// backend holds no more once it ran. Those that did not (a statement can
+// fail before its first call: a backend that reads its catalogs for a new
+// statement takes locks too) are sent again, on their own. It returns nil
+// once every key is released, and otherwise why not; the caller then ends
+// s.
+func (s *session) ranUnlocks(keys []Key) error {
+	held, err := s.holding(keys)
+	if err != nil || len(held) == 0 {
+		return err
+	}
+	released, err := s.sendUnlocks(s.p.UnlockContext(), nil, held, false)
+	if err == nil && slices.Contains(released, false) {
+		err = errors.New("sqllock: a key held for an unlock was not released")
+	}
+	return err
 }
 
 // claim marks tries as sent, as they are about to be, and returns them;

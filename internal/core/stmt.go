@@ -1,7 +1,7 @@
 package core
 
 import (
-	"database/sql/driver"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strconv"
@@ -52,102 +52,62 @@ func KeyOfTag(t pglocks.Tag) (Key, bool) {
 	return Key{}, false
 }
 
-// manyQuery runs a statement whose rows it hands to row, one by one: a
+// batchQuery runs a batch statement, whose answer is one row of one
+// text column (sql.ErrNoRows when it answers none), storing it in dest: a
 // session's way to send one (its lease, its context, its driver).
-type manyQuery func(q string, args []any, row func([]driver.Value) error) error
+type batchQuery func(q string, args []any, dest ...any) error
 
 // many sends fn (pg_try_advisory_lock, or pg_advisory_unlock) on every key
 // in one statement through query, run on backend pid only, and returns, by
-// position, whether the server answered true: the one decoder of every
-// batch (a shared session's, a Session's). Every answer must come from
-// backend pid (ErrSessionChanged otherwise), and every key must be
-// answered. For more than sqltext.ManyRowsMax keys the answers come
-// aggregated in one row (the positions not answered true).
-func many(mode sqltext.Mode, query manyQuery, fn string, pid int64, keys []Key) ([]bool, error) {
-	return manyOf(mode, query, fn, 0, pid, keys, nil)
+// position, whether the server answered true (all false with an error):
+// the one decoder of every batch (a shared session's, a Session's). An
+// answer from another backend (none: it ran nothing there) is
+// ErrSessionChanged. When the statement fails, nothing is known of what it
+// did: the server answers a batch as a whole.
+func many(mode sqltext.Mode, query batchQuery, fn string, pid int64, keys []Key) ([]bool, error) {
+	return batch(mode, query, fn, -1, pid, keys)
 }
 
-// mixed is many for a batch of unlocks and tries, in one statement (of no
-// more than sqltext.ManyRowsMax keys): the first unlocks keys are
-// released, the others tried. Rows come as the server evaluates them,
-// unlocks first: when the statement fails (a try refused by a full lock
-// table), seen tells, by position, which answers were read before the
-// error: when every unlock's was, the error certainly concerns the tries
-// alone.
-func mixed(mode sqltext.Mode, query manyQuery, unlocks int, pid int64, keys []Key) (got, seen []bool, err error) {
-	seen = make([]bool, len(keys))
-	got, err = manyOf(mode, query, "", unlocks, pid, keys, seen)
-	return got, seen, err
+// mixed is many for a batch of unlocks and tries, in one statement: the
+// first unlocks keys are released, the others tried.
+func mixed(mode sqltext.Mode, query batchQuery, unlocks int, pid int64, keys []Key) ([]bool, error) {
+	return batch(mode, query, "", unlocks, pid, keys)
 }
 
-// manyOf is many of fn, or, for fn "", mixed's; seen, when not nil, marks
-// the positions answered.
-func manyOf(mode sqltext.Mode, query manyQuery, fn string, unlocks int, pid int64, keys []Key, seen []bool) ([]bool, error) {
+// batch is many of fn, or, for unlocks >= 0, mixed's.
+func batch(mode sqltext.Mode, query batchQuery, fn string, unlocks int, pid int64, keys []Key) ([]bool, error) {
 	// Run on backend pid only: a statement that a pooler sent to another
 	// server session takes and releases nothing there.
-	only, agg := strconv.FormatInt(pid, 10), ""
-	if len(keys) > sqltext.ManyRowsMax {
-		agg = sqltext.AggNotTaken
-	}
+	only := strconv.FormatInt(pid, 10)
 	var q string
 	var args []any
-	if fn == "" {
-		q, args = mode.MixedSQL(only, agg, unlocks, keys)
+	if unlocks >= 0 {
+		q, args = mode.MixedSQL(only, unlocks, keys)
 	} else {
-		q, args = mode.ManySQL(fn, only, agg, keys)
+		q, args = mode.ManySQL(fn, only, keys)
 	}
-	got := make([]bool, len(keys))
-	rows := 0
-	err := query(q, args, func(v []driver.Value) error {
-		rows++
-		if agg == "" && v[1] == nil {
-			return sessionChanged(pid, 0) // another backend: it ran nothing
-		}
-		if agg != "" && pglocks.Int(v[1]) != pid {
-			return sessionChanged(pid, pglocks.Int(v[1]))
-		}
-		if agg != "" {
-			missed := make([]bool, len(keys))
-			if err := markPositions(v[0], missed); err != nil {
-				return err
-			}
-			for i := range got {
-				got[i] = !missed[i]
-			}
-			return nil
-		}
-		i := pglocks.Int(v[0])
-		if i < 1 || int(i) > len(keys) {
-			return errors.New("sqllock: answer out of range")
-		}
-		got[i-1] = v[1] == true
-		if seen != nil {
-			seen[i-1] = true
-		}
-		return nil
-	})
-	want := len(keys)
-	if agg != "" {
-		want = 1
+	var missed string
+	err := query(q, args, &missed)
+	if errors.Is(err, sql.ErrNoRows) {
+		err = sessionChanged(pid, 0) // another backend: it ran nothing
 	}
-	if err == nil && rows != want {
-		err = fmt.Errorf("sqllock: %d answers for %d keys", rows, len(keys))
+	got := make([]bool, len(keys)) // all false, whatever the error
+	if err == nil {
+		err = markPositions(missed, got)
 	}
-	return got, err
+	if err != nil {
+		clear(got)
+		return got, err
+	}
+	for i := range got {
+		got[i] = !got[i]
+	}
+	return got, nil
 }
 
-// markPositions sets marks[i-1] for each position i (from 1) in v, a text
-// array literal of integers such as "{2,5}", as a driver gives it.
-func markPositions(v driver.Value, marks []bool) error {
-	var lit string
-	switch t := v.(type) {
-	case string:
-		lit = t
-	case []byte:
-		lit = string(t)
-	default:
-		return fmt.Errorf("sqllock: positions: %T", v)
-	}
+// markPositions sets marks[i-1] for each position i (from 1) in lit, a
+// text array literal of integers such as "{2,5}".
+func markPositions(lit string, marks []bool) error {
 	lit = strings.TrimSuffix(strings.TrimPrefix(lit, "{"), "}")
 	for lit != "" {
 		num, rest, _ := strings.Cut(lit, ",")

@@ -540,73 +540,88 @@ SELECT h.i, CASE WHEN h.server <> 0 AND h.server <> s.server THEN 2
   AND l.pid = h.pid AND l.classid::int8 = h.classid AND l.objid::int8 = h.objid AND l.objsubid = h.objsubid
   AND l.mode = CASE WHEN h.shared THEN 'ShareLock' ELSE 'ExclusiveLock' END)`
 
-// AggNotTaken lists the positions of the keys whose function did not
-// answer true (not taken, not released), as a text array literal ('{}'
-// when every key was).
-const AggNotTaken = "coalesce(array_agg(t.i) FILTER (WHERE t.got IS NOT TRUE), '{}')::text"
-
-// ManyRowsMax is the most keys whose results ManySQL returns as a row
-// each; for more it aggregates them into one row. Rows cost per key to send
-// and decode; the aggregate costs the server more to plan and run (lib/pq's
-// statements are planned every time). The two break even near 100 keys
-// (docs/benchmarks.md).
-const ManyRowsMax = 64
+// BatchMax is the most keys a session's queue sends in one batch
+// statement (ManySQL, MixedSQL): a bound on its text, not on its cost,
+// which its answer keeps to one short row whatever the number of keys.
+const BatchMax = 1000
 
 // ManySQL returns a statement that calls fn (an exclusive lock or unlock
-// function) on every key, on backend onlyPID only. With agg empty it
-// answers a row per key: (position from 1, result), the result NULL on
-// any other backend (the functions never answer NULL); otherwise one row:
-// (agg, pid), where agg aggregates the rows t(i, got). Keys are passed as
-// array literals in text, which every driver can bind.
-func (m Mode) ManySQL(fn, onlyPID, agg string, keys []Key) (string, []any) {
-	call := "CASE WHEN u.pair THEN " + fn + "(u.c, u.d) ELSE " + fn + "(u.v) END"
-	return m.manySQL(call, onlyPID, agg, keys)
+// function) on every key, on backend onlyPID only. Its single row is the
+// positions (from 1) of the keys whose call did not answer true (not
+// taken, not released), as a text array literal ('{}' when every call
+// did); on any other backend it calls nothing and answers no row. One
+// row costs the server and the client less than a row per key
+// (docs/benchmarks.md). The keys are called in their order. They are
+// passed as array literals in text, which every driver can bind: one
+// array of bigint keys, and, only when the batch has pair keys, a second
+// that tells which are pairs (packed in the first: class in the high 32
+// bits, id in the low).
+func (m Mode) ManySQL(fn, onlyPID string, keys []Key) (string, []any) {
+	return m.batchSQL(fn, onlyPID, -1, keys)
 }
 
 // MixedSQL is ManySQL for a batch of unlocks and tries: the first unlocks
 // keys are released (pg_advisory_unlock), the others tried
-// (pg_try_advisory_lock), in one statement, in that order (a projection
-// over unnest runs row by row, in the array's order).
-func (m Mode) MixedSQL(onlyPID, agg string, unlocks int, keys []Key) (string, []any) {
-	call := "CASE WHEN u.i <= $5::text::int8 THEN CASE WHEN u.pair THEN pg_advisory_unlock(u.c, u.d) ELSE pg_advisory_unlock(u.v) END" +
-		" ELSE CASE WHEN u.pair THEN pg_try_advisory_lock(u.c, u.d) ELSE pg_try_advisory_lock(u.v) END END"
-	return m.manySQL(call, onlyPID, agg, keys, strconv.Itoa(unlocks))
+// (pg_try_advisory_lock), in one statement.
+func (m Mode) MixedSQL(onlyPID string, unlocks int, keys []Key) (string, []any) {
+	return m.batchSQL("", onlyPID, unlocks, keys)
 }
 
-// manySQL is ManySQL with call, the expression run on each key u, and
-// extra text parameters from $5 on.
-func (m Mode) manySQL(call, onlyPID, agg string, keys []Key, extra ...string) (string, []any) {
-	// Four array literals, built without an allocation per key.
-	pair := make([]byte, 0, 2*len(keys)+2)
-	v := make([]byte, 0, 8*len(keys)+2)
-	c := make([]byte, 0, 4*len(keys)+2)
-	d := make([]byte, 0, 4*len(keys)+2)
+// batchSQL is ManySQL of fn, or, for unlocks >= 0, MixedSQL's.
+func (m Mode) batchSQL(fn, onlyPID string, unlocks int, keys []Key) (string, []any) {
+	// The array literals, built without an allocation per key.
+	v := make([]byte, 0, 12*len(keys)+2)
+	pairs := false
 	for i, k := range keys {
-		sep := byte(',')
-		if i == 0 {
-			sep = '{'
+		if i > 0 {
+			v = append(v, ',')
 		}
-		pair, v, c, d = append(pair, sep), append(v, sep), append(c, sep), append(d, sep)
 		if k.Pair {
-			pair = append(pair, 't')
-			v = append(v, '0')
-			c = strconv.AppendInt(c, int64(k.Class), 10)
-			d = strconv.AppendInt(d, int64(k.ID), 10)
+			pairs = true
+			v = strconv.AppendInt(v, int64(k.Class)<<32|int64(uint32(k.ID)), 10)
 		} else {
-			pair = append(pair, 'f')
 			v = strconv.AppendInt(v, k.V, 10)
-			c = append(c, '0')
-			d = append(d, '0')
 		}
 	}
-	call = "CASE WHEN pg_backend_pid() = " + onlyPID + " THEN " + call + " END"
-	rows := "SELECT u.i, " + call + " AS got" +
-		" FROM unnest($1::text::bool[], $2::text::int8[], $3::text::int4[], $4::text::int4[]) WITH ORDINALITY AS u(pair, v, c, d, i)"
-	q := rows
-	if agg != "" {
-		q = "SELECT " + agg + ", pg_backend_pid() FROM (" + rows + ") AS t"
+	lits := []string{"{" + string(v) + "}"}
+	params := "$1::text::int8[]"
+	cols := "u(v, i)"
+	call := func(fn string) string { return fn + "(u.v)" }
+	if pairs {
+		p := make([]byte, 0, 2*len(keys)+2)
+		for i, k := range keys {
+			if i > 0 {
+				p = append(p, ',')
+			}
+			p = append(p, "ft"[b2i(k.Pair)])
+		}
+		lits = append(lits, "{"+string(p)+"}")
+		params += ", $2::text::bool[]"
+		cols = "u(v, p, i)"
+		call = func(fn string) string {
+			return "CASE WHEN u.p THEN " + fn + "((u.v >> 32)::int4, ((u.v << 32) >> 32)::int4) ELSE " + fn + "(u.v) END"
+		}
 	}
-	return m.Arrays(q, append([]string{string(append(pair, '}')), string(append(v, '}')), string(append(c, '}')), string(append(d, '}'))}, extra...)...)
+	got := call(fn)
+	if unlocks >= 0 {
+		got = "CASE WHEN u.i <= $" + strconv.Itoa(len(lits)+1) + "::text::int8 THEN " + call("pg_advisory_unlock") + " ELSE " + call("pg_try_advisory_lock") + " END"
+		lits = append(lits, strconv.Itoa(unlocks))
+	}
+	// The positions come from a subquery (ARRAY), not an aggregate: the
+	// first statement with an aggregate that a backend runs fails on a full
+	// lock table (measured), and a batch's unlocks must still run there,
+	// its tries refused. The condition on the backend is a one-time
+	// filter, checked before the subquery runs.
+	q := "SELECT ARRAY(SELECT u.i FROM unnest(" + params + ") WITH ORDINALITY AS " + cols +
+		" WHERE " + got + " IS NOT TRUE)::text WHERE pg_backend_pid() = " + onlyPID
+	return m.Arrays(q, lits...)
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // Arrays returns q with its array parameters ($1, $2, ...: text literals
