@@ -3,9 +3,12 @@ package sqllock_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/sqltext"
 	"github.com/sqllock/sqllock/internal/testkit"
 
 	"github.com/sqllock/sqllock"
@@ -84,16 +87,80 @@ func compareCycles(b *testing.B, open func() *sql.DB) {
 			}
 		}
 	}
+	floor := floorCycle(b, db)
 	res := testkit.Compare(b, []testkit.Variant{
 		{Name: "raw", Run: raw(bg, 4241)},
 		{Name: "raw-ctx", Run: raw(cctx, 4242)},
 		{Name: "sqllock", Run: lib(bg, l, 4243)},
 		{Name: "sqllock-ctx", Run: lib(cctx, l, 4244)},
 		{Name: "dedicated", Run: lib(bg, dl, 4245)},
+		{Name: "floor", Run: floor(bg, 4246)},
+		{Name: "floor-ctx", Run: floor(cctx, 4247)},
 	}, testkit.Ratio{Name: "ratio", Of: "sqllock", Over: "raw"}, testkit.Ratio{Name: "ratio-ctx", Of: "sqllock-ctx", Over: "raw-ctx"},
-		testkit.Ratio{Name: "ratio-dedicated", Of: "dedicated", Over: "raw"})
+		testkit.Ratio{Name: "ratio-dedicated", Of: "dedicated", Over: "raw"},
+		testkit.Ratio{Name: "ratio-floor", Of: "floor", Over: "raw"}, testkit.Ratio{Name: "ratio-floor-ctx", Of: "floor-ctx", Over: "raw"})
 	b.ReportMetric(float64(res[2].CPU-res[0].CPU), "cpu-added-ns")
 	b.ReportMetric(float64(res[3].CPU-res[1].CPU), "cpu-added-ctx-ns")
+}
+
+// floorCycle returns the floor of a shared session's TryLock + Unlock:
+// the two statements a default Locker sends on a session set up already
+// (its owner mark compared in the try, its pid in the unlock), on a
+// pinned connection of db's set up by hand, each sent straight to the
+// driver's connection as the Locker sends them, under ctx, with no
+// library code around them. "ratio-floor" (a context that cannot end) and
+// "ratio-floor-ctx" (one that can, as the Locker bounds its statements)
+// are what a Locker would reach with no client cost of its own.
+func floorCycle(b *testing.B, db *sql.DB) func(ctx context.Context, key int64) func() {
+	bg := context.Background()
+	conn, err := db.Conn(bg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	const mark = "bench-floor"
+	var pid int64
+	if err := conn.QueryRowContext(bg, "SELECT pg_backend_pid() FROM (SELECT set_config('sqllock.owner', '"+mark+"', false)) AS s").Scan(&pid); err != nil {
+		b.Fatal(err)
+	}
+	st := sqltext.Plain(sqltext.DetectMode(db.Driver()))
+	vals := make([]driver.Value, 1)
+	one := func(ctx context.Context, q string, nv []driver.NamedValue) {
+		err := conn.Raw(func(dc any) error {
+			rows, err := dc.(driver.QueryerContext).QueryContext(ctx, q, nv)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			if err := rows.Next(vals); err != nil {
+				return err
+			}
+			if vals[0] != true {
+				return fmt.Errorf("%s answered %v", q, vals[0])
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	named := func(args []any) []driver.NamedValue {
+		nv := make([]driver.NamedValue, len(args))
+		for i, a := range args {
+			nv[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
+		}
+		return nv
+	}
+	return func(ctx context.Context, key int64) func() {
+		k := sqltext.Key{V: key}
+		tq, targs := st.TrySQL(sqltext.Try, k, mark)
+		uq, uargs := st.UnlockSQL(false, k, pid)
+		tnv, unv := named(targs), named(uargs)
+		return func() {
+			one(ctx, tq, tnv)
+			one(ctx, uq, unv)
+		}
+	}
 }
 
 // BenchmarkHotKey runs 64 goroutines that contend for one key (Lock, no
