@@ -48,11 +48,11 @@ const maxShared = 16
 
 // sharedSpread is how many locks a shared session takes before the Pool
 // opens another (up to its limit) rather than add to it.
-const sharedSpread = 32
+const sharedSpread = 64
 
 // sharedOpenLoad is how many calls at once on a shared session make the
 // next call go to another (opened if need be, up to the limit).
-const sharedOpenLoad = 32
+const sharedOpenLoad = 64
 
 // sharedQueue is how many calls may queue on a busy shared session while
 // others are opening, before the next call waits for one of them.
