@@ -747,14 +747,14 @@ func (s *session) canMix(unlocks, tries []*op) bool {
 
 // runMixed sends unlocks and then tries in one statement, one round trip
 // for both where two statements took two: the calls of a busy shared
-// session wait half as long. The server answers a batch as a whole: when
-// it failed the statement (a try refused by a full lock table), what it
-// did is asked of the server (ranUnlocks); when that is certain, the
-// answer is certain for the tries alone: what it took is released
-// (releaseStray), as after a batch of tries, and the unlocks stand. Any
-// other failure ends the session (which unlocks ran is not known; the
-// server releases what the session held as it ends), and every op is told
-// why.
+// session wait half as long. The server answers a batch as a whole, and
+// runs its unlocks first: when it failed the statement (a try refused by a
+// full lock table), it is asked whether every unlock ran (ranUnlocks);
+// then the answer is certain for the tries alone: what the statement took
+// is released (releaseStray), as after a batch of tries, and the unlocks
+// stand. Any other failure ends the session (which unlocks ran is not
+// known; the server releases what the session held as it ends), and every
+// op is told why.
 func (s *session) runMixed(unlocks, tries []*op) {
 	tries = s.claim(tries)
 	keys := s.scratch.batchKeys[:0]
@@ -767,7 +767,7 @@ func (s *session) runMixed(unlocks, tries []*op) {
 	s.scratch.batchKeys = keys[:0]
 	_, mode := s.plainSQL()
 	got, err := mixed(mode, s.queryRow, len(unlocks), s.pid, keys)
-	certain := err != nil && serverRefused(err) && s.ranUnlocks(keys[:len(unlocks)]) == nil
+	certain := err != nil && serverRefused(err) && s.ranUnlocks(keys[:len(unlocks)])
 	for i, o := range unlocks {
 		switch {
 		case err == nil:
@@ -795,23 +795,14 @@ func (s *session) runMixed(unlocks, tries []*op) {
 	}
 }
 
-// ranUnlocks makes sure that the unlocks of keys, sent in a statement that
-// the server failed, ran: each of a key that s held (a Hold's), which its
-// backend holds no more once it ran. Those that did not (a statement can
-// fail before its first call: a backend that reads its catalogs for a new
-// statement takes locks too) are sent again, on their own. It returns nil
-// once every key is released, and otherwise why not; the caller then ends
-// s.
-func (s *session) ranUnlocks(keys []Key) error {
+// ranUnlocks reports whether the unlocks of keys, sent in a statement
+// that the server failed, ran: each of a key that s held (a Hold's),
+// which its backend holds no more once it ran. When any is still held, or
+// the server cannot say, what the statement did is not known (the caller
+// ends s).
+func (s *session) ranUnlocks(keys []Key) bool {
 	held, err := s.holding(keys)
-	if err != nil || len(held) == 0 {
-		return err
-	}
-	released, err := s.sendUnlocks(s.p.UnlockContext(), nil, held, false)
-	if err == nil && slices.Contains(released, false) {
-		err = errors.New("sqllock: a key held for an unlock was not released")
-	}
-	return err
+	return err == nil && len(held) == 0
 }
 
 // claim marks tries as sent, as they are about to be, and returns them;
