@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/sqllock/sqllock/internal/sqltext"
 	"sync"
 )
 
@@ -205,7 +206,7 @@ func (o *Owned) TryLock(ctx context.Context, keys []Key) ([]Key, error) {
 	query := func(q string, args []any, dest ...any) error {
 		return o.s.queryRowCtx(ctx, q, args, dest...)
 	}
-	took, err := many(o.p.mode, query, "pg_try_advisory_lock", o.pid, want)
+	took, err := many(o.p.mode, query, sqltext.BatchTry, o.pid, want, nil)
 	if CtxEnded(ctx) || err != nil {
 		return nil, o.tryLockFailed(ctx, want, err)
 	}

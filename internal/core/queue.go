@@ -490,8 +490,12 @@ func (s *session) sendUnlocks(ctx context.Context, sc *scratch, keys []Key, shar
 	query := func(q string, args []any, dest ...any) error {
 		return s.queryRowCtx(ctx, q, args, dest...)
 	}
+	var bb *batchBufs
+	if sc != nil {
+		bb = &sc.batch
+	}
 	_, mode := s.plainSQL()
-	return many(mode, query, "pg_advisory_unlock", s.pid, keys)
+	return many(mode, query, sqltext.BatchUnlock, s.pid, keys, bb)
 }
 
 // runUnlocks sends the unlocks ops; a failed statement ends the session
@@ -708,7 +712,7 @@ func (s *session) runTries(ops []*op) {
 	}
 	s.scratch.batchKeys = keys[:0]
 	_, mode := s.plainSQL()
-	got, err := many(mode, s.queryRow, "pg_try_advisory_lock", s.pid, keys)
+	got, err := many(mode, s.queryRow, sqltext.BatchTry, s.pid, keys, &s.scratch.batch)
 	for i, o := range ops {
 		o.ok = got[i]
 	}
@@ -766,7 +770,7 @@ func (s *session) runMixed(unlocks, tries []*op) {
 	}
 	s.scratch.batchKeys = keys[:0]
 	_, mode := s.plainSQL()
-	got, err := mixed(mode, s.queryRow, len(unlocks), s.pid, keys)
+	got, err := mixed(mode, s.queryRow, len(unlocks), s.pid, keys, &s.scratch.batch)
 	certain := err != nil && serverRefused(err) && s.ranUnlocks(keys[:len(unlocks)])
 	for i, o := range unlocks {
 		switch {

@@ -114,6 +114,7 @@ type scratch struct {
 	// of many (runTries, runMixed): kept for the next batch, emptied.
 	tries, unlocks, alives []*op
 	batchKeys              []Key
+	batch                  batchBufs // a batch statement's parts
 }
 
 // markArg returns mark (the session's, which never changes) as an

@@ -57,41 +57,53 @@ func KeyOfTag(t pglocks.Tag) (Key, bool) {
 // session's way to send one (its lease, its context, its driver).
 type batchQuery func(q string, args []any, dest ...any) error
 
-// many sends fn (pg_try_advisory_lock, or pg_advisory_unlock) on every key
-// in one statement through query, run on backend pid only, and returns, by
+// many sends fn (sqltext.BatchTry or sqltext.BatchUnlock) on every key in
+// one statement through query, run on backend pid only, and returns, by
 // position, whether the server answered true (all false with an error):
 // the one decoder of every batch (a shared session's, a Session's). An
 // answer from another backend (none: it ran nothing there) is
-// ErrSessionChanged. When the statement fails, nothing is known of what it
-// did: the server answers a batch as a whole.
-func many(mode sqltext.Mode, query batchQuery, fn string, pid int64, keys []Key) ([]bool, error) {
-	return batch(mode, query, fn, -1, pid, keys)
+// ErrSessionChanged. When the statement fails, nothing is known of what
+// it did: the server answers a batch as a whole. bb, when not nil, holds
+// the statement's parts for use again, and the answer (valid until bb's
+// next batch).
+func many(mode sqltext.Mode, query batchQuery, b sqltext.Batch, pid int64, keys []Key, bb *batchBufs) ([]bool, error) {
+	return batch(mode, query, b, 0, pid, keys, bb)
 }
 
 // mixed is many for a batch of unlocks and tries, in one statement: the
 // first unlocks keys are released, the others tried.
-func mixed(mode sqltext.Mode, query batchQuery, unlocks int, pid int64, keys []Key) ([]bool, error) {
-	return batch(mode, query, "", unlocks, pid, keys)
+func mixed(mode sqltext.Mode, query batchQuery, unlocks int, pid int64, keys []Key, bb *batchBufs) ([]bool, error) {
+	return batch(mode, query, sqltext.BatchMixed, unlocks, pid, keys, bb)
 }
 
-// batch is many of fn, or, for unlocks >= 0, mixed's.
-func batch(mode sqltext.Mode, query batchQuery, fn string, unlocks int, pid int64, keys []Key) ([]bool, error) {
-	// Run on backend pid only: a statement that a pooler sent to another
-	// server session takes and releases nothing there.
-	only := strconv.FormatInt(pid, 10)
+// batch is many of b, unlocks the keys released first when b is mixed.
+func batch(mode sqltext.Mode, query batchQuery, b sqltext.Batch, unlocks int, pid int64, keys []Key, bb *batchBufs) ([]bool, error) {
+	if bb == nil {
+		bb = new(batchBufs)
+	}
 	var q string
 	var args []any
-	if unlocks >= 0 {
-		q, args = mode.MixedSQL(only, unlocks, keys)
+	if mode == sqltext.Inline {
+		// Run on backend pid only: a statement that a pooler sent to
+		// another server session takes and releases nothing there.
+		q, args = mode.BatchSQL(b, strconv.FormatInt(pid, 10), keys, unlocks)
 	} else {
-		q, args = mode.ManySQL(fn, only, keys)
+		var pairs bool
+		args, bb.lit, pairs = sqltext.BatchArgs(bb.args[:0], bb.lit, keys, unlocks, b == sqltext.BatchMixed)
+		q = bb.text(b, pairs, pid)
 	}
-	var missed string
-	err := query(q, args, &missed)
+	if bb.dest[0] == nil {
+		bb.dest[0] = &bb.missed
+	}
+	err := query(q, args, bb.dest[:]...)
+	missed := bb.missed
+	clear(bb.args[:])
+	bb.missed = ""
 	if errors.Is(err, sql.ErrNoRows) {
 		err = sessionChanged(pid, 0) // another backend: it ran nothing
 	}
-	got := make([]bool, len(keys)) // all false, whatever the error
+	got := append(bb.got[:0], make([]bool, len(keys))...) // all false, whatever the error
+	bb.got = got
 	if err == nil {
 		err = markPositions(missed, got)
 	}
@@ -103,6 +115,31 @@ func batch(mode sqltext.Mode, query batchQuery, fn string, unlocks int, pid int6
 		got[i] = !got[i]
 	}
 	return got, nil
+}
+
+// batchBufs are the parts of a session's batch statements kept for its
+// next (used by the runner of its queue only): the texts it sent, its
+// arguments, its keys' array literal, and its answer.
+type batchBufs struct {
+	pid    int64
+	texts  [sqltext.BatchKinds][2]string // by kind, then without and with pair keys: for pid
+	args   [3]any
+	lit    []byte
+	got    []bool
+	missed string // the answer
+	dest   [1]any // &missed
+}
+
+// text returns sqltext.BatchText of b on backend pid, made once.
+func (bb *batchBufs) text(b sqltext.Batch, pairs bool, pid int64) string {
+	if bb.pid != pid {
+		bb.pid, bb.texts = pid, [sqltext.BatchKinds][2]string{}
+	}
+	t := &bb.texts[b][b2i(pairs)]
+	if *t == "" {
+		*t = sqltext.BatchText(b, pairs, strconv.FormatInt(pid, 10))
+	}
+	return *t
 }
 
 // markPositions sets marks[i-1] for each position i (from 1) in lit, a

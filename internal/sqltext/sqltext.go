@@ -545,76 +545,113 @@ SELECT h.i, CASE WHEN h.server <> 0 AND h.server <> s.server THEN 2
 // which its answer keeps to one short row whatever the number of keys.
 const BatchMax = 1000
 
-// ManySQL returns a statement that calls fn (an exclusive lock or unlock
-// function) on every key, on backend onlyPID only. Its single row is the
-// positions (from 1) of the keys whose call did not answer true (not
-// taken, not released), as a text array literal ('{}' when every call
-// did); on any other backend it calls nothing and answers no row. One
-// row costs the server and the client less than a row per key
-// (docs/benchmarks.md). The keys are called in their order. They are
-// passed as array literals in text, which every driver can bind: one
-// array of bigint keys, and, only when the batch has pair keys, a second
-// that tells which are pairs (packed in the first: class in the high 32
-// bits, id in the low).
-func (m Mode) ManySQL(fn, onlyPID string, keys []Key) (string, []any) {
-	return m.batchSQL(fn, onlyPID, -1, keys)
-}
+// Batch is what a batch statement does with its keys.
+type Batch uint8
 
-// MixedSQL is ManySQL for a batch of unlocks and tries: the first unlocks
-// keys are released (pg_advisory_unlock), the others tried
-// (pg_try_advisory_lock), in one statement.
-func (m Mode) MixedSQL(onlyPID string, unlocks int, keys []Key) (string, []any) {
-	return m.batchSQL("", onlyPID, unlocks, keys)
-}
+const (
+	BatchTry    Batch = iota // pg_try_advisory_lock on every key
+	BatchUnlock              // pg_advisory_unlock on every key
+	BatchMixed               // its first keys released, the others tried
+	BatchKinds  = 3
+)
 
-// batchSQL is ManySQL of fn, or, for unlocks >= 0, MixedSQL's.
-func (m Mode) batchSQL(fn, onlyPID string, unlocks int, keys []Key) (string, []any) {
-	// The array literals, built without an allocation per key.
-	v := make([]byte, 0, 12*len(keys)+2)
-	pairs := false
-	for i, k := range keys {
-		if i > 0 {
-			v = append(v, ',')
-		}
-		if k.Pair {
-			pairs = true
-			v = strconv.AppendInt(v, int64(k.Class)<<32|int64(uint32(k.ID)), 10)
-		} else {
-			v = strconv.AppendInt(v, k.V, 10)
-		}
+// BatchSQL returns batch statement b, which calls its function on every
+// key in keys, in their order, on backend onlyPID only, with its
+// arguments; for BatchMixed, the first unlocks keys are released
+// (pg_advisory_unlock), the others tried (pg_try_advisory_lock). Its
+// single row is the positions (from 1) of the keys whose call did not
+// answer true (not taken, not released), as a text array literal ('{}'
+// when every call did); on any other backend it calls nothing and answers
+// no row. One row costs the server and the client less than a row per
+// key (docs/benchmarks.md). The keys are passed as array literals in
+// text, which every driver can bind (see BatchText and BatchArgs), or, in
+// Inline mode, rendered into the text.
+func (m Mode) BatchSQL(b Batch, onlyPID string, keys []Key, unlocks int) (string, []any) {
+	args, _, pairs := BatchArgs(nil, nil, keys, unlocks, b == BatchMixed)
+	q := BatchText(b, pairs, onlyPID)
+	if m != Inline {
+		return q, args
 	}
-	lits := []string{"{" + string(v) + "}"}
-	params := "$1::text::int8[]"
-	cols := "u(v, i)"
+	strs := make([]string, len(args))
+	for i, a := range args {
+		strs[i] = a.(string)
+	}
+	return m.Arrays(q, strs...)
+}
+
+// BatchText returns the text of batch statement b (see BatchSQL) on
+// backend onlyPID, its keys bound: $1 the keys, bigint keys as they are
+// and pair keys packed (class in the high 32 bits, id in the low); then,
+// for BatchMixed, how many are released; then, when pairs, which keys are
+// pairs. A session sends few distinct texts: its pid is in them, and its
+// keys are not.
+func BatchText(b Batch, pairs bool, onlyPID string) string {
+	params, cols := "$1::text::int8[]", "u(v, i)"
 	call := func(fn string) string { return fn + "(u.v)" }
+	n := 2
+	if b == BatchMixed {
+		n++
+	}
 	if pairs {
-		p := make([]byte, 0, 2*len(keys)+2)
-		for i, k := range keys {
-			if i > 0 {
-				p = append(p, ',')
-			}
-			p = append(p, "ft"[b2i(k.Pair)])
-		}
-		lits = append(lits, "{"+string(p)+"}")
-		params += ", $2::text::bool[]"
+		params += ", $" + strconv.Itoa(n) + "::text::bool[]"
 		cols = "u(v, p, i)"
 		call = func(fn string) string {
 			return "CASE WHEN u.p THEN " + fn + "((u.v >> 32)::int4, ((u.v << 32) >> 32)::int4) ELSE " + fn + "(u.v) END"
 		}
 	}
-	got := call(fn)
-	if unlocks >= 0 {
-		got = "CASE WHEN u.i <= $" + strconv.Itoa(len(lits)+1) + "::text::int8 THEN " + call("pg_advisory_unlock") + " ELSE " + call("pg_try_advisory_lock") + " END"
-		lits = append(lits, strconv.Itoa(unlocks))
+	var got string
+	switch b {
+	case BatchTry:
+		got = call("pg_try_advisory_lock")
+	case BatchUnlock:
+		got = call("pg_advisory_unlock")
+	default:
+		got = "CASE WHEN u.i <= $2::text::int8 THEN " + call("pg_advisory_unlock") + " ELSE " + call("pg_try_advisory_lock") + " END"
 	}
 	// The positions come from a subquery (ARRAY), not an aggregate: the
 	// first statement with an aggregate that a backend runs fails on a full
 	// lock table (measured), and a batch's unlocks must still run there,
 	// its tries refused. The condition on the backend is a one-time
 	// filter, checked before the subquery runs.
-	q := "SELECT ARRAY(SELECT u.i FROM unnest(" + params + ") WITH ORDINALITY AS " + cols +
+	return "SELECT ARRAY(SELECT u.i FROM unnest(" + params + ") WITH ORDINALITY AS " + cols +
 		" WHERE " + got + " IS NOT TRUE)::text WHERE pg_backend_pid() = " + onlyPID
-	return m.Arrays(q, lits...)
+}
+
+// BatchArgs appends to args the arguments of a batch statement of keys
+// (see BatchText): the keys' array literal, built in buf (returned, for
+// use again once the arguments are sent), how many are released when
+// mixed, and, when keys has pair keys (pairs), which are. The array
+// literals are made without an allocation per key.
+func BatchArgs(args []any, buf []byte, keys []Key, unlocks int, mixed bool) (_ []any, _ []byte, pairs bool) {
+	buf = append(buf[:0], '{')
+	for i, k := range keys {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		if k.Pair {
+			pairs = true
+			buf = strconv.AppendInt(buf, int64(k.Class)<<32|int64(uint32(k.ID)), 10)
+		} else {
+			buf = strconv.AppendInt(buf, k.V, 10)
+		}
+	}
+	buf = append(buf, '}')
+	args = append(args, string(buf))
+	if mixed {
+		args = append(args, strconv.Itoa(unlocks))
+	}
+	if pairs {
+		buf = append(buf[:0], '{')
+		for i, k := range keys {
+			if i > 0 {
+				buf = append(buf, ',')
+			}
+			buf = append(buf, "ft"[b2i(k.Pair)])
+		}
+		buf = append(buf, '}')
+		args = append(args, string(buf))
+	}
+	return args, buf, pairs
 }
 
 func b2i(b bool) int {
