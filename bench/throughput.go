@@ -133,6 +133,9 @@ func heldMemory(db *sql.DB, class int32, n int) (per float64, err error) {
 		runtime.ReadMemStats(&ms)
 		return float64(ms.HeapAlloc)
 	}
+	// The Locker measured before this one (its keep-alive stops, its
+	// sessions go back to their pool) is gone by then.
+	time.Sleep(6 * time.Second)
 	h0 := heap()
 	for range 50 {
 		time.Sleep(100 * time.Millisecond)
