@@ -5,8 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/sqllock/sqllock/internal/sqltext"
 	"sync"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // Owned is the core of a user's Session: many exclusive locks on one

@@ -57,7 +57,7 @@ func KeyOfTag(t pglocks.Tag) (Key, bool) {
 // session's way to send one (its lease, its context, its driver).
 type batchQuery func(q string, args []any, dest ...any) error
 
-// many sends fn (sqltext.BatchTry or sqltext.BatchUnlock) on every key in
+// many sends batch b (sqltext.BatchTry or sqltext.BatchUnlock) of keys in
 // one statement through query, run on backend pid only, and returns, by
 // position, whether the server answered true (all false with an error):
 // the one decoder of every batch (a shared session's, a Session's). An
@@ -77,6 +77,8 @@ func mixed(mode sqltext.Mode, query batchQuery, unlocks int, pid int64, keys []K
 }
 
 // batch is many of b, unlocks the keys released first when b is mixed.
+// It runs on backend pid only: a statement that a pooler sent to another
+// server session takes and releases nothing there.
 func batch(mode sqltext.Mode, query batchQuery, b sqltext.Batch, unlocks int, pid int64, keys []Key, bb *batchBufs) ([]bool, error) {
 	if bb == nil {
 		bb = new(batchBufs)
@@ -84,8 +86,6 @@ func batch(mode sqltext.Mode, query batchQuery, b sqltext.Batch, unlocks int, pi
 	var q string
 	var args []any
 	if mode == sqltext.Inline {
-		// Run on backend pid only: a statement that a pooler sent to
-		// another server session takes and releases nothing there.
 		q, args = mode.BatchSQL(b, strconv.FormatInt(pid, 10), keys, unlocks)
 	} else {
 		var pairs bool

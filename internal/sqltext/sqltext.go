@@ -541,7 +541,7 @@ SELECT h.i, CASE WHEN h.server <> 0 AND h.server <> s.server THEN 2
   AND l.mode = CASE WHEN h.shared THEN 'ShareLock' ELSE 'ExclusiveLock' END)`
 
 // BatchMax is the most keys a session's queue sends in one batch
-// statement (ManySQL, MixedSQL): a bound on its text, not on its cost,
+// statement (BatchSQL): a bound on its text, not on its cost,
 // which its answer keeps to one short row whatever the number of keys.
 const BatchMax = 1000
 

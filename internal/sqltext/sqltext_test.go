@@ -213,3 +213,50 @@ func TestLineStatementsParams(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchArgs: a batch's arguments bind in the order its text numbers
+// them, pair keys packed in the bigint array (class high, id low, both
+// signed), the pair flags only when there are pairs; in Inline mode they
+// are rendered into the text.
+func TestBatchArgs(t *testing.T) {
+	keys := []Key{{V: 5}, {Pair: true, Class: -1, ID: 5}, {Pair: true, Class: 5, ID: -1}}
+	tests := []struct {
+		name    string
+		b       Batch
+		keys    []Key
+		want    []any
+		params  []string // in the text
+		notWant string
+	}{
+		{"tries", BatchTry, keys[:1], []any{"{5}"}, []string{"$1::text::int8[]", "pg_try_advisory_lock(u.v)"}, "$2"},
+		{"unlocks", BatchUnlock, keys[:1], []any{"{5}"}, []string{"$1::text::int8[]", "pg_advisory_unlock(u.v)"}, "$2"},
+		{"mixed", BatchMixed, keys[:1], []any{"{5}", "1"}, []string{"$1::text::int8[]", "u.i <= $2::text::int8"}, "$3"},
+		{"pairs", BatchTry, keys, []any{"{5,-4294967291,25769803775}", "{f,t,t}"}, []string{"$1::text::int8[], $2::text::bool[]", "(u.v >> 32)::int4"}, "$3"},
+		{"mixed pairs", BatchMixed, keys, []any{"{5,-4294967291,25769803775}", "1", "{f,t,t}"}, []string{"$1::text::int8[], $3::text::bool[]", "u.i <= $2::text::int8"}, "$4"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			q, args := Bind.BatchSQL(tt.b, "42", tt.keys, 1)
+			if len(args) != len(tt.want) {
+				t.Fatalf("BatchSQL args = %v, want %v", args, tt.want)
+			}
+			for i := range args {
+				if args[i] != tt.want[i] {
+					t.Fatalf("BatchSQL args = %v, want %v", args, tt.want)
+				}
+			}
+			for _, p := range tt.params {
+				if !strings.Contains(q, p) {
+					t.Errorf("BatchSQL text lacks %q: %s", p, q)
+				}
+			}
+			if strings.Contains(q, tt.notWant) || !strings.HasSuffix(q, "WHERE pg_backend_pid() = 42") {
+				t.Errorf("BatchSQL text = %s", q)
+			}
+			iq, iargs := Inline.BatchSQL(tt.b, "42", tt.keys, 1)
+			if len(iargs) != 0 || strings.Contains(iq, "$") || !strings.Contains(iq, "'"+tt.want[0].(string)+"'::text::int8[]") {
+				t.Errorf("Inline BatchSQL = %s, %v", iq, iargs)
+			}
+		})
+	}
+}
