@@ -108,7 +108,9 @@ func compareCycles(b *testing.B, open func() *sql.DB) {
 // (its owner mark compared in the try, its pid in the unlock), on a
 // pinned connection of db's set up by hand, each sent straight to the
 // driver's connection as the Locker sends them, under ctx, with no
-// library code around them. "ratio-floor" (a context that cannot end) and
+// library code around them. (For lib/pq these are the statements with
+// the key in their text; a Locker's busy shared session prepares them
+// after a few, and sends EXECUTE instead.) "ratio-floor" (a context that cannot end) and
 // "ratio-floor-ctx" (one that can, as the Locker bounds its statements)
 // are what a Locker would reach with no client cost of its own.
 func floorCycle(b *testing.B, db *sql.DB) func(ctx context.Context, key int64) func() {

@@ -55,6 +55,10 @@ func LoseSession(s *Session, cause error) { s.o.Lose(cause) }
 // next without a statement.
 func HandOffs(l *Locker) int64 { return l.pool.HandOffs() }
 
+// MixedBatches returns how many statements of l's shared sessions carried
+// unlocks and tries together.
+func MixedBatches(l *Locker) int64 { return l.pool.MixedBatches() }
+
 // OwnHold reports whether lk's Hold was made in lk itself (one allocation
 // per lock; see core.Request.Into).
 func OwnHold(lk *Lock) bool { return lk != nil && lk.h == &lk.own }

@@ -77,6 +77,7 @@ func TestSharedTryFailureTouchesOneLock(t *testing.T) {
 			// More tries than unlocks: the entries the unlocks free in the
 			// lock table are not enough for the tries. Eight rounds; every
 			// lock on one session (fewer than the locks that open another).
+			mixed := sqllock.MixedBatches(l)
 			for round := range 8 {
 				start := make(chan struct{})
 				unlockErrs, tryErrs := make([]error, 2), make([]error, 16)
@@ -118,6 +119,11 @@ func TestSharedTryFailureTouchesOneLock(t *testing.T) {
 						t.Fatalf("round %d: lock %d on the shared session after the refused tries: Err() = %v", round, i, err)
 					}
 				}
+			}
+			if n := sqllock.MixedBatches(l) - mixed; n == 0 {
+				t.Fatal("in 8 rounds, no statement carried unlocks and tries together: the refused mixed batch was not tried")
+			} else {
+				t.Logf("%d statements of unlocks and tries in 8 rounds", n)
 			}
 			if _, err := filler.ExecContext(bg(), "SELECT pg_advisory_unlock_all()"); err != nil {
 				t.Fatal(err)

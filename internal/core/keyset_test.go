@@ -56,6 +56,9 @@ func TestMarkPositions(t *testing.T) {
 		{"{4}", nil, false},
 		{"{0}", nil, false},
 		{"{x}", nil, false},
+		{"", nil, false},
+		{"2", nil, false},
+		{"{2", nil, false},
 	} {
 		marks := make([]bool, 3)
 		err := markPositions(tt.in, marks)

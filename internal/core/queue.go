@@ -456,7 +456,8 @@ func b2i(b bool) int {
 
 // sendUnlocks is the one place an unlock statement is sent: it releases
 // keys (in mode shared) on s's backend, and returns, by position, whether
-// the server released each (a slice its callers only read). One key goes
+// the server released each (a slice its callers only read, and, when sc
+// is given, only until sc's next batch: see many). One key goes
 // in the single-key statement (which also sets a dedicated session's
 // settings back: the session is then no longer tuned); more in one batch,
 // run on the backend only. ctx bounds the statement.
@@ -771,6 +772,7 @@ func (s *session) runMixed(unlocks, tries []*op) {
 	s.scratch.batchKeys = keys[:0]
 	_, mode := s.plainSQL()
 	got, err := mixed(mode, s.queryRow, len(unlocks), s.pid, keys, &s.scratch.batch)
+	s.p.share.mixed.Add(1)
 	certain := err != nil && serverRefused(err) && s.ranUnlocks(keys[:len(unlocks)])
 	for i, o := range unlocks {
 		switch {
@@ -800,10 +802,11 @@ func (s *session) runMixed(unlocks, tries []*op) {
 }
 
 // ranUnlocks reports whether the unlocks of keys, sent in a statement
-// that the server failed, ran: each of a key that s held (a Hold's),
-// which its backend holds no more once it ran. When any is still held, or
-// the server cannot say, what the statement did is not known (the caller
-// ends s).
+// that the server failed, ran: each of a key that s held once (a Hold's,
+// reserved for it, so no other call of the Pool takes it on a shared
+// session), which its backend holds no more once it ran. When any is
+// still held, or the server cannot say, what the statement did is not
+// known (the caller ends s).
 func (s *session) ranUnlocks(keys []Key) bool {
 	held, err := s.holding(keys)
 	return err == nil && len(held) == 0

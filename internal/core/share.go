@@ -77,7 +77,15 @@ type sharing struct {
 	// session, in parts by key, each under a lock of its own: every
 	// shared lock call reserves and frees its key, many at once.
 	keys [keyParts]keyPart
+
+	// mixed counts the statements that carried unlocks and tries
+	// together (runMixed): for tests of that path.
+	mixed atomic.Int64
 }
+
+// MixedBatches returns how many statements of the Pool's shared sessions
+// carried unlocks and tries together: for tests of that path.
+func (p *Pool) MixedBatches() int64 { return p.share.mixed.Load() }
 
 // keyParts is how many parts sharing.keys is split in.
 const (

@@ -143,9 +143,13 @@ func (bb *batchBufs) text(b sqltext.Batch, pairs bool, pid int64) string {
 }
 
 // markPositions sets marks[i-1] for each position i (from 1) in lit, a
-// text array literal of integers such as "{2,5}".
+// text array literal of integers such as "{2,5}"; anything else is an
+// error (an answer that is not one must not read as "every key taken").
 func markPositions(lit string, marks []bool) error {
-	lit = strings.TrimSuffix(strings.TrimPrefix(lit, "{"), "}")
+	if len(lit) < 2 || lit[0] != '{' || lit[len(lit)-1] != '}' {
+		return fmt.Errorf("sqllock: positions %q are not an array literal", lit)
+	}
+	lit = lit[1 : len(lit)-1]
 	for lit != "" {
 		num, rest, _ := strings.Cut(lit, ",")
 		i, err := strconv.Atoi(num)

@@ -608,10 +608,11 @@ func BatchText(b Batch, pairs bool, onlyPID string) string {
 	default:
 		got = "CASE WHEN u.i <= $2::text::int8 THEN " + call("pg_advisory_unlock") + " ELSE " + call("pg_try_advisory_lock") + " END"
 	}
-	// The positions come from a subquery (ARRAY), not an aggregate: the
-	// first statement with an aggregate that a backend runs fails on a full
-	// lock table (measured), and a batch's unlocks must still run there,
-	// its tries refused. The condition on the backend is a one-time
+	// The positions come from a subquery (ARRAY), not an aggregate: a
+	// backend that had run nothing but SELECT 1 failed its first statement
+	// with an aggregate on a full lock table, before calling anything
+	// (measured on PostgreSQL 15), and a batch's unlocks must still run
+	// there, its tries refused. The condition on the backend is a one-time
 	// filter, checked before the subquery runs.
 	return "SELECT ARRAY(SELECT u.i FROM unnest(" + params + ") WITH ORDINALITY AS " + cols +
 		" WHERE " + got + " IS NOT TRUE)::text WHERE pg_backend_pid() = " + onlyPID
