@@ -55,6 +55,11 @@ func LoseSession(s *Session, cause error) { s.o.Lose(cause) }
 // next without a statement.
 func HandOffs(l *Locker) int64 { return l.pool.HandOffs() }
 
+// SetAfterSlotTry makes f run after each try of a semaphore's slots is
+// answered, with the class of its slots' keys; the returned func takes f
+// away.
+func SetAfterSlotTry(f func(class int32)) (restore func()) { return core.SetAfterSlotTry(f) }
+
 // MixedBatches returns how many statements of l's shared sessions carried
 // unlocks and tries together.
 func MixedBatches(l *Locker) int64 { return l.pool.MixedBatches() }

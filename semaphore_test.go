@@ -175,6 +175,43 @@ func TestSemaphoreProcesses(t *testing.T) {
 	}
 }
 
+// TestSemaphoreCtxEndsAfterTry: an Acquire whose ctx ends just after its
+// try found every slot held, before it waits (a moment that a deadline
+// racing the call can hit: TestSemaphoreCancelRace met it once in 10,000
+// calls), returns an error matching both ErrNotAcquired and ctx's error,
+// and takes nothing.
+func TestSemaphoreCtxEndsAfterTry(t *testing.T) {
+	t.Parallel()
+	const name = "ends-after-try"
+	class, _, _ := sqllock.SemaphoreSlots(name, 1)[0].Pair()
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		observer := pgtest.Open(t, "pgx", dsn)
+		held, err := sqllock.New(db).Semaphore(name, 1).Acquire(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(bg())
+		defer cancel()
+		restore := sqllock.SetAfterSlotTry(func(c int32) {
+			if c == class {
+				cancel()
+			}
+		})
+		defer restore()
+		lk, err := sqllock.New(db).Semaphore(name, 1).Acquire(ctx)
+		if lk != nil || !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+			t.Fatalf("Acquire whose ctx ended after its try = %v, %v; want an error matching ErrNotAcquired and context.Canceled", lk, err)
+		}
+		if pids := holders(t, observer, held.Key()); len(pids) != 1 || pids[0] != held.PID() {
+			t.Fatalf("the held slot %v is held by %v, want only %d", held.Key(), pids, held.PID())
+		}
+		if err := held.Unlock(bg()); err != nil {
+			t.Fatal(err)
+		}
+		waitFree(t, observer, held.Key(), 10*time.Second)
+	})
+}
+
 // TestSemaphoreCancelRace: Acquire calls with random short deadlines race
 // the grant of their wait. Every Lock returned is held in the server on its
 // own backend, and never more than N are held at once; a call that was not

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
@@ -70,6 +71,17 @@ func (p *Pool) AcquireSlot(ctx context.Context, sl Slots, try bool) (*Hold, erro
 	return p.queue.acquire(ctx, p, queueKey{k: Key{Pair: true, Class: sl.Class}, sem: true}, Request{}, what, take)
 }
 
+// afterSlotTry, when set (by tests), runs once a slot's try has been
+// answered and ctx read, with the semaphore's class.
+var afterSlotTry atomic.Pointer[func(class int32)]
+
+// SetAfterSlotTry makes f run after each try of a semaphore's slots is
+// answered (see afterSlotTry); the returned func takes f away.
+func SetAfterSlotTry(f func(class int32)) (restore func()) {
+	afterSlotTry.Store(&f)
+	return func() { afterSlotTry.Store(nil) }
+}
+
 // slotOn takes a slot on s: it tries every slot in one statement, then,
 // for a waiting call, waits in the semaphore's line.
 func (p *Pool) slotOn(ctx context.Context, s *session, sl Slots, try bool, what namer) (*Hold, error) {
@@ -91,7 +103,14 @@ func (p *Pool) slotOn(ctx context.Context, s *session, sl Slots, try bool, what 
 	}
 	o.ok = o.err == nil && slot >= 0
 	o.slot = int32(slot)
-	if o.err == nil && CtxEnded(ctx) {
+	// ctx is read once: a ctx that ends after this is the wait's to see
+	// (it leaves its line), where a second look could find it ended and
+	// skip the wait, and the call would be told a refusal, not ctx's end.
+	ended := CtxEnded(ctx)
+	if h := afterSlotTry.Load(); h != nil {
+		(*h)(sl.Class)
+	}
+	if o.err == nil && ended {
 		// Answered as ctx ended: the call has nothing (a slot granted
 		// goes back), and the session is intact.
 		if o.ok {
@@ -106,7 +125,7 @@ func (p *Pool) slotOn(ctx context.Context, s *session, sl Slots, try bool, what 
 		s.end(nil)
 		return nil, NotAcquired(what.String(), CtxErr(ctx))
 	}
-	if !o.ok && o.err == nil && !try && !CtxEnded(ctx) && !(o.standby && !p.cfg.AllowStandby) {
+	if !o.ok && o.err == nil && !try && !ended && !(o.standby && !p.cfg.AllowStandby) {
 		o = p.waitInLine(ctx, w, s.st, slotLine(&sl), o.pid)
 	}
 	k := Key{}
