@@ -771,7 +771,7 @@ func (s *session) runMixed(unlocks, tries []*op) {
 	}
 	s.scratch.batchKeys = keys[:0]
 	_, mode := s.plainSQL()
-	got, err := mixed(mode, s.queryRow, len(unlocks), s.pid, keys, &s.scratch.batch)
+	got, err := batch(mode, s.queryRow, sqltext.BatchMixed, len(unlocks), s.pid, keys, &s.scratch.batch)
 	s.p.share.mixed.Add(1)
 	certain := err != nil && serverRefused(err) && s.ranUnlocks(keys[:len(unlocks)])
 	for i, o := range unlocks {

@@ -70,13 +70,9 @@ func many(mode sqltext.Mode, query batchQuery, b sqltext.Batch, pid int64, keys 
 	return batch(mode, query, b, 0, pid, keys, bb)
 }
 
-// mixed is many for a batch of unlocks and tries, in one statement: the
-// first unlocks keys are released, the others tried.
-func mixed(mode sqltext.Mode, query batchQuery, unlocks int, pid int64, keys []Key, bb *batchBufs) ([]bool, error) {
-	return batch(mode, query, sqltext.BatchMixed, unlocks, pid, keys, bb)
-}
-
-// batch is many of b, unlocks the keys released first when b is mixed.
+// batch is many of b; for sqltext.BatchMixed, a batch of unlocks and
+// tries in one statement: the first unlocks keys are released, the
+// others tried.
 // It runs on backend pid only: a statement that a pooler sent to another
 // server session takes and releases nothing there.
 func batch(mode sqltext.Mode, query batchQuery, b sqltext.Batch, unlocks int, pid int64, keys []Key, bb *batchBufs) ([]bool, error) {
@@ -92,9 +88,7 @@ func batch(mode sqltext.Mode, query batchQuery, b sqltext.Batch, unlocks int, pi
 		args, bb.lit, pairs = sqltext.BatchArgs(bb.args[:0], bb.lit, keys, unlocks, b == sqltext.BatchMixed)
 		q = bb.text(b, pairs, pid)
 	}
-	if bb.dest[0] == nil {
-		bb.dest[0] = &bb.missed
-	}
+	bb.dest[0] = &bb.missed
 	err := query(q, args, bb.dest[:]...)
 	missed := bb.missed
 	clear(bb.args[:])
