@@ -67,3 +67,11 @@ func MixedBatches(l *Locker) int64 { return l.pool.MixedBatches() }
 // OwnHold reports whether lk's Hold was made in lk itself (one allocation
 // per lock; see core.Request.Into).
 func OwnHold(lk *Lock) bool { return lk != nil && lk.h == &lk.own }
+
+// SkipPoolerProbe makes l take its first lock without probing for a
+// transaction pooler first.
+func SkipPoolerProbe(l *Locker) { l.pool.SkipPoolerProbe() }
+
+// IgnorePooler makes l take no notice of a transaction pooler: each
+// statement's own check is what meets one.
+func IgnorePooler(l *Locker) { l.pool.IgnorePooler() }

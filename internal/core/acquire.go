@@ -155,6 +155,11 @@ func (p *Pool) acquireOn(ctx context.Context, s *session, r Request, what namer)
 		}
 	}
 	if o.err == nil {
+		if err := s.sameBackend(o.pid, o.ok, r.Key); err != nil {
+			o = outcome{pid: o.pid, err: err}
+		}
+	}
+	if o.err == nil {
 		s.pid = o.pid // s is the caller's alone until settled
 		s.tuned = o.ok
 	}

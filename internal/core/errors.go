@@ -135,7 +135,7 @@ func StandbyError(what string) error {
 // took nothing: a transaction-mode pooler put two clients on one server
 // session.
 func foreignSession() error {
-	return fmt.Errorf("%w: the server session already carries another client's lock session: a transaction-mode pooler (such as PgBouncer with pool_mode=transaction) is in the way; session locks are unsafe there, use LockTx or InTx", ErrSessionChanged)
+	return PoolerError("the server session already carries another client's lock session")
 }
 
 // sessionChanged says what a changed backend means (now is 0 when the
@@ -145,5 +145,10 @@ func sessionChanged(was, now int64) error {
 	if now != 0 {
 		to = strconv.FormatInt(now, 10)
 	}
-	return fmt.Errorf("%w from backend %d to %s: a transaction-mode pooler (such as PgBouncer with pool_mode=transaction) is in the way; session locks are unsafe there, use LockTx or InTx", ErrSessionChanged, was, to)
+	if was == 0 {
+		// The backend was never known: nothing says another one answered
+		// because a pooler is in the way.
+		return fmt.Errorf("%w: another backend than the session's answered", ErrSessionChanged)
+	}
+	return PoolerError("from backend " + strconv.FormatInt(was, 10) + " to " + to)
 }

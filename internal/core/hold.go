@@ -178,6 +178,9 @@ func (h *Hold) Release() (first bool, err error) {
 	}
 	p.mon.remove(h)
 	err = p.release(h)
+	if err != nil && p.Pooled() != nil {
+		p.AwaitFreed(p.cfg.UnlockTimeout) // see freeStranded
+	}
 	final := ErrReleased
 	if errors.Is(err, ErrLockLost) {
 		final = err

@@ -75,14 +75,18 @@ func (p *Pool) Open(ctx context.Context) (*Owned, error) {
 	var pid int64
 	var standby bool
 	q, args := p.sql().SessionSQL(s.mark)
-	if err := queryRow(ctx, p.abandoned, conn, q, args, &pid, &standby, skip); err != nil || pid == 0 {
+	err = queryRow(ctx, p.abandoned, conn, q, args, &pid, &standby, skip)
+	if err == nil && pid != 0 {
+		err = s.sameBackend(pid, false, Key{})
+	}
+	if err != nil || pid == 0 {
 		if err == nil {
 			err = foreignSession() // nothing was applied
 		}
 		// Its settings may be applied: not given back. (A statement the
 		// Pool abandoned closes its connection as it returns: the discard
 		// does not wait for it.)
-		p.discard(conn, what+": "+err.Error())
+		s.end(err)
 		return nil, fmt.Errorf("sqllock: %s: %w", what, err)
 	}
 	s.pid, s.tuned = pid, true
@@ -289,6 +293,9 @@ func (o *Owned) unlockKeys(keys []Key) error {
 	// loses the whole Owned: its locks live and die together.
 	if _, uerr := unlockVerdict(what, o.pid, err, all); uerr != nil {
 		o.lose(uerr)
+		if o.p.Pooled() != nil {
+			o.p.AwaitFreed(o.p.cfg.UnlockTimeout) // see freeStranded
+		}
 		if errors.Is(uerr, ErrLockLost) {
 			return o.Err()
 		}

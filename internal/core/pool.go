@@ -112,10 +112,11 @@ type Pool struct {
 	epochCtx   context.Context // guarded by epochMu: see UnlockContext
 	epochUntil time.Time       // guarded by epochMu
 
-	share sharing   // the shared sessions (share.go)
-	queue keyQueues // the per-key queues (keyqueue.go)
-	mon   *monitor  // the keep-alive (keepalive.go)
-	stats poolStats // counters (see Stats)
+	pooler poolerGuard // what it knows of a transaction pooler (pooler.go)
+	share  sharing     // the shared sessions (share.go)
+	queue  keyQueues   // the per-key queues (keyqueue.go)
+	mon    *monitor    // the keep-alive (keepalive.go)
+	stats  poolStats   // counters (see Stats)
 }
 
 // NewPool returns the core of a Locker on db.

@@ -99,7 +99,7 @@ func (pr *prepared) run(ctx context.Context, dc any, q string, nv []driver.Named
 		// Not the server session it was prepared on: nothing ran. (The
 		// driver's error is quoted, not wrapped: its SQLSTATE would read
 		// as the server's refusal of a statement that ran.)
-		return nil, fmt.Errorf("%w: a statement prepared on the lock session's server session reached another, which does not have it (%v): a transaction-mode pooler (such as PgBouncer with pool_mode=transaction) is in the way; session locks are unsafe there, use LockTx or InTx", ErrSessionChanged, err)
+		return nil, PoolerError(fmt.Sprintf("a statement prepared on the lock session's server session reached another, which does not have it (%v)", err))
 	}
 	return rows, err
 }

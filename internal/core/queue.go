@@ -566,6 +566,9 @@ func (s *session) runTry(o *op) {
 		err = foreignSession() // nothing was tried
 	}
 	if err == nil {
+		err = s.sameBackend(pid, o.ok, o.key)
+	}
+	if err == nil {
 		err = s.answered(pid, standby, o.ok && !s.tuned)
 	}
 	if err != nil && o.ok && standby {
@@ -630,6 +633,9 @@ func (s *session) tune() error {
 	err := s.queryRow(q, args, &pid, &standby, skip)
 	if err == nil && pid == 0 {
 		err = foreignSession() // nothing was applied
+	}
+	if err == nil {
+		err = s.sameBackend(pid, false, Key{})
 	}
 	if err == nil {
 		err = s.answered(pid, standby, true)

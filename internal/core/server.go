@@ -20,7 +20,7 @@ import (
 // the connection that was granted the lock: another server (restarted, or
 // failed over to, where the same pid can hold the same key for someone
 // else) or another backend under the same pid is a loss.
-type ident struct{ server, backend int64 }
+type ident struct{ server, backend, pid int64 }
 
 // checkServer refuses servers that do not implement PostgreSQL advisory
 // locks, and returns the identity of conn's backend. It asks once per
@@ -28,17 +28,26 @@ type ident struct{ server, backend int64 }
 // statement); the server's answer is checked once for the Pool's life (a
 // failed check is retried on the next call).
 func (p *Pool) checkServer(ctx context.Context, conn *sql.Conn) (ident, error) {
+	if err := p.Pooled(); err != nil {
+		return ident{}, err // nothing sent: refused before any lock
+	}
 	dc := driverConnOf(conn)
 	if id, ok := p.idents.get(dc); ok {
-		return id, nil
+		return id, p.awaitProbe(ctx, conn, id)
 	}
 	var v string
-	var pid int64
 	var id ident
 	// Bounded as every statement of the Pool's: a blind driver's first
 	// statement on a connection whose server stopped answering must not
 	// hold the call past its context.
-	if err := queryRow(ctx, p.abandoned, conn, sqltext.VersionSQL, nil, &v, &pid, &id.server, &id.backend); err != nil {
+	if err := queryRow(ctx, p.abandoned, conn, sqltext.VersionSQL, nil, &v, &id.pid, &id.server, &id.backend); err != nil {
+		if poolerEvidence(err) {
+			// pgx's statement cache meets a server session that another
+			// client connection prepared on.
+			perr := PoolerError(err.Error())
+			p.sawPooler(perr)
+			return ident{}, p.pooledOr(perr)
+		}
 		if SQLState(err) != "" && queryRow(ctx, p.abandoned, conn, sqltext.PlainVersionSQL, nil, &v) == nil {
 			if err := Supported(v); err != nil {
 				return ident{}, err // a server that only looks like PostgreSQL
@@ -57,6 +66,12 @@ func (p *Pool) checkServer(ctx context.Context, conn *sql.Conn) (ident, error) {
 		}
 	}
 	p.idents.set(dc, id)
+	if err := p.noteBackend(dc, id); err != nil {
+		return ident{}, err
+	}
+	if err := p.awaitProbe(ctx, conn, id); err != nil {
+		return ident{}, err
+	}
 	return id, nil
 }
 

@@ -168,6 +168,7 @@ func (p *Pool) newSession(conn *sql.Conn, id ident, kind sessionKind, sent int64
 	if kind == kindShared && p.abandoned != nil {
 		s.prep = newPrepared(s.mark)
 	}
+	p.addLive(s)
 	return s
 }
 
@@ -255,6 +256,7 @@ func (s *session) endIf(cause error, onlyIdle bool) {
 	}
 	owner := s.owner
 	s.mu.Unlock()
+	s.p.dropLive(s)
 	if shared && cause != nil {
 		sh.remove(s) // a dead one leaves at once; a closed one once its reset is done
 	}
@@ -297,6 +299,14 @@ func (s *session) endIf(cause error, onlyIdle bool) {
 	}
 	for _, n := range losses {
 		n.tell()
+	}
+	if poolerEvidence(cause) {
+		s.p.sawPooler(cause)
+	}
+	if s.p.Pooled() != nil && s.id.pid != 0 {
+		// Discarding the client connection does not end a pooled server
+		// session: what it took there is freed.
+		s.p.freeStranded(s.id)
 	}
 }
 

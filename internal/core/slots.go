@@ -131,6 +131,13 @@ func (p *Pool) slotOn(ctx context.Context, s *session, sl Slots, try bool, what 
 	k := Key{}
 	if o.ok {
 		k = Key{Pair: true, Class: sl.Class, ID: o.slot}
+	}
+	if o.err == nil {
+		if err := s.sameBackend(o.pid, o.ok, k); err != nil {
+			o = outcome{pid: o.pid, err: err}
+		}
+	}
+	if o.ok {
 		s.pid, s.tuned = o.pid, true
 	}
 	h, err := p.settle(ctx, s, k, false, nil, o, what)

@@ -348,3 +348,40 @@ func (s *Statements) PoliteTrySQL(kind Kind, k Key, class int32, mark string) (s
 		" FROM (SELECT $2::text AS m OFFSET 0) AS o"
 	return s.mode.params(q, append([]any{int64(class), mark}, keyVals...)...)
 }
+
+// BackendSQL answers who runs it: (pid, backend start in microseconds
+// since the epoch). The transaction pooler probe compares two client
+// connections' answers, and one connection's answers over time: a direct
+// connection has a backend of its own, for its whole life.
+var BackendSQL = `SELECT pg_backend_pid(), coalesce((SELECT ` + micros("a.backend_start") + ` FROM pg_catalog.pg_stat_get_activity(pg_backend_pid()) AS a), 0)`
+
+// StrandedSQL ends backend $1, started at $2 (microseconds since the
+// epoch, as VersionSQL reads it; 0: any start), when it holds an advisory
+// lock in the current database (with key, the lock whose tag is ($3,
+// $4, $5)) while idle, outside any transaction: a session-level lock on a
+// server session that a transaction pooler hands to other clients, which
+// the client connection that took it can no longer reach. A backend in a
+// transaction is left alone (the lock it shows may be that transaction's
+// own); the statement is asked again once it is idle. Its single row is 1
+// when it ended the backend, 0 when there is nothing to end (no such
+// backend, or no such lock), and 2 when the backend is busy.
+func StrandedSQL(key bool) string {
+	lock := "l.locktype = 'advisory' AND l.granted AND l.pid = a.pid AND " + currentDB
+	if key {
+		lock += " AND l.classid::int8 = $3::int8 AND l.objid::int8 = $4::int8 AND l.objsubid = $5::int4"
+	}
+	return `SELECT coalesce(max(CASE WHEN NOT EXISTS (SELECT FROM pg_catalog.pg_locks l WHERE ` + lock + `) THEN 0
+ WHEN a.state = 'idle' OR a.pid = pg_backend_pid() THEN CASE WHEN pg_terminate_backend(a.pid) THEN 1 ELSE 0 END
+ ELSE 2 END), 0)::int8 FROM pg_catalog.pg_stat_get_activity($1::int4) AS a
+ WHERE $2::int8 = 0 OR (extract(epoch FROM a.backend_start) * 1000000)::int8 = $2::int8`
+}
+
+// StrandedArgs returns StrandedSQL's arguments: of backend pid, started
+// at start, holding any advisory lock, or k when key is set.
+func StrandedArgs(pid, start int64, key bool, k Key) []any {
+	if !key {
+		return []any{pid, start}
+	}
+	c, o, sub := tagArgs(k)
+	return []any{pid, start, c, o, sub}
+}

@@ -1,0 +1,466 @@
+package core
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
+)
+
+// The transaction pooler guard. Behind a transaction-mode pooler
+// (PgBouncer with pool_mode=transaction, Supavisor, Neon's and Supabase's
+// pooled endpoints) a client connection's statements run on whichever
+// server session the pooler picks, and a session-level lock stays on that
+// server session, which then serves other clients: it excludes no one
+// (advisory locks are re-entrant within a session), and once the client
+// connection is closed, no one can unlock it until the pooler recycles
+// the server session, an hour later by default.
+//
+// So a Pool refuses session-level locks behind a pooler, and frees any it
+// took before it knew:
+//
+//   - Evidence (sawPooler): a client connection whose backend changed
+//     (its statements answer another pid than its server check did), two
+//     client connections on one backend (the same pid and backend start:
+//     noteBackend), a statement prepared on a client connection missing
+//     on its server session or already there (SQLSTATE 26000, 42P05), or
+//     a server session that carries another Locker's owner mark. Each is
+//     certain: a direct connection has one backend of its own for its
+//     whole life.
+//   - The probe (probe): before a Pool's first session-level lock, its
+//     checked connection and a second one answer who runs them, twice:
+//     a pooler that hands out the server session it released last (as
+//     PgBouncer does) puts the second on the first's backend, or the
+//     first on the second's.
+//   - Once a Pool has seen a pooler, every session-level call is refused
+//     before it sends a lock statement (ErrSessionChanged, naming
+//     WithTransactionPooler), every session it has is discarded, and the
+//     backend of every discarded session that held or may hold a lock is
+//     terminated when it still holds one (freeStranded): discarding a
+//     client connection does not end a pooled server session.
+
+// poolerGuard is a Pool's knowledge of a transaction pooler in front of
+// its server.
+type poolerGuard struct {
+	// seen is the first evidence of a pooler (nil: none seen).
+	seen atomic.Pointer[error]
+
+	// backends maps each backend (server, pid and start) that answered a
+	// server check to the driver connection it answered on.
+	backendsMu sync.Mutex
+	backends   map[ident]any // guarded by backendsMu
+
+	// probeMu guards probing: closed when the probe that runs ends;
+	// probed is set (under probeMu) once one ran to its end.
+	probeMu sync.Mutex
+	probing chan struct{}
+	probed  atomic.Bool
+	// noProbe turns the probe off (SkipPoolerProbe); ignore, evidence
+	// too (IgnorePooler).
+	noProbe, ignore atomic.Bool
+
+	// frees are the terminations under way (freeing), each closed when
+	// done.
+	freesMu sync.Mutex
+	frees   map[chan struct{}]struct{} // guarded by freesMu
+
+	// live are the Pool's sessions not ended yet: a pooler seen
+	// discards them all.
+	liveMu sync.Mutex
+	live   map[*session]struct{} // guarded by liveMu
+}
+
+// PoolerError is the error of a session-level lock call behind a
+// transaction pooler, for evidence that says so for certain: it matches
+// ErrSessionChanged, and says what to do.
+func PoolerError(evidence string) error { return &poolerError{evidence} }
+
+// poolerError is PoolerError's: evidence of a pooler, which poolerEvidence
+// tells from other errors that match ErrSessionChanged (an unlock that
+// found no row on a session whose backend was never known, say).
+type poolerError struct{ evidence string }
+
+func (e *poolerError) Error() string {
+	return ErrSessionChanged.Error() + ": " + e.evidence + ": a transaction-mode pooler (such as PgBouncer with pool_mode=transaction, Supavisor or a pooled endpoint) is in the way, where a session lock excludes no one; use sqllock.WithTransactionPooler(), or transaction locks (LockTx, InTx)"
+}
+
+func (e *poolerError) Is(target error) bool { return target == ErrSessionChanged }
+
+// Pooled returns the error of a Pool that has seen a transaction pooler,
+// and nil for one that has not.
+func (p *Pool) Pooled() error {
+	if e := p.pooler.seen.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// pooledOr returns the Pool's pooler error, or err when it has none (it
+// ignores the evidence: IgnorePooler).
+func (p *Pool) pooledOr(err error) error {
+	if e := p.Pooled(); e != nil {
+		return e
+	}
+	return err
+}
+
+// poolerEvidence reports whether err, a statement's error or the cause a
+// session ends with, says that a pooler put the session on another
+// server session than its own, or another client on its own.
+func poolerEvidence(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pe *poolerError
+	if errors.As(err, &pe) {
+		return true
+	}
+	switch SQLState(err) {
+	case "26000", "42P05": // a prepared statement missing, or there already
+		return true
+	}
+	return false
+}
+
+// sawPooler records evidence of a transaction pooler (the first one
+// counts), logs it once, and discards every session of the Pool: each
+// may carry a lock that others share, and their backends are freed as
+// they go (see session.endIf).
+func (p *Pool) sawPooler(evidence error) {
+	err := evidence
+	if pe := (*poolerError)(nil); !errors.As(err, &pe) {
+		err = PoolerError(evidence.Error())
+	}
+	if p.pooler.ignore.Load() || !p.pooler.seen.CompareAndSwap(nil, &err) {
+		return
+	}
+	p.hooks.Log(context.Background(), slog.LevelWarn, "sqllock: a transaction pooler is in the way: session-level locks are refused, and every session of the Locker is discarded", Key{}, false, slog.String("evidence", evidence.Error()))
+	p.pooler.liveMu.Lock()
+	live := make([]*session, 0, len(p.pooler.live))
+	for s := range p.pooler.live {
+		live = append(live, s)
+	}
+	p.pooler.liveMu.Unlock()
+	for _, s := range live {
+		s.end(err)
+	}
+}
+
+// addLive and dropLive keep the Pool's sessions that have not ended.
+func (p *Pool) addLive(s *session) {
+	p.pooler.liveMu.Lock()
+	if p.pooler.live == nil {
+		p.pooler.live = map[*session]struct{}{}
+	}
+	p.pooler.live[s] = struct{}{}
+	p.pooler.liveMu.Unlock()
+}
+
+func (p *Pool) dropLive(s *session) {
+	p.pooler.liveMu.Lock()
+	delete(p.pooler.live, s)
+	p.pooler.liveMu.Unlock()
+}
+
+// noteBackend records that driver connection dc runs on backend id; it
+// returns the pooler's error when another client connection ran on the
+// same backend (a backend's start tells two backends that had one pid
+// apart, so a connection closed since counts too).
+func (p *Pool) noteBackend(dc any, id ident) error {
+	if id.backend == 0 || id.pid == 0 || !comparableConn(dc) {
+		return nil // not known: nothing to compare
+	}
+	g := &p.pooler
+	g.backendsMu.Lock()
+	if g.backends == nil || len(g.backends) >= maxConns {
+		g.backends = map[ident]any{}
+	}
+	other, seen := g.backends[id]
+	g.backends[id] = dc
+	g.backendsMu.Unlock()
+	if seen && other != dc {
+		err := PoolerError(fmt.Sprintf("two client connections ran on backend %d", id.pid))
+		p.sawPooler(err)
+		return p.pooledOr(err)
+	}
+	return nil
+}
+
+// sameBackend returns the pooler's error when pid, the backend that
+// answered a statement on s, is not the one that answered s's server
+// check: a direct connection keeps its backend for its whole life. With
+// granted, the statement took k there, on a server session no one can
+// reach: it is freed before this returns (bounded).
+func (s *session) sameBackend(pid int64, granted bool, k Key) error {
+	if s.id.pid == 0 || pid == s.id.pid {
+		return nil
+	}
+	err := PoolerError(fmt.Sprintf("a client connection checked on backend %d ran a lock statement on backend %d", s.id.pid, pid))
+	if granted {
+		doneWithin(s.p.freeHolder(pid, k), s.p.cfg.UnlockTimeout)
+	}
+	s.p.sawPooler(err)
+	return s.p.pooledOr(err)
+}
+
+// SkipPoolerProbe turns the probe off, so that a Pool behind a pooler
+// takes locks before it sees one (for tests of what it frees then).
+func (p *Pool) SkipPoolerProbe() { p.pooler.noProbe.Store(true) }
+
+// IgnorePooler turns the probe off and makes a Pool ignore the evidence
+// of a pooler, so that each statement's own check is what meets one (for
+// tests of those checks).
+func (p *Pool) IgnorePooler() {
+	p.pooler.noProbe.Store(true)
+	p.pooler.ignore.Store(true)
+}
+
+// awaitProbe runs the probe on conn, just checked (id), unless it ran
+// (or runs) already, and returns the pooler's error when there is one.
+// Calls that come while it runs wait for it, as long as their ctx lets
+// them; a probe whose ctx ended leaves the probe to the next call.
+func (p *Pool) awaitProbe(ctx context.Context, conn *sql.Conn, id ident) error {
+	g := &p.pooler
+	for !g.probed.Load() {
+		g.probeMu.Lock()
+		if g.probed.Load() {
+			g.probeMu.Unlock()
+			break
+		}
+		if ch := g.probing; ch != nil {
+			g.probeMu.Unlock()
+			select {
+			case <-ch:
+				continue // it ended, or was left to the next call
+			case <-ctx.Done():
+				return NotAcquired("the transaction pooler probe", ctx.Err())
+			}
+		}
+		ch := make(chan struct{})
+		g.probing = ch
+		g.probeMu.Unlock()
+		done := p.probe(ctx, conn, id)
+		g.probeMu.Lock()
+		g.probing = nil
+		g.probed.Store(done)
+		g.probeMu.Unlock()
+		close(ch)
+		if !done {
+			if err := p.Pooled(); err != nil {
+				return err
+			}
+			return NotAcquired("the transaction pooler probe", CtxErr(ctx))
+		}
+	}
+	return p.Pooled()
+}
+
+// probe tells a transaction pooler from a direct connection (or a
+// session-mode pooler, where a client keeps one server session), before
+// the Pool's first session-level lock: conn (just checked: id) and a
+// second connection of the pool are asked who runs them, in turns,
+// probeRounds times. A direct connection keeps one backend of its own for
+// its whole life; a transaction pooler hands out the server session it
+// released last (PgBouncer) or the next one (round robin), so that the
+// second connection lands on conn's backend, or either one's backend
+// changes. Other clients of the pooler can take a released server
+// session in between, so each round can miss; rounds make a miss
+// unlikely, and every later statement of the Pool's checks its backend
+// too (sameBackend, the owner mark). It reports whether it ran to its end
+// (a ctx that ended leaves it to the next call). The second connection
+// is one the pool gives at once: a Pool never makes the application wait
+// for it; without one, conn alone is asked, again and again.
+func (p *Pool) probe(ctx context.Context, conn *sql.Conn, id ident) bool {
+	if id.pid == 0 || id.backend == 0 || p.pooler.noProbe.Load() {
+		return true // a server (or a stand-in) that does not say who runs it
+	}
+	var other *sql.Conn
+	if st := p.db.Stats(); st.MaxOpenConnections == 0 || st.Idle > 0 || st.OpenConnections < st.MaxOpenConnections {
+		cctx, cancel := context.WithTimeout(ctx, probeConnWait)
+		other, _ = p.db.Conn(cctx)
+		cancel()
+	}
+	if other != nil {
+		defer p.putBack(other)
+	}
+	ask := func(c *sql.Conn) (ident, error) {
+		b := ident{server: id.server}
+		err := queryRow(ctx, p.abandoned, c, sqltext.BackendSQL, nil, &b.pid, &b.backend)
+		return b, err
+	}
+	var first ident // other's first answer
+	began := time.Now()
+	for round := 0; round < probeRounds && (round < 2 || time.Since(began) < probeBudget); round++ {
+		if other != nil {
+			b, err := ask(other)
+			if err != nil {
+				return p.probeFailed(ctx, err)
+			}
+			if first == (ident{}) {
+				first = b
+			}
+			switch {
+			case b == id:
+				p.sawPooler(PoolerError(fmt.Sprintf("two client connections ran on backend %d", id.pid)))
+				return true
+			case b != first:
+				p.sawPooler(PoolerError(fmt.Sprintf("a client connection that ran on backend %d answered from backend %d", first.pid, b.pid)))
+				return true
+			}
+		}
+		a, err := ask(conn)
+		if err != nil {
+			return p.probeFailed(ctx, err)
+		}
+		if a != id {
+			p.sawPooler(PoolerError(fmt.Sprintf("a client connection checked on backend %d answered from backend %d", id.pid, a.pid)))
+			return true
+		}
+	}
+	return true
+}
+
+// probeRounds is how many turns the probe's two connections take: at
+// least two, and more while they take less than probeBudget (a pooler
+// far away costs a round trip a turn).
+const (
+	probeRounds = 8
+	probeBudget = 20 * time.Millisecond
+)
+
+// probeFailed handles a probe statement's error: evidence of a pooler, a
+// ctx that ended (the probe is left to the next call), or a failure that
+// ends the probe with nothing learnt (the lock call meets it itself).
+func (p *Pool) probeFailed(ctx context.Context, err error) bool {
+	if poolerEvidence(err) {
+		p.sawPooler(PoolerError(err.Error()))
+		return true
+	}
+	return !CtxEnded(ctx)
+}
+
+// probeConnWait bounds the probe's wait for its second connection.
+const probeConnWait = time.Second
+
+// freeHolder ends backend pid when it holds k (see sqltext.StrandedSQL),
+// from another connection of the pool: a lock statement took k on a
+// server session that a pooler hands to others. It returns a channel
+// closed once done, or given up (within the unlock timeout).
+func (p *Pool) freeHolder(pid int64, k Key) <-chan struct{} {
+	return p.freeing(pid, sqltext.StrandedSQL(true), sqltext.StrandedArgs(pid, 0, true, k))
+}
+
+// freeStranded ends backend id (pid and start) when it holds an advisory
+// lock (see sqltext.StrandedSQL): the server session of a discarded
+// session, which a pooler keeps, with whatever the session held.
+func (p *Pool) freeStranded(id ident) <-chan struct{} {
+	return p.freeing(id.pid, sqltext.StrandedSQL(false), sqltext.StrandedArgs(id.pid, id.backend, false, Key{}))
+}
+
+// freeing runs q, a StrandedSQL, on connections of the pool, in the
+// background, until it ended backend pid or found nothing to end,
+// bounded by the unlock timeout, and logs what it did.
+func (p *Pool) freeing(pid int64, q string, args []any) <-chan struct{} {
+	done := make(chan struct{})
+	g := &p.pooler
+	g.freesMu.Lock()
+	if g.frees == nil {
+		g.frees = map[chan struct{}]struct{}{}
+	}
+	g.frees[done] = struct{}{}
+	g.freesMu.Unlock()
+	go func() {
+		defer func() {
+			g.freesMu.Lock()
+			delete(g.frees, done)
+			g.freesMu.Unlock()
+			close(done)
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.UnlockTimeout)
+		defer cancel()
+		var err error
+		for ctx.Err() == nil {
+			var answer int64
+			if answer, err = p.strandedOnce(ctx, q, args); err == nil && answer == 2 {
+				time.Sleep(5 * time.Millisecond) // busy in a transaction: asked again once idle
+				continue
+			}
+			if SQLState(err) == "57P01" {
+				answer, err = 1, nil // it ended the session it ran on: the one to end
+			}
+			if err == nil {
+				if answer == 1 {
+					p.hooks.Log(ctx, slog.LevelWarn, "sqllock: terminated a pooled server session that kept a lock no one could release", Key{}, false, slog.Int64("pid", pid))
+				}
+				return
+			}
+			if !ConnectionBroken(err) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err == nil {
+			err = ctx.Err()
+		}
+		p.hooks.Log(ctx, slog.LevelError, "sqllock: a pooled server session may keep a lock no one can release: it could not be terminated", Key{}, false, slog.Int64("pid", pid), slog.Any("error", err))
+	}()
+	return done
+}
+
+// AwaitFreed waits until the terminations under way (see freeStranded)
+// are done, for at most d, and reports whether they are: a call that
+// returns an error for a session a pooler keeps returns once what the
+// session took is freed, so that a program that closes its pool next
+// does not leave it there.
+func (p *Pool) AwaitFreed(d time.Duration) bool {
+	g := &p.pooler
+	g.freesMu.Lock()
+	frees := make([]chan struct{}, 0, len(g.frees))
+	for ch := range g.frees {
+		frees = append(frees, ch)
+	}
+	g.freesMu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for _, ch := range frees {
+		select {
+		case <-ch:
+		case <-t.C:
+			return false
+		}
+	}
+	return true
+}
+
+// strandedOnce runs q once, in a transaction of its own on a connection
+// of the pool: a transaction keeps one server session behind a pooler
+// from the statement's parse to its answer, whatever the driver's
+// protocol (lib/pq's bound statements, pgx's cached ones).
+func (p *Pool) strandedOnce(ctx context.Context, q string, args []any) (int64, error) {
+	conn, err := getConn(ctx, p.db)
+	if err != nil {
+		return 0, err
+	}
+	var answer int64
+	tx, err := conn.BeginTx(ctx, nil)
+	if err == nil {
+		err = tx.QueryRowContext(ctx, q, args...).Scan(&answer)
+		if err == nil {
+			err = tx.Commit()
+		} else {
+			tx.Rollback()
+		}
+	}
+	if err != nil && (ConnectionBroken(err) || SQLState(err) == "57P01") {
+		discardConn(conn) // behind a pooler it can end the session it runs on
+	} else {
+		conn.Close()
+	}
+	return answer, err
+}
