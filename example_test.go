@@ -361,3 +361,16 @@ func ExampleLock_Token_outsideStore() {
 		log.Print(err)
 	}
 }
+
+// A job that hangs no longer keeps its lock: at the bound its context
+// ends and the lock is released.
+func ExampleWithHoldAtMost() {
+	locker := sqllock.New(db)
+	k := sqllock.Hash("cron:reindex_posts")
+	job := reindexPosts // stops when its ctx ends
+	err := locker.Do(ctx, k, job, sqllock.WithHoldAtMost(10*time.Minute))
+	// errors.Is(err, sqllock.ErrLockLost) && errors.Is(err, context.DeadlineExceeded): the job ran too long
+	if err != nil {
+		log.Print(err)
+	}
+}

@@ -171,14 +171,32 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 }
 
 // run calls fn with a context that ends when ctx does or the lock is lost,
-// then unlocks, even if fn panics; with a hold window w, no sooner than w
-// after the lock was taken.
-func (lk *Lock) run(ctx context.Context, fn func(context.Context) error, w time.Duration) (err error) {
+// then unlocks, even if fn panics; with a hold window (c.holdAtLeast), no
+// sooner than the window's end; with a bound (c.holdAtMost), at the bound
+// at the latest, fn returned or not (see WithHoldAtMost).
+func (lk *Lock) run(ctx context.Context, fn func(context.Context) error, c doConfig) (err error) {
 	fctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(lk.h.Context(), func() { cancel(lk.Err()) })
+	var b *holdBound
+	runCtx := context.Context(fctx)
+	if c.holdAtMost > 0 {
+		var bcancel context.CancelFunc
+		b = lk.startBound(c.holdAtMost)
+		runCtx, bcancel = context.WithDeadlineCause(fctx, lk.h.Since().Add(c.holdAtMost), b.err)
+		defer bcancel()
+	}
+	w := c.holdAtLeast
 	defer func() {
 		stop()
 		cancel(nil)
+		if b != nil && b.end() {
+			// The bound passed: the lock was released there.
+			err = runError(err, b.err)
+			if b.unlockErr != nil && !errors.Is(b.unlockErr, ErrReleased) {
+				err = fmt.Errorf("%w; then %w", err, b.unlockErr)
+			}
+			return
+		}
 		if w > 0 && time.Since(lk.h.Since()) < w {
 			// The release comes later; the server confirms now that fn
 			// ran under the lock, as an unlock would.
@@ -194,7 +212,55 @@ func (lk *Lock) run(ctx context.Context, fn func(context.Context) error, w time.
 		}
 		err = runError(err, lk.Unlock(ctx))
 	}()
-	return fn(fctx)
+	return fn(runCtx)
+}
+
+// holdBound is a task's upper bound (WithHoldAtMost): at the bound, the
+// task's lock is released, whether the task has returned or not.
+type holdBound struct {
+	err       error         // the cause of the task's context at the bound
+	release   *time.Timer   // releases the lock at the bound
+	warn      *time.Timer   // tells the logger of a task that outlives the release
+	done      chan struct{} // closed once the release at the bound is done
+	released  bool          // read after done: the bound released the lock (it was not lost before)
+	unlockErr error         // read after done: the release's error
+}
+
+// startBound starts the bound d of the task that runs under lk: d after
+// the lock was acquired, it is released.
+func (lk *Lock) startBound(d time.Duration) *holdBound {
+	b := &holdBound{done: make(chan struct{})}
+	b.err = fmt.Errorf("%w: %s: the task's upper bound (WithHoldAtMost(%v)) passed; its lock was released: %w",
+		ErrLockLost, lk.l.name(lk.key), d, context.DeadlineExceeded)
+	at := lk.h.Since().Add(d)
+	b.release = time.AfterFunc(time.Until(at), func() {
+		defer close(b.done)
+		if lk.Err() != nil {
+			return // lost meanwhile: the loss is the task's news
+		}
+		lk.l.log(context.Background(), slog.LevelWarn, "sqllock: a task reached its upper bound (WithHoldAtMost): its context ended, and its lock is released", lk.key,
+			slog.Duration("bound", d))
+		b.released, b.unlockErr = true, lk.Unlock(context.Background())
+		b.warn = time.AfterFunc(time.Until(at.Add(lk.l.cfg.unlockTimeout)), func() {
+			lk.l.log(context.Background(), slog.LevelWarn, "sqllock: a task still runs after its upper bound (WithHoldAtMost) and its lock's release: it ignores its context, and runs without the lock", lk.key,
+				slog.Duration("bound", d))
+		})
+	})
+	return b
+}
+
+// end is called as the task returns: it reports whether the bound
+// released the lock (a lock lost before the bound is not), and stops what
+// remains.
+func (b *holdBound) end() (released bool) {
+	if b.release.Stop() {
+		return false
+	}
+	<-b.done
+	if b.warn != nil {
+		b.warn.Stop()
+	}
+	return b.released
 }
 
 // runError combines fn's error with the unlock's into one error that reads
@@ -207,7 +273,7 @@ func runError(fnErr, unlockErr error) error {
 		return fnErr
 	case fnErr == nil || errors.Is(fnErr, unlockErr):
 		return unlockErr
-	case errors.Is(fnErr, context.Canceled) && errors.Is(unlockErr, ErrLockLost):
+	case (errors.Is(fnErr, context.Canceled) || errors.Is(fnErr, context.DeadlineExceeded)) && errors.Is(unlockErr, ErrLockLost):
 		return fmt.Errorf("%w (fn returned: %w)", unlockErr, fnErr)
 	}
 	return fmt.Errorf("%w; then %w", fnErr, unlockErr)

@@ -15,7 +15,8 @@
 //
 // Exit status of run: COMMAND's own status; the conflict code (-E, default
 // 1) when the lock is held elsewhere (-n) or the wait timed out (-w); 75 when
-// the lock was lost while COMMAND ran (COMMAND was stopped); 64 for a usage
+// the lock was lost while COMMAND ran (COMMAND was stopped); 124 when
+// COMMAND ran past --hold-at-most (COMMAND was stopped); 64 for a usage
 // error (bad flag, bad key text, no command); 69 when the server cannot be
 // reached; 70 for any other lock error; 78 for a bad DSN; 126 and 127 when
 // COMMAND cannot be run or is not found; 128+N when COMMAND was killed by
@@ -31,12 +32,13 @@ import (
 
 // Exit statuses (sysexits.h where one fits).
 const (
-	exitUsage       = 64 // EX_USAGE
-	exitUnavailable = 69 // EX_UNAVAILABLE: server unreachable
-	exitSoftware    = 70 // EX_SOFTWARE: other lock errors
-	exitLost        = 75 // EX_TEMPFAIL: the lock was lost while COMMAND ran
-	exitNoPerm      = 77 // EX_NOPERM: authentication failed
-	exitConfig      = 78 // EX_CONFIG: bad DSN
+	exitUsage       = 64  // EX_USAGE
+	exitUnavailable = 69  // EX_UNAVAILABLE: server unreachable
+	exitSoftware    = 70  // EX_SOFTWARE: other lock errors
+	exitLost        = 75  // EX_TEMPFAIL: the lock was lost while COMMAND ran
+	exitNoPerm      = 77  // EX_NOPERM: authentication failed
+	exitConfig      = 78  // EX_CONFIG: bad DSN
+	exitBound       = 124 // COMMAND ran past --hold-at-most (timeout(1)'s status)
 	exitCannotRun   = 126
 	exitNotFound    = 127
 )
