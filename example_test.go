@@ -374,3 +374,14 @@ func ExampleWithHoldAtMost() {
 		log.Print(err)
 	}
 }
+
+// The leader changes its value without losing its term.
+func ExampleElection_Proclaim() {
+	election := sqllock.New(db).Election(sqllock.Hash("leader:scheduler"))
+	if _, err := election.Campaign(ctx, "host-a"); err != nil {
+		return
+	}
+	if err := election.Proclaim(ctx, "host-a:8080"); errors.Is(err, sqllock.ErrNotLeader) {
+		log.Print("not the leader any more") // also ErrLockLost when the term was lost
+	}
+}

@@ -6,6 +6,7 @@ package sqltext
 
 import (
 	"database/sql/driver"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
@@ -830,6 +831,17 @@ const TokenSQL = `SELECT CASE WHEN pg_logical_emit_message(true, 'sqllock', '') 
 // HeldSQL answers one row when the session that runs it holds the
 // session-level lock whose tag is ($1, $2, $3), and none otherwise.
 const HeldSQL = `SELECT 1::int8` + heldByMe
+
+// ProclaimSQL returns the statement that names the session that runs it
+// name (its application_name, for the session's life or until named
+// again), but only when that session holds the session-level lock whose
+// tag is ($1, $2, $3): it answers one row then, and none (naming nothing)
+// otherwise. name is rendered in hexadecimal, so that no text of it can
+// reach the statement as SQL, nor look like a parameter to TagArgs. The
+// select list is evaluated only for the row of the held lock.
+func ProclaimSQL(name string) string {
+	return "SELECT length(set_config('application_name', convert_from(decode('" + hex.EncodeToString([]byte(name)) + "', 'hex'), 'UTF8'), false))::int8" + heldByMe
+}
 
 // heldByMe selects the row of pg_locks of the advisory lock whose tag is
 // ($1, $2, $3), granted to the session that runs the statement.
