@@ -1,10 +1,12 @@
 // Command sqllock is flock(1) for PostgreSQL: it holds a PostgreSQL advisory
 // lock while a command runs, so that a cron job runs once across many
-// machines. It also lists the advisory locks of a database and prints the
-// key of a name.
+// machines. It also lists the advisory locks of a database (those left by
+// idle sessions too), frees a lock left by an idle session, and prints
+// the key of a name.
 //
 //	sqllock run [flags] KEY -- COMMAND [ARGS...]
-//	sqllock inspect [--json] [--watch INTERVAL] [--registry FILE]
+//	sqllock inspect [--json] [--watch INTERVAL] [--registry FILE] [--stranded D]
+//	sqllock break [--idle-at-least D] [--application NAME] [--yes] KEY
 //	sqllock key NAME
 //
 // KEY is a number (123), a pair (1,2), or a name, hashed with sqllock.Hash
@@ -58,6 +60,7 @@ func fail(code int, format string, args ...any) error {
 const usage = `usage:
   sqllock run [flags] KEY -- COMMAND [ARGS...]   hold the lock KEY while COMMAND runs
   sqllock inspect [flags]                        list the advisory locks of the database
+  sqllock break [flags] KEY                      free a lock left by an idle session (dry run without --yes)
   sqllock key NAME                               print the keys of NAME and the SQL to use them
 
 KEY is a number (123), a pair (1,2), or a name (hashed; --crc32 for zlib.crc32).
@@ -81,6 +84,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runCmd(args[1:], stderr)
 	case "inspect":
 		err = inspectCmd(args[1:], stdout, stderr)
+	case "break":
+		err = breakCmd(args[1:], stdout, stderr)
 	case "key":
 		err = keyCmd(args[1:], stdout, stderr)
 	case "-h", "--help", "help":

@@ -85,6 +85,13 @@ Examples:
 // long names together, then the exit codes and examples.
 func printRunUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprintln(w, runUsage)
+	printFlags(w, fs)
+	fmt.Fprint(w, runHelpTail)
+}
+
+// printFlags prints the flags of fs under "Flags:": each flag once, with
+// its short and long names together (-n, --nonblock), sorted by long name.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprintln(w, "\nFlags:")
 	var order []string
 	names := map[string][]string{}
@@ -117,7 +124,6 @@ func printRunUsage(w io.Writer, fs *flag.FlagSet) {
 		}
 		fmt.Fprintf(w, "%s\n      %s\n", line, usage)
 	}
-	fmt.Fprint(w, runHelpTail)
 }
 
 // longest returns the longest of names, which sorts a flag by its long name.
