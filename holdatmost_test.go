@@ -68,7 +68,7 @@ func serverRelease(t *testing.T, db *sql.DB, pid int, k int64, limit time.Durati
 // runs; Do waits for the job, then returns an error matching both; the
 // logger is told at the bound and when the job outlives the release.
 func TestHoldAtMostJobIgnoresContext(t *testing.T) {
-	const d, unlockTimeout = time.Second, time.Second
+	const d, unlockTimeout = time.Second, 2 * time.Second
 	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
 		var logged lockedLog
 		l := sqllock.New(db, sqllock.WithUnlockTimeout(unlockTimeout),

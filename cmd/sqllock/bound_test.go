@@ -56,7 +56,7 @@ func heldSpan(t *testing.T, db *sql.DB, k sqllock.Key) time.Duration {
 // shows it held for D (plus the grace, for the COMMAND that ignored
 // SIGTERM), and no longer. A COMMAND that ends sooner keeps its status.
 func TestRunHoldAtMost(t *testing.T) {
-	const bound, grace = time.Second, 700 * time.Millisecond
+	const bound, grace = time.Second, 2 * time.Second
 	dsn, db := database(t)
 	for _, c := range []struct {
 		name   string
@@ -86,9 +86,11 @@ func TestRunHoldAtMost(t *testing.T) {
 			}
 			// Bounds by what they measure: the lock is held until COMMAND
 			// has ended (no sooner than the signal that ends it), and the
-			// release follows at once; 500 ms of slack for a loaded machine.
-			if span < c.span || span > c.span+500*time.Millisecond {
-				t.Errorf("the server shows the lock held %v, want from %v to %v", span, c.span, c.span+500*time.Millisecond)
+			// release follows at once: a second of slack for a loaded
+			// machine, less than the grace that a run which waited for
+			// SIGKILL needlessly would add.
+			if span < c.span || span > c.span+time.Second {
+				t.Errorf("the server shows the lock held %v, want from %v to %v", span, c.span, c.span+time.Second)
 			}
 			b, err := os.ReadFile(pidFile)
 			if err != nil {
