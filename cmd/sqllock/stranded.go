@@ -44,8 +44,10 @@ func examine(h sqllock.HeldLock, now time.Time) examined {
 	switch {
 	case h.PID == 0:
 		e.why = "a prepared transaction holds it (COMMIT PREPARED or ROLLBACK PREPARED ends it)"
-	case h.Hidden || h.State == "":
+	case h.Hidden:
 		e.why = "a session of another role, which this role may not examine (pg_read_all_stats may)"
+	case h.State == "":
+		e.why = "its session shows no state (it ended as it was read)"
 	case sqltext.Own(h.Query):
 		e.why = "a lock session of sqllock (its last statement is sqllock's): its Locker's keep-alive watches it; stop that process instead"
 	case !slices.Contains(sqltext.IdleStates, h.State):
