@@ -229,9 +229,7 @@ type holdBound struct {
 // startBound starts the bound d of the task that runs under lk: d after
 // the lock was acquired, it is released.
 func (lk *Lock) startBound(d time.Duration) *holdBound {
-	b := &holdBound{done: make(chan struct{})}
-	b.err = fmt.Errorf("%w: %s: the task's upper bound (WithHoldAtMost(%v)) passed; its lock was released: %w",
-		ErrLockLost, lk.l.name(lk.key), d, context.DeadlineExceeded)
+	b := &holdBound{done: make(chan struct{}), err: &boundError{lk: lk, d: d}}
 	at := lk.h.Since().Add(d)
 	b.release = time.AfterFunc(time.Until(at), func() {
 		defer close(b.done)
@@ -248,6 +246,21 @@ func (lk *Lock) startBound(d time.Duration) *holdBound {
 	})
 	return b
 }
+
+// boundError is the cause of a task's context at its bound: it matches
+// ErrLockLost and context.DeadlineExceeded, and names the key only when
+// read (never on a task's success path).
+type boundError struct {
+	lk *Lock
+	d  time.Duration
+}
+
+func (e *boundError) Error() string {
+	return fmt.Sprintf("%v: %s: the task's upper bound (WithHoldAtMost(%v)) passed; its lock was released: %v",
+		ErrLockLost, e.lk.l.name(e.lk.key), e.d, context.DeadlineExceeded)
+}
+
+func (e *boundError) Unwrap() []error { return []error{ErrLockLost, context.DeadlineExceeded} }
 
 // end is called as the task returns: it reports whether the bound
 // released the lock (a lock lost before the bound is not), and stops what
