@@ -181,15 +181,16 @@ func (lk *Lock) run(ctx context.Context, fn func(context.Context) error, c doCon
 	runCtx := context.Context(fctx)
 	if c.holdAtMost > 0 {
 		var bcancel context.CancelFunc
-		b = lk.startBound(c.holdAtMost)
-		runCtx, bcancel = context.WithDeadlineCause(fctx, lk.h.Since().Add(c.holdAtMost), b.err)
+		cause := &boundError{lk: lk, d: c.holdAtMost}
+		runCtx, bcancel = context.WithDeadlineCause(fctx, lk.h.Since().Add(c.holdAtMost), cause)
 		defer bcancel()
+		b = lk.startBound(runCtx, cause)
 	}
 	w := c.holdAtLeast
 	defer func() {
-		stop()
-		cancel(nil)
 		if b != nil && b.end() {
+			stop()
+			cancel(nil)
 			// The bound passed: the lock was released there.
 			err = runError(err, b.err)
 			if b.unlockErr != nil && !errors.Is(b.unlockErr, ErrReleased) {
@@ -197,6 +198,8 @@ func (lk *Lock) run(ctx context.Context, fn func(context.Context) error, c doCon
 			}
 			return
 		}
+		stop()
+		cancel(nil)
 		if w > 0 && time.Since(lk.h.Since()) < w {
 			// The release comes later; the server confirms now that fn
 			// ran under the lock, as an unlock would.
@@ -215,33 +218,35 @@ func (lk *Lock) run(ctx context.Context, fn func(context.Context) error, c doCon
 	return fn(runCtx)
 }
 
-// holdBound is a task's upper bound (WithHoldAtMost): at the bound, the
-// task's lock is released, whether the task has returned or not.
+// holdBound is a task's upper bound (WithHoldAtMost): when the bound ends
+// the task's context, the task's lock is released, whether the task has
+// returned or not.
 type holdBound struct {
-	err       error         // the cause of the task's context at the bound
-	release   *time.Timer   // releases the lock at the bound
+	err       *boundError   // the cause of the task's context at the bound
+	stop      func() bool   // stops watching the task's context
 	warn      *time.Timer   // tells the logger of a task that outlives the release
-	done      chan struct{} // closed once the release at the bound is done
-	released  bool          // read after done: the bound released the lock (it was not lost before)
+	done      chan struct{} // closed once the task's context ended and its end was seen to
+	released  bool          // read after done: the bound released the lock
 	unlockErr error         // read after done: the release's error
 }
 
-// startBound starts the bound d of the task that runs under lk: d after
-// the lock was acquired, it is released.
-func (lk *Lock) startBound(d time.Duration) *holdBound {
-	b := &holdBound{done: make(chan struct{}), err: &boundError{lk: lk, d: d}}
-	at := lk.h.Since().Add(d)
-	b.release = time.AfterFunc(time.Until(at), func() {
+// startBound watches ctx, the context of the task that runs under lk,
+// whose deadline is the task's bound: when the bound ends it (with cause
+// err, not the caller's context nor a loss), the lock is released.
+func (lk *Lock) startBound(ctx context.Context, err *boundError) *holdBound {
+	b := &holdBound{done: make(chan struct{}), err: err}
+	b.stop = context.AfterFunc(ctx, func() {
 		defer close(b.done)
-		if lk.Err() != nil {
-			return // lost meanwhile: the loss is the task's news
+		if context.Cause(ctx) != error(err) || lk.Err() != nil {
+			return // the caller's context, or a loss: not the bound
 		}
 		lk.l.log(context.Background(), slog.LevelWarn, "sqllock: a task reached its upper bound (WithHoldAtMost): its context ended, and its lock is released", lk.key,
-			slog.Duration("bound", d))
+			slog.Duration("bound", err.d))
 		b.released, b.unlockErr = true, lk.Unlock(context.Background())
-		b.warn = time.AfterFunc(time.Until(at.Add(lk.l.cfg.unlockTimeout)), func() {
+		at := lk.h.Since().Add(err.d + lk.l.cfg.unlockTimeout)
+		b.warn = time.AfterFunc(time.Until(at), func() {
 			lk.l.log(context.Background(), slog.LevelWarn, "sqllock: a task still runs after its upper bound (WithHoldAtMost) and its lock's release: it ignores its context, and runs without the lock", lk.key,
-				slog.Duration("bound", d))
+				slog.Duration("bound", err.d))
 		})
 	})
 	return b
@@ -262,12 +267,11 @@ func (e *boundError) Error() string {
 
 func (e *boundError) Unwrap() []error { return []error{ErrLockLost, context.DeadlineExceeded} }
 
-// end is called as the task returns: it reports whether the bound
-// released the lock (a lock lost before the bound is not), and stops what
-// remains.
+// end is called as the task returns, before its context is cancelled: it
+// reports whether the bound released the lock, and stops what remains.
 func (b *holdBound) end() (released bool) {
-	if b.release.Stop() {
-		return false
+	if b.stop() {
+		return false // the context has not ended: no bound passed
 	}
 	<-b.done
 	if b.warn != nil {
