@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sqllock/sqllock/internal/core"
@@ -27,12 +28,16 @@ import (
 // name) is visible to everyone without a table: it is the
 // application_name of the session that holds the lock, prefixed with
 // "sqllock-election:", as pg_stat_activity and `sqllock inspect` show it.
+// The leader changes it with [Election.Proclaim].
 //
 // An Election is safe for concurrent use.
 type Election struct {
 	l       *Locker
 	key     Key
 	backoff backoff // Lead's pauses; tests shorten them
+
+	mu   sync.Mutex
+	term *Lock // guarded by mu: the last term Campaign won (nil: none)
 }
 
 // electionPrefix starts the application_name of a candidate's session: the
@@ -65,7 +70,62 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Lock, error) {
 	if err := checkValue(value); err != nil {
 		return nil, err
 	}
-	return e.l.acquire(ctx, e.key, false, false, electionPrefix+value)
+	term, err := e.l.acquire(ctx, e.key, false, false, electionPrefix+value)
+	if err == nil {
+		e.mu.Lock()
+		e.term = term
+		e.mu.Unlock()
+	}
+	return term, err
+}
+
+// Proclaim changes the value of this Election's leader, the candidate
+// whose term it won last ([Election.Campaign], or [Election.Lead]'s), to
+// value: the name its session carries, which [Election.Leader],
+// [Election.Observe] and `sqllock inspect` read. The term goes on: the
+// same lock on the same session, its fencing token unchanged. It is one
+// statement on the term's session, which names the session only while
+// it holds the lock: the server shows the new value once Proclaim
+// returns nil (Observe reports it at its next ask, within about 20 ms).
+// A later Campaign (Lead's, after a lost term) carries the value it is
+// given, not this one.
+//
+// It returns an error matching [ErrNotLeader] when this Election does
+// not lead (never elected, or its term resigned), that also matches
+// [ErrLockLost] when the term was found lost, before or by the statement;
+// an error matching [ErrInvalidKey] for a value Campaign would refuse;
+// and ctx's error when ctx ends first (the statement may then have run:
+// ask Leader).
+func (e *Election) Proclaim(ctx context.Context, value string) error {
+	mustContext(ctx, "Election.Proclaim")
+	if err := checkValue(value); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	term := e.term
+	e.mu.Unlock()
+	if term == nil {
+		return fmt.Errorf("%w: election %s: this Election has not been elected", ErrNotLeader, e.l.name(e.key))
+	}
+	if err := term.Err(); err != nil {
+		return e.notLeader(err)
+	}
+	if _, err := term.h.Tag(ctx, sqltext.ProclaimSQL(electionPrefix+value)); err != nil {
+		if lerr := term.Err(); lerr != nil {
+			return e.notLeader(lerr)
+		}
+		return fmt.Errorf("sqllock: election %s: proclaim: %w", e.l.name(e.key), err)
+	}
+	return nil
+}
+
+// notLeader returns Proclaim's error for a term that ended with err
+// (ErrReleased, or a loss).
+func (e *Election) notLeader(err error) error {
+	if errors.Is(err, ErrReleased) {
+		return fmt.Errorf("%w: election %s: its term was resigned", ErrNotLeader, e.l.name(e.key))
+	}
+	return fmt.Errorf("%w: election %s: %w", ErrNotLeader, e.l.name(e.key), err)
 }
 
 // Lead campaigns with value, as [Election.Campaign] does, and runs fn each

@@ -62,6 +62,11 @@ var (
 	// call given the zero Key.
 	ErrInvalidKey = core.ErrInvalidKey
 
+	// ErrNotLeader is returned by Election.Proclaim when the Election does
+	// not lead: it was never elected, or its last term was resigned or
+	// lost (the error then also matches ErrLockLost).
+	ErrNotLeader = errors.New("sqllock: not the leader")
+
 	// ErrDuplicate is returned by Registry.Register when the name, or the
 	// key, is already registered.
 	ErrDuplicate = errors.New("sqllock: duplicate registry entry")

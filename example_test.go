@@ -361,3 +361,27 @@ func ExampleLock_Token_outsideStore() {
 		log.Print(err)
 	}
 }
+
+// A job that hangs no longer keeps its lock: at the bound its context
+// ends and the lock is released.
+func ExampleWithHoldAtMost() {
+	locker := sqllock.New(db)
+	k := sqllock.Hash("cron:reindex_posts")
+	job := reindexPosts // stops when its ctx ends
+	err := locker.Do(ctx, k, job, sqllock.WithHoldAtMost(10*time.Minute))
+	// errors.Is(err, sqllock.ErrLockLost) && errors.Is(err, context.DeadlineExceeded): the job ran too long
+	if err != nil {
+		log.Print(err)
+	}
+}
+
+// The leader changes its value without losing its term.
+func ExampleElection_Proclaim() {
+	election := sqllock.New(db).Election(sqllock.Hash("leader:scheduler"))
+	if _, err := election.Campaign(ctx, "host-a"); err != nil {
+		return
+	}
+	if err := election.Proclaim(ctx, "host-a:8080"); errors.Is(err, sqllock.ErrNotLeader) {
+		log.Print("not the leader any more") // also ErrLockLost when the term was lost
+	}
+}

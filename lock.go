@@ -171,12 +171,33 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 }
 
 // run calls fn with a context that ends when ctx does or the lock is lost,
-// then unlocks, even if fn panics; with a hold window w, no sooner than w
-// after the lock was taken.
-func (lk *Lock) run(ctx context.Context, fn func(context.Context) error, w time.Duration) (err error) {
+// then unlocks, even if fn panics; with a hold window (c.holdAtLeast), no
+// sooner than the window's end; with a bound (c.holdAtMost), at the bound
+// at the latest, fn returned or not (see WithHoldAtMost).
+func (lk *Lock) run(ctx context.Context, fn func(context.Context) error, c doConfig) (err error) {
 	fctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(lk.h.Context(), func() { cancel(lk.Err()) })
+	var b *holdBound
+	runCtx := context.Context(fctx)
+	if c.holdAtMost > 0 {
+		var bcancel context.CancelFunc
+		cause := &boundError{lk: lk, d: c.holdAtMost}
+		runCtx, bcancel = context.WithDeadlineCause(fctx, lk.h.Since().Add(c.holdAtMost), cause)
+		defer bcancel()
+		b = lk.startBound(runCtx, cause)
+	}
+	w := c.holdAtLeast
 	defer func() {
+		if b != nil && b.end() {
+			stop()
+			cancel(nil)
+			// The bound passed: the lock was released there.
+			err = runError(err, b.err)
+			if b.unlockErr != nil && !errors.Is(b.unlockErr, ErrReleased) {
+				err = fmt.Errorf("%w; then %w", err, b.unlockErr)
+			}
+			return
+		}
 		stop()
 		cancel(nil)
 		if w > 0 && time.Since(lk.h.Since()) < w {
@@ -194,7 +215,69 @@ func (lk *Lock) run(ctx context.Context, fn func(context.Context) error, w time.
 		}
 		err = runError(err, lk.Unlock(ctx))
 	}()
-	return fn(fctx)
+	return fn(runCtx)
+}
+
+// holdBound is a task's upper bound (WithHoldAtMost): when the bound ends
+// the task's context, the task's lock is released, whether the task has
+// returned or not.
+type holdBound struct {
+	err       *boundError   // the cause of the task's context at the bound
+	stop      func() bool   // stops watching the task's context
+	warn      *time.Timer   // tells the logger of a task that outlives the release
+	done      chan struct{} // closed once the task's context ended and its end was seen to
+	released  bool          // read after done: the bound released the lock
+	unlockErr error         // read after done: the release's error
+}
+
+// startBound watches ctx, the context of the task that runs under lk,
+// whose deadline is the task's bound: when the bound ends it (with cause
+// err, not the caller's context nor a loss), the lock is released.
+func (lk *Lock) startBound(ctx context.Context, err *boundError) *holdBound {
+	b := &holdBound{done: make(chan struct{}), err: err}
+	b.stop = context.AfterFunc(ctx, func() {
+		defer close(b.done)
+		if context.Cause(ctx) != error(err) || lk.Err() != nil {
+			return // the caller's context, or a loss: not the bound
+		}
+		lk.l.log(context.Background(), slog.LevelWarn, "sqllock: a task reached its upper bound (WithHoldAtMost): its context ended, and its lock is released", lk.key,
+			slog.Duration("bound", err.d))
+		b.released, b.unlockErr = true, lk.Unlock(context.Background())
+		at := lk.h.Since().Add(err.d + lk.l.cfg.unlockTimeout)
+		b.warn = time.AfterFunc(time.Until(at), func() {
+			lk.l.log(context.Background(), slog.LevelWarn, "sqllock: a task still runs after its upper bound (WithHoldAtMost) and its lock's release: it ignores its context, and runs without the lock", lk.key,
+				slog.Duration("bound", err.d))
+		})
+	})
+	return b
+}
+
+// boundError is the cause of a task's context at its bound: it matches
+// ErrLockLost and context.DeadlineExceeded, and names the key only when
+// read (never on a task's success path).
+type boundError struct {
+	lk *Lock
+	d  time.Duration
+}
+
+func (e *boundError) Error() string {
+	return fmt.Sprintf("%v: %s: the task's upper bound (WithHoldAtMost(%v)) passed; its lock was released: %v",
+		ErrLockLost, e.lk.l.name(e.lk.key), e.d, context.DeadlineExceeded)
+}
+
+func (e *boundError) Unwrap() []error { return []error{ErrLockLost, context.DeadlineExceeded} }
+
+// end is called as the task returns, before its context is cancelled: it
+// reports whether the bound released the lock, and stops what remains.
+func (b *holdBound) end() (released bool) {
+	if b.stop() {
+		return false // the context has not ended: no bound passed
+	}
+	<-b.done
+	if b.warn != nil {
+		b.warn.Stop()
+	}
+	return b.released
 }
 
 // runError combines fn's error with the unlock's into one error that reads
@@ -207,7 +290,7 @@ func runError(fnErr, unlockErr error) error {
 		return fnErr
 	case fnErr == nil || errors.Is(fnErr, unlockErr):
 		return unlockErr
-	case errors.Is(fnErr, context.Canceled) && errors.Is(unlockErr, ErrLockLost):
+	case (errors.Is(fnErr, context.Canceled) || errors.Is(fnErr, context.DeadlineExceeded)) && errors.Is(unlockErr, ErrLockLost):
 		return fmt.Errorf("%w (fn returned: %w)", unlockErr, fnErr)
 	}
 	return fmt.Errorf("%w; then %w", fnErr, unlockErr)

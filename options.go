@@ -264,6 +264,8 @@ type DoOption interface{ applyDo(*doConfig) }
 
 type doConfig struct {
 	holdAtLeast time.Duration
+	holdAtMost  time.Duration // 0: no bound
+	atMostSet   bool          // WithHoldAtMost was given
 }
 
 type doOptionFunc func(*doConfig)
@@ -288,6 +290,36 @@ func WithHoldAtLeast(d time.Duration) DoOption {
 	return doOptionFunc(func(c *doConfig) { c.holdAtLeast = d })
 }
 
+// WithHoldAtMost bounds this call of [Locker.Do] or [Locker.TryDo]: d
+// after the lock was acquired, fn's context ends and the lock is
+// released, whether fn has returned or not (ShedLock's lockAtMostFor). A
+// job that hangs then no longer keeps the other processes from running
+// it. The server has freed the lock by d plus the Locker's unlock timeout
+// ([WithUnlockTimeout]), or sooner, as soon as it answers the unlock.
+//
+// At d, fn's context ends with context.DeadlineExceeded, and
+// context.Cause(ctx) is an error matching [ErrLockLost] and
+// context.DeadlineExceeded. fn must stop then: from d on it no longer
+// holds the lock, and another process may be running the same job.
+// Do still waits for fn to return (it cannot stop a goroutine, and
+// whatever fn uses stays fn's until it returns), and then returns an
+// error matching [ErrLockLost] and context.DeadlineExceeded (carrying
+// fn's own error, if any). A fn that ignores its context keeps running
+// without the lock: its writes after d are not protected by it. Writes
+// that must be refused then carry a fencing token ([Lock.Token], with
+// [Locker.Lock] and a context bounded by d), which the next holder's
+// token exceeds. The Locker's logger is told (Warn) when a job reaches
+// its bound, and again when it is still running at d plus the unlock
+// timeout.
+//
+// It combines with [WithHoldAtLeast]: a job that returns sooner than the
+// hold window keeps the lock until the window ends; one that runs past d
+// loses it at d. d must be positive and no shorter than the hold window;
+// otherwise Do returns an error before taking the lock.
+func WithHoldAtMost(d time.Duration) DoOption {
+	return doOptionFunc(func(c *doConfig) { c.holdAtMost, c.atMostSet = d, true })
+}
+
 // newDoConfig applies opts, or says which value it refuses.
 func newDoConfig(opts []DoOption) (doConfig, error) {
 	var c doConfig
@@ -299,7 +331,17 @@ func newDoConfig(opts []DoOption) (doConfig, error) {
 	if c.holdAtLeast < 0 {
 		return c, fmt.Errorf("sqllock: WithHoldAtLeast(%v): negative window", c.holdAtLeast)
 	}
-	return c, windowError("WithHoldAtLeast", c.holdAtLeast)
+	if err := windowError("WithHoldAtLeast", c.holdAtLeast); err != nil {
+		return c, err
+	}
+	switch {
+	case !c.atMostSet:
+	case c.holdAtMost <= 0:
+		return c, fmt.Errorf("sqllock: WithHoldAtMost(%v): the bound must be positive (leave the option out for no bound)", c.holdAtMost)
+	case c.holdAtMost < c.holdAtLeast:
+		return c, fmt.Errorf("sqllock: WithHoldAtMost(%v) is shorter than WithHoldAtLeast(%v): the lock cannot be released before the hold window ends", c.holdAtMost, c.holdAtLeast)
+	}
+	return c, nil
 }
 
 // windowError returns the error of a hold window d that call (an option or

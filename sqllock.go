@@ -137,7 +137,8 @@ func (l *Locker) TryRLock(ctx context.Context, k Key) (*Lock, error) {
 // context.Cause(ctx), which is the loss itself). Do returns the error of
 // acquiring the lock, or fn's error combined with the unlock's in one error
 // that matches both (a lost lock matches [ErrLockLost]). opts are this
-// task's own settings ([WithHoldAtLeast]).
+// task's own settings: a hold window ([WithHoldAtLeast]) and an upper
+// bound ([WithHoldAtMost]).
 func (l *Locker) Do(ctx context.Context, k Key, fn func(ctx context.Context) error, opts ...DoOption) error {
 	mustContext(ctx, "Locker.Do")
 	c, err := newDoConfig(opts)
@@ -148,7 +149,7 @@ func (l *Locker) Do(ctx context.Context, k Key, fn func(ctx context.Context) err
 	if err != nil {
 		return err
 	}
-	return lk.run(ctx, fn, c.holdAtLeast)
+	return lk.run(ctx, fn, c)
 }
 
 // TryDo runs fn while holding the exclusive lock k if it is free, the cron
@@ -168,7 +169,7 @@ func (l *Locker) TryDo(ctx context.Context, k Key, fn func(ctx context.Context) 
 		}
 		return false, err
 	}
-	return true, lk.run(ctx, fn, c.holdAtLeast)
+	return true, lk.run(ctx, fn, c)
 }
 
 // acquire implements the four session-level lock calls, and an election

@@ -520,9 +520,18 @@ func TestRunHelp(t *testing.T) {
 	}
 	errb.Reset()
 	run([]string{"inspect", "-h"}, &out, &errb)
-	for _, want := range []string{"-registry FILE", "-watch INTERVAL"} {
+	for _, want := range []string{"-registry FILE", "-watch INTERVAL", "-stranded D"} {
 		if !strings.Contains(errb.String(), want) {
 			t.Errorf("inspect -h lacks %q:\n%s", want, errb.String())
+		}
+	}
+	errb.Reset()
+	if code := run([]string{"break", "-h"}, &out, &errb); code != 0 {
+		t.Fatalf("break -h = %d", code)
+	}
+	for _, want := range []string{"--idle-at-least DURATION", "--application NAME", "--yes", "Exit status:", "Examples:"} {
+		if !strings.Contains(errb.String(), want) {
+			t.Errorf("break -h lacks %q:\n%s", want, errb.String())
 		}
 	}
 }

@@ -31,11 +31,12 @@ import (
 var exitRows = map[string][]string{
 	"COMMAND's":         {"command status"},
 	"conflict code (1)": {"held elsewhere -n", "held elsewhere -w", "conflict code -E"},
-	"64":                {"bad flag", "flag after KEY", "negative timeout", "negative keep-alive", "empty key name", "holder told too late", "keep-alive too long", "hold window too long"},
+	"64":                {"bad flag", "flag after KEY", "negative timeout", "negative keep-alive", "empty key name", "holder told too late", "keep-alive too long", "hold window too long", "bound not positive", "bound shorter than window"},
 	"69":                {"unreachable"},
 	"70":                {"standby"},
 	"75":                {"lost while running", "lost before the command ended"},
 	"77":                {"authentication failed"},
+	"124":               {"ran past its bound"},
 	"78":                {"bad DSN"},
 	"126, 127":          {"not executable", "not found"},
 	"128+N":             {"command killed by a signal", "interrupted while waiting", "interrupted while connecting"},
@@ -152,6 +153,9 @@ func exitCases(t *testing.T, dsn string) []exitCase {
 		{name: "empty key name", dsn: dsn, args: []string{"key", ""}, code: exitUsage, want: "empty NAME"},
 		{name: "keep-alive too long", dsn: dsn, args: []string{"run", "--keep-alive", "2h", "--orphan-bound", "0", "k", "--", "true"}, code: exitUsage, want: "at most 1h"},
 		{name: "hold window too long", dsn: dsn, args: []string{"run", "--hold-at-least", "169h", "k", "--", "true"}, code: exitUsage, want: "from 0 to 168h"},
+		{name: "bound not positive", dsn: dsn, args: []string{"run", "--hold-at-most", "0s", "k", "--", "true"}, code: exitUsage, want: "--hold-at-most must be positive"},
+		{name: "bound shorter than window", dsn: dsn, args: []string{"run", "--hold-at-least", "2s", "--hold-at-most", "1s", "k", "--", "true"}, code: exitUsage, want: "shorter than --hold-at-least"},
+		{name: "ran past its bound", dsn: dsn, args: []string{"run", "--hold-at-most", "200ms", "kb", "--", "sleep", "10"}, code: exitBound, want: "ran past --hold-at-most 200ms"},
 		{name: "holder told too late", dsn: dsn, args: []string{"run", "--keep-alive", "1h", "--orphan-bound", "30s", "k", "--", "true"}, code: exitUsage, want: "the holder must be told first"},
 		{name: "unreachable", dsn: "postgres://u:s3cret@127.0.0.1:1/db", args: []string{"run", "k", "--", "true"}, code: exitUnavailable, want: "cannot reach PostgreSQL at 127.0.0.1:1"},
 		{name: "standby", args: []string{"run", "-n", "k", "--", "true"}, code: exitSoftware, want: "standby", setup: func(t *testing.T) []string {

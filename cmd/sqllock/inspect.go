@@ -29,6 +29,7 @@ func inspectCmd(args []string, stdout, stderr io.Writer) error {
 	watch := fs.Duration("watch", 0, "list again every `INTERVAL` (e.g. 2s) until interrupted")
 	regFile := fs.String("registry", "", "`FILE` of lock names: one NAME [KEY] per line (KEY defaults to the hash of NAME)")
 	dsnFlag := fs.String("dsn", "", "PostgreSQL connection string (default: DATABASE_URL, else PG* variables)")
+	strandedFor := fs.Duration("stranded", 0, "list only the locks whose holder has run nothing (idle, or idle in a transaction) for longer than `D` (e.g. 5m), with its client address; sqllock's own lock sessions are never listed (see sqllock break)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -37,6 +38,11 @@ func inspectCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return fail(exitUsage, "inspect: unexpected argument %q", fs.Arg(0))
+	}
+	strandedOnly := false
+	fs.Visit(func(fl *flag.Flag) { strandedOnly = strandedOnly || fl.Name == "stranded" })
+	if *strandedFor < 0 {
+		return fail(exitUsage, "inspect: --stranded must not be negative (got %v)", *strandedFor)
 	}
 	var reg *sqllock.Registry
 	if *regFile != "" {
@@ -53,7 +59,14 @@ func inspectCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	defer db.Close()
 	for {
-		locks, err := sqllock.Inspect(ctx, db, reg)
+		var locks []sqllock.HeldLock
+		var strandedLocks []examined
+		var hidden, own int
+		if strandedOnly {
+			strandedLocks, hidden, own, err = stranded(ctx, db, reg, *strandedFor)
+		} else {
+			locks, err = sqllock.Inspect(ctx, db, reg)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -66,9 +79,14 @@ func inspectCmd(args []string, stdout, stderr io.Writer) error {
 			}
 			fmt.Fprintf(stdout, "%s  every %v\n\n", time.Now().Format(time.RFC3339), *watch)
 		}
-		if *asJSON {
+		switch {
+		case strandedOnly && *asJSON:
+			err = printStrandedJSON(stdout, strandedLocks)
+		case strandedOnly:
+			err = printStranded(stdout, strandedLocks, *strandedFor, *regFile != "", hidden, own)
+		case *asJSON:
 			err = printJSON(stdout, locks)
-		} else {
+		default:
 			err = printTable(stdout, locks, *regFile != "")
 		}
 		if err != nil || *watch <= 0 {
@@ -95,16 +113,18 @@ type jsonLock struct {
 	WaitingSince    *time.Time `json:"waiting_since,omitempty"`
 	PID             int        `json:"pid"`
 	ApplicationName string     `json:"application_name"`
+	ClientAddr      string     `json:"client_addr"` // "" over a Unix socket, or when hidden
 	SessionState    string     `json:"session_state"`
 	Query           string     `json:"query"`
 	QueryHidden     bool       `json:"query_hidden"`
 	BlockedBy       []int      `json:"blocked_by"`
-	Semaphore       string     `json:"semaphore,omitempty"` // the semaphore whose slot the key is (registry)
+	Semaphore       string     `json:"semaphore,omitempty"`    // the semaphore whose slot the key is (registry)
+	IdleSeconds     *float64   `json:"idle_seconds,omitempty"` // --stranded: how long the holder has run nothing
 }
 
 func toJSON(l sqllock.HeldLock) jsonLock {
 	j := jsonLock{Key: l.Key.String(), Name: l.Name, Mode: mode(l), State: state(l), PID: l.PID,
-		ApplicationName: l.ApplicationName, SessionState: l.State, Query: l.Query, QueryHidden: l.Hidden, BlockedBy: l.BlockedBy,
+		ApplicationName: l.ApplicationName, ClientAddr: l.ClientAddr, SessionState: l.State, Query: l.Query, QueryHidden: l.Hidden, BlockedBy: l.BlockedBy,
 		Semaphore: l.Semaphore}
 	if v, ok := l.Key.Int64(); ok {
 		j.Form, j.Bigint = "bigint", &v
@@ -121,10 +141,19 @@ func toJSON(l sqllock.HeldLock) jsonLock {
 	return j
 }
 
-func printJSON(w io.Writer, locks []sqllock.HeldLock) error {
+func printJSON(w io.Writer, locks []sqllock.HeldLock) error { return printJSONIdle(w, locks, nil) }
+
+// printJSONIdle prints locks as JSON, each with its idle time when idle
+// has one per lock.
+func printJSONIdle(w io.Writer, locks []sqllock.HeldLock, idle []time.Duration) error {
 	out := make([]jsonLock, 0, len(locks))
-	for _, l := range locks {
-		out = append(out, toJSON(l))
+	for i, l := range locks {
+		j := toJSON(l)
+		if idle != nil {
+			s := idle[i].Seconds()
+			j.IdleSeconds = &s
+		}
+		out = append(out, j)
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

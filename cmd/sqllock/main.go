@@ -1,10 +1,12 @@
 // Command sqllock is flock(1) for PostgreSQL: it holds a PostgreSQL advisory
 // lock while a command runs, so that a cron job runs once across many
-// machines. It also lists the advisory locks of a database and prints the
-// key of a name.
+// machines. It also lists the advisory locks of a database (those left by
+// idle sessions too), frees a lock left by an idle session, and prints
+// the key of a name.
 //
 //	sqllock run [flags] KEY -- COMMAND [ARGS...]
-//	sqllock inspect [--json] [--watch INTERVAL] [--registry FILE]
+//	sqllock inspect [--json] [--watch INTERVAL] [--registry FILE] [--stranded D]
+//	sqllock break [--idle-at-least D] [--application NAME] [--yes] KEY
 //	sqllock key NAME
 //
 // KEY is a number (123), a pair (1,2), or a name, hashed with sqllock.Hash
@@ -15,7 +17,8 @@
 //
 // Exit status of run: COMMAND's own status; the conflict code (-E, default
 // 1) when the lock is held elsewhere (-n) or the wait timed out (-w); 75 when
-// the lock was lost while COMMAND ran (COMMAND was stopped); 64 for a usage
+// the lock was lost while COMMAND ran (COMMAND was stopped); 124 when
+// COMMAND ran past --hold-at-most (COMMAND was stopped); 64 for a usage
 // error (bad flag, bad key text, no command); 69 when the server cannot be
 // reached; 70 for any other lock error; 78 for a bad DSN; 126 and 127 when
 // COMMAND cannot be run or is not found; 128+N when COMMAND was killed by
@@ -31,12 +34,13 @@ import (
 
 // Exit statuses (sysexits.h where one fits).
 const (
-	exitUsage       = 64 // EX_USAGE
-	exitUnavailable = 69 // EX_UNAVAILABLE: server unreachable
-	exitSoftware    = 70 // EX_SOFTWARE: other lock errors
-	exitLost        = 75 // EX_TEMPFAIL: the lock was lost while COMMAND ran
-	exitNoPerm      = 77 // EX_NOPERM: authentication failed
-	exitConfig      = 78 // EX_CONFIG: bad DSN
+	exitUsage       = 64  // EX_USAGE
+	exitUnavailable = 69  // EX_UNAVAILABLE: server unreachable
+	exitSoftware    = 70  // EX_SOFTWARE: other lock errors
+	exitLost        = 75  // EX_TEMPFAIL: the lock was lost while COMMAND ran
+	exitNoPerm      = 77  // EX_NOPERM: authentication failed
+	exitConfig      = 78  // EX_CONFIG: bad DSN
+	exitBound       = 124 // COMMAND ran past --hold-at-most (timeout(1)'s status)
 	exitCannotRun   = 126
 	exitNotFound    = 127
 )
@@ -56,6 +60,7 @@ func fail(code int, format string, args ...any) error {
 const usage = `usage:
   sqllock run [flags] KEY -- COMMAND [ARGS...]   hold the lock KEY while COMMAND runs
   sqllock inspect [flags]                        list the advisory locks of the database
+  sqllock break [flags] KEY                      free a lock left by an idle session (dry run without --yes)
   sqllock key NAME                               print the keys of NAME and the SQL to use them
 
 KEY is a number (123), a pair (1,2), or a name (hashed; --crc32 for zlib.crc32).
@@ -79,6 +84,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runCmd(args[1:], stderr)
 	case "inspect":
 		err = inspectCmd(args[1:], stdout, stderr)
+	case "break":
+		err = breakCmd(args[1:], stdout, stderr)
 	case "key":
 		err = keyCmd(args[1:], stdout, stderr)
 	case "-h", "--help", "help":

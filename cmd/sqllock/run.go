@@ -36,6 +36,7 @@ type runFlags struct {
 	keepAliveSet   bool // the flag was given (else sqllock's default)
 	orphanBoundSet bool
 	holdAtLeast    time.Duration
+	holdAtMost     time.Duration // 0: no bound
 	slots          int
 	connectTimeout time.Duration
 	quiet          bool
@@ -68,6 +69,7 @@ Exit status:
   69         the server cannot be reached
   70         another lock error (standby, unsupported server, deadlock)
   75         the lock was lost while COMMAND ran (COMMAND was stopped)
+  124        COMMAND ran past --hold-at-most (COMMAND was stopped)
   77         authentication failed
   78         the DSN cannot be parsed
   126, 127   COMMAND cannot be run, or is not found
@@ -83,6 +85,13 @@ Examples:
 // long names together, then the exit codes and examples.
 func printRunUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprintln(w, runUsage)
+	printFlags(w, fs)
+	fmt.Fprint(w, runHelpTail)
+}
+
+// printFlags prints the flags of fs under "Flags:": each flag once, with
+// its short and long names together (-n, --nonblock), sorted by long name.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprintln(w, "\nFlags:")
 	var order []string
 	names := map[string][]string{}
@@ -115,7 +124,6 @@ func printRunUsage(w io.Writer, fs *flag.FlagSet) {
 		}
 		fmt.Fprintf(w, "%s\n      %s\n", line, usage)
 	}
-	fmt.Fprint(w, runHelpTail)
 }
 
 // longest returns the longest of names, which sorts a flag by its long name.
@@ -155,6 +163,7 @@ func runFlagSet(f *runFlags, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&f.orphanBound, "orphan-bound", 0, "if this host dies or is cut off, the server frees the lock after this long (default: sqllock's, 30s; 0: the server's TCP settings, hours)")
 	fs.IntVar(&f.slots, "slots", 0, "a semaphore: at most N runs of KEY at once, fleet-wide (KEY is its name)")
 	fs.DurationVar(&f.holdAtLeast, "hold-at-least", 0, "keep the lock until at least this long after it was taken, even when COMMAND ends sooner (run once per tick across machines)")
+	fs.DurationVar(&f.holdAtMost, "hold-at-most", 0, "stop COMMAND once this long has passed since the lock was taken (SIGTERM, then SIGKILL after --on-lost), and release the lock as it ends")
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", defaultConnectTimeout, "give up connecting to the server after this long")
 	return fs
 }
@@ -188,9 +197,10 @@ func parseRun(args []string, stderr io.Writer) (runSpec, error) {
 	}
 	sp.argv = rest
 	f := sp.f
-	slotsGiven := false
+	slotsGiven, atMostGiven := false, false
 	fs.Visit(func(fl *flag.Flag) {
 		slotsGiven = slotsGiven || fl.Name == "slots"
+		atMostGiven = atMostGiven || fl.Name == "hold-at-most"
 		sp.f.keepAliveSet = sp.f.keepAliveSet || fl.Name == "keep-alive"
 		sp.f.orphanBoundSet = sp.f.orphanBoundSet || fl.Name == "orphan-bound"
 	})
@@ -212,6 +222,10 @@ func parseRun(args []string, stderr io.Writer) (runSpec, error) {
 		return sp, fail(exitUsage, "run: --slots and --shared do not go together")
 	case f.holdAtLeast < 0 || f.holdAtLeast > maxHoldAtLeast:
 		return sp, fail(exitUsage, "run: --hold-at-least must be from 0 to %v (got %v)", maxHoldAtLeast, f.holdAtLeast)
+	case atMostGiven && f.holdAtMost <= 0:
+		return sp, fail(exitUsage, "run: --hold-at-most must be positive (got %v)", f.holdAtMost)
+	case atMostGiven && f.holdAtMost < f.holdAtLeast:
+		return sp, fail(exitUsage, "run: --hold-at-most %v is shorter than --hold-at-least %v", f.holdAtMost, f.holdAtLeast)
 	case f.orphanBound < 0:
 		return sp, fail(exitUsage, "run: --orphan-bound must not be negative (got %v; 0 turns it off)", f.orphanBound)
 	}
@@ -332,14 +346,14 @@ func runCmd(args []string, stderr io.Writer) error {
 
 	in.release() // from here on, signals are COMMAND's
 	in = nil
-	status, lost, sig := supervise(lk, sp.argv, f, sigs, stderr)
+	status, lost, bounded, sig := supervise(lk, sp.argv, f, sigs, stderr)
 	// The hold window (--hold-at-least) lives in this process, and only
 	// after a COMMAND that ran to its end with the lock held throughout: a
 	// COMMAND stopped by a signal holds no window; a signal during the
 	// window ends it (released at once, exit 128+N); a loss during the
 	// window ends it too, but COMMAND's run was whole (its status, with a
 	// warning).
-	windowed := f.holdAtLeast > 0 && !lost && sig == nil && stillHeld(db, lk)
+	windowed := f.holdAtLeast > 0 && !lost && !bounded && sig == nil && stillHeld(db, lk)
 	if windowed {
 		if err := lk.UnlockAfter(f.holdAtLeast); err == nil {
 			select {
@@ -373,6 +387,12 @@ func runCmd(args []string, stderr io.Writer) error {
 		return fail(exitLost, "")
 	case uerr != nil:
 		fmt.Fprintf(stderr, "sqllock: warning: unlock %s: %s\n", keyText, oneLine(uerr))
+	}
+	if bounded {
+		if !f.quiet {
+			fmt.Fprintf(stderr, "sqllock: %s ran past --hold-at-most %v; it was stopped, and lock %s released\n", cmdName, f.holdAtMost, keyText)
+		}
+		return fail(exitBound, "")
 	}
 	if windowed && sig != nil {
 		return fail(128+int(sig.(syscall.Signal)), "interrupted by %v during the hold window; the lock was released", sig)
@@ -495,10 +515,20 @@ func acquire(ctx context.Context, l *sqllock.Locker, sp runSpec, f runFlags) (*s
 }
 
 // supervise runs COMMAND while the lock is held. It returns COMMAND's exit
-// status, lost = true when the lock was lost (COMMAND was then stopped
-// with SIGTERM, and SIGKILL after the grace period), and the last signal
-// run got and forwarded to COMMAND, if any.
-func supervise(lk *sqllock.Lock, argv []string, f runFlags, sigs <-chan os.Signal, stderr io.Writer) (status int, lost bool, sig os.Signal) {
+// status, lost = true when the lock was lost, bounded = true when COMMAND
+// ran past --hold-at-most (either way COMMAND was then stopped with
+// SIGTERM, and SIGKILL after the grace period), and the last signal run
+// got and forwarded to COMMAND, if any. The lock is released by the
+// caller, once COMMAND has ended: a COMMAND stopped at its bound never
+// runs beside the next holder.
+func supervise(lk *sqllock.Lock, argv []string, f runFlags, sigs <-chan os.Signal, stderr io.Writer) (status int, lost, bounded bool, sig os.Signal) {
+	// The bound counts from the lock's grant, which was just now.
+	var bound <-chan time.Time
+	if f.holdAtMost > 0 {
+		t := time.NewTimer(f.holdAtMost)
+		defer t.Stop()
+		bound = t.C
+	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	// Outside a terminal (cron, systemd), COMMAND gets a process group of
@@ -514,9 +544,9 @@ func supervise(lk *sqllock.Lock, argv []string, f runFlags, sigs <-chan os.Signa
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintf(stderr, "sqllock: cannot run %s: %v\n", argv[0], err)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			return exitNotFound, false, nil
+			return exitNotFound, false, false, nil
 		}
-		return exitCannotRun, false, nil
+		return exitCannotRun, false, false, nil
 	}
 	signal := func(s os.Signal) {
 		if group {
@@ -532,18 +562,27 @@ func supervise(lk *sqllock.Lock, argv []string, f runFlags, sigs <-chan os.Signa
 	for {
 		select {
 		case <-done:
-			if lost && group {
+			if (lost || bounded) && group {
 				syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // whatever COMMAND left behind
 			}
-			return exitStatus(cmd.ProcessState), lost, sig
+			return exitStatus(cmd.ProcessState), lost, bounded, sig
 		case s := <-sigs:
 			sig = s
 			signal(s)
 		case <-lostC:
 			lostC = nil
 			lost = true
-			signal(syscall.SIGTERM)
-			kill = time.After(f.onLost)
+			if kill == nil {
+				signal(syscall.SIGTERM)
+				kill = time.After(f.onLost)
+			}
+		case <-bound:
+			bound = nil
+			bounded = true
+			if kill == nil {
+				signal(syscall.SIGTERM)
+				kill = time.After(f.onLost)
+			}
 		case <-kill:
 			signal(syscall.SIGKILL)
 		}

@@ -6,6 +6,7 @@ package sqltext
 
 import (
 	"database/sql/driver"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
@@ -693,6 +694,69 @@ LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory'
  AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())`
 
+// ClockSQL reads the server's clock.
+const ClockSQL = "SELECT clock_timestamp()"
+
+// IdleStates are the states (pg_stat_activity.state) of a session that
+// runs nothing: the client has all the server's answers and sends nothing.
+var IdleStates = []string{"idle", "idle in transaction", "idle in transaction (aborted)"}
+
+// BreakSQL terminates backend $1 (pg_terminate_backend), a holder of the
+// advisory lock whose tag is ($2, $3, $4), only if it is as its client
+// read it: in the state it entered at $5 (pg_stat_activity.state_change,
+// so it has run no statement since, and holds what it held), idle or idle
+// in a transaction, for at least $6 (an interval, as text) by the
+// server's clock, and named $7 (application_name). Its single row is
+// pg_terminate_backend's answer; there is no row, and nothing is done,
+// when the backend is not as read.
+const BreakSQL = `SELECT pg_terminate_backend(a.pid) FROM pg_catalog.pg_stat_activity a
+ WHERE a.pid = $1::int4 AND a.state_change = $5::timestamptz
+  AND a.state IN ('idle', 'idle in transaction', 'idle in transaction (aborted)')
+  AND a.state_change <= clock_timestamp() - $6::text::interval
+  AND a.application_name = $7::text
+  AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.pid = a.pid
+   AND l.classid::int8 = $2::int8 AND l.objid::int8 = $3::int8 AND l.objsubid = $4::int4)`
+
+// Own reports whether query, a session's current or last statement as
+// pg_stat_activity shows it (cut to track_activity_query_size, 1 kB by
+// default), is one that the library sends on the sessions that hold its
+// locks: its lock, unlock, batch, token and lease statements, and the
+// core's prepared statements (named sqllock_<mark>_N). Such a session
+// belongs to a live Locker, whose keep-alive watches it (or to a process
+// frozen while its Locker held it, which the lease ends on PostgreSQL 14
+// and later). A Session whose connection ran the caller's statements
+// last, and a transaction of the caller's (InTx, LockTx), show the
+// caller's statements, not the library's.
+func Own(query string) bool {
+	q := strings.TrimSpace(query)
+	if q == TouchSQL || q == NoIdleTimeoutSQL {
+		return true
+	}
+	for _, p := range ownPrefixes {
+		if strings.HasPrefix(q, p) {
+			return true
+		}
+	}
+	for _, m := range ownMarks {
+		if strings.Contains(q, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// ownPrefixes start the library's statements that carry no mark near
+// their start: the core's prepared statements, and batches, whose key
+// arrays (rendered into the text in Inline mode) can push their mark past
+// the length pg_stat_activity keeps.
+var ownPrefixes = []string{"PREPARE sqllock_", "EXECUTE sqllock_", "DEALLOCATE sqllock_", "SELECT ARRAY(SELECT u.i FROM unnest("}
+
+// ownMarks are in every other statement the library sends on a lock
+// session, within its first kilobyte: the owner mark's setting (tries,
+// waits, settings), the condition on the backend (unlocks, resets, the
+// liveness check), and heldWhere's (tokens, Held, Proclaim).
+var ownMarks = []string{markSetting, "WHERE pg_backend_pid() = ", "l.pid = pg_backend_pid()"}
+
 // ElectionPrefix starts the application_name of an election candidate's
 // session; the rest is its value.
 const ElectionPrefix = "sqllock-election:"
@@ -830,6 +894,17 @@ const TokenSQL = `SELECT CASE WHEN pg_logical_emit_message(true, 'sqllock', '') 
 // HeldSQL answers one row when the session that runs it holds the
 // session-level lock whose tag is ($1, $2, $3), and none otherwise.
 const HeldSQL = `SELECT 1::int8` + heldByMe
+
+// ProclaimSQL returns the statement that names the session that runs it
+// name (its application_name, for the session's life or until named
+// again), but only when that session holds the session-level lock whose
+// tag is ($1, $2, $3): it answers one row then, and none (naming nothing)
+// otherwise. name is rendered in hexadecimal, so that no text of it can
+// reach the statement as SQL, nor look like a parameter to TagArgs. The
+// select list is evaluated only for the row of the held lock.
+func ProclaimSQL(name string) string {
+	return "SELECT length(set_config('application_name', convert_from(decode('" + hex.EncodeToString([]byte(name)) + "', 'hex'), 'UTF8'), false))::int8" + heldByMe
+}
 
 // heldByMe selects the row of pg_locks of the advisory lock whose tag is
 // ($1, $2, $3), granted to the session that runs the statement.

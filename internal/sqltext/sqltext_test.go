@@ -260,3 +260,61 @@ func TestBatchArgs(t *testing.T) {
 		})
 	}
 }
+
+// TestOwn: every statement the library sends on a lock session is told
+// as its own, as pg_stat_activity shows it (cut to its default 1 kB), in
+// both modes, for sessions set up or not, with keys of both forms; the
+// statements of a session left by hand (psql, another library) are not.
+func TestOwn(t *testing.T) {
+	keys := []Key{{V: 5}, {V: -1 << 62}, {Pair: true, Class: -3, ID: 4}}
+	many := make([]Key, 300) // a batch whose key array fills the kilobyte
+	for i := range many {
+		many[i] = Key{V: int64(i) << 40}
+	}
+	st := Settings{Idle: 10, Interval: 5, Count: 4, UserTimeoutMs: 30000, AppName: "app", Major: 16, IdleTimeoutMs: 30000}
+	var qs []string
+	add := func(q string, _ []any) { qs = append(qs, q) }
+	for _, mode := range []Mode{Bind, Inline} {
+		for _, s := range []*Statements{ForSettings(mode, st), ForSettings(mode, Settings{Major: 13}), Plain(mode)} {
+			for _, k := range keys {
+				for _, kind := range []Kind{Try, Try | Shared} {
+					add(s.BuildTrySQL(kind, k, "m.1"))
+				}
+				for _, kind := range []Kind{0, Shared} {
+					add(s.BuildWaitSQL(kind, k, "250ms", "m.1"))
+					add(s.GrantedSQL(kind, 1, 2, 1, "m.1"))
+				}
+				add(s.BuildUnlockSQL(false, k, 42))
+				add(s.BuildUnlockSQL(true, k, 42))
+			}
+			add(s.SessionSQL("m.1"))
+			add(s.ResetSQL(42))
+			qs = append(qs, s.SemaphoreTrySQL(7, 64))
+		}
+		for _, b := range []Batch{BatchTry, BatchUnlock, BatchMixed} {
+			add(mode.BatchSQL(b, "42", keys, 1))
+			add(mode.BatchSQL(b, "42", many, 100))
+		}
+		add(mode.AliveSQL(42))
+		add(mode.TagArgs(TokenSQL, 1, 2, 1))
+		add(mode.TagArgs(HeldSQL, 1, 2, 1))
+		add(mode.TagArgs(ProclaimSQL("sqllock-election:host-a"), 1, 2, 1))
+	}
+	qs = append(qs, TouchSQL, NoIdleTimeoutSQL, OwnSQL, "PREPARE sqllock_m_1_1 AS SELECT 1", "EXECUTE sqllock_m_1_1('5')", "DEALLOCATE sqllock_m_1_1;")
+	for _, q := range qs {
+		shown := q
+		if len(shown) > 1023 {
+			shown = shown[:1023] // track_activity_query_size 1024, with its terminator
+		}
+		if !Own(shown) {
+			t.Errorf("Own(%q) = false, want true", shown)
+		}
+	}
+	for _, q := range []string{"", "<insufficient privilege>", "SELECT pg_advisory_lock(4242)", "select pg_try_advisory_lock(1, 2);",
+		"SELECT 1", "BEGIN", "COMMIT", "SELECT pg_backend_pid()", "SELECT pg_advisory_xact_lock(7)", "SHOW application_name",
+		"SELECT pg_advisory_unlock(4242)", "SELECT set_config('application_name', 'psql', false), pg_advisory_lock(9)"} {
+		if Own(q) {
+			t.Errorf("Own(%q) = true, want false", q)
+		}
+	}
+}
