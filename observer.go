@@ -59,7 +59,7 @@ const (
 type Event struct {
 	Kind     EventKind
 	Key      Key    // EventReleased, EventLost, EventDiscarded (the zero Key for a Session's)
-	Name     string // the key's registry name
+	Name     string // the key's registry name ("name[i]" for slot i of a registered semaphore)
 	PID      int    // the backend of the lock or connection, when known
 	Held     time.Duration
 	Duration time.Duration
