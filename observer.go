@@ -6,7 +6,7 @@ import (
 )
 
 // Observer receives a Locker's events: the hook that metrics and tracing
-// (the module github.com/sqllock/sqllock/otel), or a program's own code,
+// (the module github.com/sqllock/sqllock/otelsqllock), or a program's own code,
 // plug into; the logger of [WithLogger] is one too. Its methods are called
 // synchronously, on the lock path: keep them fast, never block in them, and
 // make them safe for concurrent use.
