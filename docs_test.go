@@ -172,3 +172,81 @@ func TestExamplesNeedNoSetup(t *testing.T) {
 		}
 	}
 }
+
+// TestDocClaims: claims of the docs that once contradicted the library, or
+// each other, each with the test that proves it. A claim edited away, a
+// contradiction written back, or a proof that is gone fails here. Text is
+// compared with its whitespace (and a Go file's comment markers) folded.
+func TestDocClaims(t *testing.T) {
+	tests := []struct {
+		file    string
+		says    []string // what it must say
+		notSays []string // what the library does not do
+		proof   string   // the test that proves it
+	}{
+		{
+			file:    "docs/traps.md",
+			says:    []string{"on a few sessions it shares among them (at most 16 per Locker, a quarter of `SetMaxOpenConns` when the pool has a limit"},
+			notSays: []string{"pins its own `*sql.Conn`"},
+			proof:   "TestManyLocksFewSessions",
+		},
+		{
+			file: "docs/traps.md",
+			says: []string{"An unlock that PostgreSQL answers \"not held\" there loses that one lock",
+				"Any doubt (an error, no answer, another backend pid) discards the connection with every lock on it, each reported lost"},
+			proof: "TestSharedUnlockOutcomes",
+		},
+		{
+			file:  "docs/guide.md",
+			says:  []string{"at most 16 per Locker (a quarter of `SetMaxOpenConns` when the pool has a limit)"},
+			proof: "TestManyLocksFewSessions",
+		},
+		{
+			file:    "inspect.go",
+			says:    []string{"Granted false, WaitStart its arrival in the line, and BlockedBy the key's holders in a conflicting mode"},
+			notSays: []string{"BlockedBy empty"},
+			proof:   "TestInspectLine",
+		},
+	}
+	testFiles, err := filepath.Glob("*_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var testSrc strings.Builder
+	for _, f := range testFiles {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		testSrc.Write(b)
+	}
+	for _, tt := range tests {
+		b, err := os.ReadFile(tt.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := fold(string(b), strings.HasSuffix(tt.file, ".go"))
+		for _, s := range tt.says {
+			if !strings.Contains(text, fold(s, false)) {
+				t.Errorf("%s no longer says %q (proved by %s)", tt.file, s, tt.proof)
+			}
+		}
+		for _, s := range tt.notSays {
+			if strings.Contains(text, fold(s, false)) {
+				t.Errorf("%s says %q, which the library does not do", tt.file, s)
+			}
+		}
+		if !strings.Contains(testSrc.String(), "func "+tt.proof+"(") {
+			t.Errorf("%s: the test that proves its claim, %s, is gone", tt.file, tt.proof)
+		}
+	}
+}
+
+// fold returns s with every run of white space made one space; for Go
+// source (goSrc), comment markers are white space too.
+func fold(s string, goSrc bool) string {
+	if goSrc {
+		s = strings.ReplaceAll(s, "//", " ")
+	}
+	return strings.Join(strings.Fields(s), " ")
+}

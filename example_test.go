@@ -267,7 +267,7 @@ func ExampleWithLogger() {
 		sqllock.WithUnlockTimeout(time.Second), // bound every unlock
 	)
 	st := locker.Stats()
-	log.Printf("held %d, acquired %d, contended %d, lost %d", st.Held, st.Acquired, st.Contended, st.Lost)
+	log.Printf("held %d, acquired %d, contended %d, timed out %d, lost %d", st.Held, st.Acquired, st.Contended, st.TimedOut, st.Lost)
 }
 
 func ExampleInt64() {

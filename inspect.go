@@ -67,8 +67,11 @@ type HeldLock struct {
 //
 // A Locker's waiter in a key's line (see [Locker.Lock]) holds a ticket in
 // it, an advisory lock of its own: Inspect reports it as a waiter for the
-// key (Granted false, BlockedBy empty), for the keys it knows of (those
-// given, or held or awaited by anyone).
+// key, whether it waits for the key in the server or for the waiter ahead
+// of it, for the keys it knows of (those given, or held or awaited by
+// anyone): Granted false, WaitStart its arrival in the line, and BlockedBy
+// the key's holders in a conflicting mode (for a semaphore's waiter, the
+// holders of its slots). The line's own locks are not reported.
 //
 // r, which may be nil, names the keys it knows. Given keys, Inspect
 // reports those keys only.

@@ -138,11 +138,12 @@ func TestInspectHiddenSessions(t *testing.T) {
 	}
 }
 
-// TestInspectLine: Lockers' waiters in a key's line are reported as
-// waiters for the key, in the order they arrived, each blocked by the
-// holder, whether it waits on the key in the server, for the waiter ahead
-// of it, or is between two statements; the line's own locks (tickets,
-// doorbells) are not reported.
+// TestInspectLine: Lockers' waiters in a key's line (a holder and 5
+// waiters, each of a Locker of its own) are reported as waiters for the
+// key, in the order they arrived, each blocked by the holder, whether it
+// waits on the key in the server, for the waiter ahead of it, or is
+// between two statements; the line's own locks (tickets, doorbells) are
+// not reported. Inspect's doc says so.
 func TestInspectLine(t *testing.T) {
 	t.Parallel()
 	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
@@ -155,7 +156,8 @@ func TestInspectLine(t *testing.T) {
 		ctx, cancel := context.WithCancel(bg())
 		var pids, arrived []int
 		var wg sync.WaitGroup
-		for i := range 3 {
+		const waiters = 5
+		for i := range waiters {
 			l := sqllock.New(pgtest.Open(t, driverOf(db), dsn))
 			wg.Add(1)
 			go func() {
@@ -185,10 +187,10 @@ func TestInspectLine(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(all) != 4 || len(locks) != 4 {
-			t.Fatalf("Inspect() = %v, Inspect(k) = %v: want the holder and 3 waiters, nothing else", all, locks)
+		if len(all) != waiters+1 || len(locks) != waiters+1 {
+			t.Fatalf("Inspect() = %v, Inspect(k) = %v: want the holder and %d waiters, nothing else", all, locks, waiters)
 		}
-		if !locks[0].Granted || locks[0].PID != lk.PID() || locks[0].Waiters != 3 {
+		if !locks[0].Granted || locks[0].PID != lk.PID() || locks[0].Waiters != waiters {
 			t.Fatalf("holder row = %+v", locks[0])
 		}
 		for i, w := range locks[1:] {

@@ -6,7 +6,7 @@ import (
 )
 
 // Observer receives a Locker's events: the hook that metrics and tracing
-// (the module github.com/sqllock/sqllock/otel), or a program's own code,
+// (the module github.com/sqllock/sqllock/otelsqllock), or a program's own code,
 // plug into; the logger of [WithLogger] is one too. Its methods are called
 // synchronously, on the lock path: keep them fast, never block in them, and
 // make them safe for concurrent use.
@@ -59,7 +59,7 @@ const (
 type Event struct {
 	Kind     EventKind
 	Key      Key    // EventReleased, EventLost, EventDiscarded (the zero Key for a Session's)
-	Name     string // the key's registry name
+	Name     string // the key's registry name ("name[i]" for slot i of a registered semaphore)
 	PID      int    // the backend of the lock or connection, when known
 	Held     time.Duration
 	Duration time.Duration

@@ -49,7 +49,7 @@ func TestPreparedStatements(t *testing.T) {
 	}
 
 	pid, _ := cycle(71001)
-	if got := lastQuery(pid); !strings.Contains(got, "71001") || strings.HasPrefix(got, "EXECUTE") {
+	if got := lastQuery(pid); !strings.Contains(got, "71001") || strings.Contains(got, "EXECUTE") {
 		t.Fatalf("a lone lock's unlock ran %q, want its key in the text", got)
 	}
 	var try string
@@ -59,8 +59,8 @@ func TestPreparedStatements(t *testing.T) {
 			t.Fatalf("lock %d on backend %d, want the shared session's %d", i, p, pid)
 		}
 	}
-	if !strings.HasPrefix(try, "EXECUTE sqllock_") || !strings.Contains(try, "71011") {
-		t.Fatalf("a busy shared session's try ran %q, want an EXECUTE of a statement prepared on it", try)
+	if !strings.HasPrefix(try, "/* sqllock: try */ EXECUTE sqllock_") || !strings.Contains(try, "71011") {
+		t.Fatalf("a busy shared session's try ran %q, want an EXECUTE of a statement prepared on it, marked as the statement is", try)
 	}
 
 	// Once idle, the shared session goes back to the pool: take every

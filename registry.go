@@ -5,6 +5,7 @@ import (
 	"iter"
 	"maps"
 	"slices"
+	"strconv"
 	"sync"
 )
 
@@ -15,8 +16,8 @@ import (
 //
 // A *Registry is also an option of [New]: given to New
 // (sqllock.New(db, reg)), the Locker names keys with it in errors, events
-// and logs. Given to [Inspect], it fills [HeldLock].Name and the semaphore
-// fields.
+// and logs, the slots of a registered semaphore too ("name[i]"). Given to
+// [Inspect], it fills [HeldLock].Name and the semaphore fields.
 //
 // A Registry is safe for concurrent use. The zero value is not usable; call
 // [NewRegistry].
@@ -44,7 +45,8 @@ func NewRegistry() *Registry {
 // RegisterSemaphore records the semaphore name of n slots (see
 // [Locker.Semaphore]), so that [Inspect] reports its slots as one
 // semaphore: [HeldLock].Semaphore is name, and Name is "name[i]" for slot
-// i. It returns an error wrapping [ErrDuplicate] when another semaphore
+// i; a Locker given the Registry names slot i "name[i]" in its errors,
+// events ([Event].Name) and logs. It returns an error wrapping [ErrDuplicate] when another semaphore
 // has the same slot class (a hash collision), when name is registered
 // already with another n (registering the same name and n again is a
 // no-op), or when one of its slots is registered as a named key; and an
@@ -134,15 +136,22 @@ func (r *Registry) MustRegister(name string, k Key) Key {
 	return k
 }
 
-// name returns the name registered for k.
+// name returns the name registered for k: a registered semaphore's slot i
+// is "name[i]".
 func (r *Registry) name(k Key) (string, bool) {
 	if r == nil {
 		return "", false
 	}
 	r.mu.RLock()
-	defer r.mu.RUnlock()
 	n, ok := r.byKey[k]
-	return n, ok
+	r.mu.RUnlock()
+	if ok {
+		return n, true
+	}
+	if sem, slot, ok := r.semaphore(k); ok {
+		return sem + "[" + strconv.Itoa(slot) + "]", true
+	}
+	return "", false
 }
 
 // All returns every registered name and its key, sorted by name: a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -149,4 +150,63 @@ func TestRegistryNamesInErrors(t *testing.T) {
 	if _, err := l2.Lock(ctx, k); !errors.Is(err, sqllock.ErrNotAcquired) || !strings.Contains(err.Error(), `"cron:nightly_export"`) {
 		t.Fatalf("Lock past its deadline = %v, want the name", err)
 	}
+}
+
+// lostNames records the Name of each EventLost.
+type lostNames struct {
+	mu    sync.Mutex
+	names []string
+}
+
+func (o *lostNames) AcquireStart(context.Context, sqllock.Acquisition) func(*sqllock.Lock, error) {
+	return nil
+}
+
+func (o *lostNames) Event(_ context.Context, e sqllock.Event) {
+	if e.Kind == sqllock.EventLost {
+		o.mu.Lock()
+		o.names = append(o.names, e.Name)
+		o.mu.Unlock()
+	}
+}
+
+// TestRegistryNamesSemaphoreSlots: a Locker given a Registry that knows a
+// semaphore names its slots "name[i]", as the Registry's doc says, in its
+// logs (acquired, lost), in its events (EventLost's Name) and in a lost
+// permit's error; and a key registered by name keeps its name.
+func TestRegistryNamesSemaphoreSlots(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	eachDriver(t, func(t *testing.T, db *sql.DB, dsn string) {
+		reg := sqllock.NewRegistry()
+		if err := reg.RegisterSemaphore("exports", 2); err != nil {
+			t.Fatal(err)
+		}
+		logs, events := &capture{}, &lostNames{}
+		l := sqllock.New(db, reg, sqllock.WithLogger(slog.New(logs)), sqllock.WithObserver(events),
+			sqllock.WithKeepAlive(50*time.Millisecond))
+		lk, err := l.Semaphore("exports", 2).Acquire(bg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, slot, _ := lk.Key().Pair()
+		want := fmt.Sprintf("%s %q", lk.Key(), fmt.Sprintf("exports[%d]", slot))
+		if a, _, ok := logs.find("sqllock: acquired"); !ok || a["key"].String() != want {
+			t.Errorf("acquired record: key %v (found %v), want %s", a["key"], ok, want)
+		}
+		terminate(t, srv, lk.PID())
+		<-lk.Done()
+		if a, _, ok := logs.find("sqllock: lock lost"); !ok || a["key"].String() != want {
+			t.Errorf("lost record: key %v (found %v), want %s", a["key"], ok, want)
+		}
+		if err := lk.Err(); !errors.Is(err, sqllock.ErrLockLost) || !strings.Contains(err.Error(), want) {
+			t.Errorf("lost permit's Err() = %v, want it to name %s", err, want)
+		}
+		events.mu.Lock()
+		if len(events.names) != 1 || events.names[0] != fmt.Sprintf("exports[%d]", slot) {
+			t.Errorf("EventLost names = %q, want [exports[%d]]", events.names, slot)
+		}
+		events.mu.Unlock()
+		lk.Unlock(bg())
+	})
 }

@@ -7,6 +7,14 @@ type Stats struct {
 	Held      int64 // locks held now
 	Acquired  int64 // locks granted
 	Contended int64 // non-waiting attempts that found the lock taken
+	// TimedOut counts waiting lock calls (Lock, RLock, Do, a Semaphore's
+	// Acquire, an Election's campaign, Session.Lock, InTx) that returned
+	// without the lock because their context's deadline passed while they
+	// waited: each returned an error matching ErrNotAcquired and
+	// context.DeadlineExceeded. A call whose context was cancelled is not
+	// counted (its caller gave up; no deadline was too short), nor one whose
+	// deadline had passed before it began (it sent nothing).
+	TimedOut  int64
 	Lost      int64 // locks lost while held
 	Discarded int64 // connections closed instead of returned to the pool
 	// KeepAliveChecks counts keep-alive queries: one per interval for all
@@ -42,7 +50,7 @@ type lockerStats struct {
 // Stats returns the Locker's counters.
 func (l *Locker) Stats() Stats {
 	c := l.pool.Stats()
-	return Stats{Held: c.Held, Acquired: c.Acquired, Contended: c.Contended, Lost: c.Lost, Discarded: c.Discarded,
+	return Stats{Held: c.Held, Acquired: c.Acquired, Contended: c.Contended, TimedOut: c.TimedOut, Lost: c.Lost, Discarded: c.Discarded,
 		KeepAliveChecks: c.KeepAliveChecks, KeepAliveSkipped: c.KeepAliveSkipped, SnapshotWaits: c.SnapshotWaits,
 		Windows: l.stats.windows.Load(), ObserverPanics: l.stats.observerPanics.Load(), SharedSessions: c.SharedSessions}
 }

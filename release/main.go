@@ -5,7 +5,7 @@
 //	go run ./release prepare -version v0.2.0    # before tagging: requires and go.sum
 //	go run ./release proxy   -version v0.1.0 -out DIR
 //
-// The published modules are the root, otel and pgtest/pgdocker; the others
+// The published modules are the root, otelsqllock and pgtest/pgdocker; the others
 // (examples with dependencies of their own, bench/, release/) are never
 // tagged but require the published ones at the release version too.
 // Every step runs the go command with GOWORK=off, a file proxy built from
@@ -21,6 +21,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,7 +39,7 @@ import (
 const modulePath = "github.com/sqllock/sqllock"
 
 // published are the directories of the modules a release tags.
-var published = []string{".", "otel", "pgtest/pgdocker"}
+var published = []string{".", "otelsqllock", "pgtest/pgdocker"}
 
 // internalModules are the in-repo modules that are never tagged.
 var internalModules = []string{"bench", "examples/gocron", "examples/otel", "release"}
@@ -288,18 +290,21 @@ func TestMain(m *testing.M) { pgtest.Run(m) }
 
 func TestServer(t *testing.T) { _ = pgdocker.Start }
 `, "main.go": "package main\n\nfunc main() {}\n"}},
-	{name: "otel", get: modulePath + "/otel", wants: "go.opentelemetry.io/otel", files: map[string]string{
+	{name: "otelsqllock", get: modulePath + "/otelsqllock", wants: "go.opentelemetry.io/otel", files: map[string]string{
 		"main.go": `package main
 
 import (
 	"fmt"
 
+	"go.opentelemetry.io/otel"
+
 	"github.com/sqllock/sqllock"
-	sqllockotel "github.com/sqllock/sqllock/otel"
+	"github.com/sqllock/sqllock/otelsqllock"
 )
 
+// Both packages, side by side, with no alias.
 func main() {
-	o, err := sqllockotel.New()
+	o, err := otelsqllock.New(otelsqllock.WithMeterProvider(otel.GetMeterProvider()))
 	if err == nil {
 		var _ sqllock.Observer = o
 	}
@@ -322,6 +327,9 @@ func check(root, version string) error {
 		return err
 	}
 	defer cleanup()
+	if err := packageNames(root); err != nil {
+		return err
+	}
 	tmp := filepath.Dir(e.proxy)
 	for _, c := range consumers {
 		dir := filepath.Join(tmp, "consumer-"+c.name)
@@ -359,6 +367,37 @@ func check(root, version string) error {
 		fmt.Printf("release: go install %s@%s ok\n", cmd, version)
 	}
 	return tidy(root, e, false)
+}
+
+// packageNames fails when the package of a published module other than
+// the root is not named as its directory, the last element of its import
+// path (as OpenTelemetry's instrumentation packages are: otelhttp in
+// .../otelhttp), so that its users import it with no alias.
+func packageNames(root string) error {
+	for _, dir := range published {
+		if dir == "." {
+			continue // the root module holds many packages, sqllock first
+		}
+		files, err := filepath.Glob(filepath.Join(root, dir, "*.go"))
+		if err != nil {
+			return err
+		}
+		want := filepath.Base(dir)
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			file, err := parser.ParseFile(token.NewFileSet(), f, nil, parser.PackageClauseOnly)
+			if err != nil {
+				return fmt.Errorf("release: %w", err)
+			}
+			if got := file.Name.Name; got != want {
+				return fmt.Errorf("release: %s is package %s: a published module's package is named as its directory (%s)", f, got, want)
+			}
+		}
+	}
+	fmt.Printf("release: each published module's package is named as its directory\n")
+	return nil
 }
 
 // tidy runs go mod tidy in every in-repo module: with write, it updates

@@ -57,7 +57,9 @@ const ServerVersion = "PostgreSQL 16.4 on x86_64-pc-linux-gnu"
 // Session, a Semaphore), to refuse servers without real advisory locks: a
 // mock database has one connection, so expect it once per Locker.
 // Transaction-level locks (LockTx, InTx) send none: do not expect it for
-// them.
+// them. A test that forgets it gets an error that says so ("the mock
+// database did not expect the server check ... call
+// sqllockmock.ExpectServerCheck(mock) first"), which wraps go-sqlmock's.
 func ExpectServerCheck(mock sqlmock.Sqlmock) *sqlmock.ExpectedQuery {
 	return mock.ExpectQuery(exact(sqltext.VersionSQL)).
 		WillReturnRows(sqlmock.NewRows([]string{"version", "pid", "server_start", "backend_start"}).AddRow(ServerVersion, PID, int64(0), int64(0)))

@@ -3,6 +3,7 @@ package sqllockmock_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -307,4 +308,70 @@ func wantTry(ok bool, err error) func(want bool) error {
 		}
 		return nil
 	}
+}
+
+// TestForgottenServerCheckNamed: a test that forgets ExpectServerCheck
+// gets an error that names it in plain words (no regular expression of
+// the mock's), whatever comes next in its list of expectations, and
+// whichever call sends the check; the mock's own error is wrapped. A
+// check the test expects, with an error of its own, gets that error.
+func TestForgottenServerCheckNamed(t *testing.T) {
+	const want = "did not expect the server check, a Locker's first statement on each connection: call sqllockmock.ExpectServerCheck(mock) first"
+	k := sqllock.Hash("cron:reindex_posts")
+	tests := []struct {
+		name   string
+		expect func(mock sqlmock.Sqlmock)
+		call   func(ctx context.Context, l *sqllock.Locker) error
+	}{
+		{"TryLock, its expectation next", func(mock sqlmock.Sqlmock) { sqllockmock.ExpectTryLock(mock, k, true) },
+			func(ctx context.Context, l *sqllock.Locker) error { _, err := l.TryLock(ctx, k); return err }},
+		{"Lock, no expectation left", func(sqlmock.Sqlmock) {},
+			func(ctx context.Context, l *sqllock.Locker) error { _, err := l.Lock(ctx, k); return err }},
+		{"RLock, an Exec next", func(mock sqlmock.Sqlmock) { mock.ExpectExec("UPDATE posts") },
+			func(ctx context.Context, l *sqllock.Locker) error { _, err := l.RLock(ctx, k); return err }},
+		{"Semaphore", func(sqlmock.Sqlmock) {},
+			func(ctx context.Context, l *sqllock.Locker) error {
+				_, err := l.Semaphore("exports", 2).TryAcquire(ctx)
+				return err
+			}},
+		{"Session", func(sqlmock.Sqlmock) {},
+			func(ctx context.Context, l *sqllock.Locker) error { _, err := l.Session(ctx); return err }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			db, mock, err := sqlmock.New()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			tt.expect(mock)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err = tt.call(ctx, sqllock.New(db, sqllock.WithKeepAlive(0)))
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("error = %v, want one that says %q", err, want)
+			}
+			if msg := err.Error(); strings.Contains(msg, "regexp") || strings.Contains(msg, "version()") || len(msg) > 300 {
+				t.Errorf("error = %q (%d bytes): want plain words, not the mock's comparison of statements", msg, len(msg))
+			}
+			if errors.Unwrap(err) == nil {
+				t.Errorf("error %v wraps nothing, want the mock's own error", err)
+			}
+		})
+	}
+	t.Run("expected, with an error", func(t *testing.T) {
+		db, mock, err := sqlmock.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		refused := errors.New("the test's own refusal")
+		sqllockmock.ExpectServerCheck(mock).WillReturnError(refused)
+		// (A session of its own: a shared session whose check failed is
+		// followed by one of its own, which checks again.)
+		_, err = sqllock.New(db, sqllock.WithKeepAlive(0), sqllock.WithDedicatedSessions()).TryLock(context.Background(), k)
+		if !errors.Is(err, refused) || strings.Contains(err.Error(), "ExpectServerCheck") {
+			t.Fatalf("TryLock() = %v, want the test's own error, and no advice", err)
+		}
+	})
 }

@@ -20,6 +20,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 func inspectCmd(args []string, stdout, stderr io.Writer) error {
@@ -223,6 +224,9 @@ func printTable(w io.Writer, locks []sqllock.HeldLock, names bool) error {
 			blocked[i] = strconv.Itoa(p)
 		}
 		q := l.Query
+		if label, ok := sqltext.Label(q); ok {
+			q = label // one of sqllock's own statements: what it does, not its text
+		}
 		if l.Hidden {
 			hidden++
 			q = "(hidden)"

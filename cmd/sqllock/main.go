@@ -8,6 +8,7 @@
 //	sqllock inspect [--json] [--watch INTERVAL] [--registry FILE] [--stranded D]
 //	sqllock break [--idle-at-least D] [--application NAME] [--yes] KEY
 //	sqllock key NAME
+//	sqllock version (or --version)
 //
 // KEY is a number (123), a pair (1,2), or a name, hashed with sqllock.Hash
 // (or with CRC-32 under --crc32, to share locks with Python code that uses
@@ -30,6 +31,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 )
 
 // Exit statuses (sysexits.h where one fits).
@@ -62,6 +64,7 @@ const usage = `usage:
   sqllock inspect [flags]                        list the advisory locks of the database
   sqllock break [flags] KEY                      free a lock left by an idle session (dry run without --yes)
   sqllock key NAME                               print the keys of NAME and the SQL to use them
+  sqllock version                                print sqllock's version (also --version)
 
 KEY is a number (123), a pair (1,2), or a name (hashed; --crc32 for zlib.crc32).
 The connection: --dsn, else DATABASE_URL, else the PG* environment variables.
@@ -70,6 +73,17 @@ Run "sqllock COMMAND -h" for the flags of each command.
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// version returns the version of the module sqllock was built from, as
+// the build recorded it (info, ok are debug.ReadBuildInfo's): v1.2.3 for
+// go install ...@v1.2.3, a pseudo-version or "(devel)" for a build from a
+// working tree, and "(devel)" when the build recorded none.
+func version(info *debug.BuildInfo, ok bool) string {
+	if !ok || info == nil || info.Main.Version == "" {
+		return "(devel)"
+	}
+	return info.Main.Version
 }
 
 // run dispatches a command line and returns the exit status.
@@ -90,6 +104,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = keyCmd(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
+		return 0
+	case "version", "--version", "-version":
+		if len(args) > 1 {
+			fmt.Fprintf(stderr, "sqllock: %s: unexpected argument %q\n", args[0], args[1])
+			return exitUsage
+		}
+		fmt.Fprintln(stdout, "sqllock "+version(debug.ReadBuildInfo()))
 		return 0
 	default:
 		fmt.Fprintf(stderr, "sqllock: unknown command %q\n%s", args[0], usage)

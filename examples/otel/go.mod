@@ -5,7 +5,7 @@ go 1.26.0
 require (
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/sqllock/sqllock v0.1.0
-	github.com/sqllock/sqllock/otel v0.1.0
+	github.com/sqllock/sqllock/otelsqllock v0.1.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
 	go.opentelemetry.io/otel/sdk/metric v1.47.0

@@ -1,6 +1,6 @@
 // Command otel shows sqllock's OpenTelemetry metrics and spans: three
 // workers compete for one lock with TryDo, and the program prints what the
-// in-process meter and tracer recorded. A real program gives sqllockotel.New
+// in-process meter and tracer recorded. A real program gives otelsqllock.New
 // its exporting providers (or none: the global ones).
 //
 //	cd examples/otel && go run .
@@ -28,7 +28,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sqllock/sqllock"
-	sqllockotel "github.com/sqllock/sqllock/otel"
+	"github.com/sqllock/sqllock/otelsqllock"
 	"github.com/sqllock/sqllock/pgtest"
 )
 
@@ -52,9 +52,9 @@ func run(ctx context.Context, w io.Writer) error {
 
 	reader := sdkmetric.NewManualReader()
 	spans := tracetest.NewSpanRecorder()
-	obs, err := sqllockotel.New(
-		sqllockotel.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))),
-		sqllockotel.WithTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))))
+	obs, err := otelsqllock.New(
+		otelsqllock.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))),
+		otelsqllock.WithTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))))
 	if err != nil {
 		return err
 	}

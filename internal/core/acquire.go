@@ -65,7 +65,8 @@ func (p *Pool) Acquire(ctx context.Context, r Request) (*Hold, error) {
 		}
 		return p.fromServer(ctx, r)
 	}
-	return p.queue.acquire(ctx, p, queueKey{k: r.Key}, r, namer{p: p, k: r.Key}, func() (*Hold, error) { return p.fromServer(ctx, r) })
+	h, err := p.queue.acquire(ctx, p, queueKey{k: r.Key}, r, namer{p: p, k: r.Key}, func() (*Hold, error) { return p.fromServer(ctx, r) })
+	return h, p.timedOut(err)
 }
 
 // fromServer takes r's lock from the server: an exclusive one on a shared

@@ -144,7 +144,7 @@ func (o *Owned) end() {
 // returns an error matching ErrNotAcquired and context.DeadlineExceeded,
 // and the Owned keeps its locks. A ctx cancelled during the wait (or a
 // deadline too close to call) ends the whole Owned, with the same error.
-func (o *Owned) Lock(ctx context.Context, k Key) error {
+func (o *Owned) Lock(ctx context.Context, k Key) (err error) {
 	if err := o.begin(ctx); err != nil {
 		return err
 	}
@@ -156,6 +156,7 @@ func (o *Owned) Lock(ctx context.Context, k Key) error {
 	if err := ctx.Err(); err != nil { // nothing sent: the Owned is intact
 		return NotAcquired(what.String(), err)
 	}
+	defer func() { err = o.p.timedOut(err) }()
 	// The engine's wait for an Owned: one statement, visible to
 	// PostgreSQL's deadlock detector (the Owned holds other locks).
 	var oc outcome

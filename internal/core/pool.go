@@ -18,6 +18,7 @@ package core
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
@@ -205,14 +206,24 @@ func (e errorString) Error() string { return string(e) }
 
 // Stats are a Pool's counters.
 type Stats struct {
-	Held, Acquired, Contended, Lost, Discarded int64
-	KeepAliveChecks, KeepAliveSkipped          int64
-	SnapshotWaits                              int64
-	SharedSessions                             int
+	Held, Acquired, Contended, TimedOut, Lost, Discarded int64
+	KeepAliveChecks, KeepAliveSkipped                    int64
+	SnapshotWaits                                        int64
+	SharedSessions                                       int
 }
 
 type poolStats struct {
-	held, acquired, contended, lost, discarded, keepAlive, keepAliveSkipped atomic.Int64
+	held, acquired, contended, timedOut, lost, discarded, keepAlive, keepAliveSkipped atomic.Int64
+}
+
+// timedOut counts err, the outcome of a call that waited, in
+// Stats.TimedOut when the call was not granted because its context's
+// deadline passed; it returns err.
+func (p *Pool) timedOut(err error) error {
+	if err != nil && errors.Is(err, ErrNotAcquired) && errors.Is(err, context.DeadlineExceeded) {
+		p.stats.timedOut.Add(1)
+	}
+	return err
 }
 
 // took counts n locks granted and now held.
@@ -233,7 +244,7 @@ func (s *poolStats) lostHeld(n int64) {
 // Stats returns the Pool's counters.
 func (p *Pool) Stats() Stats {
 	return Stats{Held: p.stats.held.Load(), Acquired: p.stats.acquired.Load(), Contended: p.stats.contended.Load(),
-		Lost: p.stats.lost.Load(), Discarded: p.stats.discarded.Load(), KeepAliveChecks: p.stats.keepAlive.Load(),
+		TimedOut: p.stats.timedOut.Load(), Lost: p.stats.lost.Load(), Discarded: p.stats.discarded.Load(), KeepAliveChecks: p.stats.keepAlive.Load(),
 		KeepAliveSkipped: p.stats.keepAliveSkipped.Load(), SnapshotWaits: p.snapshotWaits.Load(),
 		SharedSessions: p.share.sessions()}
 }

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
 // Prepared statements, on a blind driver's shared sessions. A driver whose
@@ -72,7 +74,7 @@ func (pr *prepared) run(ctx context.Context, dc any, q string, nv []driver.Named
 	name, ok := pr.names[q]
 	if !ok {
 		name = pr.prefix + "_" + strconv.Itoa(len(pr.names)+1)
-		if err := execRows(driverQuery(ctx, dc, "PREPARE "+name+" AS "+q, nil)); err != nil {
+		if err := execRows(driverQuery(ctx, dc, sqltext.PrepareSQL(name, q), nil)); err != nil {
 			return nil, err
 		}
 		if pr.names == nil {
@@ -81,6 +83,7 @@ func (pr *prepared) run(ctx context.Context, dc any, q string, nv []driver.Named
 		pr.names[q] = name
 	}
 	var b strings.Builder
+	b.WriteString(sqltext.Marker(q)) // the statement's, as the server shows it
 	b.WriteString("EXECUTE ")
 	b.WriteString(name)
 	for i, a := range nv {
@@ -142,13 +145,14 @@ func (pr *prepared) close(ctx context.Context, blind *abandonSet, conn *sql.Conn
 	if pr == nil || len(pr.names) == 0 {
 		return nil
 	}
-	var q strings.Builder
+	names := make([]string, 0, len(pr.names))
 	for _, name := range pr.names {
-		q.WriteString("DEALLOCATE " + name + ";")
+		names = append(names, name)
 	}
+	q := sqltext.DeallocateSQL(names)
 	pr.names = nil
 	return boundedRaw(ctx, blind, conn, func(dc any) error {
-		err := execRows(driverQuery(ctx, dc, q.String(), nil))
+		err := execRows(driverQuery(ctx, dc, q, nil))
 		if errors.Is(err, errNoFastPath) {
 			return errors.New("sqllock: driver has no QueryerContext")
 		}

@@ -41,6 +41,9 @@ func (p *Pool) checkServer(ctx context.Context, conn *sql.Conn) (ident, error) {
 	// statement on a connection whose server stopped answering must not
 	// hold the call past its context.
 	if err := queryRow(ctx, p.abandoned, conn, sqltext.VersionSQL, nil, &v, &id.pid, &id.server, &id.backend); err != nil {
+		if unexpectedByMock(dc, err) {
+			return ident{}, serverCheckUnexpected{err}
+		}
 		if poolerEvidence(err) {
 			// pgx's statement cache meets a server session that another
 			// client connection prepared on.
@@ -74,6 +77,36 @@ func (p *Pool) checkServer(ctx context.Context, conn *sql.Conn) (ident, error) {
 	}
 	return id, nil
 }
+
+// unexpectedByMock reports whether err is go-sqlmock's refusal of a
+// statement it was not told to expect, on dc, one of its connections: in
+// a unit test that uses sqllockmock, the server check is the statement
+// such a test forgets.
+func unexpectedByMock(dc any, err error) bool {
+	if fmt.Sprintf("%T", dc) != "*sqlmock.sqlmock" {
+		return false
+	}
+	msg := err.Error()
+	for _, s := range []string{"was not expected", "could not match actual sql", "does not equal to expected", "arguments do not match"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// serverCheckUnexpected is the error of a server check that go-sqlmock
+// did not expect: it names the expectation the test misses, in plain
+// words, where the mock compares the statement with the one it expected
+// (its error, which it wraps).
+type serverCheckUnexpected struct{ mock error }
+
+func (e serverCheckUnexpected) Error() string {
+	return "sqllock: the mock database did not expect the server check, a Locker's first statement on each connection: " +
+		"call sqllockmock.ExpectServerCheck(mock) first, once per Locker, before the expectation of its first session-level lock"
+}
+
+func (e serverCheckUnexpected) Unwrap() error { return e.mock }
 
 // serverChecked checks version, the server's version(), once for the
 // Pool, and makes its statements for that major version.

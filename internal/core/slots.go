@@ -68,7 +68,8 @@ func (p *Pool) AcquireSlot(ctx context.Context, sl Slots, try bool) (*Hold, erro
 	if try {
 		return take()
 	}
-	return p.queue.acquire(ctx, p, queueKey{k: Key{Pair: true, Class: sl.Class}, sem: true}, Request{}, what, take)
+	h, err := p.queue.acquire(ctx, p, queueKey{k: Key{Pair: true, Class: sl.Class}, sem: true}, Request{}, what, take)
+	return h, p.timedOut(err)
 }
 
 // afterSlotTry, when set (by tests), runs once a slot's try has been

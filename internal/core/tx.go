@@ -121,7 +121,7 @@ func (p *Pool) LockInTx(ctx context.Context, tx TxQuerier, k Key) error {
 	if o.err == nil && !o.ok && (!o.standby || p.cfg.AllowStandby) && !CtxEnded(ctx) {
 		o = p.waitOn(ctx, w, xactLevel, nil, 0, k, o.pid)
 	}
-	return settleTx(ctx, namer{p: p, k: k}, o, p.cfg.AllowStandby)
+	return p.timedOut(settleTx(ctx, namer{p: p, k: k}, o, p.cfg.AllowStandby))
 }
 
 // InTxContext returns the context InTx begins its transaction with: ctx's

@@ -22,6 +22,77 @@ import (
 // the SQL text by this package. Keys are integers this package formats
 // itself, so no caller text ever becomes SQL.
 
+// Every statement starts with a marker, a comment that says what it does
+// ("/* sqllock: wait */ SELECT ..."): pg_stat_activity shows it as the
+// statement's first words, so that a session's query tells sqllock's own
+// statements from an application's, and which of them it is (Label reads
+// it; `sqllock inspect` shows it in place of the text). The markers:
+const (
+	markPrefix    = "/* sqllock: "
+	markSuffix    = " */ "
+	markTry       = markPrefix + "try" + markSuffix          // a try of a lock, or of many
+	markWait      = markPrefix + "wait" + markSuffix         // a wait for a lock, or what it needs
+	markLine      = markPrefix + "line" + markSuffix         // a place in a key's line: taken, given up, asked about
+	markUnlock    = markPrefix + "unlock" + markSuffix       // an unlock, or many
+	markBatch     = markPrefix + "batch" + markSuffix        // unlocks and tries together
+	markKeepAlive = markPrefix + "keep-alive" + markSuffix   // the keep-alive's checks, a lease's touch
+	markCheck     = markPrefix + "server check" + markSuffix // which server answers, and how
+	markSession   = markPrefix + "session" + markSuffix      // a session's settings, set or set back; its locks
+	markToken     = markPrefix + "token" + markSuffix        // a fencing token, or whether a lock is held
+	markInspect   = markPrefix + "inspect" + markSuffix      // Inspect's and Holders' read of the locks
+	markElection  = markPrefix + "election" + markSuffix     // who leads, who campaigns
+	markCancel    = markPrefix + "cancel wait" + markSuffix  // an abandoned wait taken out of the server
+	markFree      = markPrefix + "free" + markSuffix         // a lock no one can reach, freed with its server session
+	markBreak     = markPrefix + "break" + markSuffix        // a stranded lock's holder ended (sqllock break)
+)
+
+// Label returns what q, one of this package's statements as the server
+// shows it (pg_stat_activity.query), does: "sqllock: wait", "sqllock:
+// keep-alive", ... (see the markers). ok is false for any other text.
+func Label(q string) (label string, ok bool) {
+	m := Marker(q)
+	if m == "" {
+		return "", false
+	}
+	return "sqllock: " + m[len(markPrefix):len(m)-len(markSuffix)], true
+}
+
+// Marker returns the marker q starts with, a part of q ("" when none).
+func Marker(q string) string {
+	if !strings.HasPrefix(q, markPrefix) {
+		return ""
+	}
+	n := len(markPrefix)
+	for n < len(q) && n < len(markPrefix)+20 && ('a' <= q[n] && q[n] <= 'z' || q[n] == ' ' || q[n] == '-') {
+		if strings.HasPrefix(q[n:], markSuffix) {
+			if n == len(markPrefix) {
+				return ""
+			}
+			return q[:n+len(markSuffix)]
+		}
+		n++
+	}
+	return ""
+}
+
+// PrepareSQL returns the statement that prepares q, one of this package's
+// statements, as name; it starts with q's marker.
+func PrepareSQL(name, q string) string { return Marker(q) + "PREPARE " + name + " AS " + q }
+
+// DeallocateSQL returns the statement that deallocates the prepared
+// statements names.
+func DeallocateSQL(names []string) string {
+	var b strings.Builder
+	b.WriteString(markSession)
+	for _, name := range names {
+		b.WriteString("DEALLOCATE " + name + ";")
+	}
+	return b.String()
+}
+
+// Unmarked returns q without its marker.
+func Unmarked(q string) string { return strings.TrimPrefix(q, Marker(q)) }
+
 // Key is an advisory lock key as a statement takes it: the bigint form
 // (V), or the pair form (Class, ID) when Pair is set.
 type Key struct {
@@ -301,12 +372,12 @@ func (s *Statements) BuildTrySQL(kind Kind, k Key, mark string) (string, []any) 
 		// mark is set on that backend only), and a backend that is not a
 		// standby as it is set up never becomes one.
 		m, margs := s.mode.markExpr(len(args)+1, mark)
-		return "SELECT CASE WHEN " + sessionMark + " = " + m + " THEN " + kind.Fn() + "(" + a + ") END", append(args, margs...)
+		return markTry + "SELECT CASE WHEN " + sessionMark + " = " + m + " THEN " + kind.Fn() + "(" + a + ") END", append(args, margs...)
 	}
 	from, margs := s.mode.markFrom(len(args)+1, mark)
 	// CASE evaluates the settings only when the try succeeded (concat
 	// never returns NULL).
-	return "SELECT CASE WHEN " + s.gate + " THEN CASE WHEN " + kind.Fn() + "(" + a + ") THEN " + s.tune + " IS NOT NULL ELSE false END END, pg_backend_pid(), pg_is_in_recovery() FROM " + from, append(args, margs...)
+	return markTry + "SELECT CASE WHEN " + s.gate + " THEN CASE WHEN " + kind.Fn() + "(" + a + ") THEN " + s.tune + " IS NOT NULL ELSE false END END, pg_backend_pid(), pg_is_in_recovery() FROM " + from, append(args, margs...)
 }
 
 // WaitSQL returns the statement with which a Locker waits for a
@@ -340,7 +411,7 @@ func (s *Statements) BuildWaitSQL(kind Kind, k Key, slice, mark string) (string,
 	if s.waiting != "" {
 		set = "concat(" + set + ", " + s.waiting + ")"
 	}
-	return "SELECT " + s.tune + " IS NOT NULL, pg_backend_pid(), pg_is_in_recovery()" +
+	return markWait + "SELECT " + s.tune + " IS NOT NULL, pg_backend_pid(), pg_is_in_recovery()" +
 		" FROM " + from + ", LATERAL (SELECT CASE WHEN " + s.gate + " THEN " + set + " END OFFSET 0) AS s(v), " +
 		"LATERAL (SELECT " + kind.Fn() + "(" + a + ") WHERE s.v IS NOT NULL) AS l", append(args, margs...)
 }
@@ -359,7 +430,7 @@ func (s *Statements) GrantedSQL(kind Kind, classid, objid int64, objsubid int, m
 		mode = "ShareLock"
 	}
 	from, margs := s.mode.markFrom(4, mark)
-	q, args := s.mode.TagArgs("SELECT "+s.tune+" IS NOT NULL, pg_backend_pid(), pg_is_in_recovery() FROM "+from+", pg_catalog.pg_locks l"+heldWhere+" AND l.mode = '"+mode+"'", classid, objid, objsubid)
+	q, args := s.mode.TagArgs(markWait+"SELECT "+s.tune+" IS NOT NULL, pg_backend_pid(), pg_is_in_recovery() FROM "+from+", pg_catalog.pg_locks l"+heldWhere+" AND l.mode = '"+mode+"'", classid, objid, objsubid)
 	return q, append(args, margs...)
 }
 
@@ -384,9 +455,9 @@ func (s *Statements) UnlockSQLTo(args []any, shared bool, k Key, pid any) (strin
 
 func (s *Statements) BuildUnlockSQL(shared bool, k Key, pid int64) (string, []any) {
 	a, args := s.mode.KeyArgs(k, 1)
-	q := "SELECT CASE WHEN " + UnlockFn(shared) + "(" + a + ") THEN " + s.untune + " IS NOT NULL ELSE false END WHERE pg_backend_pid() = "
+	q := markUnlock + "SELECT CASE WHEN " + UnlockFn(shared) + "(" + a + ") THEN " + s.untune + " IS NOT NULL ELSE false END WHERE pg_backend_pid() = "
 	if s.plain() {
-		q = "SELECT " + UnlockFn(shared) + "(" + a + ") WHERE pg_backend_pid() = " // nothing to reset
+		q = markUnlock + "SELECT " + UnlockFn(shared) + "(" + a + ") WHERE pg_backend_pid() = " // nothing to reset
 	}
 	if s.mode == Inline {
 		return q + strconv.FormatInt(pid, 10), nil
@@ -402,7 +473,7 @@ func (s *Statements) BuildUnlockSQL(shared bool, k Key, pid int64) (string, []an
 // round trip, and never more than one slot.
 func (s *Statements) SemaphoreTrySQL(class int32, n int) string {
 	var b strings.Builder
-	b.WriteString("SELECT l.slot, pg_backend_pid(), pg_is_in_recovery(), CASE WHEN l.slot >= 0 THEN " + s.tune + " END" +
+	b.WriteString(markTry + "SELECT l.slot, pg_backend_pid(), pg_is_in_recovery(), CASE WHEN l.slot >= 0 THEN " + s.tune + " END" +
 		" FROM (SELECT $1::text AS m OFFSET 0) AS o, LATERAL (SELECT CASE WHEN NOT " + s.gate + " THEN -2")
 	c := strconv.Itoa(int(class))
 	for i := range n {
@@ -418,7 +489,7 @@ func (s *Statements) SemaphoreTrySQL(class int32, n int) string {
 // of another mark it applies nothing, and answers pid 0.
 func (s *Statements) SessionSQL(mark string) (string, []any) {
 	from, args := s.mode.markFrom(1, mark)
-	return "SELECT coalesce(CASE WHEN " + s.gate + " THEN pg_backend_pid() END, 0), pg_is_in_recovery(), CASE WHEN " + s.gate + " THEN " + s.tune + " END FROM " + from, args
+	return markSession + "SELECT coalesce(CASE WHEN " + s.gate + " THEN pg_backend_pid() END, 0), pg_is_in_recovery(), CASE WHEN " + s.gate + " THEN " + s.tune + " END FROM " + from, args
 }
 
 // ResetSQL returns the statement that sets a Session's settings back as
@@ -426,15 +497,15 @@ func (s *Statements) SessionSQL(mark string) (string, []any) {
 // no row on another backend.
 func (s *Statements) ResetSQL(pid int64) (string, []any) {
 	if s.mode == Inline {
-		return "SELECT " + s.untune + " WHERE pg_backend_pid() = " + strconv.FormatInt(pid, 10), nil
+		return markSession + "SELECT " + s.untune + " WHERE pg_backend_pid() = " + strconv.FormatInt(pid, 10), nil
 	}
-	return "SELECT " + s.untune + " WHERE pg_backend_pid() = $1::int4", []any{pid}
+	return markSession + "SELECT " + s.untune + " WHERE pg_backend_pid() = $1::int4", []any{pid}
 }
 
 // WaitSliceSQL returns half the server's deadlock_timeout in
 // milliseconds (at least 1): the lock_timeout of a wait statement (asked
 // once per Locker, not in every wait).
-const WaitSliceSQL = "SELECT greatest(1, (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::int8)"
+const WaitSliceSQL = markWait + "SELECT greatest(1, (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::int8)"
 
 // XactTrySQL returns the statement with which every transaction-level
 // lock call starts, whatever its context and whether or not it may wait:
@@ -456,7 +527,7 @@ func (m Mode) XactTrySQL(kind Kind, k Key) (string, []any) {
 func (m Mode) BuildXactTrySQL(kind Kind, k Key) (string, []any) {
 	a, args := m.KeyArgs(k, 1)
 	fn := (kind | Xact | Try).Fn()
-	return "SELECT CASE WHEN s.r THEN false ELSE " + fn + "(" + a + ") END, pg_backend_pid(), s.r" +
+	return markTry + "SELECT CASE WHEN s.r THEN false ELSE " + fn + "(" + a + ") END, pg_backend_pid(), s.r" +
 		" FROM (SELECT pg_is_in_recovery() AS r OFFSET 0) AS s", args
 }
 
@@ -472,7 +543,7 @@ func (m Mode) XactLockSQL(kind Kind, k Key) (string, []any) {
 
 func (m Mode) BuildXactLockSQL(kind Kind, k Key) (string, []any) {
 	a, args := m.KeyArgs(k, 1)
-	return "SELECT true FROM " + (kind&^Try | Xact).Fn() + "(" + a + ")", args
+	return markWait + "SELECT true FROM " + (kind&^Try | Xact).Fn() + "(" + a + ")", args
 }
 
 // XactDeadlineLockSQL returns the statement with which a transaction
@@ -492,7 +563,7 @@ func (m Mode) XactDeadlineLockSQL(kind Kind, k Key, timeout string) (string, []a
 		t = "$" + strconv.Itoa(len(args)+1)
 		args = append(args, timeout)
 	}
-	return "SELECT set_config('lock_timeout', o.old, true) IS NOT NULL" +
+	return markWait + "SELECT set_config('lock_timeout', o.old, true) IS NOT NULL" +
 		" FROM (SELECT current_setting('lock_timeout') AS old OFFSET 0) AS o," +
 		" LATERAL (SELECT set_config('lock_timeout', CASE WHEN o.old::interval > '0' AND o.old::interval < " + t + "::text::interval THEN o.old ELSE " + t + "::text END, true) OFFSET 0) AS s(v)," +
 		" LATERAL (SELECT " + kind.Fn() + "(" + a + ") WHERE s.v IS NOT NULL) AS l", args
@@ -501,7 +572,7 @@ func (m Mode) XactDeadlineLockSQL(kind Kind, k Key, timeout string) (string, []a
 // RecoverySQL asks whether the server is a standby: InTx asks it when a
 // BEGIN is refused (lib/pq begins read-write transactions, which a
 // standby refuses).
-const RecoverySQL = "SELECT pg_is_in_recovery()"
+const RecoverySQL = markCheck + "SELECT pg_is_in_recovery()"
 
 // DetectMode picks Inline for lib/pq, whose parameterized queries cost
 // an extra round trip (an unnamed prepare, then the execution), and Bind
@@ -527,7 +598,7 @@ func DetectMode(d driver.Driver) Mode {
 // A lock's server and backend starts are those VersionSQL read on its
 // connection (0: unknown, not compared). The lists are passed as array
 // literals in text, which every driver can bind.
-var KeepAliveSQL = `WITH s AS (SELECT ` + serverStart + ` AS server),
+var KeepAliveSQL = markKeepAlive + `WITH s AS (SELECT ` + serverStart + ` AS server),
  b AS (SELECT a.pid, ` + micros("a.backend_start") + ` AS backend FROM pg_catalog.pg_stat_get_activity(NULL) AS a)
 SELECT h.i, CASE WHEN h.server <> 0 AND h.server <> s.server THEN 2
   WHEN b.pid IS NULL THEN 4
@@ -615,9 +686,12 @@ func BatchText(b Batch, pairs bool, onlyPID string) string {
 	// (measured on PostgreSQL 15), and a batch's unlocks must still run
 	// there, its tries refused. The condition on the backend is a one-time
 	// filter, checked before the subquery runs.
-	return "SELECT ARRAY(SELECT u.i FROM unnest(" + params + ") WITH ORDINALITY AS " + cols +
+	return batchMarks[b] + "SELECT ARRAY(SELECT u.i FROM unnest(" + params + ") WITH ORDINALITY AS " + cols +
 		" WHERE " + got + " IS NOT TRUE)::text WHERE pg_backend_pid() = " + onlyPID
 }
+
+// batchMarks are the markers of the batch statements, by Batch.
+var batchMarks = [BatchKinds]string{BatchTry: markTry, BatchUnlock: markUnlock, BatchMixed: markBatch}
 
 // BatchArgs appends to args the arguments of a batch statement of keys
 // (see BatchText): the keys' array literal, built in buf (returned, for
@@ -685,7 +759,7 @@ func (m Mode) Arrays(q string, lits ...string) (string, []any) {
 // sessions. Keys are decoded in Go from classid, objid and objsubid; the
 // wait start is read through to_jsonb so that servers older than 14, which
 // lack pg_locks.waitstart, answer too.
-const InspectSQL = `SELECT l.classid::int8, l.objid::int8, l.objsubid::int4, l.mode, l.granted,
+const InspectSQL = markInspect + `SELECT l.classid::int8, l.objid::int8, l.objsubid::int4, l.mode, l.granted,
  coalesce(l.pid, 0), coalesce(a.application_name, ''), coalesce(a.state, ''), coalesce(a.query, ''),
  coalesce(to_jsonb(l) ->> 'waitstart', ''), coalesce(host(a.client_addr), ''), coalesce(to_jsonb(a) ->> 'state_change', ''),
  CASE WHEN l.granted OR l.pid IS NULL THEN '{}' ELSE pg_blocking_pids(l.pid)::text END
@@ -695,7 +769,7 @@ WHERE l.locktype = 'advisory'
  AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())`
 
 // ClockSQL reads the server's clock.
-const ClockSQL = "SELECT clock_timestamp()"
+const ClockSQL = markInspect + "SELECT clock_timestamp()"
 
 // IdleStates are the states (pg_stat_activity.state) of a session that
 // runs nothing: the client has all the server's answers and sends nothing.
@@ -709,7 +783,7 @@ var IdleStates = []string{"idle", "idle in transaction", "idle in transaction (a
 // server's clock, and named $7 (application_name). Its single row is
 // pg_terminate_backend's answer; there is no row, and nothing is done,
 // when the backend is not as read.
-const BreakSQL = `SELECT pg_terminate_backend(a.pid) FROM pg_catalog.pg_stat_activity a
+const BreakSQL = markBreak + `SELECT pg_terminate_backend(a.pid) FROM pg_catalog.pg_stat_activity a
  WHERE a.pid = $1::int4 AND a.state_change = $5::timestamptz
   AND a.state IN ('idle', 'idle in transaction', 'idle in transaction (aborted)')
   AND a.state_change <= clock_timestamp() - $6::text::interval
@@ -729,8 +803,8 @@ const BreakSQL = `SELECT pg_terminate_backend(a.pid) FROM pg_catalog.pg_stat_act
 // caller's statements, not the library's.
 func Own(query string) bool {
 	q := strings.TrimSpace(query)
-	if q == TouchSQL || q == NoIdleTimeoutSQL {
-		return true
+	if Marker(q) != "" || q == TouchSQL || q == NoIdleTimeoutSQL {
+		return true // every statement of this package starts with its marker
 	}
 	for _, p := range ownPrefixes {
 		if strings.HasPrefix(q, p) {
@@ -769,7 +843,10 @@ const ElectionPrefix = "sqllock-election:"
 // and pg_blocking_pids is not called (InspectSQL calls it per waiter).
 // Reading pg_locks still copies the server's whole lock table, under all
 // of its partition locks: see CandidatesSQL.
-const LeaderSQL = `SELECT coalesce(l.pid, 0), coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
+const LeaderSQL = markElection + leaderBody
+
+// leaderBody is LeaderSQL without its marker.
+const leaderBody = `SELECT coalesce(l.pid, 0), coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
  coalesce(to_jsonb(a) ->> 'state_change', '')
 FROM pg_catalog.pg_locks l
 LEFT JOIN LATERAL pg_catalog.pg_stat_get_activity(l.pid) AS a ON true
@@ -790,7 +867,10 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock'
 // names), the election of a candidate that waited for such a holder.
 // It reads pg_stat_activity, which takes no lock-manager lock, and costs
 // in proportion to the server's max_connections, not to the locks held.
-const CandidatesSQL = `SELECT coalesce(hashtextextended(string_agg(s.pid || ' ' || s.application_name, ',' ORDER BY s.pid), 0), 0)
+const CandidatesSQL = markElection + candidatesBody
+
+// candidatesBody is CandidatesSQL without its marker.
+const candidatesBody = `SELECT coalesce(hashtextextended(string_agg(s.pid || ' ' || s.application_name, ',' ORDER BY s.pid), 0), 0)
 FROM pg_catalog.pg_stat_get_activity(NULL) AS s
 WHERE s.datid = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
  AND starts_with(s.application_name, '` + ElectionPrefix + `')
@@ -804,9 +884,9 @@ WHERE s.datid = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_
 // condition on the digest is a one-time filter, so pg_locks is not read
 // otherwise. Its parameters are LeaderSQL's tag, then $4::int8 and
 // $5::bool: see ObserveArgs.
-const ObserveSQL = `WITH c (d) AS MATERIALIZED (` + CandidatesSQL + `)
+const ObserveSQL = markElection + `WITH c (d) AS MATERIALIZED (` + candidatesBody + `)
 SELECT c.d, c.d <> $4::int8 OR $5::bool, coalesce(h.pid, 0), coalesce(h.name, ''), coalesce(h.addr, ''), coalesce(h.since, '')
-FROM c LEFT JOIN LATERAL (` + LeaderSQL + `
+FROM c LEFT JOIN LATERAL (` + leaderBody + `
  AND (c.d <> $4::int8 OR $5::bool) OFFSET 0) AS h (pid, name, addr, since) ON true`
 
 // CancelWaitSQL takes backend $1, whose client abandoned its wait for an
@@ -822,7 +902,7 @@ FROM c LEFT JOIN LATERAL (` + LeaderSQL + `
 // by the text every wait statement has (WaitSQL's lock_timeout, or
 // XactLockSQL's function); the patterns are split so that this statement
 // does not match itself on a connection that ran it before.
-const CancelWaitSQL = `SELECT coalesce((SELECT CASE
+const CancelWaitSQL = markCancel + `SELECT coalesce((SELECT CASE
    WHEN strpos(a.query, 'set_config(''lock' || '_timeout''') = 0 AND strpos(a.query, 'FROM pg_advisory_xact' || '_lock') = 0 THEN 1
    WHEN a.state <> 'active' THEN 3
    ELSE 2 + 0 * pg_cancel_backend(a.pid)::int END
@@ -834,28 +914,28 @@ const CancelWaitSQL = `SELECT coalesce((SELECT CASE
 // shown). A server started again, or another server reached under the
 // same address (a failover), has another start; a backend whose pid was
 // reused, another backend start: see KeepAliveSQL.
-var VersionSQL = `SELECT version(), pg_backend_pid(), ` + serverStart + `,
+var VersionSQL = markCheck + `SELECT version(), pg_backend_pid(), ` + serverStart + `,
  coalesce((SELECT ` + micros("a.backend_start") + ` FROM pg_catalog.pg_stat_get_activity(pg_backend_pid()) AS a), 0)`
 
 // TouchSQL keeps a leased session from going idle (see Settings).
-const TouchSQL = "SELECT 1::int8"
+const TouchSQL = markKeepAlive + "SELECT 1::int8"
 
 // AliveSQL answers one row on backend pid, and none on another: an answer
 // says the session is alive, and holds what it held.
 func (m Mode) AliveSQL(pid int64) (string, []any) {
 	if m == Inline {
-		return "SELECT 1::int8 WHERE pg_backend_pid() = " + strconv.FormatInt(pid, 10), nil
+		return markKeepAlive + "SELECT 1::int8 WHERE pg_backend_pid() = " + strconv.FormatInt(pid, 10), nil
 	}
-	return "SELECT 1::int8 WHERE pg_backend_pid() = $1::int4", []any{pid}
+	return markKeepAlive + "SELECT 1::int8 WHERE pg_backend_pid() = $1::int4", []any{pid}
 }
 
 // NoIdleTimeoutSQL ends a session's lease: its connection is handed to the
 // caller, whose statements alone keep it from going idle.
-const NoIdleTimeoutSQL = "SELECT 1::int8 WHERE set_config('idle_session_timeout', '0', false) IS NOT NULL"
+const NoIdleTimeoutSQL = markSession + "SELECT 1::int8 WHERE set_config('idle_session_timeout', '0', false) IS NOT NULL"
 
 // PlainVersionSQL asks only version(), of a server that could not answer
 // VersionSQL.
-const PlainVersionSQL = "SELECT version()"
+const PlainVersionSQL = markCheck + "SELECT version()"
 
 // serverStart is the server's start, in microseconds since the epoch.
 var serverStart = micros("pg_postmaster_start_time()")
@@ -867,7 +947,7 @@ func micros(t string) string { return "(extract(epoch FROM " + t + ") * 1000000)
 // runs it: (pid, classid, objid, objsubid, mode, granted) per lock, and
 // one row (pid, then NULLs) when it has none: every answer names the
 // backend that gave it.
-const OwnSQL = `SELECT pg_backend_pid(), l.classid::int8, l.objid::int8, l.objsubid::int4, l.mode, l.granted
+const OwnSQL = markSession + `SELECT pg_backend_pid(), l.classid::int8, l.objid::int8, l.objsubid::int4, l.mode, l.granted
  FROM (SELECT 1) AS one LEFT JOIN pg_catalog.pg_locks l ON l.locktype = 'advisory' AND l.pid = pg_backend_pid()`
 
 // TokenSQL returns a fencing token for the session-level lock whose tag is
@@ -887,13 +967,13 @@ const OwnSQL = `SELECT pg_backend_pid(), l.classid::int8, l.objid::int8, l.objsu
 // synchronous_commit to on for its own transaction when the session has it
 // off or local: its commit is flushed, and waits for the synchronous
 // standbys, before the token reaches the client.
-const TokenSQL = `SELECT CASE WHEN pg_logical_emit_message(true, 'sqllock', '') IS NOT NULL
+const TokenSQL = markToken + `SELECT CASE WHEN pg_logical_emit_message(true, 'sqllock', '') IS NOT NULL
   AND CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN set_config('synchronous_commit', 'on', true) ELSE '' END IS NOT NULL
  THEN txid_current() END` + heldByMe
 
 // HeldSQL answers one row when the session that runs it holds the
 // session-level lock whose tag is ($1, $2, $3), and none otherwise.
-const HeldSQL = `SELECT 1::int8` + heldByMe
+const HeldSQL = markToken + `SELECT 1::int8` + heldByMe
 
 // ProclaimSQL returns the statement that names the session that runs it
 // name (its application_name, for the session's life or until named
@@ -903,7 +983,7 @@ const HeldSQL = `SELECT 1::int8` + heldByMe
 // reach the statement as SQL, nor look like a parameter to TagArgs. The
 // select list is evaluated only for the row of the held lock.
 func ProclaimSQL(name string) string {
-	return "SELECT length(set_config('application_name', convert_from(decode('" + hex.EncodeToString([]byte(name)) + "', 'hex'), 'UTF8'), false))::int8" + heldByMe
+	return markElection + "SELECT length(set_config('application_name', convert_from(decode('" + hex.EncodeToString([]byte(name)) + "', 'hex'), 'UTF8'), false))::int8" + heldByMe
 }
 
 // heldByMe selects the row of pg_locks of the advisory lock whose tag is
@@ -944,8 +1024,8 @@ func (m Mode) ObserveArgs(classid, objid int64, objsubid int, digest int64, forc
 // waitTxSliced): the server's deadlock_timeout, and the savepoint each
 // slice is rolled back to when it times out.
 const (
-	DeadlockTimeoutSQL     = "SELECT current_setting('deadlock_timeout')"
-	SavepointSQL           = "SAVEPOINT sqllock_wait"
-	ReleaseSavepointSQL    = "RELEASE SAVEPOINT sqllock_wait"
-	RollbackToSavepointSQL = "ROLLBACK TO SAVEPOINT sqllock_wait"
+	DeadlockTimeoutSQL     = markWait + "SELECT current_setting('deadlock_timeout')"
+	SavepointSQL           = markWait + "SAVEPOINT sqllock_wait"
+	ReleaseSavepointSQL    = markWait + "RELEASE SAVEPOINT sqllock_wait"
+	RollbackToSavepointSQL = markWait + "ROLLBACK TO SAVEPOINT sqllock_wait"
 )

@@ -38,40 +38,40 @@ func TestStatements(t *testing.T) {
 		n    int
 	}{
 		{q: first(bind.TrySQL(Try, Key{V: 5}, "m.1")), args: second(bind.TrySQL(Try, Key{V: 5}, "m.1")),
-			want: "SELECT CASE WHEN coalesce(current_setting('sqllock.owner', true), '') IN ('', o.m) THEN CASE WHEN pg_try_advisory_lock($1) THEN T IS NOT NULL ELSE false END END, pg_backend_pid(), pg_is_in_recovery() FROM (SELECT $2::text AS m OFFSET 0) AS o", n: 2},
+			want: "/* sqllock: try */ SELECT CASE WHEN coalesce(current_setting('sqllock.owner', true), '') IN ('', o.m) THEN CASE WHEN pg_try_advisory_lock($1) THEN T IS NOT NULL ELSE false END END, pg_backend_pid(), pg_is_in_recovery() FROM (SELECT $2::text AS m OFFSET 0) AS o", n: 2},
 		{q: first(inline.TrySQL(Try|Shared, Key{Pair: true, Class: -1, ID: 2}, "m.1")), args: second(inline.TrySQL(Try|Shared, Key{Pair: true, Class: -1, ID: 2}, "m.1")),
-			want: "SELECT CASE WHEN coalesce(current_setting('sqllock.owner', true), '') IN ('', o.m) THEN CASE WHEN pg_try_advisory_lock_shared(-1, 2) THEN T IS NOT NULL ELSE false END END, pg_backend_pid(), pg_is_in_recovery() FROM (SELECT 'm.1'::text AS m OFFSET 0) AS o"},
+			want: "/* sqllock: try */ SELECT CASE WHEN coalesce(current_setting('sqllock.owner', true), '') IN ('', o.m) THEN CASE WHEN pg_try_advisory_lock_shared(-1, 2) THEN T IS NOT NULL ELSE false END END, pg_backend_pid(), pg_is_in_recovery() FROM (SELECT 'm.1'::text AS m OFFSET 0) AS o"},
 		{q: first(Plain(Bind).TrySQL(Try, Key{V: 5}, "m.1")), args: second(Plain(Bind).TrySQL(Try, Key{V: 5}, "m.1")),
-			want: "SELECT CASE WHEN current_setting('sqllock.owner', true) = $2::text THEN pg_try_advisory_lock($1) END", n: 2},
+			want: "/* sqllock: try */ SELECT CASE WHEN current_setting('sqllock.owner', true) = $2::text THEN pg_try_advisory_lock($1) END", n: 2},
 		{q: first(Plain(Inline).TrySQL(Try|Shared, Key{V: -5}, "m.1")), args: second(Plain(Inline).TrySQL(Try|Shared, Key{V: -5}, "m.1")),
-			want: "SELECT CASE WHEN current_setting('sqllock.owner', true) = 'm.1'::text THEN pg_try_advisory_lock_shared((-5)::bigint) END"},
+			want: "/* sqllock: try */ SELECT CASE WHEN current_setting('sqllock.owner', true) = 'm.1'::text THEN pg_try_advisory_lock_shared((-5)::bigint) END"},
 		{q: first(Plain(Inline).UnlockSQL(false, Key{V: 7}, 42)), args: second(Plain(Inline).UnlockSQL(false, Key{V: 7}, 42)),
-			want: "SELECT pg_advisory_unlock((7)::bigint) WHERE pg_backend_pid() = 42"},
+			want: "/* sqllock: unlock */ SELECT pg_advisory_unlock((7)::bigint) WHERE pg_backend_pid() = 42"},
 		{q: first(Plain(Bind).UnlockSQL(true, Key{V: 7}, 42)), args: second(Plain(Bind).UnlockSQL(true, Key{V: 7}, 42)),
-			want: "SELECT pg_advisory_unlock_shared($1) WHERE pg_backend_pid() = $2::int4", n: 2},
+			want: "/* sqllock: unlock */ SELECT pg_advisory_unlock_shared($1) WHERE pg_backend_pid() = $2::int4", n: 2},
 		{q: first(inline.UnlockSQL(false, Key{V: 7}, 42)), args: second(inline.UnlockSQL(false, Key{V: 7}, 42)),
-			want: "SELECT CASE WHEN pg_advisory_unlock((7)::bigint) THEN U IS NOT NULL ELSE false END WHERE pg_backend_pid() = 42"},
+			want: "/* sqllock: unlock */ SELECT CASE WHEN pg_advisory_unlock((7)::bigint) THEN U IS NOT NULL ELSE false END WHERE pg_backend_pid() = 42"},
 		{q: first(bind.UnlockSQL(true, Key{Pair: true, Class: 3, ID: 4}, 42)), args: second(bind.UnlockSQL(true, Key{Pair: true, Class: 3, ID: 4}, 42)),
-			want: "SELECT CASE WHEN pg_advisory_unlock_shared($1, $2) THEN U IS NOT NULL ELSE false END WHERE pg_backend_pid() = $3::int4", n: 3},
+			want: "/* sqllock: unlock */ SELECT CASE WHEN pg_advisory_unlock_shared($1, $2) THEN U IS NOT NULL ELSE false END WHERE pg_backend_pid() = $3::int4", n: 3},
 		{q: first(bind.WaitSQL(0, Key{V: 1}, "0", "m.1")), args: second(bind.WaitSQL(0, Key{V: 1}, "0", "m.1")),
-			want: "SELECT T IS NOT NULL, pg_backend_pid(), pg_is_in_recovery() FROM (SELECT $3::text AS m OFFSET 0) AS o, LATERAL (SELECT CASE WHEN coalesce(current_setting('sqllock.owner', true), '') IN ('', o.m) THEN set_config('lock_timeout', $2, true) END OFFSET 0) AS s(v), LATERAL (SELECT pg_advisory_lock($1) WHERE s.v IS NOT NULL) AS l", n: 3},
+			want: "/* sqllock: wait */ SELECT T IS NOT NULL, pg_backend_pid(), pg_is_in_recovery() FROM (SELECT $3::text AS m OFFSET 0) AS o, LATERAL (SELECT CASE WHEN coalesce(current_setting('sqllock.owner', true), '') IN ('', o.m) THEN set_config('lock_timeout', $2, true) END OFFSET 0) AS s(v), LATERAL (SELECT pg_advisory_lock($1) WHERE s.v IS NOT NULL) AS l", n: 3},
 	}
 	for _, tt := range tests {
 		if tt.q != tt.want || len(tt.args) != tt.n {
 			t.Errorf("statement = %q, %v; want %q with %d args", tt.q, tt.args, tt.want, tt.n)
 		}
 	}
-	if q, _ := Bind.XactLockSQL(Shared, Key{V: 1}); q != "SELECT true FROM pg_advisory_xact_lock_shared($1)" {
+	if q, _ := Bind.XactLockSQL(Shared, Key{V: 1}); q != "/* sqllock: wait */ SELECT true FROM pg_advisory_xact_lock_shared($1)" {
 		t.Errorf("XactLockSQL = %q", q)
 	}
 	// Every transaction-level call's first statement, whether it may wait
 	// or not: the try function, called only off a standby.
 	for _, kind := range []Kind{0, Try} {
-		if q, _ := Bind.XactTrySQL(kind|Shared, Key{V: 1}); q != "SELECT CASE WHEN s.r THEN false ELSE pg_try_advisory_xact_lock_shared($1) END, pg_backend_pid(), s.r FROM (SELECT pg_is_in_recovery() AS r OFFSET 0) AS s" {
+		if q, _ := Bind.XactTrySQL(kind|Shared, Key{V: 1}); q != "/* sqllock: try */ SELECT CASE WHEN s.r THEN false ELSE pg_try_advisory_xact_lock_shared($1) END, pg_backend_pid(), s.r FROM (SELECT pg_is_in_recovery() AS r OFFSET 0) AS s" {
 			t.Errorf("XactTrySQL(%d) = %q", kind, q)
 		}
 	}
-	if q, args := Inline.XactTrySQL(0, Key{Pair: true, Class: 3, ID: -4}); q != "SELECT CASE WHEN s.r THEN false ELSE pg_try_advisory_xact_lock(3, -4) END, pg_backend_pid(), s.r FROM (SELECT pg_is_in_recovery() AS r OFFSET 0) AS s" || len(args) != 0 {
+	if q, args := Inline.XactTrySQL(0, Key{Pair: true, Class: 3, ID: -4}); q != "/* sqllock: try */ SELECT CASE WHEN s.r THEN false ELSE pg_try_advisory_xact_lock(3, -4) END, pg_backend_pid(), s.r FROM (SELECT pg_is_in_recovery() AS r OFFSET 0) AS s" || len(args) != 0 {
 		t.Errorf("inline XactTrySQL = %q, %v", q, args)
 	}
 }

@@ -96,7 +96,7 @@ func unlockFn(shared bool, args string) string { return UnlockFn(shared) + "(" +
 func (s *Statements) RegisterSQL(class int32, shared bool, slice, mark string) (string, []any) {
 	c := "$1::int4"
 	var b strings.Builder
-	b.WriteString("SELECT coalesce(t.id, 0), pg_backend_pid(), pg_is_in_recovery(), s.v IS NOT NULL")
+	b.WriteString(markLine + "SELECT coalesce(t.id, 0), pg_backend_pid(), pg_is_in_recovery(), s.v IS NOT NULL")
 	b.WriteString(" FROM (SELECT $3::text AS m OFFSET 0) AS o")
 	set := "concat(set_config('lock_timeout', $2::text, true), " + s.tune + ")"
 	b.WriteString(" CROSS JOIN LATERAL (SELECT CASE WHEN " + s.gate + " THEN " + set + " END AS v OFFSET 0) AS s")
@@ -165,7 +165,7 @@ func (s *Statements) sliceHead(b *strings.Builder, granted, late string) {
 	if s.waiting != "" {
 		set = "concat(" + set + ", " + s.waiting + ")"
 	}
-	b.WriteString("SELECT " + granted + ", pg_backend_pid(), pg_is_in_recovery(), x.others, " + late)
+	b.WriteString(markWait + "SELECT " + granted + ", pg_backend_pid(), pg_is_in_recovery(), x.others, " + late)
 	b.WriteString(" FROM (SELECT $4::text AS m OFFSET 0) AS o")
 	b.WriteString(" CROSS JOIN LATERAL (SELECT CASE WHEN " + s.gate + " THEN " + set + " END AS v OFFSET 0) AS s")
 	b.WriteString(" CROSS JOIN LATERAL (SELECT")
@@ -185,7 +185,7 @@ func (s *Statements) GiveUpSQL(kind Kind, k Key, class int32, mark string) (stri
 		mode = "ShareLock"
 	}
 	c := "$1::int4"
-	q := "SELECT CASE WHEN x.have THEN 0 ELSE -1 END, pg_backend_pid(), x.released, CASE WHEN x.have THEN " + s.tune + " ELSE " + s.untune + " END" +
+	q := markLine + "SELECT CASE WHEN x.have THEN 0 ELSE -1 END, pg_backend_pid(), x.released, CASE WHEN x.have THEN " + s.tune + " ELSE " + s.untune + " END" +
 		" FROM (SELECT $5::text AS m OFFSET 0) AS o CROSS JOIN LATERAL (SELECT" +
 		" coalesce(bool_or(" + tagOf("$2", "$3", "$4") + " AND l.mode = '" + mode + "'), false) AS have," +
 		" count(CASE WHEN l.mode = 'ShareLock' THEN " + unlockFn(true, c+", "+signed32("l.objid::int8")+"::int4") +
@@ -237,7 +237,7 @@ func (s *Statements) SemaphoreGiveUpSQL(class, slots int32, mark string) (string
 	c, sc := "$1::int4", "$2::int4"
 	id := signed32("l.objid::int8") + "::int4"
 	isTicket := "l.classid::int8 = (" + c + "::int8 & 4294967295)"
-	q := "SELECT coalesce(x.have, -1), pg_backend_pid(), x.released, CASE WHEN x.have IS NOT NULL THEN " + s.tune + " ELSE " + s.untune + " END" +
+	q := markLine + "SELECT coalesce(x.have, -1), pg_backend_pid(), x.released, CASE WHEN x.have IS NOT NULL THEN " + s.tune + " ELSE " + s.untune + " END" +
 		" FROM (SELECT $3::text AS m OFFSET 0) AS o CROSS JOIN LATERAL (SELECT" +
 		" min(" + id + ") FILTER (WHERE NOT " + isTicket + ") AS have," +
 		" count(CASE WHEN l.mode = 'ShareLock' THEN " + unlockFn(true, c+", "+id) + " ELSE " + unlockFn(false, c+", "+id) + " END) FILTER (WHERE " + isTicket + ") AS released" +
@@ -260,7 +260,7 @@ func (s *Statements) SemaphorePoliteTrySQL(slots int32, n int, class int32) stri
 // whose tag is ($2, $3, $4): a connection abandoned as its wait was
 // granted, whose lock must go before the call that gave it up returns.
 // Its single row is whether it did.
-const TerminateHolderSQL = `SELECT coalesce(bool_or(pg_terminate_backend(l.pid)), false) FROM pg_catalog.pg_locks l
+const TerminateHolderSQL = markCancel + `SELECT coalesce(bool_or(pg_terminate_backend(l.pid)), false) FROM pg_catalog.pg_locks l
  WHERE l.locktype = 'advisory' AND l.granted AND l.pid = $1::int4 AND ` + currentDB + ` AND l.classid::int8 = $2::int8 AND l.objid::int8 = $3::int8 AND l.objsubid = $4::int4`
 
 // TerminateHolderArgs returns TerminateHolderSQL's arguments.
@@ -323,7 +323,7 @@ func (m Mode) DoorbellSQL(pid int64, classes []int32) (string, []any) {
 		b.WriteString(strconv.Itoa(int(c)))
 	}
 	b.WriteByte('}')
-	q := "SELECT u.c, NOT (pg_try_advisory_lock(u.c, 0) AND pg_advisory_unlock(u.c, 0))" +
+	q := markLine + "SELECT u.c, NOT (pg_try_advisory_lock(u.c, 0) AND pg_advisory_unlock(u.c, 0))" +
 		" FROM unnest($1::text::int4[]) AS u(c) WHERE pg_backend_pid() = $2::int4"
 	if m == Inline {
 		return strings.Replace(strings.Replace(q, "$1::text", "'"+b.String()+"'::text", 1), "$2::int4", strconv.FormatInt(pid, 10)+"::int4", 1), nil
@@ -339,11 +339,11 @@ func (m Mode) DoorbellSQL(pid int64, classes []int32) (string, []any) {
 func (s *Statements) PoliteTrySQL(kind Kind, k Key, class int32, mark string) (string, []any) {
 	keyArgs, keyVals := s.mode.keyArgsAt(k, 3)
 	if s.plain() { // as TrySQL's
-		q := "SELECT CASE WHEN " + sessionMark + " = $2::text THEN pg_try_advisory_lock($1::int4, 0) AND pg_advisory_unlock($1::int4, 0) AND " +
+		q := markTry + "SELECT CASE WHEN " + sessionMark + " = $2::text THEN pg_try_advisory_lock($1::int4, 0) AND pg_advisory_unlock($1::int4, 0) AND " +
 			lockFn(kind|Try, keyArgs) + " END"
 		return s.mode.params(q, append([]any{int64(class), mark}, keyVals...)...)
 	}
-	q := "SELECT CASE WHEN " + s.gate + " THEN CASE WHEN pg_try_advisory_lock($1::int4, 0) AND pg_advisory_unlock($1::int4, 0) AND " +
+	q := markTry + "SELECT CASE WHEN " + s.gate + " THEN CASE WHEN pg_try_advisory_lock($1::int4, 0) AND pg_advisory_unlock($1::int4, 0) AND " +
 		lockFn(kind|Try, keyArgs) + " THEN " + s.tune + " IS NOT NULL ELSE false END END, pg_backend_pid(), pg_is_in_recovery()" +
 		" FROM (SELECT $2::text AS m OFFSET 0) AS o"
 	return s.mode.params(q, append([]any{int64(class), mark}, keyVals...)...)
@@ -353,7 +353,7 @@ func (s *Statements) PoliteTrySQL(kind Kind, k Key, class int32, mark string) (s
 // since the epoch). The transaction pooler probe compares two client
 // connections' answers, and one connection's answers over time: a direct
 // connection has a backend of its own, for its whole life.
-var BackendSQL = `SELECT pg_backend_pid(), coalesce((SELECT ` + micros("a.backend_start") + ` FROM pg_catalog.pg_stat_get_activity(pg_backend_pid()) AS a), 0)`
+var BackendSQL = markCheck + `SELECT pg_backend_pid(), coalesce((SELECT ` + micros("a.backend_start") + ` FROM pg_catalog.pg_stat_get_activity(pg_backend_pid()) AS a), 0)`
 
 // StrandedSQL ends backend $1, started at $2 (microseconds since the
 // epoch, as VersionSQL reads it; 0: any start), when it holds an advisory
@@ -370,7 +370,7 @@ func StrandedSQL(key bool) string {
 	if key {
 		lock += " AND l.classid::int8 = $3::int8 AND l.objid::int8 = $4::int8 AND l.objsubid = $5::int4"
 	}
-	return `SELECT coalesce(max(CASE WHEN NOT EXISTS (SELECT FROM pg_catalog.pg_locks l WHERE ` + lock + `) THEN 0
+	return markFree + `SELECT coalesce(max(CASE WHEN NOT EXISTS (SELECT FROM pg_catalog.pg_locks l WHERE ` + lock + `) THEN 0
  WHEN a.state = 'idle' OR a.pid = pg_backend_pid() THEN CASE WHEN pg_terminate_backend(a.pid) THEN 1 ELSE 0 END
  ELSE 2 END), 0)::int8 FROM pg_catalog.pg_stat_get_activity($1::int4) AS a
  WHERE $2::int8 = 0 OR (extract(epoch FROM a.backend_start) * 1000000)::int8 = $2::int8`

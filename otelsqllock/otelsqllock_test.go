@@ -1,13 +1,16 @@
-package otel_test
+package otelsqllock_test
 
 import (
 	"context"
 	"errors"
 	"os"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -15,7 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sqllock/sqllock"
-	sqllockotel "github.com/sqllock/sqllock/otel"
+	"github.com/sqllock/sqllock/otelsqllock"
 	"github.com/sqllock/sqllock/pgtest"
 )
 
@@ -30,9 +33,9 @@ func TestMetricsAndSpans(t *testing.T) {
 	ctx := context.Background()
 	reader := sdkmetric.NewManualReader()
 	spans := tracetest.NewSpanRecorder()
-	obs, err := sqllockotel.New(
-		sqllockotel.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))),
-		sqllockotel.WithTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))))
+	obs, err := otelsqllock.New(
+		otelsqllock.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))),
+		otelsqllock.WithTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,6 +114,44 @@ func TestMetricsAndSpans(t *testing.T) {
 	}
 	if acquired != 2 || refused != 1 {
 		t.Errorf("spans: %d acquired, %d not acquired; want 2 and 1", acquired, refused)
+	}
+}
+
+// TestBesideOtel: the package is named as OpenTelemetry's instrumentation
+// packages are, so it is imported beside go.opentelemetry.io/otel with no
+// alias (this file does), its name is its import path's last element, and
+// its scope is that import path: an Observer made with the global
+// providers (otel.SetMeterProvider) records under it.
+func TestBesideOtel(t *testing.T) {
+	path := reflect.TypeFor[otelsqllock.Observer]().PkgPath()
+	if otelsqllock.ScopeName != path || path[strings.LastIndex(path, "/")+1:] != "otelsqllock" {
+		t.Fatalf("ScopeName = %q, import path %q: want the import path, ending in the package's name", otelsqllock.ScopeName, path)
+	}
+	reader := sdkmetric.NewManualReader()
+	global := otel.GetMeterProvider()
+	otel.SetMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
+	defer otel.SetMeterProvider(global)
+	obs, err := otelsqllock.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := pgtest.Start(t)
+	l := sqllock.New(pgtest.Open(t, "pgx", srv.NewDatabase(t)), sqllock.WithObserver(obs), sqllock.WithKeepAlive(0))
+	lk, err := l.TryLock(context.Background(), sqllock.Int64(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lk.Unlock(context.Background())
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var scopes []string
+	for _, sm := range rm.ScopeMetrics {
+		scopes = append(scopes, sm.Scope.Name)
+	}
+	if len(scopes) != 1 || scopes[0] != otelsqllock.ScopeName {
+		t.Errorf("metrics recorded under scopes %q, want [%s]", scopes, otelsqllock.ScopeName)
 	}
 }
 

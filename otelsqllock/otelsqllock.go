@@ -1,14 +1,17 @@
-// Package otel reports a sqllock Locker's locks as OpenTelemetry metrics
-// and traces. It is a module of its own, so that the sqllock package keeps
-// to the standard library:
+// Package otelsqllock reports a sqllock Locker's locks as OpenTelemetry
+// metrics and traces: sqllock's instrumentation, named as OpenTelemetry's
+// own instrumentation packages are (otelhttp, otelsql), so that it and
+// go.opentelemetry.io/otel are imported side by side without an alias.
+// It is a module of its own, so that the sqllock package keeps to the
+// standard library:
 //
-//	go get github.com/sqllock/sqllock/otel
+//	go get github.com/sqllock/sqllock/otelsqllock
 //
-//	obs, err := otel.New() // the global meter and tracer providers
+//	obs, err := otelsqllock.New() // the global meter and tracer providers
 //	if err != nil { ... }
 //	locker := sqllock.New(db, sqllock.WithObserver(obs))
 //
-// Metrics (instrumentation scope github.com/sqllock/sqllock/otel):
+// Metrics (instrumentation scope [ScopeName]):
 //
 //	sqllock.locks.held             UpDownCounter  locks held now
 //	sqllock.waiters                UpDownCounter  calls waiting for a lock now
@@ -21,7 +24,7 @@
 // Each lock call is a span, sqllock.acquire (sqllock.semaphore.acquire
 // for a semaphore), with the key, its name, the mode and the outcome; a
 // call that failed for another reason than contention has an error status.
-package otel
+package otelsqllock
 
 import (
 	"context"
@@ -37,8 +40,9 @@ import (
 	"github.com/sqllock/sqllock"
 )
 
-// scope is the instrumentation scope's name.
-const scope = "github.com/sqllock/sqllock/otel"
+// ScopeName is the instrumentation scope of the Observer's meter and
+// tracer: the package's import path.
+const ScopeName = "github.com/sqllock/sqllock/otelsqllock"
 
 // Observer is a sqllock.Observer that records metrics and spans. It is
 // safe for concurrent use; give it to any number of Lockers.
@@ -82,8 +86,8 @@ func New(opts ...Option) (*Observer, error) {
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
-	m := cfg.mp.Meter(scope)
-	o := &Observer{tracer: cfg.tp.Tracer(scope)}
+	m := cfg.mp.Meter(ScopeName)
+	o := &Observer{tracer: cfg.tp.Tracer(ScopeName)}
 	var errs []error
 	add := func(err error) { errs = append(errs, err) }
 	var err error

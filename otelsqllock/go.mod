@@ -1,4 +1,4 @@
-module github.com/sqllock/sqllock/otel
+module github.com/sqllock/sqllock/otelsqllock
 
 go 1.26.0
 
