@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"github.com/sqllock/sqllock/internal/sqltext"
 	"regexp"
 	"testing"
 	"time"
@@ -340,7 +341,7 @@ func TestServerCheckLockTableFull(t *testing.T) {
 			l := sqllock.New(db, tt.opt, sqllock.WithKeepAlive(0))
 			for range tt.checks {
 				mock.ExpectQuery(regexp.QuoteMeta("SELECT version(), pg_backend_pid()")).WillReturnError(sqlStateErr("53200"))
-				mock.ExpectQuery("^" + regexp.QuoteMeta("SELECT version()") + "$").WillReturnError(sqlStateErr("53200"))
+				mock.ExpectQuery("^" + regexp.QuoteMeta(sqltext.PlainVersionSQL) + "$").WillReturnError(sqlStateErr("53200"))
 			}
 			if _, err := l.TryLock(bg(), sqllock.Int64(1)); !errors.Is(err, sqllock.ErrLockTableFull) {
 				t.Fatalf("TryLock() = %v, want ErrLockTableFull", err)

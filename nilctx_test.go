@@ -98,6 +98,7 @@ func TestNilContext(t *testing.T) {
 			{"Election.Lead", func() { el.Lead(nilCtx, "a", func(context.Context, *sqllock.Lock) error { return nil }) }},
 			{"Election.Leader", func() { el.Leader(nilCtx) }},
 			{"Election.Observe", func() { el.Observe(nilCtx) }},
+			{"Election.Proclaim", func() { el.Proclaim(nilCtx, "b") }},
 		}
 		heldStat := l.Stats().Held
 		var calls []string
