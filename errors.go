@@ -67,6 +67,11 @@ var (
 	// lost (the error then also matches ErrLockLost).
 	ErrNotLeader = errors.New("sqllock: not the leader")
 
+	// ErrClosed is returned, with ErrNotAcquired, by every lock call of a
+	// Locker that is closing or closed (see [Locker.Close]); the Err of a
+	// Lock that Close released matches it, with ErrReleased.
+	ErrClosed = core.ErrClosed
+
 	// ErrDuplicate is returned by Registry.Register when the name, or the
 	// key, is already registered.
 	ErrDuplicate = errors.New("sqllock: duplicate registry entry")

@@ -99,6 +99,7 @@ func TestNilContext(t *testing.T) {
 			{"Election.Leader", func() { el.Leader(nilCtx) }},
 			{"Election.Observe", func() { el.Observe(nilCtx) }},
 			{"Election.Proclaim", func() { el.Proclaim(nilCtx, "b") }},
+			{"Locker.Close", func() { l.Close(nilCtx) }},
 		}
 		heldStat := l.Stats().Held
 		var calls []string

@@ -283,6 +283,10 @@ func (f doOptionFunc) applyDo(c *doConfig) { f(c) }
 // schedulers and the schedule's period (period minus a margin smaller than
 // period − skew): then exactly one machine runs each tick. The window
 // belongs to the task, so tasks of different schedules share one Locker.
+// The window lives in this process: a process that exits during it ends
+// its session, and the server releases the lock then, so that another
+// machine can run the same tick again. A program that shuts down calls
+// [Locker.Close], which waits out the open windows first.
 // 0 (the default) releases as fn returns. d is from 0 to 7 days (168 h):
 // a negative d, or a longer one, makes Do return an error before taking
 // the lock.

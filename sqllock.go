@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sqllock/sqllock/internal/core"
@@ -39,6 +40,8 @@ type Locker struct {
 	// windows are the Locks whose hold window is open (see
 	// Lock.UnlockAfter), by their Hold: a loss ends the window.
 	windows sync.Map // *core.Hold → *Lock
+
+	closed atomic.Bool // Close was called
 }
 
 // New returns a Locker that takes its locks through db.
@@ -73,6 +76,52 @@ func New(db *sql.DB, opts ...Option) *Locker {
 	l.pool = core.NewPool(db, core.Config{KeepAlive: cfg.keepAlive, OrphanBound: cfg.orphanBound, UnlockTimeout: cfg.unlockTimeout,
 		AppName: cfg.appName, AllowStandby: cfg.allowStandby, Dedicated: cfg.dedicated}, hooks{l})
 	return l
+}
+
+// Close ends the Locker, so that a program that shuts down leaves nothing
+// behind: no new lock is taken (every lock call returns an error matching
+// [ErrNotAcquired] and [ErrClosed]), and the calls that wait for a lock
+// leave their queues at once, with that error. Then Close waits out the
+// hold windows that are open ([WithHoldAtLeast], [Lock.UnlockAfter]) for
+// as long as ctx allows, and releases their locks at once when ctx ends
+// first: pass a context that is already done to end them now. Then it
+// releases every lock the Locker still holds (its Locks, Sessions,
+// semaphore permits and election terms, whose Err then matches
+// [ErrReleased] and [ErrClosed], and whose Done is closed: a [Locker.Do]
+// whose task still runs sees its context end), confirming each unlock as
+// [Lock.Unlock] does, and gives its sessions back to the pool. Each
+// unlock is bounded by the unlock timeout, whatever ctx.
+//
+// Close returns the errors of the releases that were not confirmed (each
+// matches [ErrLockLost], or says why its session was discarded, which the
+// server then releases). Calling Close again does nothing more, and
+// returns nil. A program that exits without Close leaves nothing held
+// either (its sessions end with it, and the server releases their locks),
+// but cuts its hold windows short, and its waiters' places in line are
+// given up only as the server notices.
+func (l *Locker) Close(ctx context.Context) error {
+	mustContext(ctx, "Locker.Close")
+	if !l.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	l.pool.StartClose()
+	var open []*Lock
+	l.windows.Range(func(_, v any) bool {
+		open = append(open, v.(*Lock))
+		return true
+	})
+	for _, lk := range open {
+		select {
+		case <-lk.Done():
+		case <-ctx.Done():
+		}
+	}
+	if ctx.Err() != nil {
+		for _, lk := range open {
+			lk.Unlock(context.WithoutCancel(ctx)) // its window ends now
+		}
+	}
+	return l.pool.Close()
 }
 
 // Lock takes the exclusive lock k, waiting as long as another session

@@ -57,6 +57,21 @@ func (p *Pool) Acquire(ctx context.Context, r Request) (*Hold, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, NotAcquired(p.name(r.Key), err) // nothing sent
 	}
+	if p.Closed() {
+		return nil, closedError(p.name(r.Key))
+	}
+	h, err := p.acquire(ctx, r)
+	if err == nil && p.Closed() {
+		// Granted as the Pool started closing: Close may have looked for
+		// its Holds before this one was made.
+		h.Release()
+		return nil, closedError(p.name(r.Key))
+	}
+	return h, p.closedOr(err)
+}
+
+// acquire is Acquire on a Pool that is not closed.
+func (p *Pool) acquire(ctx context.Context, r Request) (*Hold, error) {
 	if r.Try {
 		if p.queue.waited(queueKey{k: r.Key}) {
 			// The Pool's own callers wait for it: a try never passes them.

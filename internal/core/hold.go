@@ -165,6 +165,9 @@ func (h *Hold) Release() (first bool, err error) {
 	p := h.s.p
 	switch state {
 	case holdReleased:
+		if p.Closed() {
+			return false, releasedByClose
+		}
 		return false, ErrReleased
 	case holdLost:
 		// Counted and told when it was found lost; wait for its session's
@@ -182,6 +185,9 @@ func (h *Hold) Release() (first bool, err error) {
 		p.AwaitFreed(p.cfg.UnlockTimeout) // see freeStranded
 	}
 	final := ErrReleased
+	if p.Closed() {
+		final = releasedByClose
+	}
 	if errors.Is(err, ErrLockLost) {
 		final = err
 		p.emit(Event{Kind: EventLost, Key: h.key, Keyed: true, Hold: h, PID: h.pid, Held: time.Since(h.since), Err: err, N: 1})

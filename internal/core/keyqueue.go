@@ -170,6 +170,10 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 		go qs.check(h)
 	}
 	sh.mu.Unlock()
+	// A caller queued here leaves as its Pool starts closing, as when ctx
+	// ends.
+	ctx, stop := p.untilClosed(ctx)
+	defer stop()
 	select {
 	case <-w.ready:
 	case <-ctx.Done():

@@ -61,6 +61,9 @@ func (c callSlot) tryLock() bool {
 // this call.
 func (p *Pool) Open(ctx context.Context) (*Owned, error) {
 	const what = "session"
+	if p.Closed() {
+		return nil, closedError(what)
+	}
 	sent := monoNow()
 	conn, err := getConn(ctx, p.db)
 	if err != nil {
@@ -95,8 +98,14 @@ func (p *Pool) Open(ctx context.Context) (*Owned, error) {
 		return nil, StandbyError(what)
 	}
 	o := &Owned{p: p, s: s, pid: pid, id: id, ls: s.ls, calls: make(callSlot, 1)}
+	s.mu.Lock()
 	s.owner = o
+	s.mu.Unlock()
 	p.mon.add(o)
+	if p.Closed() {
+		o.Close() // opened as the Pool started closing (see Acquire)
+		return nil, closedError(what)
+	}
 	return o, nil
 }
 
@@ -331,7 +340,11 @@ func (o *Owned) Close() error {
 		return err
 	}
 	o.p.mon.remove(o)
-	o.settle(holdReleased, ErrReleased)
+	final := ErrReleased
+	if o.p.Closed() {
+		final = releasedByClose
+	}
+	o.settle(holdReleased, final)
 	o.s.end(nil)
 	return nil
 }

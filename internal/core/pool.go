@@ -113,7 +113,8 @@ type Pool struct {
 	epochCtx   context.Context // guarded by epochMu: see UnlockContext
 	epochUntil time.Time       // guarded by epochMu
 
-	pooler poolerGuard // what it knows of a transaction pooler (pooler.go)
+	pooler  poolerGuard // what it knows of a transaction pooler (pooler.go)
+	closing closing     // its end (close.go)
 	share  sharing     // the shared sessions (share.go)
 	queue  keyQueues   // the per-key queues (keyqueue.go)
 	mon    *monitor    // the keep-alive (keepalive.go)
@@ -123,6 +124,7 @@ type Pool struct {
 // NewPool returns the core of a Locker on db.
 func NewPool(db *sql.DB, cfg Config, hooks Hooks) *Pool {
 	p := &Pool{engine: engine{db: db, mode: sqltext.DetectMode(db.Driver())}, cfg: cfg, hooks: hooks}
+	p.closing.init()
 	if p.mode == sqltext.Inline { // lib/pq (see sqltext.DetectMode)
 		p.abandoned = &abandonSet{}
 	}

@@ -141,13 +141,7 @@ func (p *Pool) sawPooler(evidence error) {
 		return
 	}
 	p.hooks.Log(context.Background(), slog.LevelWarn, "sqllock: a transaction pooler is in the way: session-level locks are refused, and every session of the Locker is discarded", Key{}, false, slog.String("evidence", evidence.Error()))
-	p.pooler.liveMu.Lock()
-	live := make([]*session, 0, len(p.pooler.live))
-	for s := range p.pooler.live {
-		live = append(live, s)
-	}
-	p.pooler.liveMu.Unlock()
-	for _, s := range live {
+	for _, s := range p.liveSessions() {
 		s.end(err)
 	}
 }
@@ -160,6 +154,17 @@ func (p *Pool) addLive(s *session) {
 	}
 	p.pooler.live[s] = struct{}{}
 	p.pooler.liveMu.Unlock()
+}
+
+// liveSessions returns the Pool's sessions that have not ended.
+func (p *Pool) liveSessions() []*session {
+	p.pooler.liveMu.Lock()
+	defer p.pooler.liveMu.Unlock()
+	live := make([]*session, 0, len(p.pooler.live))
+	for s := range p.pooler.live {
+		live = append(live, s)
+	}
+	return live
 }
 
 func (p *Pool) dropLive(s *session) {

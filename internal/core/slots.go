@@ -59,6 +59,19 @@ func (p *Pool) AcquireSlot(ctx context.Context, sl Slots, try bool) (*Hold, erro
 	if err := ctx.Err(); err != nil {
 		return nil, NotAcquired(what.String(), err)
 	}
+	if p.Closed() {
+		return nil, closedError(what.String())
+	}
+	h, err := p.acquireSlot(ctx, sl, try, what)
+	if err == nil && p.Closed() {
+		h.Release() // granted as the Pool started closing (see Acquire)
+		return nil, closedError(what.String())
+	}
+	return h, p.closedOr(err)
+}
+
+// acquireSlot is AcquireSlot on a Pool that is not closed.
+func (p *Pool) acquireSlot(ctx context.Context, sl Slots, try bool, what namer) (*Hold, error) {
 	take := func() (*Hold, error) {
 		return p.withSession(ctx, what, func(s *session) (*Hold, error) {
 			s.st = p.sql()

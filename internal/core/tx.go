@@ -116,12 +116,15 @@ func (p *Pool) LockInTx(ctx context.Context, tx TxQuerier, k Key) error {
 	if err := ctx.Err(); err != nil {
 		return NotAcquired(p.name(k), err)
 	}
+	if p.Closed() {
+		return closedError(p.name(k))
+	}
 	w := txWaiter{tx}
 	o := p.tryOn(ctx, w, xactLevel, nil, 0, k)
 	if o.err == nil && !o.ok && (!o.standby || p.cfg.AllowStandby) && !CtxEnded(ctx) {
 		o = p.waitOn(ctx, w, xactLevel, nil, 0, k, o.pid)
 	}
-	return p.timedOut(settleTx(ctx, namer{p: p, k: k}, o, p.cfg.AllowStandby))
+	return p.closedOr(p.timedOut(settleTx(ctx, namer{p: p, k: k}, o, p.cfg.AllowStandby)))
 }
 
 // InTxContext returns the context InTx begins its transaction with: ctx's
