@@ -6,6 +6,7 @@
 //     and the others skip that run. With [WithHoldAtLeast], the lock is
 //     held for a window after the job returns, so that a scheduler whose
 //     clock or timer is a little late does not run the same tick again.
+//
 //   - [Elector] is a gocron.Elector (gocron.WithDistributedElector), backed
 //     by a [sqllock.Election]: only the leader's scheduler runs jobs. When
 //     the leader dies, the server ends its session and another candidate,
@@ -13,10 +14,10 @@
 //     (its kernel closed the connection), within the Locker's orphan bound
 //     when its host vanished or froze.
 //
-//	locker := sqllock.New(db)
-//	elector := sqllockgocron.NewElector(locker.Election(sqllock.Hash("gocron:leader")), hostname)
-//	go elector.Run(ctx)
-//	s, err := gocron.NewScheduler(gocron.WithDistributedElector(elector))
+//     locker := sqllock.New(db)
+//     elector := sqllockgocron.NewElector(locker.Election(sqllock.Hash("gocron:leader")), hostname)
+//     go elector.Run(ctx)
+//     s, err := gocron.NewScheduler(gocron.WithDistributedElector(elector))
 //
 // This package is a module of its own
 // (github.com/sqllock/sqllock/contrib/gocron), so that gocron is a
