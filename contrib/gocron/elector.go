@@ -2,7 +2,6 @@ package sqllockgocron
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 
@@ -10,10 +9,6 @@ import (
 
 	"github.com/sqllock/sqllock"
 )
-
-// ErrNotLeader is returned by [Elector.IsLeader] when this instance does
-// not lead.
-var ErrNotLeader = errors.New("sqllockgocron: not the leader")
 
 // Elector is a gocron.Elector backed by a [sqllock.Election]: IsLeader
 // answers from memory whether this instance's [Elector.Run] holds a term.
@@ -63,17 +58,18 @@ func (el *Elector) Run(ctx context.Context) error {
 }
 
 // IsLeader implements gocron.Elector: nil while this instance holds a term
-// that is not known to be lost, else an error matching [ErrNotLeader]. It
-// asks nothing of the server.
+// that is not known to be lost, else an error matching
+// [sqllock.ErrNotLeader] (and [sqllock.ErrLockLost] for a term found lost).
+// It asks nothing of the server.
 func (el *Elector) IsLeader(context.Context) error {
 	el.mu.Lock()
 	term := el.term
 	el.mu.Unlock()
 	if term == nil {
-		return ErrNotLeader
+		return sqllock.ErrNotLeader
 	}
 	if err := term.Err(); err != nil {
-		return fmt.Errorf("%w: %w", ErrNotLeader, err)
+		return fmt.Errorf("%w: %w", sqllock.ErrNotLeader, err)
 	}
 	return nil
 }

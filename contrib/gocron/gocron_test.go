@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -232,5 +233,32 @@ func TestLockerOneRunPerTick(t *testing.T) {
 	t.Logf("%d ticks (%d by a, %d by b) from %v to %v; %d run twice", ticks, a, b, first.Format(time.TimeOnly), last.Format(time.TimeOnly), twice)
 	if twice != 0 {
 		t.Errorf("%d ticks ran twice", twice)
+	}
+}
+
+// TestIsLeader: an Elector leads only while its Run holds a term: not
+// before Run, within the wait for a free key after it, and not once Run's
+// context has ended (Run then returns that context's error).
+func TestIsLeader(t *testing.T) {
+	t.Parallel()
+	_, db := ticksDB(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	el := sqllockgocron.NewElector(sqllock.New(db).Election(electionKey), "solo")
+	if err := el.IsLeader(ctx); !errors.Is(err, sqllock.ErrNotLeader) {
+		t.Fatalf("IsLeader() before Run = %v, want ErrNotLeader", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- el.Run(ctx) }()
+	for deadline := time.Now().Add(time.Minute); el.IsLeader(ctx) != nil; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("IsLeader() = %v a minute after Run on a free election", el.IsLeader(ctx))
+		}
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("Run() = %v, want context.Canceled", err)
+	}
+	if err := el.IsLeader(context.Background()); !errors.Is(err, sqllock.ErrNotLeader) {
+		t.Errorf("IsLeader() after Run = %v, want ErrNotLeader", err)
 	}
 }
