@@ -40,7 +40,7 @@ import (
 const modulePath = "github.com/sqllock/sqllock"
 
 // published are the directories of the modules a release tags.
-var published = []string{".", "otelsqllock", "pgtest/pgdocker", "contrib/goose", "contrib/migrate", "contrib/gocron"}
+var published = []string{".", "otelsqllock", "pgtest/pgdocker", "contrib/sqllockgoose", "contrib/sqllockmigrate", "contrib/sqllockgocron"}
 
 // internalModules are the in-repo modules that are never tagged.
 var internalModules = []string{"bench", "examples/gocron", "examples/otel", "release"}
@@ -312,7 +312,7 @@ func main() {
 	fmt.Println(err)
 }
 `}},
-	{name: "goose", get: modulePath + "/contrib/goose", noDocker: true, wants: "github.com/pressly/goose/v3", files: map[string]string{
+	{name: "goose", get: modulePath + "/contrib/sqllockgoose", noDocker: true, wants: "github.com/pressly/goose/v3", files: map[string]string{
 		"main.go": `package main
 
 import (
@@ -321,7 +321,7 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/sqllock/sqllock"
-	sqllockgoose "github.com/sqllock/sqllock/contrib/goose"
+	"github.com/sqllock/sqllock/contrib/sqllockgoose"
 )
 
 func main() {
@@ -333,7 +333,7 @@ func main() {
 `}},
 	// golang-migrate's own go.mod names Docker modules (for its tests): its
 	// users have them in go.sum already, so this consumer is not asked.
-	{name: "migrate", get: modulePath + "/contrib/migrate", wants: "github.com/golang-migrate/migrate/v4", files: map[string]string{
+	{name: "migrate", get: modulePath + "/contrib/sqllockmigrate", wants: "github.com/golang-migrate/migrate/v4", files: map[string]string{
 		"main.go": `package main
 
 import (
@@ -342,7 +342,7 @@ import (
 	"fmt"
 
 	"github.com/sqllock/sqllock"
-	sqllockmigrate "github.com/sqllock/sqllock/contrib/migrate"
+	"github.com/sqllock/sqllock/contrib/sqllockmigrate"
 )
 
 func main() {
@@ -353,7 +353,7 @@ func main() {
 	fmt.Println(err)
 }
 `}},
-	{name: "gocron", get: modulePath + "/contrib/gocron", noDocker: true, wants: "github.com/go-co-op/gocron/v2", files: map[string]string{
+	{name: "gocron", get: modulePath + "/contrib/sqllockgocron", noDocker: true, wants: "github.com/go-co-op/gocron/v2", files: map[string]string{
 		"main.go": `package main
 
 import (
@@ -362,7 +362,7 @@ import (
 	"github.com/go-co-op/gocron/v2"
 
 	"github.com/sqllock/sqllock"
-	sqllockgocron "github.com/sqllock/sqllock/contrib/gocron"
+	"github.com/sqllock/sqllock/contrib/sqllockgocron"
 )
 
 func main() {

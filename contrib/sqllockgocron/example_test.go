@@ -10,7 +10,7 @@ import (
 	"github.com/go-co-op/gocron/v2"
 
 	"github.com/sqllock/sqllock"
-	sqllockgocron "github.com/sqllock/sqllock/contrib/gocron"
+	"github.com/sqllock/sqllock/contrib/sqllockgocron"
 )
 
 // The examples need a PostgreSQL server: the tests compile and vet them but

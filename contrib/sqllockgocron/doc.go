@@ -20,6 +20,6 @@
 //     s, err := gocron.NewScheduler(gocron.WithDistributedElector(elector))
 //
 // This package is a module of its own
-// (github.com/sqllock/sqllock/contrib/gocron), so that gocron is a
+// (github.com/sqllock/sqllock/contrib/sqllockgocron), so that gocron is a
 // dependency of its users only.
 package sqllockgocron

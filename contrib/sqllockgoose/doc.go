@@ -29,6 +29,6 @@
 // takes for the migrations: give goose a pool of at least two connections,
 // or give sqllock a *sql.DB of its own.
 //
-// This package is a module of its own (github.com/sqllock/sqllock/contrib/goose),
+// This package is a module of its own (github.com/sqllock/sqllock/contrib/sqllockgoose),
 // so that goose is a dependency of its users only.
 package sqllockgoose

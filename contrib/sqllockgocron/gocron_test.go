@@ -17,7 +17,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/sqllock/sqllock"
-	sqllockgocron "github.com/sqllock/sqllock/contrib/gocron"
+	"github.com/sqllock/sqllock/contrib/sqllockgocron"
 	"github.com/sqllock/sqllock/pgtest"
 )
 

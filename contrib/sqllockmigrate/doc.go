@@ -41,6 +41,6 @@
 // from a *sql.DB or *sql.Conn, "name" (see [interop.GolangMigrate]).
 //
 // This package is a module of its own
-// (github.com/sqllock/sqllock/contrib/migrate), so that golang-migrate is a
+// (github.com/sqllock/sqllock/contrib/sqllockmigrate), so that golang-migrate is a
 // dependency of its users only.
 package sqllockmigrate

@@ -12,7 +12,7 @@ import (
 	"github.com/golang-migrate/migrate/v4/database/postgres"
 
 	"github.com/sqllock/sqllock"
-	sqllockmigrate "github.com/sqllock/sqllock/contrib/migrate"
+	"github.com/sqllock/sqllock/contrib/sqllockmigrate"
 	"github.com/sqllock/sqllock/interop"
 )
 

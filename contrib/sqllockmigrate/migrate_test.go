@@ -18,7 +18,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/sqllock/sqllock"
-	sqllockmigrate "github.com/sqllock/sqllock/contrib/migrate"
+	"github.com/sqllock/sqllock/contrib/sqllockmigrate"
 	"github.com/sqllock/sqllock/interop"
 	"github.com/sqllock/sqllock/pgtest"
 )

@@ -9,7 +9,7 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/sqllock/sqllock"
-	sqllockgoose "github.com/sqllock/sqllock/contrib/goose"
+	"github.com/sqllock/sqllock/contrib/sqllockgoose"
 )
 
 // The examples need a PostgreSQL server: the tests compile and vet them but

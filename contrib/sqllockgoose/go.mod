@@ -1,4 +1,4 @@
-module github.com/sqllock/sqllock/contrib/goose
+module github.com/sqllock/sqllock/contrib/sqllockgoose
 
 go 1.26.0
 

@@ -16,7 +16,7 @@ import (
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/sqllock/sqllock"
-	sqllockgoose "github.com/sqllock/sqllock/contrib/goose"
+	"github.com/sqllock/sqllock/contrib/sqllockgoose"
 	"github.com/sqllock/sqllock/interop"
 	"github.com/sqllock/sqllock/pgtest"
 )
