@@ -5,7 +5,8 @@
 //	go run ./release prepare -version v0.2.0    # before tagging: requires and go.sum
 //	go run ./release proxy   -version v0.1.0 -out DIR
 //
-// The published modules are the root, otelsqllock and pgtest/pgdocker; the others
+// The published modules are the root, otelsqllock, pgtest/pgdocker and
+// the contrib modules (goose, migrate, gocron); the others
 // (examples with dependencies of their own, bench/, release/) are never
 // tagged but require the published ones at the release version too.
 // Every step runs the go command with GOWORK=off, a file proxy built from
@@ -39,7 +40,7 @@ import (
 const modulePath = "github.com/sqllock/sqllock"
 
 // published are the directories of the modules a release tags.
-var published = []string{".", "otelsqllock", "pgtest/pgdocker"}
+var published = []string{".", "otelsqllock", "pgtest/pgdocker", "contrib/sqllockgoose", "contrib/sqllockmigrate", "contrib/sqllockgocron"}
 
 // internalModules are the in-repo modules that are never tagged.
 var internalModules = []string{"bench", "examples/gocron", "examples/otel", "release"}
@@ -309,6 +310,68 @@ func main() {
 		var _ sqllock.Observer = o
 	}
 	fmt.Println(err)
+}
+`}},
+	{name: "goose", get: modulePath + "/contrib/sqllockgoose", noDocker: true, wants: "github.com/pressly/goose/v3", files: map[string]string{
+		"main.go": `package main
+
+import (
+	"database/sql"
+
+	"github.com/pressly/goose/v3"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/contrib/sqllockgoose"
+)
+
+func main() {
+	db, err := sql.Open("postgres", "")
+	if err == nil {
+		_ = goose.WithSessionLocker(sqllockgoose.New(sqllock.New(db)))
+	}
+}
+`}},
+	// golang-migrate's own go.mod names Docker modules (for its tests): its
+	// users have them in go.sum already, so this consumer is not asked.
+	{name: "migrate", get: modulePath + "/contrib/sqllockmigrate", wants: "github.com/golang-migrate/migrate/v4", files: map[string]string{
+		"main.go": `package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/contrib/sqllockmigrate"
+)
+
+func main() {
+	db, err := sql.Open("postgres", "")
+	if err == nil {
+		_, err = sqllockmigrate.OpenPostgres(context.Background(), sqllock.New(db), nil)
+	}
+	fmt.Println(err)
+}
+`}},
+	{name: "gocron", get: modulePath + "/contrib/sqllockgocron", noDocker: true, wants: "github.com/go-co-op/gocron/v2", files: map[string]string{
+		"main.go": `package main
+
+import (
+	"database/sql"
+
+	"github.com/go-co-op/gocron/v2"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/contrib/sqllockgocron"
+)
+
+func main() {
+	db, err := sql.Open("postgres", "")
+	if err == nil {
+		l := sqllock.New(db)
+		_ = gocron.WithDistributedElector(sqllockgocron.NewElector(l.Election(sqllock.Hash("leader")), "a"))
+		_ = gocron.WithDistributedLocker(sqllockgocron.NewLocker(l))
+	}
 }
 `}},
 }
