@@ -110,7 +110,7 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 	if err := term.Err(); err != nil {
 		return e.notLeader(err)
 	}
-	if _, err := term.h.Tag(ctx, sqltext.ProclaimSQL(electionPrefix+value)); err != nil {
+	if _, err := term.h.Tag(ctx, sqltext.ProclaimSQL(electionPrefix+value, e.l.pool.Pinned())); err != nil {
 		if lerr := term.Err(); lerr != nil {
 			return e.notLeader(lerr)
 		}
@@ -318,7 +318,7 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 		// Bounded by ctx whatever the driver does (see core.Bounded).
 		r, err := core.Bounded(ctx, func() (holderRow, error) {
 			var r holderRow
-			err := e.l.db.QueryRowContext(ctx, q, args...).Scan(&r.pid, &r.name, &r.addr, &r.since)
+			err := e.l.pool.QueryRow(ctx, q, args, &r.pid, &r.name, &r.addr, &r.since)
 			return r, err
 		}, nil)
 		if errors.Is(err, sql.ErrNoRows) {
@@ -462,7 +462,7 @@ func (e *Election) poll(ctx context.Context, seen chan<- Leader) {
 		// Bounded by qctx whatever the driver does (see core.Bounded).
 		a, err := core.Bounded(qctx, func() (answer, error) {
 			var a answer
-			err := e.l.db.QueryRowContext(qctx, q, args...).Scan(&a.digest, &a.read, &a.holder.pid, &a.holder.name, &a.holder.addr, &a.holder.since)
+			err := e.l.pool.QueryRow(qctx, q, args, &a.digest, &a.read, &a.holder.pid, &a.holder.name, &a.holder.addr, &a.holder.since)
 			return a, err
 		}, nil)
 		cancel()

@@ -92,7 +92,7 @@ func (lk *Lock) Token(ctx context.Context) (int64, error) {
 	if t != 0 {
 		return t, nil
 	}
-	t, err := lk.h.Tag(ctx, sqltext.TokenSQL)
+	t, err := lk.h.Token(ctx)
 	if err != nil {
 		return 0, err
 	}

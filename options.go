@@ -22,6 +22,7 @@ type config struct {
 	appName       string
 	holders       bool
 	dedicated     bool
+	txPooler      bool
 	observers     []Observer
 }
 
@@ -230,6 +231,36 @@ func WithLogger(l *slog.Logger) Option {
 // connection).
 func WithDedicatedSessions() Option {
 	return optionFunc(func(c *config) { c.dedicated = true })
+}
+
+// WithTransactionPooler makes every lock of the Locker work behind a
+// transaction-mode pooler (PgBouncer with pool_mode=transaction,
+// Supavisor, Neon's and Supabase's pooled endpoints), where a plain
+// session-level lock would be taken on whichever server session ran its
+// statement and stay there for other clients. Each of the Locker's
+// sessions is a transaction it keeps open on a client connection of its
+// own, which the pooler pins to one server session until it ends: the
+// locks are taken and released in it one by one (several keys share a
+// transaction, and a few transactions serve all the Locker's locks), its
+// waits run in savepoints, its settings are local to it, and it ends with
+// COMMIT once it holds nothing. When the Locker cannot be sure of a
+// session, it closes the client connection while the transaction is still
+// open: a transaction-mode pooler cannot hand that server session to
+// anyone (PgBouncer closes it), and the server releases its locks as it
+// ends; the Locker then checks that no idle server session is left
+// holding them, and ends one that is. The transaction writes nothing and
+// keeps no snapshot between statements: vacuum and CREATE INDEX
+// CONCURRENTLY do not wait for it. A holder that stops showing life loses
+// its locks within the orphan bound (the transaction's
+// idle_in_transaction_session_timeout). Every handle works as on a direct
+// connection ([Lock], [Locker.Do], semaphores, elections, [Inspect]),
+// but [Locker.Session], whose connection would run the caller's
+// statements inside the transaction that holds its locks: it returns an
+// error. It also works on a direct connection. Without it, a Locker that
+// finds a transaction pooler in its way refuses every lock with an error
+// matching [ErrSessionChanged] that names this option.
+func WithTransactionPooler() Option {
+	return optionFunc(func(c *config) { c.txPooler = true })
 }
 
 // WithAllowStandby lets the Locker take locks on a hot standby. This is

@@ -74,7 +74,7 @@ func New(db *sql.DB, opts ...Option) *Locker {
 	}
 	l.observers = append(l.observers, cfg.observers...)
 	l.pool = core.NewPool(db, core.Config{KeepAlive: cfg.keepAlive, OrphanBound: cfg.orphanBound, UnlockTimeout: cfg.unlockTimeout,
-		AppName: cfg.appName, AllowStandby: cfg.allowStandby, Dedicated: cfg.dedicated}, hooks{l})
+		AppName: cfg.appName, AllowStandby: cfg.allowStandby, Dedicated: cfg.dedicated, TxPooler: cfg.txPooler}, hooks{l})
 	return l
 }
 

@@ -127,9 +127,8 @@ func (p *Pool) withSession(ctx context.Context, what namer, take func(s *session
 			}
 			return nil, fmt.Errorf("sqllock: lock %s: get connection: %w", what, err)
 		}
-		id, err := p.checkServer(ctx, conn)
+		id, err := p.checkPinned(ctx, conn)
 		if err != nil {
-			p.putBack(conn) // no lock statement ran on it
 			if CtxEnded(ctx) {
 				return nil, NotAcquired(what.String(), CtxErr(ctx))
 			}
@@ -149,7 +148,7 @@ func (p *Pool) withSession(ctx context.Context, what namer, take func(s *session
 // function, which returns the pid: an uncontended lock costs one round
 // trip either way, a contended one two the first time.
 func (p *Pool) acquireOn(ctx context.Context, s *session, r Request, what namer) (*Hold, error) {
-	w := connWaiter{s.conn, p.abandoned, s.mark}
+	w := p.waiterOf(s)
 	kind := sqltext.SharedKind(r.Shared)
 	var o outcome
 	if r.Try {
@@ -158,6 +157,7 @@ func (p *Pool) acquireOn(ctx context.Context, s *session, r Request, what namer)
 	} else {
 		dc := driverConnOf(s.conn)
 		pid, known := p.pids.get(dc)
+		known = known && !p.cfg.TxPooler // a pinned connection's backend is its transaction's
 		if !known {
 			o = p.tryOn(ctx, w, sessionLevel, s.st, kind, r.Key)
 			o = p.triedLate(ctx, s, r, o)
@@ -165,7 +165,7 @@ func (p *Pool) acquireOn(ctx context.Context, s *session, r Request, what namer)
 		}
 		if known || o.err == nil && !o.ok && !(o.standby && !p.cfg.AllowStandby) {
 			o = p.waitInLine(ctx, w, s.st, keyLine(kind, r.Key), pid)
-			if o.err == nil {
+			if o.err == nil && !p.cfg.TxPooler {
 				p.pids.set(dc, o.pid)
 			}
 		}
@@ -314,10 +314,12 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold) (
 		if !s.handOver() {
 			return nil, nil, false
 		}
-		w := connWaiter{s.conn, p.abandoned, s.mark}
+		w := p.waiterOf(s)
 		ow := p.waitInLine(ctx, w, s.st, keyLine(0, k), s.pid)
 		if ow.err == nil {
-			p.pids.set(driverConnOf(s.conn), ow.pid) // as acquireOn does: its next wait needs no try
+			if !p.cfg.TxPooler {
+				p.pids.set(driverConnOf(s.conn), ow.pid) // as acquireOn does: its next wait needs no try
+			}
 			s.tuned = true
 		}
 		h, err = p.settle(ctx, s, k, false, into, ow, what)

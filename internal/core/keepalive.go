@@ -345,7 +345,9 @@ func (m *monitor) query(ctx context.Context, keys []heldKey, sent *atomic.Bool) 
 		}
 		m.p.stats.keepAlive.Add(1)
 		sent.Store(true)
+		done := m.p.simpleFor(conn)
 		lost, err := queryLost(ctx, m.p.mode, conn, keys)
+		done()
 		conn.Close()
 		// A pooled connection the driver had closed (a wrapper that hides
 		// its validity from database/sql) says nothing about the server:

@@ -62,7 +62,9 @@ func (p *Pool) leaseBound() time.Duration {
 // leases reports whether a Pool with cfg leases its sessions on a server
 // of major version major.
 func leases(cfg Config, major int) bool {
-	return major >= 14 && cfg.OrphanBound > 0 && cfg.KeepAlive > 0
+	// A pinned session's lease is its transaction's
+	// idle_in_transaction_session_timeout, which every supported major has.
+	return (major >= 14 || cfg.TxPooler) && cfg.OrphanBound > 0 && cfg.KeepAlive > 0
 }
 
 // sent records a statement sent at at (monoNow) that succeeded.

@@ -64,6 +64,9 @@ func (p *Pool) Open(ctx context.Context) (*Owned, error) {
 	if p.Closed() {
 		return nil, closedError(what)
 	}
+	if p.cfg.TxPooler {
+		return nil, ErrPinnedSession
+	}
 	sent := monoNow()
 	conn, err := getConn(ctx, p.db)
 	if err != nil {
@@ -170,7 +173,7 @@ func (o *Owned) Lock(ctx context.Context, k Key) (err error) {
 	// PostgreSQL's deadlock detector (the Owned holds other locks).
 	var oc outcome
 	if err := o.s.withConn(func(conn *sql.Conn) error {
-		oc = o.p.waitOn(ctx, connWaiter{conn, o.p.abandoned, o.s.mark}, sessionLevel, o.p.sql(), 0, k, o.pid)
+		oc = o.p.waitOn(ctx, connWaiter{conn: conn, blind: o.p.abandoned, m: o.s.mark}, sessionLevel, o.p.sql(), 0, k, o.pid)
 		return oc.err
 	}); oc.err == nil && err != nil {
 		oc.err = err // the session was ended before the wait began

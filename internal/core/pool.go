@@ -37,6 +37,9 @@ type Config struct {
 	AppName       string // "": none
 	AllowStandby  bool
 	Dedicated     bool // every lock on a session of its own
+	// TxPooler: a transaction pooler is in the way; every session is a
+	// transaction kept open on a client connection (see pinned.go).
+	TxPooler bool
 }
 
 // Hooks are what the core tells the Pool's owner: the names of keys (for
@@ -125,6 +128,9 @@ type Pool struct {
 func NewPool(db *sql.DB, cfg Config, hooks Hooks) *Pool {
 	p := &Pool{engine: engine{db: db, mode: sqltext.DetectMode(db.Driver())}, cfg: cfg, hooks: hooks}
 	p.closing.init()
+	if cfg.TxPooler {
+		p.engine.simpleFor = p.simpleFor
+	}
 	if p.mode == sqltext.Inline { // lib/pq (see sqltext.DetectMode)
 		p.abandoned = &abandonSet{}
 	}

@@ -137,8 +137,8 @@ func (p *Pool) sawPooler(evidence error) {
 	if pe := (*poolerError)(nil); !errors.As(err, &pe) {
 		err = PoolerError(evidence.Error())
 	}
-	if p.pooler.ignore.Load() || !p.pooler.seen.CompareAndSwap(nil, &err) {
-		return
+	if p.cfg.TxPooler || p.pooler.ignore.Load() || !p.pooler.seen.CompareAndSwap(nil, &err) {
+		return // a Pool made for a pooler knows; its sessions end as their own evidence says
 	}
 	p.hooks.Log(context.Background(), slog.LevelWarn, "sqllock: a transaction pooler is in the way: session-level locks are refused, and every session of the Locker is discarded", Key{}, false, slog.String("evidence", evidence.Error()))
 	for _, s := range p.liveSessions() {
@@ -446,53 +446,11 @@ func (p *Pool) AwaitFreed(d time.Duration) bool {
 // strandedOnce runs q once, in a transaction of its own on a connection
 // of the pool: a transaction keeps one server session behind a pooler
 // from the statement's parse to its answer, whatever the driver's
-// protocol (lib/pq's bound statements, pgx's cached ones).
+// protocol (see inTransaction).
 func (p *Pool) strandedOnce(ctx context.Context, q string, args []any) (int64, error) {
-	conn, err := getConn(ctx, p.db)
-	if err != nil {
-		return 0, err
-	}
 	var answer int64
-	tx, err := conn.BeginTx(ctx, nil)
-	if err == nil {
-		err = tx.QueryRowContext(ctx, q, args...).Scan(&answer)
-		if err == nil {
-			err = tx.Commit()
-		} else {
-			tx.Rollback()
-		}
-	}
-	if err != nil && (ConnectionBroken(err) || SQLState(err) == "57P01") {
-		discardConn(conn) // behind a pooler it can end the session it runs on
-	} else {
-		conn.Close()
-	}
+	err := p.inTransaction(ctx, func(conn *sql.Conn) error {
+		return queryRow(ctx, p.abandoned, conn, q, args, &answer)
+	})
 	return answer, err
-}
-
-// DetectPooler tells whether a transaction pooler is in front of db's
-// server, as a Pool does before its first session-level lock (the probe,
-// and the evidence of its statements): it returns the pooler's error
-// (matching ErrSessionChanged) when it saw one, nil when it did not, or
-// the error that kept it from asking. It takes nothing, and leaves db's
-// connections as they were. For the doctor command.
-func DetectPooler(ctx context.Context, db *sql.DB) (pooled, err error) {
-	p := NewPool(db, Config{UnlockTimeout: 5 * time.Second}, quietHooks{})
-	conn, err := getConn(ctx, db)
-	if err != nil {
-		return nil, err
-	}
-	defer p.putBack(conn)
-	if _, err := p.checkServer(ctx, conn); err != nil && p.Pooled() == nil {
-		return nil, err
-	}
-	return p.Pooled(), nil
-}
-
-// quietHooks are the Hooks of a Pool no one listens to.
-type quietHooks struct{}
-
-func (quietHooks) Name(k Key) string { return keyString(k) }
-func (quietHooks) Event(Event)       {}
-func (quietHooks) Log(context.Context, slog.Level, string, Key, bool, ...slog.Attr) {
 }

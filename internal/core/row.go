@@ -68,6 +68,9 @@ func driverQuery(ctx context.Context, dc any, q string, nv []driver.NamedValue) 
 	if !ok {
 		return nil, errNoFastPath
 	}
+	if opt, ok := simpleOption(dc); ok {
+		nv = withOption(opt, nv) // a pinned session's, on pgx (see pinned.go)
+	}
 	rows, err := qc.QueryContext(ctx, q, nv)
 	if errors.Is(err, driver.ErrSkip) {
 		return nil, errNoFastPath

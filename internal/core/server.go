@@ -32,7 +32,9 @@ func (p *Pool) checkServer(ctx context.Context, conn *sql.Conn) (ident, error) {
 		return ident{}, err // nothing sent: refused before any lock
 	}
 	dc := driverConnOf(conn)
-	if id, ok := p.idents.get(dc); ok {
+	// A pinned session's connection is checked each time: its
+	// transaction names the server session the pooler gave it.
+	if id, ok := p.idents.get(dc); ok && !p.cfg.TxPooler {
 		return id, p.awaitProbe(ctx, conn, id)
 	}
 	var v string
@@ -67,6 +69,9 @@ func (p *Pool) checkServer(ctx context.Context, conn *sql.Conn) (ident, error) {
 		if err := p.serverChecked(v); err != nil {
 			return ident{}, err
 		}
+	}
+	if p.cfg.TxPooler {
+		return id, nil // the pooler is known: nothing to probe
 	}
 	p.idents.set(dc, id)
 	if err := p.noteBackend(dc, id); err != nil {
@@ -134,6 +139,7 @@ func (p *Pool) settings(appName string, force bool) sqltext.Settings {
 	major := int(p.major.Load())
 	st := sessionSettings(p.cfg.OrphanBound, appName, major)
 	st.ForceAppName = force
+	st.Local = p.cfg.TxPooler
 	if leases(p.cfg, major) {
 		st.IdleTimeoutMs = int(p.cfg.OrphanBound / time.Millisecond)
 	}

@@ -288,7 +288,14 @@ func (s *session) endIf(cause error, onlyIdle bool) {
 			losses = append(losses, n)
 		}
 	}
-	discard := func() { s.endConnSoon(func() { s.p.discard(s.conn, what+": "+cause.Error()) }) }
+	discard := func() {
+		s.endConnSoon(func() {
+			if s.p.cfg.TxPooler {
+				unpin(s.conn)
+			}
+			s.p.discard(s.conn, what+": "+cause.Error())
+		})
+	}
 	if s.handedOut.Load() {
 		// A statement of the caller's own may be on conn, and database/sql
 		// makes the discard wait for it: the one who found the session
@@ -303,7 +310,7 @@ func (s *session) endIf(cause error, onlyIdle bool) {
 	if poolerEvidence(cause) {
 		s.p.sawPooler(cause)
 	}
-	if s.p.Pooled() != nil && s.id.pid != 0 {
+	if (s.p.Pooled() != nil || s.p.cfg.TxPooler) && s.id.pid != 0 {
 		// Discarding the client connection does not end a pooled server
 		// session: what it took there is freed.
 		s.p.freeStranded(s.id)
@@ -324,6 +331,14 @@ func (s *session) closeConn() {
 	switch {
 	case s.handedOut.Load():
 		discardConn(s.conn)
+	case s.p.cfg.TxPooler:
+		// Its settings are local to its transaction, and end with it.
+		if err := s.p.commitPinned(s.conn); err != nil {
+			s.p.discard(s.conn, "pinned session: commit: "+err.Error())
+			s.p.freeStranded(s.id)
+			return
+		}
+		s.conn.Close()
 	case s.tuned:
 		s.p.closeSession(s.conn, s.pid)
 	default:

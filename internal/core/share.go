@@ -264,11 +264,11 @@ func pick(all []*session) (pack, least *session) {
 // application's queries. Several Pools on one pool then share its room
 // instead of each opening its own limit.
 func (p *Pool) sharedRoom(n int) bool {
-	if n >= maxShared {
+	if n >= p.maxShared() {
 		return false // the most a pool of any size shares: no need to ask it
 	}
 	st := p.db.Stats()
-	limit := sharedLimitOf(st)
+	limit := min(sharedLimitOf(st), p.maxShared())
 	return n < limit && (n == 0 || st.InUse < limit)
 }
 
@@ -287,7 +287,7 @@ func (p *Pool) sharedLimit() int {
 	if now < p.limitUntil.Load() {
 		return int(p.limit.Load())
 	}
-	n := sharedLimitOf(p.db.Stats())
+	n := min(sharedLimitOf(p.db.Stats()), p.maxShared())
 	p.limit.Store(int64(n))
 	p.limitUntil.Store(now + int64(sharedLimitAge))
 	return n
@@ -295,6 +295,19 @@ func (p *Pool) sharedLimit() int {
 
 // sharedLimitAge is how long sharedLimit keeps what it read.
 const sharedLimitAge = 100 * time.Millisecond
+
+// maxPinnedShared is the most shared sessions of a Pool that pins its
+// sessions: each keeps one of a transaction pooler's few server sessions
+// for itself, for as long as it lives.
+const maxPinnedShared = 2
+
+// maxShared returns the most sessions the Pool shares among its locks.
+func (p *Pool) maxShared() int {
+	if p.cfg.TxPooler {
+		return maxPinnedShared
+	}
+	return maxShared
+}
 
 // sharedLimitOf is sharedLimit for a pool whose statistics are st.
 func sharedLimitOf(st sql.DBStats) int {
@@ -315,9 +328,8 @@ func (p *Pool) openShared(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqllock: shared session: get connection: %w", err)
 	}
-	id, err := p.checkServer(ctx, conn)
+	id, err := p.checkPinned(ctx, conn)
 	if err != nil {
-		p.putBack(conn) // no statement of a lock ran on it
 		return nil, err
 	}
 	return p.newSession(conn, id, kindShared, sent), nil

@@ -99,7 +99,7 @@ func SetAfterSlotTry(f func(class int32)) (restore func()) {
 // slotOn takes a slot on s: it tries every slot in one statement, then,
 // for a waiting call, waits in the semaphore's line.
 func (p *Pool) slotOn(ctx context.Context, s *session, sl Slots, try bool, what namer) (*Hold, error) {
-	w := connWaiter{s.conn, p.abandoned, s.mark}
+	w := p.waiterOf(s)
 	var slot int64
 	o := outcome{sent: monoNow()} // the permit's lease begins with this statement
 	q, args := p.mode.Arrays(sl.trySQL(p, !try), w.m)

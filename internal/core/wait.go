@@ -55,6 +55,9 @@ type engine struct {
 	// snapshotWaits counts waits that a holder's CREATE INDEX
 	// CONCURRENTLY found (Stats.SnapshotWaits).
 	snapshotWaits atomic.Int64
+	// simpleFor, when set, prepares a connection of db for the engine's
+	// statements behind a transaction pooler (see Pool.simpleFor).
+	simpleFor func(conn *sql.Conn) (done func())
 	// trace receives the engine's debug messages (nil: none).
 	trace func(ctx context.Context, msg string, k Key, attrs ...slog.Attr)
 }
@@ -76,17 +79,46 @@ type waiter interface {
 
 // connWaiter is a connection of the Pool's, marked m: statements run on
 // the driver connection, bounded for drivers that ignore their context
-// (lib/pq).
+// (lib/pq). On a pinned session (pinned: see pinned.go) each statement of
+// a wait runs in a savepoint, which its error rolls back: a lock_timeout,
+// a deadlock or a cancel must not abort the transaction that holds the
+// session's other locks.
 type connWaiter struct {
-	conn  *sql.Conn
-	blind *abandonSet
-	m     string
+	conn   *sql.Conn
+	blind  *abandonSet
+	m      string
+	pinned bool
+}
+
+// waiterOf returns s's connection as a waiter.
+func (p *Pool) waiterOf(s *session) connWaiter {
+	return connWaiter{conn: s.conn, blind: p.abandoned, m: s.mark, pinned: p.cfg.TxPooler}
 }
 
 func (w connWaiter) mark() string { return w.m }
 
 func (w connWaiter) queryRow(ctx context.Context, q string, args []any, dest ...any) error {
-	return queryRow(ctx, w.blind, w.conn, q, args, dest...)
+	if !w.pinned || !sqltext.Waits(q) {
+		return queryRow(ctx, w.blind, w.conn, q, args, dest...)
+	}
+	if err := txExecOn(ctx, w.blind, w.conn, sqltext.SavepointSQL); err != nil {
+		return err
+	}
+	err := queryRow(ctx, w.blind, w.conn, q, args, dest...)
+	end := sqltext.ReleaseSavepointSQL
+	if err != nil && SQLState(err) != "" {
+		// The server's error aborted the savepoint only. (A lock the
+		// statement was granted before its error stays: session-level
+		// locks outlive a rolled-back savepoint, as its callers know.)
+		end = sqltext.RollbackToSavepointSQL
+	}
+	// The answer is read already, whatever ctx: this runs on, bounded.
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cancelWaitTimeout)
+	defer cancel()
+	if eerr := txExecOn(ectx, w.blind, w.conn, end); eerr != nil && (err == nil || SQLState(err) != "") {
+		return eerr // the transaction is in doubt: so is the session
+	}
+	return err
 }
 
 // TxQuerier is what the engine needs of a transaction: *sql.Tx and
@@ -467,6 +499,9 @@ func (e *engine) cancelWait(waitCtx context.Context, pid int64, k Key) {
 	conn, err := getConn(cctx, e.db)
 	if err != nil {
 		return
+	}
+	if e.simpleFor != nil {
+		defer e.simpleFor(conn)()
 	}
 	var doneSince time.Time
 	for ctx.Err() == nil {

@@ -57,10 +57,11 @@ func TestEveryStatementMarked(t *testing.T) {
 	}
 	for _, q := range []string{CancelWaitSQL, CandidatesSQL, HeldSQL, InspectSQL, LeaderSQL, NoIdleTimeoutSQL, ObserveSQL, OwnSQL,
 		PlainVersionSQL, RecoverySQL, TerminateHolderSQL, TokenSQL, TouchSQL, WaitSliceSQL, KeepAliveSQL, VersionSQL,
-		DeadlockTimeoutSQL, SavepointSQL, ReleaseSavepointSQL, RollbackToSavepointSQL, ClockSQL, BreakSQL, BackendSQL} {
+		DeadlockTimeoutSQL, SavepointSQL, ReleaseSavepointSQL, RollbackToSavepointSQL, ClockSQL, BreakSQL, BackendSQL, BeginPinnedSQL, CommitPinnedSQL, TokenOfSQL} {
 		add("const", q)
 	}
-	add("ProclaimSQL", ProclaimSQL("a"))
+	add("ProclaimSQL", ProclaimSQL("a", false))
+	add("ProclaimSQL", ProclaimSQL("a", true))
 	add("StrandedSQL", StrandedSQL(false))
 	add("StrandedSQL", StrandedSQL(true))
 	add("PrepareSQL", PrepareSQL("sqllock_x_1", first(Plain(Inline).TrySQL(Try, k, "m.1"))))
@@ -117,7 +118,7 @@ func constListed(n string) bool {
 	switch n {
 	case "CancelWaitSQL", "CandidatesSQL", "HeldSQL", "InspectSQL", "LeaderSQL", "NoIdleTimeoutSQL", "ObserveSQL", "OwnSQL",
 		"PlainVersionSQL", "RecoverySQL", "TerminateHolderSQL", "TokenSQL", "TouchSQL", "WaitSliceSQL", "KeepAliveSQL", "VersionSQL",
-		"DeadlockTimeoutSQL", "SavepointSQL", "ReleaseSavepointSQL", "RollbackToSavepointSQL", "ClockSQL", "BreakSQL", "BackendSQL":
+		"DeadlockTimeoutSQL", "SavepointSQL", "ReleaseSavepointSQL", "RollbackToSavepointSQL", "ClockSQL", "BreakSQL", "BackendSQL", "BeginPinnedSQL", "CommitPinnedSQL", "TokenOfSQL":
 		return true
 	}
 	return false

@@ -18,6 +18,10 @@ type Settings struct {
 	ForceAppName          bool // set AppName even over one the session has
 	IdleTimeoutMs         int  // idle_session_timeout of a holding session (the lease); 0: off
 	Major                 int
+	// Local: the session is a transaction kept open (behind a transaction
+	// pooler): every setting is local to it, and ends with it, and the
+	// lease is its idle_in_transaction_session_timeout (any major).
+	Local bool
 }
 
 // Tune returns the SQL expression that applies s on the session that
@@ -33,8 +37,12 @@ type Settings struct {
 // statement would cost more than all the settings).
 func (s Settings) Tune() string {
 	// The session's owner mark, o.m of the statement (see Statements).
-	exprs := []string{"set_config('" + markSetting + "', o.m, false)"}
-	if s.Major >= 14 {
+	set := func(name, value string) string { return setTo(name, value, s.Local) }
+	exprs := []string{"set_config('" + markSetting + "', o.m, " + strconv.FormatBool(s.Local) + ")"}
+	switch {
+	case s.Local:
+		exprs = append(exprs, set("idle_in_transaction_session_timeout", strconv.Itoa(s.IdleTimeoutMs)))
+	case s.Major >= 14:
 		exprs = append(exprs, set("idle_session_timeout", strconv.Itoa(s.IdleTimeoutMs)))
 	}
 	if s.Idle > 0 {
@@ -80,7 +88,10 @@ func (s Settings) Waiting() string {
 // started with (what RESET does).
 func (s Settings) Untune() string {
 	exprs := []string{reset(markSetting)}
-	if s.Major >= 14 {
+	switch {
+	case s.Local:
+		exprs = append(exprs, reset("idle_in_transaction_session_timeout"))
+	case s.Major >= 14:
 		exprs = append(exprs, reset("idle_session_timeout"))
 	}
 	if s.Idle > 0 {
@@ -98,8 +109,11 @@ func (s Settings) Untune() string {
 // set renders a session-level set_config; value is this package's own
 // text (numbers, or an application name checked by the caller to hold no
 // quote or backslash).
-func set(name, value string) string {
-	return "set_config('" + name + "', '" + value + "', false)"
+func set(name, value string) string { return setTo(name, value, false) }
+
+// setTo renders a set_config, local to the transaction when local is set.
+func setTo(name, value string, local bool) string {
+	return "set_config('" + name + "', '" + value + "', " + strconv.FormatBool(local) + ")"
 }
 
 func reset(name string) string { return "set_config('" + name + "', NULL, false)" }

@@ -971,6 +971,19 @@ const TokenSQL = markToken + `SELECT CASE WHEN pg_logical_emit_message(true, 'sq
   AND CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN set_config('synchronous_commit', 'on', true) ELSE '' END IS NOT NULL
  THEN txid_current() END` + heldByMe
 
+// TokenOfSQL is TokenSQL run on another session than the holder's, in a
+// transaction of its own: a fencing token for the lock whose tag is ($1,
+// $2, $3), held by backend $4, no row when that backend does not hold it.
+// A Locker behind a transaction pooler takes its tokens so (its lock
+// sessions are transactions kept open, which cannot commit one), and then
+// asks the holder's session whether it still holds the lock (HeldSQL):
+// the token was then issued while the lock was held.
+const TokenOfSQL = markToken + `SELECT CASE WHEN pg_logical_emit_message(true, 'sqllock', '') IS NOT NULL
+  AND CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN set_config('synchronous_commit', 'on', true) ELSE '' END IS NOT NULL
+ THEN txid_current() END FROM pg_catalog.pg_locks l
+ WHERE l.locktype = 'advisory' AND l.granted AND l.pid = $4::int4
+  AND l.classid::int8 = $1::int8 AND l.objid::int8 = $2::int8 AND l.objsubid = $3::int4`
+
 // HeldSQL answers one row when the session that runs it holds the
 // session-level lock whose tag is ($1, $2, $3), and none otherwise.
 const HeldSQL = markToken + `SELECT 1::int8` + heldByMe
@@ -982,8 +995,10 @@ const HeldSQL = markToken + `SELECT 1::int8` + heldByMe
 // otherwise. name is rendered in hexadecimal, so that no text of it can
 // reach the statement as SQL, nor look like a parameter to TagArgs. The
 // select list is evaluated only for the row of the held lock.
-func ProclaimSQL(name string) string {
-	return markElection + "SELECT length(set_config('application_name', convert_from(decode('" + hex.EncodeToString([]byte(name)) + "', 'hex'), 'UTF8'), false))::int8" + heldByMe
+// With local, the name is set local to the transaction that runs it (a
+// pinned session's: see BeginPinnedSQL), and ends with it.
+func ProclaimSQL(name string, local bool) string {
+	return markElection + "SELECT length(set_config('application_name', convert_from(decode('" + hex.EncodeToString([]byte(name)) + "', 'hex'), 'UTF8'), " + strconv.FormatBool(local) + "))::int8" + heldByMe
 }
 
 // heldByMe selects the row of pg_locks of the advisory lock whose tag is
@@ -1008,6 +1023,16 @@ func (m Mode) TagArgs(q string, classid, objid int64, objsubid int) (string, []a
 	return r.Replace(q), nil
 }
 
+// TokenOfArgs returns TokenOfSQL with its parameters bound, or, in Inline
+// mode, rendered into the text: the lock's tag and its holder's backend.
+func (m Mode) TokenOfArgs(classid, objid int64, objsubid int, pid int64) (string, []any) {
+	q, args := m.TagArgs(TokenOfSQL, classid, objid, objsubid)
+	if m != Inline {
+		return q, append(args, pid)
+	}
+	return strings.ReplaceAll(q, "$4::int4", strconv.FormatInt(pid, 10)+"::int4"), nil
+}
+
 // ObserveArgs returns ObserveSQL with its parameters bound, or, in
 // Inline mode, rendered into the text: the key's tag, the digest last
 // read, and whether to read the holder whatever the digest.
@@ -1029,3 +1054,24 @@ const (
 	ReleaseSavepointSQL    = markWait + "RELEASE SAVEPOINT sqllock_wait"
 	RollbackToSavepointSQL = markWait + "ROLLBACK TO SAVEPOINT sqllock_wait"
 )
+
+// BeginPinnedSQL begins the transaction of a pinned session (a Locker's
+// behind a transaction pooler), and CommitPinnedSQL ends it once it holds
+// nothing. Read committed: between statements the transaction holds no
+// snapshot, so vacuum and CREATE INDEX CONCURRENTLY never wait for it.
+const (
+	BeginPinnedSQL  = markSession + "BEGIN ISOLATION LEVEL READ COMMITTED"
+	CommitPinnedSQL = markSession + "COMMIT"
+)
+
+// Waits reports whether q, one of this package's statements, is one of a
+// wait's (markers wait and line), which can fail with a lock_timeout, a
+// deadlock or a cancel: a pinned session runs it in a savepoint. The
+// savepoint's own statements are not.
+func Waits(q string) bool {
+	switch Marker(q) {
+	case markWait, markLine:
+		return q != SavepointSQL && q != ReleaseSavepointSQL && q != RollbackToSavepointSQL
+	}
+	return false
+}

@@ -298,7 +298,7 @@ func TestOwn(t *testing.T) {
 		add(mode.AliveSQL(42))
 		add(mode.TagArgs(TokenSQL, 1, 2, 1))
 		add(mode.TagArgs(HeldSQL, 1, 2, 1))
-		add(mode.TagArgs(ProclaimSQL("sqllock-election:host-a"), 1, 2, 1))
+		add(mode.TagArgs(ProclaimSQL("sqllock-election:host-a", false), 1, 2, 1))
 	}
 	qs = append(qs, TouchSQL, NoIdleTimeoutSQL, OwnSQL, "PREPARE sqllock_m_1_1 AS SELECT 1", "EXECUTE sqllock_m_1_1('5')", "DEALLOCATE sqllock_m_1_1;")
 	for _, q := range qs {

@@ -1,0 +1,311 @@
+package core
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"sync/atomic"
+
+	"github.com/sqllock/sqllock/internal/sqltext"
+)
+
+// Pinned sessions: a Pool made for a transaction pooler (Config.TxPooler)
+// holds its locks inside transactions it keeps open on its own client
+// connections. Every transaction-mode pooler keeps a transaction on one
+// server session from its first statement to its end, so a session of
+// the Pool is one transaction: it begins as the session opens (before the
+// server check, which then names the server session the transaction
+// pins), and every statement of the session runs in it. Its locks are
+// session-level (several keys in one transaction, each released on its
+// own); its settings are local to the transaction, so nothing of the
+// Pool's rides back to the pooler's server sessions; its waits run in
+// savepoints (a lock_timeout, a deadlock, a cancel abort only the
+// savepoint, not the transaction that holds the other locks); the
+// transaction's own idle_in_transaction_session_timeout is the lease of a
+// holder that stops showing life.
+//
+// It ends one of two ways. Clean: every lock released (confirmed), then
+// COMMIT: the pooler gets its server session back as it gave it. In doubt:
+// the client connection is closed while the transaction is still open, and
+// a pooler that cannot reuse a server session in the middle of a
+// transaction closes it (PgBouncer does), which ends the locks; the Pool
+// then checks, from another connection, that no idle server session is
+// left holding them (a pooler that rolls back and hands the server session
+// on would keep them: see freeStranded).
+//
+// The statements of a pinned session never leave a prepared statement on
+// the server session: lib/pq sends them unnamed, and pgx, whose statement
+// cache prepares named ones, is told to use its simple protocol for them
+// (simpleMode).
+
+// ErrPinnedSession is Pool.Open's error on a Pool that pins its sessions:
+// a Session hands its connection to its caller, whose statements would run
+// in the transaction that holds its locks (one that fails aborts it).
+var ErrPinnedSession = errors.New("sqllock: a Session is not available with WithTransactionPooler: its connection would run the caller's statements inside the transaction that holds its locks; use Locker.Lock, TryLock or Do for the locks, and InTx or LockTx to lock in a transaction of your own")
+
+// checkPinned makes conn, just taken from the pool, a lock session's: it
+// begins its transaction when the Pool pins its sessions (pin), and
+// checks the server (checkServer). On failure conn is given back as it
+// came, or, once a transaction may have begun on it, discarded.
+func (p *Pool) checkPinned(ctx context.Context, conn *sql.Conn) (ident, error) {
+	if p.cfg.TxPooler {
+		if err := p.pin(ctx, conn); err != nil {
+			unpin(conn)
+			p.discard(conn, "pinned session: "+err.Error())
+			return ident{}, fmt.Errorf("sqllock: begin the transaction of a lock session: %w", err)
+		}
+	}
+	id, err := p.checkServer(ctx, conn)
+	switch {
+	case err == nil:
+		return id, nil
+	case p.cfg.TxPooler:
+		unpin(conn)
+		p.discard(conn, "pinned session: "+err.Error())
+	default:
+		p.putBack(conn) // no lock statement ran on it
+	}
+	return ident{}, err
+}
+
+// pin begins the transaction of a pinned session on conn.
+func (p *Pool) pin(ctx context.Context, conn *sql.Conn) error {
+	var dc any
+	if err := onDriverConn(conn, func(d any) error { dc = d; return nil }); err != nil {
+		return err
+	}
+	if m, ok := simpleModeOf(dc); ok && comparableConn(dc) {
+		simpleConns.Store(dc, m)
+		simpleCount.Add(1)
+	}
+	return txExecOn(ctx, p.abandoned, conn, sqltext.BeginPinnedSQL)
+}
+
+// simpleFor makes the statements the Pool sends on conn, a connection of
+// the pool that is not a pinned session's, go in pgx's simple protocol
+// while the Pool uses it, when the Pool is behind a transaction pooler:
+// a prepared statement would meet another server session than the one it
+// was prepared on. done undoes it.
+func (p *Pool) simpleFor(conn *sql.Conn) (done func()) {
+	if !p.cfg.TxPooler {
+		return func() {}
+	}
+	var dc any
+	_ = onDriverConn(conn, func(d any) error { dc = d; return nil })
+	if m, ok := simpleModeOf(dc); ok && comparableConn(dc) {
+		if _, had := simpleConns.LoadOrStore(dc, m); !had {
+			simpleCount.Add(1)
+			return func() { unpin(conn) }
+		}
+	}
+	return func() {}
+}
+
+// SimpleArgs returns args, for a statement the caller runs on conn
+// through database/sql, with pgx's option for its simple protocol ahead of
+// them when the Pool is behind a transaction pooler (see simpleFor).
+func (p *Pool) SimpleArgs(conn *sql.Conn, args []any) []any {
+	if !p.cfg.TxPooler {
+		return args
+	}
+	var dc any
+	_ = onDriverConn(conn, func(d any) error { dc = d; return nil })
+	if m, ok := simpleModeOf(dc); ok {
+		return append([]any{m}, args...)
+	}
+	return args
+}
+
+// QueryRow runs q, which answers one row, on a connection of the pool,
+// and scans it into dest (any types database/sql scans): for the
+// package's reads on no lock session (an election's leader), which behind
+// a transaction pooler go in pgx's simple protocol (see simpleFor).
+func (p *Pool) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	conn, err := p.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return conn.QueryRowContext(ctx, q, p.SimpleArgs(conn, args)...).Scan(dest...)
+}
+
+// unpin forgets conn's driver connection once its pinned session ended.
+func unpin(conn *sql.Conn) {
+	_ = onDriverConn(conn, func(dc any) error {
+		if !comparableConn(dc) {
+			return nil
+		}
+		if _, ok := simpleConns.LoadAndDelete(dc); ok {
+			simpleCount.Add(-1)
+		}
+		return nil
+	})
+}
+
+// commitPinned ends a pinned session's transaction, which holds nothing,
+// cleanly (see closeConn).
+func (p *Pool) commitPinned(conn *sql.Conn) error {
+	err := txExecOn(p.UnlockContext(), p.abandoned, conn, sqltext.CommitPinnedSQL)
+	unpin(conn)
+	return err
+}
+
+// txExecOn runs q, a statement that answers no row, on conn.
+func txExecOn(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string) error {
+	if err := queryRow(ctx, blind, conn, q, nil); err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	return nil
+}
+
+// simpleConns are the driver connections of pinned sessions whose driver
+// is pgx: their statements carry pgx's option for its simple protocol
+// (see driverQuery). simpleCount is how many there are, so that no other
+// statement pays for the look-up.
+var (
+	simpleConns sync.Map // driver connection → the option
+	simpleCount atomic.Int64
+)
+
+// simpleOption returns the option that makes pgx send a statement on dc in
+// its simple protocol, if dc is a pinned session's.
+func simpleOption(dc any) (any, bool) {
+	if simpleCount.Load() == 0 || !comparableConn(dc) {
+		return nil, false
+	}
+	return simpleConns.Load(dc)
+}
+
+// simpleModes caches simpleModeOf's answer by driver connection type.
+var simpleModes sync.Map // reflect.Type → any (nil: none)
+
+// simpleModeOf returns, for a pgx driver connection, the value of pgx's
+// QueryExecMode that selects its simple protocol: pgx takes it as the
+// first argument of a statement, ahead of the statement's own. The core
+// imports no driver, so the type is found through the connection's
+// Conn().Config().DefaultQueryExecMode, and the value by its name.
+func simpleModeOf(dc any) (any, bool) {
+	if dc == nil {
+		return nil, false
+	}
+	t := reflect.TypeOf(dc)
+	if m, ok := simpleModes.Load(t); ok {
+		return m, m != nil
+	}
+	m := findSimpleMode(dc)
+	simpleModes.Store(t, m)
+	return m, m != nil
+}
+
+func findSimpleMode(dc any) (mode any) {
+	defer func() {
+		if recover() != nil {
+			mode = nil
+		}
+	}()
+	conn := reflect.ValueOf(dc).MethodByName("Conn")
+	if !conn.IsValid() || conn.Type().NumIn() != 0 || conn.Type().NumOut() != 1 {
+		return nil
+	}
+	c := conn.Call(nil)[0]
+	cfg := c.MethodByName("Config")
+	if !cfg.IsValid() || cfg.Type().NumIn() != 0 || cfg.Type().NumOut() != 1 {
+		return nil
+	}
+	v := cfg.Call(nil)[0]
+	for v.Kind() == reflect.Pointer {
+		v = v.Elem()
+	}
+	if v.Kind() != reflect.Struct {
+		return nil
+	}
+	f := v.FieldByName("DefaultQueryExecMode")
+	if !f.IsValid() || !f.CanInt() {
+		return nil
+	}
+	for i := range 16 {
+		m := reflect.New(f.Type()).Elem()
+		m.SetInt(int64(i))
+		if s, ok := m.Interface().(interface{ String() string }); ok && s.String() == "simple protocol" {
+			return m.Interface()
+		}
+	}
+	return nil
+}
+
+// withOption returns nv with opt ahead of its values.
+func withOption(opt any, nv []driver.NamedValue) []driver.NamedValue {
+	out := make([]driver.NamedValue, 0, len(nv)+1)
+	out = append(out, driver.NamedValue{Ordinal: 1, Value: opt})
+	for _, v := range nv {
+		v.Ordinal++
+		out = append(out, v)
+	}
+	return out
+}
+
+// Pinned reports whether the Pool pins its sessions (Config.TxPooler).
+func (p *Pool) Pinned() bool { return p.cfg.TxPooler }
+
+// Token returns a fencing token for h's lock (see sqltext.TokenSQL),
+// issued while it holds it. A pinned session cannot commit the token's
+// transaction (its transaction holds its locks): the token is taken on
+// another connection, in a transaction of its own, for the holder's
+// backend (TokenOfSQL), then the holder's session confirms it still
+// holds the lock (HeldSQL), so the token came while it did. ctx bounds
+// the calls; the errors are Tag's.
+func (h *Hold) Token(ctx context.Context) (int64, error) {
+	p := h.s.p
+	if !p.cfg.TxPooler {
+		return h.Tag(ctx, sqltext.TokenSQL)
+	}
+	if err := h.Err(); err != nil {
+		return 0, err
+	}
+	c, o, sub := Tag(h.key)
+	q, args := p.mode.TokenOfArgs(int64(c), int64(o), sub, h.pid)
+	var tok int64
+	err := p.inTransaction(ctx, func(conn *sql.Conn) error {
+		return queryRow(ctx, p.abandoned, conn, q, args, &tok)
+	})
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		// Not held by its backend: the holder's own session says why.
+	case err != nil:
+		return 0, fmt.Errorf("sqllock: token of %s: %w", p.name(h.key), err)
+	}
+	if _, herr := h.Tag(ctx, sqltext.HeldSQL); herr != nil {
+		return 0, herr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("sqllock: token of %s: its backend %d did not hold it as the token was read, and holds it now", p.name(h.key), h.pid)
+	}
+	return tok, nil
+}
+
+// inTransaction runs f on a connection of the pool, in a transaction of
+// its own that pins one server session (see pin), and commits it; a
+// transaction that fails is left with its connection, which is
+// discarded.
+func (p *Pool) inTransaction(ctx context.Context, f func(conn *sql.Conn) error) error {
+	conn, err := getConn(ctx, p.db)
+	if err != nil {
+		return err
+	}
+	if err = p.pin(ctx, conn); err == nil {
+		if err = f(conn); err == nil || errors.Is(err, sql.ErrNoRows) {
+			ferr := err
+			if err = p.commitPinned(conn); err == nil {
+				conn.Close()
+				return ferr
+			}
+		}
+	}
+	unpin(conn)
+	p.discard(conn, "a transaction of its own: "+err.Error())
+	return err
+}
