@@ -118,10 +118,10 @@ type Pool struct {
 
 	pooler  poolerGuard // what it knows of a transaction pooler (pooler.go)
 	closing closing     // its end (close.go)
-	share  sharing     // the shared sessions (share.go)
-	queue  keyQueues   // the per-key queues (keyqueue.go)
-	mon    *monitor    // the keep-alive (keepalive.go)
-	stats  poolStats   // counters (see Stats)
+	share   sharing     // the shared sessions (share.go)
+	queue   keyQueues   // the per-key queues (keyqueue.go)
+	mon     *monitor    // the keep-alive (keepalive.go)
+	stats   poolStats   // counters (see Stats)
 }
 
 // NewPool returns the core of a Locker on db.
