@@ -385,3 +385,31 @@ func ExampleElection_Proclaim() {
 		log.Print("not the leader any more") // also ErrLockLost when the term was lost
 	}
 }
+
+// ExampleWithTransactionPooler takes locks through a transaction-mode
+// pooler (PgBouncer in transaction mode, Supavisor, a pooled endpoint),
+// as in docs/deployment.md.
+func ExampleWithTransactionPooler() {
+	locker := sqllock.New(db, sqllock.WithTransactionPooler())
+	defer locker.Close(ctx)
+
+	err := locker.Do(ctx, sqllock.Hash("cron:reindex_posts"), func(ctx context.Context) error {
+		return reindexPosts(ctx)
+	})
+	if err != nil {
+		log.Print(err)
+	}
+}
+
+// ExampleLocker_Close leaves nothing behind as a program shuts down: it
+// waits out the hold windows for up to ten seconds, then releases every
+// lock.
+func ExampleLocker_Close() {
+	locker := sqllock.New(db)
+	// ... the program runs its jobs ...
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := locker.Close(ctx); err != nil {
+		log.Print(err)
+	}
+}
