@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 	"testing"
 )
@@ -249,4 +250,229 @@ func fold(s string, goSrc bool) string {
 		s = strings.ReplaceAll(s, "//", " ")
 	}
 	return strings.Join(strings.Fields(s), " ")
+}
+
+// The sentence rule of the docs a reader reads through: in each file, the
+// median sentence is at most maxMedianWords words and the 90th percentile
+// at most maxP90Words; the guide is at most maxGuideLines lines.
+const (
+	maxMedianWords = 18
+	maxP90Words    = 35
+	maxGuideLines  = 500
+)
+
+// proseDocs are the files the sentence rule applies to.
+var proseDocs = []string{"docs/guide.md", "docs/traps.md", "README.md", "docs/deployment.md"}
+
+// TestDocSentences keeps the docs readable in one pass: it splits each of
+// proseDocs into sentences (see sentences) and fails when the median or
+// the 90th percentile of words per sentence is over the rule, or when the
+// guide is longer than maxGuideLines. Run it alone, with its figures:
+//
+//	go test -run 'TestDocSentences$' -v .
+func TestDocSentences(t *testing.T) {
+	for _, doc := range proseDocs {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lengths := sentenceLengths(sentences(string(b)))
+		median, p90, longest := percentile(lengths, 50), percentile(lengths, 90), percentile(lengths, 100)
+		lines := strings.Count(string(b), "\n")
+		t.Logf("%-20s %4d lines, %4d sentences: median %2d words, 90th percentile %2d, longest %3d", doc, lines, len(lengths), median, p90, longest)
+		if len(lengths) == 0 {
+			t.Errorf("%s: no sentences found", doc)
+			continue
+		}
+		if median > maxMedianWords {
+			t.Errorf("%s: median sentence %d words, want at most %d", doc, median, maxMedianWords)
+		}
+		if p90 > maxP90Words {
+			t.Errorf("%s: 90th percentile %d words, want at most %d; the longest:\n%s", doc, p90, maxP90Words, longestSentences(sentences(string(b)), 5))
+		}
+		for _, c := range tableCells(string(b)) {
+			if n := words(c); n > maxP90Words {
+				t.Errorf("%s: a table cell of %d words, want at most %d (prose belongs outside tables): %s", doc, n, maxP90Words, c)
+			}
+		}
+		if doc == "docs/guide.md" && lines > maxGuideLines {
+			t.Errorf("%s: %d lines, want at most %d", doc, lines, maxGuideLines)
+		}
+	}
+}
+
+var (
+	fenced      = regexp.MustCompile("(?ms)^[ \t]*```.*?^[ \t]*```[^\n]*$")
+	htmlComment = regexp.MustCompile(`(?s)<!--.*?-->`)
+	inlineCode  = regexp.MustCompile("`[^`]+`")
+	image       = regexp.MustCompile(`!\[[^\]]*\]\([^)]*\)`)
+	link        = regexp.MustCompile(`\[([^\]]*)\]\([^)]*\)`)
+	listMarker  = regexp.MustCompile(`^\s*([-*+]|\d+\.)\s+`)
+	sentenceEnd = regexp.MustCompile(`[.?!]["')\]]*(\s|$)`)
+	wordChar    = regexp.MustCompile(`[\p{L}\p{N}]`)
+)
+
+// sentences splits Markdown text into the sentences a reader reads,
+// outside code. The rules:
+//   - fenced code blocks and HTML comments are dropped;
+//   - an inline code span is one word (a placeholder without a period, so
+//     that `sqllock.Hash` neither splits a sentence nor counts as two);
+//   - a link counts as its text, an image as nothing;
+//   - headings are titles, not sentences: dropped;
+//   - table rows are dropped (a cell is a phrase, not a sentence; tables
+//     hold figures and reference, and tableCells checks their length);
+//   - a paragraph's lines are joined; a list item starts a new unit, its
+//     marker dropped, and so does the text after it;
+//   - a sentence ends at '.', '?' or '!' (after any closing quote or
+//     bracket) followed by white space, and at the end of its unit: a
+//     list item or a paragraph without a period is a sentence too;
+//   - "e.g." and "i.e." end nothing.
+func sentences(md string) []string {
+	md = fenced.ReplaceAllString(md, "")
+	md = htmlComment.ReplaceAllString(md, "")
+	var units []string
+	var cur []string
+	flush := func() {
+		if len(cur) > 0 {
+			units = append(units, strings.Join(cur, " "))
+			cur = nil
+		}
+	}
+	for _, l := range strings.Split(md, "\n") {
+		trimmed := strings.TrimSpace(l)
+		switch {
+		case trimmed == "":
+			flush()
+		case strings.HasPrefix(trimmed, "#"), strings.HasPrefix(trimmed, "|"):
+			flush()
+		case listMarker.MatchString(l):
+			flush()
+			cur = append(cur, listMarker.ReplaceAllString(l, ""))
+		default:
+			cur = append(cur, strings.TrimPrefix(trimmed, "> "))
+		}
+	}
+	flush()
+	var out []string
+	for _, u := range units {
+		u = inlineCode.ReplaceAllString(u, "CODE")
+		u = image.ReplaceAllString(u, "")
+		u = link.ReplaceAllString(u, "$1")
+		u = strings.NewReplacer("e.g.", "eg", "i.e.", "ie").Replace(u)
+		for {
+			loc := sentenceEnd.FindStringIndex(u)
+			if loc == nil {
+				break
+			}
+			out = append(out, strings.TrimSpace(u[:loc[1]]))
+			u = u[loc[1]:]
+		}
+		if strings.TrimSpace(u) != "" {
+			out = append(out, strings.TrimSpace(u))
+		}
+	}
+	return out
+}
+
+// tableCells returns the cells of the tables of md, outside code, each
+// inline code span one word (so a '|' inside code splits nothing).
+func tableCells(md string) []string {
+	md = fenced.ReplaceAllString(md, "")
+	var out []string
+	for _, l := range strings.Split(md, "\n") {
+		if l = strings.TrimSpace(l); strings.HasPrefix(l, "|") {
+			l = inlineCode.ReplaceAllString(l, "CODE")
+			out = append(out, strings.Split(strings.Trim(l, "|"), "|")...)
+		}
+	}
+	return out
+}
+
+// words counts the words of a sentence: white-space separated tokens with
+// a letter or a digit (a dash or an arrow alone is no word).
+func words(s string) int {
+	n := 0
+	for _, f := range strings.Fields(s) {
+		if wordChar.MatchString(f) {
+			n++
+		}
+	}
+	return n
+}
+
+// sentenceLengths returns the word counts of the sentences that have words.
+func sentenceLengths(ss []string) []int {
+	var out []int
+	for _, s := range ss {
+		if n := words(s); n > 0 {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// percentile returns the p-th percentile of xs by the nearest-rank method:
+// the smallest value with at least p% of the values at or below it (p 50 is
+// the lower median, p 100 the largest); 0 for no values.
+func percentile(xs []int, p int) int {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]int(nil), xs...)
+	sort.Ints(s)
+	rank := (p*len(s) + 99) / 100
+	if rank < 1 {
+		rank = 1
+	}
+	return s[rank-1]
+}
+
+// longestSentences lists the n longest sentences, for a failure message.
+func longestSentences(ss []string, n int) string {
+	s := append([]string(nil), ss...)
+	sort.SliceStable(s, func(i, j int) bool { return words(s[i]) > words(s[j]) })
+	if len(s) > n {
+		s = s[:n]
+	}
+	var b strings.Builder
+	for _, x := range s {
+		fmt.Fprintf(&b, "  (%d) %s\n", words(x), x)
+	}
+	return b.String()
+}
+
+// TestSentences: the splitter counts what a reader reads, and only that.
+func TestSentences(t *testing.T) {
+	tests := []struct {
+		name string
+		md   string
+		want []int // words per sentence
+	}{
+		{"two sentences", "One two three. Four five.\n", []int{3, 2}},
+		{"lines joined", "One two\nthree four.\n\nFive.\n", []int{4, 1}},
+		{"inline code one word", "Call `sqllock.New(db, sqllock.WithKeepAlive(0))` now.\n", []int{3}},
+		{"fenced code dropped", "Before.\n\n```go\nx := 1. y\n```\n\nAfter it.\n", []int{1, 2}},
+		{"heading dropped", "# A title here\n\nText.\n", []int{1}},
+		{"table dropped", "| a | b c d |\n|---|---|\n| e. f | g |\n\nText.\n", []int{1}},
+		{"list items split", "Intro:\n\n- first item\n  goes on\n- second. Third\n", []int{1, 4, 1, 1}},
+		{"link text counts", "See [the guide](docs/guide.md#keys) now.\n", []int{4}},
+		{"numbers and e.g.", "Wait 1.5 s, e.g. twice (then stop.) Next one!\n", []int{7, 2}},
+		{"comment dropped", "<!-- test-command -->\nText — here.\n", []int{2}},
+	}
+	for _, tt := range tests {
+		got := sentenceLengths(sentences(tt.md))
+		if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+			t.Errorf("%s: sentenceLengths(sentences(%q)) = %v, want %v", tt.name, tt.md, got, tt.want)
+		}
+	}
+	cells := tableCells("| a `x|y` | b c |\n|---|---|\n\n```\n| not a cell |\n```\n")
+	if got := fmt.Sprint(cells); got != "[ a CODE   b c  --- ---]" {
+		t.Errorf("tableCells = %q, want the cells of the table only, code one word", got)
+	}
+	if got := percentile([]int{5, 1, 3, 2, 4}, 50); got != 3 {
+		t.Errorf("percentile(1..5, 50) = %d, want 3", got)
+	}
+	if got := percentile([]int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 90); got != 9 {
+		t.Errorf("percentile(1..10, 90) = %d, want 9", got)
+	}
 }
