@@ -38,9 +38,93 @@
 // [Session.Unlock]): a lock per job in a job queue.
 //
 // Transaction-level locks ([LockTx], [TryLockTx], [Locker.InTx]) are
-// released by PostgreSQL when the transaction ends; they are the only
-// advisory locks that work behind a transaction-mode pooler. [Inspect] lists
-// the advisory locks of the current database with their keys decoded.
+// released by PostgreSQL when the transaction ends, and work behind any
+// pooler; a Locker made [WithTransactionPooler] takes session-level locks
+// behind a transaction-mode pooler. [Inspect] lists the advisory locks of
+// the current database with their keys decoded.
+//
+// # Deadlines
+//
+// A wait ends when its context does, with an error that matches
+// [ErrNotAcquired] and ctx.Err(); no lock stays held, even one PostgreSQL
+// granted at the last moment. How each kind of wait keeps its deadline:
+//
+//   - On the Locker's own sessions ([Locker.Lock], [Locker.RLock],
+//     [Locker.Do], [Semaphore.Acquire], [Session.Lock]), the wait asks
+//     the server to end it (its own lock_timeout) shortly before the
+//     deadline: a tenth of the time left, from 50 to 100 ms, and at least
+//     three of the Locker's recent round trips (more after a wait whose
+//     answer came too late). The answer "not granted" is then certain, the
+//     connection goes back to the pool, and a Session keeps its other
+//     locks. An answer that a loaded machine delivers after the deadline
+//     is still read for up to 250 ms: the call returns that late, with a
+//     certain answer. An answer later still costs the session, and the
+//     wait is taken out of the server's queue from another connection
+//     before the call returns (on a server too loaded to answer, up to
+//     2 s more). A lock_timeout set for a role or database does not end
+//     these waits: each wait statement sets its own.
+//   - The try that a waiting call sends first, whatever its context: a
+//     try granted as the context ended is given back before the call
+//     returns, which reports the key not acquired.
+//   - A transaction's wait ([LockTx], [RLockTx], [Locker.InTx]) first
+//     tries without waiting: a free key costs one round trip. Its wait
+//     carries the deadline as its own lock_timeout, so it returns by the
+//     deadline even when the driver's cancel never reached the server; a
+//     shorter lock_timeout of the transaction's own still applies and ends
+//     the wait with [ErrNotAcquired], and the transaction keeps its
+//     setting. Under a context that can be cancelled and has no deadline,
+//     it waits in slices of 2 s (or twice deadlock_timeout) inside a
+//     savepoint, sqllock_wait: a cancel that never arrived costs at most a
+//     slice.
+//   - A call whose context has already ended sends nothing.
+//
+// PostgreSQL can grant a lock in the instant its lock_timeout fires, fail
+// the statement, and keep the grant: after every such timeout, the
+// session is asked, so that the lock is returned to the caller and never
+// left on a pooled connection.
+//
+// # Arrival order
+//
+// Waiters of one key are served in the order they arrived, within a
+// Locker and across processes.
+//
+// Within a Locker, the callers that wait for one key ([Locker.Lock],
+// [Locker.RLock], [Locker.Do], an [Election]'s candidates; a
+// [Semaphore]'s Acquire, one queue per semaphore) queue in Go, and only
+// the first waits in the server, on a session of its own: W waiters on K
+// keys cost at most K waiting sessions. A caller whose context ends leaves
+// the queue at once. A [Locker.TryLock] is refused while the Locker's own
+// callers wait for its key. A release with a caller of the same Locker
+// queued hands the key to that caller without a round trip, for at most
+// 10 ms after the server last granted it to the Locker; then the release
+// goes to the server, where a waiter of another process is served first.
+//
+// Across processes, the server's clock orders the waiters. The first
+// waiter of a Locker's queue takes a ticket in the key's line: an advisory
+// lock on a pair key of the key's own class (a 31-bit hash of the key, top
+// bit set) whose number is the server's clock in milliseconds. It rings
+// the key's doorbell (the pair key (class, 0), taken shared), then waits
+// only for the ticket just before its own, and, when none is left, for the
+// key itself: at most one waiter of all the processes waits on the key,
+// and a release wakes exactly one. Every wait is a statement shorter than
+// half the server's deadlock_timeout, so that a holder's CREATE INDEX
+// CONCURRENTLY, which waits for older snapshots, is never held up by the
+// waiters; the ticket keeps the waiter's place from one statement to the
+// next. Granted, the waiter gives its ticket and doorbell back in the same
+// statement. A waiter whose context ends gives them back; one that
+// crashes, freezes or is cut off loses them with its session, which the
+// server ends within the orphan bound ([WithOrphanBound]). Within a
+// Locker, a release hands the key to the next goroutine only when a check
+// of the doorbell, sent after that goroutine queued, found no one in line.
+//
+// The line does not order waits that take no ticket: a program's own
+// pg_advisory_lock waits in PostgreSQL's queue beside the line's first
+// waiter, and can be served before waiters of the line that arrived
+// earlier; a [Session]'s Lock and a transaction's wait are one statement
+// in that queue too. A try takes a free key whoever waits. Tickets are
+// advisory locks: [Inspect] reports each as a waiter for its key, since
+// its arrival. Two keys whose classes collide (one chance in 2^31 for a
+// given pair) share a line, which only orders their waiters together.
 //
 // # Not acquired
 //

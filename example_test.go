@@ -413,3 +413,40 @@ func ExampleLocker_Close() {
 		log.Print(err)
 	}
 }
+
+// Machines whose clocks differ by up to 5 s fire the same job every
+// minute: a hold window of 55 s runs it once per tick (docs/guide.md).
+func ExampleWithHoldAtLeast() {
+	locker := sqllock.New(db)
+	// Every minute on every machine; their clocks agree within 5 s.
+	ran, err := locker.TryDo(ctx, sqllock.Hash("cron:send_digest"), reindexPosts,
+		sqllock.WithHoldAtLeast(55*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("ran this tick: %v", ran)
+}
+
+// At most three report generators run at once across the fleet.
+func ExampleLocker_Semaphore() {
+	locker := sqllock.New(db)
+	sem := locker.Semaphore("reports", 3) // every process uses the same N
+	permit, err := sem.Acquire(ctx)       // waits for a free slot
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer permit.Unlock(ctx)
+	// ... generate the report ...
+}
+
+// Replicas that start together run the migrations one at a time, in the
+// order they asked for the lock, whichever process each runs in.
+func ExampleLocker_Do_arrivalOrder() {
+	locker := sqllock.New(db)
+	migrate := reindexPosts
+	// Each replica, at start-up: served in arrival order, across processes.
+	err := locker.Do(ctx, sqllock.Hash("migrations"), migrate)
+	if err != nil {
+		log.Fatal(err)
+	}
+}

@@ -10,12 +10,12 @@ import (
 	"github.com/sqllock/sqllock/pgtest"
 )
 
-// TestFencedWrites runs the guide's fenced writes (setState and runJob, in
-// example_fencing_test.go) against the server, on both drivers: a term
-// writes twice and both writes pass (a fence check of "smaller than"
-// refuses the second); a holder whose session ended without its knowing
-// writes with its token after its successor wrote twice, and changes
-// nothing.
+// TestFencedWrites runs the fenced writes (setState, which the guide
+// shows, and runJob, in example_fencing_test.go) against the server, on
+// both drivers: a term writes twice and both writes pass (a fence check
+// of "smaller than" refuses the second); a holder whose session ended
+// without its knowing writes with its token after its successor wrote
+// twice, and changes nothing.
 func TestFencedWrites(t *testing.T) {
 	t.Parallel()
 	srv := pgtest.Start(t)

@@ -9,7 +9,8 @@ import (
 )
 
 // TestJob is how an integration test of a program that uses sqllock runs
-// against a throwaway server (docs/guide.md quotes it).
+// against a throwaway server (docs/guide.md, "Testing", gives its first
+// line).
 func TestJob(t *testing.T) {
 	db := pgtest.Open(t, "pgx", pgtest.Start(t).NewDatabase(t))
 	locker := sqllock.New(db)

@@ -10,8 +10,8 @@ import (
 	"github.com/sqllock/sqllock/pgtest"
 )
 
-// TestPoolRule: what the guide ("Knowing when a lock is lost") says a
-// Locker takes from a pool of 8. 200 locks on free keys are held on 2
+// TestPoolRule: what docs/deployment.md ("The pool") says a Locker takes
+// from a pool of 8. 200 locks on free keys are held on 2
 // shared sessions (a quarter of the pool); 5 locks that waited for held
 // keys keep a session each once granted, and the keep-alive still gets the
 // connection left; a 6th fills the pool, and the keep-alive is skipped.

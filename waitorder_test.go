@@ -16,8 +16,7 @@ import (
 )
 
 // TestWaitOrder: waiters are served in the order they arrived, every
-// round, the guide's promise under "Across processes, first come, first
-// served": four waiters, each a Locker on a pool of its own (as four
+// round, the guide's promise under "First come, first served": four waiters, each a Locker on a pool of its own (as four
 // processes), arrive one after another (each once the one before is seen
 // waiting), a slice apart (half deadlock_timeout, the length of a wait
 // statement), or at random moments 50 to 250 ms apart; the holder releases
