@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // TestDocsCodeBlocksCompile: every Go code block in the README and in
@@ -475,4 +476,72 @@ func TestSentences(t *testing.T) {
 	if got := percentile([]int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 90); got != 9 {
 		t.Errorf("percentile(1..10, 90) = %d, want 9", got)
 	}
+}
+
+// TestDocLinks: every relative link of the README and docs/ to a Markdown
+// file exists, and so does the heading its #anchor names (GitHub's slug:
+// lower case, punctuation dropped, spaces made hyphens), so that a heading
+// renamed without its links fails here.
+func TestDocLinks(t *testing.T) {
+	docs, err := filepath.Glob("docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors := map[string]map[string]bool{} // file → slugs of its headings
+	slugsOf := func(file string) map[string]bool {
+		if a, ok := anchors[file]; ok {
+			return a
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil
+		}
+		a := map[string]bool{}
+		for _, l := range strings.Split(fenced.ReplaceAllString(string(b), ""), "\n") {
+			if strings.HasPrefix(l, "#") {
+				a[slug(strings.TrimLeft(l, "# "))] = true
+			}
+		}
+		anchors[file] = a
+		return a
+	}
+	mdLink := regexp.MustCompile(`\]\(([^)\s]*?\.md)?(#[^)\s]*)?\)`)
+	for _, doc := range append([]string{"README.md"}, docs...) {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range mdLink.FindAllStringSubmatch(fenced.ReplaceAllString(string(b), ""), -1) {
+			target, anchor := doc, strings.TrimPrefix(m[2], "#")
+			if m[1] != "" {
+				if strings.Contains(m[1], "://") {
+					continue
+				}
+				target = filepath.Join(filepath.Dir(doc), m[1])
+			} else if anchor == "" {
+				continue
+			}
+			a := slugsOf(target)
+			switch {
+			case a == nil:
+				t.Errorf("%s links to %s, which does not exist", doc, m[1])
+			case anchor != "" && !a[anchor]:
+				t.Errorf("%s links to %s#%s: no such heading", doc, target, anchor)
+			}
+		}
+	}
+}
+
+// slug returns GitHub's anchor for a heading's text.
+func slug(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
+		switch {
+		case r == ' ':
+			b.WriteRune('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
