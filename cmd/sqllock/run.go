@@ -40,6 +40,9 @@ type runFlags struct {
 	slots          int
 	connectTimeout time.Duration
 	quiet          bool
+	// txPooler: a transaction pooler is in the way (see
+	// transactionPoolerOption).
+	txPooler bool
 }
 
 // runSpec is a parsed "sqllock run" command line.
@@ -165,6 +168,7 @@ func runFlagSet(f *runFlags, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&f.holdAtLeast, "hold-at-least", 0, "keep the lock until at least this long after it was taken, even when COMMAND ends sooner (run once per tick across machines)")
 	fs.DurationVar(&f.holdAtMost, "hold-at-most", 0, "stop COMMAND once this long has passed since the lock was taken (SIGTERM, then SIGKILL after --on-lost), and release the lock as it ends")
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", defaultConnectTimeout, "give up connecting to the server after this long")
+	fs.BoolVar(&f.txPooler, "transaction-pooler", false, "hold the lock through a transaction-mode pooler (PgBouncer with pool_mode=transaction, Supavisor, a pooled endpoint): sqllock.WithTransactionPooler(); sqllock doctor tells whether one is in the way")
 	return fs
 }
 
@@ -229,6 +233,11 @@ func parseRun(args []string, stderr io.Writer) (runSpec, error) {
 	case f.orphanBound < 0:
 		return sp, fail(exitUsage, "run: --orphan-bound must not be negative (got %v; 0 turns it off)", f.orphanBound)
 	}
+	if f.txPooler {
+		if _, err := transactionPoolerOption(); err != nil {
+			return sp, fail(exitUsage, "run: %v", err)
+		}
+	}
 	if err := sqllock.CheckOptions(f.lockerOptions()...); err != nil {
 		return sp, fail(exitUsage, "run: %s (--keep-alive, --orphan-bound)", strings.TrimPrefix(err.Error(), "sqllock: "))
 	}
@@ -250,7 +259,18 @@ func (f runFlags) lockerOptions() []sqllock.Option {
 	if f.orphanBoundSet {
 		opts = append(opts, sqllock.WithOrphanBound(f.orphanBound))
 	}
+	if o, err := transactionPoolerOption(); f.txPooler && err == nil {
+		opts = append(opts, o)
+	}
 	return opts
+}
+
+// transactionPoolerOption returns the Locker option of
+// --transaction-pooler, sqllock.WithTransactionPooler(), or the error that
+// says this version of sqllock has none yet (parseRun refuses the flag
+// with it).
+func transactionPoolerOption() (sqllock.Option, error) {
+	return nil, errors.New("--transaction-pooler: this version of sqllock cannot hold session locks through a transaction pooler yet (sqllock.WithTransactionPooler); connect to the server directly, or through a session-mode pooler")
 }
 
 // errHelp reports that -h was asked for (usage already printed).
