@@ -151,7 +151,8 @@ func diagnose(ctx context.Context, db *sql.DB, cfg *pgx.ConnConfig) ([]finding, 
 				"(PgBouncer's client_idle_timeout and idle_transaction_timeout) are 0 or longer than the orphan bound (%v at sqllock's defaults)", libOrphanBound)})
 	}
 	add(deadlockFinding(settings, serr))
-	add(lockTableFinding(ctx, db, settings, serr))
+	counts, cerr := countLocks(ctx, db)
+	add(lockTableFinding(settings, serr, counts, cerr))
 	return found, nil
 }
 
@@ -281,13 +282,20 @@ func standbyFinding(a serverAnswer, err error) finding {
 // ppErr).
 func poolerFinding(pooled, perr error, r roundsOutcome, pp serverAnswer, ppErr error) finding {
 	f := finding{Name: "pooler", Values: map[string]any{"rounds": r.rounds}}
-	// Each way's evidence, for the record: the probe's, then the rounds'.
+	// Each way's evidence, for the record; the message gives the rounds'
+	// (in plain words), else the probe's.
 	evidence := r.evidence
 	f.Values["rounds_evidence"] = r.evidence
+	if r.err != nil {
+		f.Values["rounds_error"] = redact(oneLine(r.err))
+	}
 	if pooled != nil {
-		evidence = strings.TrimPrefix(pooled.Error(), core.ErrSessionChanged.Error()+": ")
-		evidence, _, _ = strings.Cut(evidence, ": a transaction-mode pooler")
-		f.Values["probe_evidence"] = evidence
+		pe := strings.TrimPrefix(pooled.Error(), core.ErrSessionChanged.Error()+": ")
+		pe, _, _ = strings.Cut(pe, ": a transaction-mode pooler")
+		f.Values["probe_evidence"] = pe
+		if evidence == "" {
+			evidence = pe
+		}
 	}
 	if ppErr == nil {
 		f.Values["server_port"], f.Values["reached_port"] = pp.server, pp.reached
@@ -338,9 +346,14 @@ func preparedFinding(r roundsOutcome, pooler bool, mode pgx.QueryExecMode) findi
 	case r.lost != nil:
 		f.Status = statusWarn
 		f.Values["survive"] = false
-		f.Message = fmt.Sprintf("a statement prepared on a client connection was not there in its next transaction (%s): pgx's statement cache (default_query_exec_mode=cache_statement) fails through this pooler; "+
+		f.Values["error"] = redact(oneLine(r.lost))
+		what := "a statement prepared on a client connection was not there in its next transaction (SQLSTATE 26000)"
+		if core.SQLState(r.lost) == "42P05" {
+			what = "a statement a client connection prepared afresh was there already, left by another client (SQLSTATE 42P05)"
+		}
+		f.Message = fmt.Sprintf("%s: pgx's statement cache (default_query_exec_mode=cache_statement) fails through this pooler; "+
 			"set default_query_exec_mode=exec (or simple_protocol) in the DSN, or turn on the pooler's prepared statement support (PgBouncer 1.21 and later: max_prepared_statements); %s",
-			redact(oneLine(r.lost)), yours)
+			what, yours)
 		if mode != pgx.QueryExecModeCacheStatement {
 			f.Status = statusNote
 		}
@@ -526,34 +539,45 @@ func deadlockFinding(s map[string]setting, serr error) finding {
 	return f
 }
 
-// lockTableFinding reports the lock table's size and what is in it now.
-func lockTableFinding(ctx context.Context, db *sql.DB, s map[string]setting, serr error) finding {
+// lockCounts are DoctorLocksSQL's answer: the shared lock table's
+// entries in use, and the advisory locks held and awaited.
+type lockCounts struct{ used, held, awaited int64 }
+
+// countLocks asks DoctorLocksSQL.
+func countLocks(ctx context.Context, db *sql.DB) (lockCounts, error) {
+	var n lockCounts
+	err := queryRow(ctx, db, sqltext.DoctorLocksSQL, &n.used, &n.held, &n.awaited)
+	return n, err
+}
+
+// lockTableFinding reports the lock table's size (from s, read with
+// serr) and what is in it now (n, counted with nerr).
+func lockTableFinding(s map[string]setting, serr error, n lockCounts, nerr error) finding {
 	f := finding{Name: "lock_table", Status: statusUnknown}
 	if serr != nil {
 		f.Message = "could not read pg_settings: " + redact(oneLine(serr))
 		return f
 	}
-	var n [3]int64
+	var v [3]int64
 	for i, name := range []string{"max_locks_per_transaction", "max_connections", "max_prepared_transactions"} {
-		v, err := strconv.ParseInt(s[name].value, 10, 64)
+		x, err := strconv.ParseInt(s[name].value, 10, 64)
 		if err != nil {
 			f.Message = "could not read " + name
 			return f
 		}
-		n[i] = v
+		v[i] = x
 	}
-	size := n[0] * (n[1] + n[2])
-	f.Values = map[string]any{"max_locks_per_transaction": n[0], "max_connections": n[1], "max_prepared_transactions": n[2], "size": size}
-	room := fmt.Sprintf("room for about %d locks (max_locks_per_transaction %d × (max_connections %d + max_prepared_transactions %d)), for all locks of the server, advisory or not", size, n[0], n[1], n[2])
-	var used, held, awaited int64
-	if err := queryRow(ctx, db, sqltext.DoctorLocksSQL, &used, &held, &awaited); err != nil {
-		f.Message = room + "; could not count the locks in it: " + redact(oneLine(err))
+	size := v[0] * (v[1] + v[2])
+	f.Values = map[string]any{"max_locks_per_transaction": v[0], "max_connections": v[1], "max_prepared_transactions": v[2], "size": size}
+	room := fmt.Sprintf("room for about %d locks (max_locks_per_transaction %d × (max_connections %d + max_prepared_transactions %d)), for all locks of the server, advisory or not", size, v[0], v[1], v[2])
+	if nerr != nil {
+		f.Message = room + "; could not count the locks in it: " + redact(oneLine(nerr))
 		return f
 	}
-	f.Values["in_use"], f.Values["advisory_held"], f.Values["advisory_awaited"] = used, held, awaited
+	f.Values["in_use"], f.Values["advisory_held"], f.Values["advisory_awaited"] = n.used, n.held, n.awaited
 	f.Status = statusOK
-	f.Message = fmt.Sprintf("%s; in it now: %d, of which %d advisory locks held and %d awaited", room, used, held, awaited)
-	if size > 0 && used*10 >= size*8 {
+	f.Message = fmt.Sprintf("%s; in it now: %d, of which %d advisory locks held and %d awaited", room, n.used, n.held, n.awaited)
+	if size > 0 && n.used*10 >= size*8 {
 		f.Status = statusWarn
 		f.Message += "; nearly full: when it is, every lock in the server fails (out of shared memory; sqllock's ErrLockTableFull): raise max_locks_per_transaction (a restart)"
 	}

@@ -37,8 +37,13 @@ import (
 // another; other clients may take it in between, which each round makes
 // less likely to hide.
 
-// doctorRounds is how many rounds the doctor runs.
-const doctorRounds = 8
+// doctorRounds is how many rounds the doctor runs at most: all of them
+// on a direct connection; behind a transaction pooler, until a's
+// statement ran on another server session than the one it was prepared
+// on (or was lost there). Other clients' traffic can hide a pooler from
+// a round (they take the server session a released first), and a round
+// costs a few round trips.
+const doctorRounds = 32
 
 // roundWait bounds each statement of a round: a pooler with one server
 // session gives a's second transaction none while b's is open.
@@ -52,8 +57,9 @@ type roundsOutcome struct {
 	// evidence says, for certain, that a transaction pooler is in the
 	// way ("" when none was seen).
 	evidence string
-	// lost is the error of a statement that a's next transaction no
-	// longer found prepared, or found prepared already (nil: none).
+	// lost is the error of a statement that a's (or b's) next
+	// transaction no longer found prepared, or found prepared already
+	// (nil: none).
 	lost error
 	// moved counts the runs of a's prepared statement that succeeded on
 	// another backend than the one it was prepared on: a pooler that
@@ -115,7 +121,7 @@ func poolerRounds(ctx context.Context, cfg *pgx.ConnConfig) (out roundsOutcome) 
 		}
 		last = got
 	}
-	for i := 0; i < doctorRounds; i++ {
+	for i := 0; i < doctorRounds && (out.evidence == "" || out.moved == 0); i++ {
 		first, err := txAnswer(ctx, a, q, int64(i))
 		if err != nil {
 			out.fail(err)
@@ -133,7 +139,7 @@ func poolerRounds(ctx context.Context, cfg *pgx.ConnConfig) (out roundsOutcome) 
 				tx.Rollback()
 			}
 			bcancel()
-			out.err = err
+			out.fail(err) // b's statement, prepared in an earlier round, is as good as a's
 			return out
 		}
 		if pinned == first {
@@ -152,8 +158,9 @@ func poolerRounds(ctx context.Context, cfg *pgx.ConnConfig) (out roundsOutcome) 
 	return out
 }
 
-// fail records the error of a's statement: a prepared statement lost (or
-// found already there) is evidence; anything else ends the rounds.
+// fail records the error of a's statement (or b's): a prepared statement
+// lost (or found already there) is evidence; anything else ends the
+// rounds.
 func (o *roundsOutcome) fail(err error) {
 	switch core.SQLState(err) {
 	case "26000":
