@@ -309,20 +309,20 @@ func poolerFinding(pooled, perr error, r roundsOutcome, pp serverAnswer, ppErr e
 		return f
 	}
 	f.Values["transaction_pooler"] = false
-	if perr != nil || r.err != nil || r.rounds < doctorRounds {
-		why := perr
-		if why == nil {
-			why = r.err
-		}
+	if r.err != nil || r.rounds < doctorRounds {
 		f.Status = statusUnknown
 		f.Message = fmt.Sprintf("could not tell whether a transaction pooler is in the way: %d of %d rounds ran", r.rounds, doctorRounds)
-		if why != nil {
-			f.Message += ": " + redact(oneLine(why))
+		if r.err != nil {
+			f.Message += ": " + redact(oneLine(r.err))
 		}
 		return f
 	}
 	f.Status = statusOK
 	f.Message = fmt.Sprintf("no transaction pooler: each client connection kept a server session of its own, in the probe a Locker runs and in %d rounds of two client connections in turns", r.rounds)
+	if perr != nil {
+		f.Values["probe_error"] = redact(oneLine(perr))
+		f.Message = fmt.Sprintf("no transaction pooler: each client connection kept a server session of its own in %d rounds of two client connections in turns (the probe a Locker runs could not: %s)", r.rounds, redact(oneLine(perr)))
+	}
 	if pp.relayed() {
 		f.Status = statusNote
 		f.Values["relayed"] = true

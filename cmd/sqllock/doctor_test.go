@@ -16,11 +16,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/testkit"
 	"github.com/sqllock/sqllock/pgtest"
 )
 
-// doctorRuns is how many times each way the pooler finding is checked.
-const doctorRuns = 10
+// doctorRuns is how many times each way (and with each DSN mode) the
+// pooler finding is checked: 10, or 3 under -short.
+func doctorRuns() int {
+	if testkit.Short() {
+		return 3
+	}
+	return 10
+}
 
 // doctorReport is one run of sqllock doctor --json: its findings by name.
 type doctorReport map[string]finding
@@ -148,14 +155,14 @@ func withParam(dsn, k, v string) string {
 	return u.String()
 }
 
-// doctorUnderTraffic runs the doctor doctorRuns times on dsn, and on dsn
+// doctorUnderTraffic runs the doctor doctorRuns() times on dsn, and on dsn
 // in pgx's simple protocol as many, each while tr's clients run
 // statements (checked), and returns the reports.
 func doctorUnderTraffic(t *testing.T, dsn string, tr *traffic) []doctorReport {
 	t.Helper()
 	var reps []doctorReport
 	for _, d := range []string{dsn, withParam(dsn, "default_query_exec_mode", "simple_protocol")} {
-		for i := 0; i < doctorRuns; i++ {
+		for i := 0; i < doctorRuns(); i++ {
 			before := tr.ops.Load()
 			reps = append(reps, runDoctor(t, d))
 			if tr.ops.Load() == before {
@@ -192,36 +199,12 @@ func TestDoctorPooler(t *testing.T) {
 				t.Errorf("run %d: pooler_timeouts on a direct connection", i)
 			}
 		}
-		t.Logf("direct: %d runs, no transaction pooler in any; other clients' statements: %d (%d errors)", 2*doctorRuns, tr.ops.Load(), tr.errs.Load())
+		t.Logf("direct: %d runs, no transaction pooler in any; other clients' statements: %d (%d errors)", 2*doctorRuns(), tr.ops.Load(), tr.errs.Load())
 	})
 
-	t.Run("transaction", func(t *testing.T) {
-		b := pgtest.StartPgBouncer(t, srv, "transaction", 4)
-		bdsn := b.DSNFor(name)
-		tr := startTraffic(t, bdsn, 6)
-		byProbe, byRounds := 0, 0
-		for i, rep := range doctorUnderTraffic(t, bdsn, tr) {
-			rep.want(t, "pooler", statusWarn, map[string]any{"transaction_pooler": true})
-			if m := rep["pooler"].Message; !strings.Contains(m, "sqllock.WithTransactionPooler()") || !strings.Contains(m, "--transaction-pooler") {
-				t.Errorf("run %d: the pooler finding names no option: %s", i, m)
-			}
-			if rep["pooler"].Values["probe_evidence"] != nil {
-				byProbe++
-			}
-			if rep["pooler"].Values["rounds_evidence"] != "" {
-				byRounds++
-			}
-			rep.want(t, "prepared_statements", map[bool]string{true: statusWarn, false: statusNote}[i < doctorRuns], map[string]any{"survive": false})
-			if f, ok := rep["pooler_timeouts"]; !ok || !strings.Contains(f.Message, "cannot be read") || !strings.Contains(f.Message, "idle_transaction_timeout") {
-				t.Errorf("run %d: pooler_timeouts = %+v, want a note that PgBouncer's own cannot be read", i, f)
-			}
-		}
-		if n := tr.errs.Load(); n != 0 {
-			t.Errorf("the other clients (lib/pq, pgx's simple protocol) met %d errors through the transaction pooler", n)
-		}
-		t.Logf("transaction pooler (PgBouncer, pool_mode=transaction, default_pool_size 4): %d of %d runs seen by the Locker's probe, %d by the rounds; other clients' statements: %d (%d errors)",
-			byProbe, 2*doctorRuns, byRounds, tr.ops.Load(), tr.errs.Load())
-	})
+	for _, pool := range []int{4, 8} {
+		t.Run(fmt.Sprintf("transaction pool %d", pool), func(t *testing.T) { doctorTransactionPooler(t, srv, name, pool) })
+	}
 
 	t.Run("session", func(t *testing.T) {
 		b := pgtest.StartPgBouncer(t, srv, "session", 20)
@@ -238,9 +221,40 @@ func TestDoctorPooler(t *testing.T) {
 				t.Errorf("run %d: pooler_timeouts behind a session-mode pooler", i)
 			}
 		}
-		t.Logf("session pooler: %d runs, no transaction pooler in any; other clients' statements: %d (%d errors)", 2*doctorRuns, tr.ops.Load(), tr.errs.Load())
+		t.Logf("session pooler: %d runs, no transaction pooler in any; other clients' statements: %d (%d errors)", 2*doctorRuns(), tr.ops.Load(), tr.errs.Load())
 	})
 	waitNoLocks(t, db)
+}
+
+// doctorTransactionPooler runs the doctor behind PgBouncer in
+// transaction mode with pool server connections, under other clients'
+// traffic: a transaction pooler every time, prepared statements lost.
+func doctorTransactionPooler(t *testing.T, srv *pgtest.Server, name string, pool int) {
+	b := pgtest.StartPgBouncer(t, srv, "transaction", pool)
+	bdsn := b.DSNFor(name)
+	tr := startTraffic(t, bdsn, 6)
+	byProbe, byRounds := 0, 0
+	for i, rep := range doctorUnderTraffic(t, bdsn, tr) {
+		rep.want(t, "pooler", statusWarn, map[string]any{"transaction_pooler": true})
+		if m := rep["pooler"].Message; !strings.Contains(m, "sqllock.WithTransactionPooler()") || !strings.Contains(m, "--transaction-pooler") {
+			t.Errorf("run %d: the pooler finding names no option: %s", i, m)
+		}
+		if rep["pooler"].Values["probe_evidence"] != nil {
+			byProbe++
+		}
+		if rep["pooler"].Values["rounds_evidence"] != "" {
+			byRounds++
+		}
+		rep.want(t, "prepared_statements", map[bool]string{true: statusWarn, false: statusNote}[i < doctorRuns()], map[string]any{"survive": false})
+		if f, ok := rep["pooler_timeouts"]; !ok || !strings.Contains(f.Message, "cannot be read") || !strings.Contains(f.Message, "idle_transaction_timeout") {
+			t.Errorf("run %d: pooler_timeouts = %+v, want a note that PgBouncer's own cannot be read", i, f)
+		}
+	}
+	if n := tr.errs.Load(); n != 0 {
+		t.Errorf("the other clients (lib/pq, pgx's simple protocol) met %d errors through the transaction pooler", n)
+	}
+	t.Logf("transaction pooler (PgBouncer, pool_mode=transaction, default_pool_size %d): %d of %d runs seen by the Locker's probe, %d by the rounds; other clients' statements: %d (%d errors)",
+		pool, byProbe, 2*doctorRuns(), byRounds, tr.ops.Load(), tr.errs.Load())
 }
 
 // TestDoctorSettings: on a real server, the doctor reports the server, a
