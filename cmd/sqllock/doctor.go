@@ -32,6 +32,10 @@ const (
 	libOrphanBound = 30 * time.Second
 )
 
+// lease says how sqllock keeps its holders' sessions from timing out:
+// the idle timeout it sets on them, and what keeps a live one busier.
+var lease = fmt.Sprintf("the orphan bound, %v at its defaults; a holder idle for a third of it gets a statement at the keep-alive's next check, every %v", libOrphanBound, libKeepAlive)
+
 // probeWait bounds each of the doctor's statements.
 const probeWait = 10 * time.Second
 
@@ -352,7 +356,8 @@ func preparedFinding(r roundsOutcome, pooler bool, mode pgx.QueryExecMode) findi
 			what = "a statement a client connection prepared afresh was there already, left by another client (SQLSTATE 42P05)"
 		}
 		f.Message = fmt.Sprintf("%s: pgx's statement cache (default_query_exec_mode=cache_statement) fails through this pooler; "+
-			"set default_query_exec_mode=exec (or simple_protocol) in the DSN, or turn on the pooler's prepared statement support (PgBouncer 1.21 and later: max_prepared_statements); %s",
+			"set default_query_exec_mode=exec (or simple_protocol) in the DSN, or turn on the pooler's prepared statement support (PgBouncer 1.21 and later: max_prepared_statements); %s; "+
+			"sqllock's own statements there (WithTransactionPooler) go in pgx's simple protocol, and are not affected",
 			what, yours)
 		if mode != pgx.QueryExecModeCacheStatement {
 			f.Status = statusNote
@@ -470,9 +475,8 @@ func idleSessionFinding(s map[string]setting, serr error, pooler bool) finding {
 		return f
 	}
 	f.Status = statusNote
-	f.Message = fmt.Sprintf("%v: the server ends a session idle for %v; sqllock sets its own on each session that holds a lock "+
-		"(the orphan bound, %v at its defaults, with a statement on a holding session idle for a third of it), so holders are spared; idle connections of your pool are ended, and database/sql opens new ones",
-		d, d, libOrphanBound)
+	f.Message = fmt.Sprintf("%v: the server ends a session idle for %v; sqllock sets its own on each session that holds a lock (%s), so holders are spared; "+
+		"idle connections of your pool are ended, and database/sql opens new ones", d, d, lease)
 	if pooler {
 		f.Message += "; behind a transaction pooler, locks are held inside open transactions, where it does not apply"
 	}
@@ -480,7 +484,8 @@ func idleSessionFinding(s map[string]setting, serr error, pooler bool) finding {
 }
 
 // idleInTxFinding weighs idle_in_transaction_session_timeout against
-// the keep-alive and the orphan bound.
+// the lease sqllock puts on the transactions that hold its locks behind a
+// transaction pooler.
 func idleInTxFinding(s map[string]setting, serr error, pooler bool) finding {
 	const name = "idle_in_transaction_session_timeout"
 	d, f, ok := durationSetting(name, s, serr)
@@ -497,21 +502,11 @@ func idleInTxFinding(s map[string]setting, serr error, pooler bool) finding {
 		return f
 	}
 	f.Status = statusNote
-	f.Message = fmt.Sprintf("%v: the server ends a session idle in a transaction for %v, and its locks with it: a LockTx or InTx whose work pauses that long loses its lock; "+
-		"sqllock's session-level locks are held outside transactions, and are spared", d, d)
+	f.Message = fmt.Sprintf("%v: the server ends a session idle in a transaction for %v, and its locks with it: a LockTx or InTx whose work pauses that long loses its lock; ", d, d)
 	if pooler {
-		f.Status = statusWarn
-		f.Message = fmt.Sprintf("%v: the server ends a session idle in a transaction for %v, and its locks with it; behind a transaction pooler, locks are held inside open transactions (WithTransactionPooler, LockTx, InTx), "+
-			"so a holder whose transaction runs nothing for %v loses its lock: ", d, d, d)
-		switch {
-		case d <= libKeepAlive:
-			f.Message += fmt.Sprintf("that is no longer than the keep-alive's interval (%v at sqllock's defaults): set it to 0, or above the orphan bound (%v), for the role the pooler logs in as", libKeepAlive, libOrphanBound)
-		case d < libOrphanBound:
-			f.Message += fmt.Sprintf("that is shorter than the orphan bound (%v at sqllock's defaults), the longest a live holder's transaction may go without a statement: set it to 0, or above the bound, for the role the pooler logs in as", libOrphanBound)
-		default:
-			f.Status = statusNote
-			f.Message += fmt.Sprintf("no shorter than the orphan bound (%v at sqllock's defaults): a live holder is spared", libOrphanBound)
-		}
+		f.Message += "behind the pooler, sqllock.WithTransactionPooler holds its locks inside open transactions, each with its own (" + lease + "), so its holders are spared"
+	} else {
+		f.Message += "sqllock's session-level locks are held outside transactions, and are spared"
 	}
 	return f
 }

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/testkit"
 	"github.com/sqllock/sqllock/pgtest"
 )
@@ -501,10 +502,8 @@ func TestDoctorTimeouts(t *testing.T) {
 		{"idle session, pooler", idleSessionFinding(ms("7000"), nil, true), statusNote, "inside open transactions, where it does not apply"},
 		{"idle session, PostgreSQL 13", idleSessionFinding(map[string]setting{}, nil, false), statusNote, "no idle_session_timeout"},
 		{"idle in transaction off", idleInTxFinding(ms("0"), nil, true), statusOK, "0 (off)"},
-		{"idle in transaction", idleInTxFinding(ms("3000"), nil, false), statusNote, "LockTx or InTx whose work pauses that long loses its lock"},
-		{"idle in transaction below the keep-alive, pooler", idleInTxFinding(ms("3000"), nil, true), statusWarn, "no longer than the keep-alive's interval (5s"},
-		{"idle in transaction below the bound, pooler", idleInTxFinding(ms("20000"), nil, true), statusWarn, "shorter than the orphan bound (30s"},
-		{"idle in transaction above the bound, pooler", idleInTxFinding(ms("60000"), nil, true), statusNote, "a live holder is spared"},
+		{"idle in transaction", idleInTxFinding(ms("3000"), nil, false), statusNote, "LockTx or InTx whose work pauses that long loses its lock; sqllock's session-level locks are held outside"},
+		{"idle in transaction, pooler", idleInTxFinding(ms("3000"), nil, true), statusNote, "WithTransactionPooler holds its locks inside open transactions, each with its own (the orphan bound, 30s at its defaults; a holder idle for a third of it gets a statement at the keep-alive's next check, every 5s)"},
 		{"deadlock_timeout", deadlockFinding(ms("1000"), nil), statusOK, "statements of 500ms each"},
 		{"deadlock_timeout tiny", deadlockFinding(ms("5"), nil), statusWarn, "a statement every 3ms"},
 		{"pg_settings unread", deadlockFinding(nil, errors.New("permission denied")), statusUnknown, "permission denied"},
@@ -538,11 +537,65 @@ func TestDoctorDefaultsAreLibrarys(t *testing.T) {
 	}
 }
 
-// TestRunTransactionPoolerFlag: run --transaction-pooler is refused, with
-// the option it needs named, while sqllock has no transaction-pooler mode.
-func TestRunTransactionPoolerFlag(t *testing.T) {
-	r := runCLI(t, "postgres://u@127.0.0.1:1/db", "run", "--transaction-pooler", "k", "--", "true")
-	if r.code != exitUsage || !strings.Contains(r.stderr, "WithTransactionPooler") {
-		t.Fatalf("run --transaction-pooler: exit %d, stderr %q; want %d, naming WithTransactionPooler", r.code, r.stderr, exitUsage)
+// TestRunTransactionPooler: behind PgBouncer in transaction mode, under
+// other clients' traffic, run --transaction-pooler holds its lock while
+// COMMAND runs (another run backs out), releases it after, and leaves no
+// lock on the pooler's server sessions; without the flag, run refuses
+// (exit 70) and names the flag.
+func TestRunTransactionPooler(t *testing.T) {
+	srv := pgtest.Start(t)
+	if !srv.Local() {
+		pgtest.Unavailable(t, "a local cluster (for PgBouncer)", errors.New("SQLLOCK_TEST_DSN or Docker server"))
 	}
+	dsn := srv.NewDatabase(t)
+	db := pgtest.Open(t, "pgx", dsn)
+	b := pgtest.StartPgBouncer(t, srv, "transaction", 4)
+	bdsn := b.DSNFor(pgtest.DatabaseOf(dsn))
+	startTraffic(t, bdsn, 4)
+	dir := t.TempDir()
+	started, release := dir+"/started", dir+"/release"
+
+	holder := sqllockCmd(bdsn, "run", "--transaction-pooler", "pooled", "--", "sh", "-c",
+		fmt.Sprintf("touch %s; while [ ! -e %s ]; do sleep 0.05; done", started, release))
+	var holderErr strings.Builder
+	holder.Stderr = &holderErr
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- holder.Wait() }()
+	t.Cleanup(func() { holder.Process.Kill() })
+	waitFile(t, started)
+	if hs := holders(t, db, sqllock.Hash("pooled")); len(hs) != 1 || !hs[0].Granted {
+		t.Fatalf("while COMMAND runs, the server shows %+v, want one holder", hs)
+	}
+	for _, flag := range []string{"--transaction-pooler", ""} {
+		args := []string{"run", "-n", "pooled", "--", "true"}
+		if flag != "" {
+			args = []string{"run", "-n", flag, "pooled", "--", "true"}
+		}
+		r := runCLI(t, bdsn, args...)
+		switch {
+		case flag != "" && (r.code != 1 || !strings.Contains(r.stderr, "held elsewhere")):
+			t.Errorf("a second run --transaction-pooler -n: exit %d, stderr %q; want 1, held elsewhere", r.code, r.stderr)
+		case flag == "" && (r.code != exitSoftware || !strings.Contains(r.stderr, "--transaction-pooler")):
+			t.Errorf("run -n without --transaction-pooler behind the pooler: exit %d, stderr %q; want %d, naming --transaction-pooler", r.code, r.stderr, exitSoftware)
+		}
+	}
+	if err := os.WriteFile(release, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("the holding run: %v, stderr %q", err, holderErr.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the holding run did not end within a minute of its COMMAND's")
+	}
+	waitNoLocks(t, db)
+	if r := runCLI(t, bdsn, "run", "-n", "--transaction-pooler", "pooled", "--", "true"); r.code != 0 {
+		t.Errorf("run --transaction-pooler -n once the key is free: exit %d, stderr %q", r.code, r.stderr)
+	}
+	waitNoLocks(t, db)
 }

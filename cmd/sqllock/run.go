@@ -40,8 +40,8 @@ type runFlags struct {
 	slots          int
 	connectTimeout time.Duration
 	quiet          bool
-	// txPooler: a transaction pooler is in the way (see
-	// transactionPoolerOption).
+	// txPooler: a transaction pooler is in the way
+	// (sqllock.WithTransactionPooler).
 	txPooler bool
 }
 
@@ -233,11 +233,6 @@ func parseRun(args []string, stderr io.Writer) (runSpec, error) {
 	case f.orphanBound < 0:
 		return sp, fail(exitUsage, "run: --orphan-bound must not be negative (got %v; 0 turns it off)", f.orphanBound)
 	}
-	if f.txPooler {
-		if _, err := transactionPoolerOption(); err != nil {
-			return sp, fail(exitUsage, "run: %v", err)
-		}
-	}
 	if err := sqllock.CheckOptions(f.lockerOptions()...); err != nil {
 		return sp, fail(exitUsage, "run: %s (--keep-alive, --orphan-bound)", strings.TrimPrefix(err.Error(), "sqllock: "))
 	}
@@ -259,18 +254,10 @@ func (f runFlags) lockerOptions() []sqllock.Option {
 	if f.orphanBoundSet {
 		opts = append(opts, sqllock.WithOrphanBound(f.orphanBound))
 	}
-	if o, err := transactionPoolerOption(); f.txPooler && err == nil {
-		opts = append(opts, o)
+	if f.txPooler {
+		opts = append(opts, sqllock.WithTransactionPooler())
 	}
 	return opts
-}
-
-// transactionPoolerOption returns the Locker option of
-// --transaction-pooler, sqllock.WithTransactionPooler(), or the error that
-// says this version of sqllock has none yet (parseRun refuses the flag
-// with it).
-func transactionPoolerOption() (sqllock.Option, error) {
-	return nil, errors.New("--transaction-pooler: this version of sqllock cannot hold session locks through a transaction pooler yet (sqllock.WithTransactionPooler); connect to the server directly, or through a session-mode pooler")
 }
 
 // errHelp reports that -h was asked for (usage already printed).
@@ -361,7 +348,11 @@ func runCmd(args []string, stderr io.Writer) error {
 			}
 			return fail(f.conflictCode, "%s", quietMsg(f.quiet, "lock %s is held elsewhere%s; not running %s", keyText, by, cmdName))
 		}
-		return fail(exitSoftware, "lock %s: %s", keyText, strings.TrimPrefix(err.Error(), "sqllock: "))
+		msg := strings.TrimPrefix(err.Error(), "sqllock: ")
+		if errors.Is(err, sqllock.ErrSessionChanged) && !f.txPooler {
+			msg += " (sqllock run: --transaction-pooler; sqllock doctor tells what is in the way)"
+		}
+		return fail(exitSoftware, "lock %s: %s", keyText, msg)
 	}
 
 	in.release() // from here on, signals are COMMAND's
