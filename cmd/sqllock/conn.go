@@ -35,11 +35,27 @@ const maxAppName = 63
 // redacted DSN: an authentication failure is exitNoPerm, any other failure
 // to reach the server exitUnavailable.
 func connect(ctx context.Context, dsn, appName string, timeout time.Duration) (*sql.DB, error) {
+	cfg, err := parseDSN(dsn, appName)
+	if err != nil {
+		return nil, err
+	}
+	return openConfig(ctx, cfg, timeout)
+}
+
+// parseDSN reads dsn, with application_name set; its error is an
+// exitError with a redacted DSN (exitConfig).
+func parseDSN(dsn, appName string) (*pgx.ConnConfig, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, fail(exitConfig, "bad DSN %s: %s", redact(dsn), redact(oneLine(err)))
 	}
 	cfg.RuntimeParams["application_name"] = clip(printable(appName), maxAppName)
+	return cfg, nil
+}
+
+// openConfig opens a pool for cfg and checks within timeout (or ctx) that the
+// server answers, with connect's errors.
+func openConfig(ctx context.Context, cfg *pgx.ConnConfig, timeout time.Duration) (*sql.DB, error) {
 	db := stdlib.OpenDB(*cfg)
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()

@@ -8,6 +8,7 @@
 //	sqllock inspect [--json] [--watch INTERVAL] [--registry FILE] [--stranded D]
 //	sqllock break [--idle-at-least D] [--application NAME] [--yes] KEY
 //	sqllock key NAME
+//	sqllock doctor [--json] [--dsn DSN] [--connect-timeout D]
 //	sqllock version (or --version)
 //
 // KEY is a number (123), a pair (1,2), or a name, hashed with sqllock.Hash
@@ -64,6 +65,7 @@ const usage = `usage:
   sqllock inspect [flags]                        list the advisory locks of the database
   sqllock break [flags] KEY                      free a lock left by an idle session (dry run without --yes)
   sqllock key NAME                               print the keys of NAME and the SQL to use them
+  sqllock doctor [flags]                         probe the server and what is in front of it: what to use
   sqllock version                                print sqllock's version (also --version)
 
 KEY is a number (123), a pair (1,2), or a name (hashed; --crc32 for zlib.crc32).
@@ -102,6 +104,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = breakCmd(args[1:], stdout, stderr)
 	case "key":
 		err = keyCmd(args[1:], stdout, stderr)
+	case "doctor":
+		err = doctorCmd(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

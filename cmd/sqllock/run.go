@@ -40,6 +40,9 @@ type runFlags struct {
 	slots          int
 	connectTimeout time.Duration
 	quiet          bool
+	// txPooler: a transaction pooler is in the way
+	// (sqllock.WithTransactionPooler).
+	txPooler bool
 }
 
 // runSpec is a parsed "sqllock run" command line.
@@ -165,6 +168,7 @@ func runFlagSet(f *runFlags, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&f.holdAtLeast, "hold-at-least", 0, "keep the lock until at least this long after it was taken, even when COMMAND ends sooner (run once per tick across machines)")
 	fs.DurationVar(&f.holdAtMost, "hold-at-most", 0, "stop COMMAND once this long has passed since the lock was taken (SIGTERM, then SIGKILL after --on-lost), and release the lock as it ends")
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", defaultConnectTimeout, "give up connecting to the server after this long")
+	fs.BoolVar(&f.txPooler, "transaction-pooler", false, "hold the lock through a transaction-mode pooler (PgBouncer with pool_mode=transaction, Supavisor, a pooled endpoint): sqllock.WithTransactionPooler(); sqllock doctor tells whether one is in the way")
 	return fs
 }
 
@@ -249,6 +253,9 @@ func (f runFlags) lockerOptions() []sqllock.Option {
 	}
 	if f.orphanBoundSet {
 		opts = append(opts, sqllock.WithOrphanBound(f.orphanBound))
+	}
+	if f.txPooler {
+		opts = append(opts, sqllock.WithTransactionPooler())
 	}
 	return opts
 }
@@ -341,7 +348,11 @@ func runCmd(args []string, stderr io.Writer) error {
 			}
 			return fail(f.conflictCode, "%s", quietMsg(f.quiet, "lock %s is held elsewhere%s; not running %s", keyText, by, cmdName))
 		}
-		return fail(exitSoftware, "lock %s: %s", keyText, strings.TrimPrefix(err.Error(), "sqllock: "))
+		msg := strings.TrimPrefix(err.Error(), "sqllock: ")
+		if errors.Is(err, sqllock.ErrSessionChanged) && !f.txPooler {
+			msg += " (sqllock run: --transaction-pooler; sqllock doctor tells what is in the way)"
+		}
+		return fail(exitSoftware, "lock %s: %s", keyText, msg)
 	}
 
 	in.release() // from here on, signals are COMMAND's

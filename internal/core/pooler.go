@@ -454,3 +454,30 @@ func (p *Pool) strandedOnce(ctx context.Context, q string, args []any) (int64, e
 	})
 	return answer, err
 }
+
+// DetectPooler tells whether a transaction pooler is in front of db's
+// server, as a Pool does before its first session-level lock (the probe,
+// and the evidence of its statements): it returns the pooler's error
+// (matching ErrSessionChanged) when it saw one, nil when it did not, or
+// the error that kept it from asking. It takes nothing, and leaves db's
+// connections as they were. For the doctor command.
+func DetectPooler(ctx context.Context, db *sql.DB) (pooled, err error) {
+	p := NewPool(db, Config{UnlockTimeout: 5 * time.Second}, quietHooks{})
+	conn, err := getConn(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	defer p.putBack(conn)
+	if _, err := p.checkServer(ctx, conn); err != nil && p.Pooled() == nil {
+		return nil, err
+	}
+	return p.Pooled(), nil
+}
+
+// quietHooks are the Hooks of a Pool no one listens to.
+type quietHooks struct{}
+
+func (quietHooks) Name(k Key) string { return keyString(k) }
+func (quietHooks) Event(Event)       {}
+func (quietHooks) Log(context.Context, slog.Level, string, Key, bool, ...slog.Attr) {
+}

@@ -57,9 +57,12 @@ func TestEveryStatementMarked(t *testing.T) {
 	}
 	for _, q := range []string{CancelWaitSQL, CandidatesSQL, HeldSQL, InspectSQL, LeaderSQL, NoIdleTimeoutSQL, ObserveSQL, OwnSQL,
 		PlainVersionSQL, RecoverySQL, TerminateHolderSQL, TokenSQL, TouchSQL, WaitSliceSQL, KeepAliveSQL, VersionSQL,
-		DeadlockTimeoutSQL, SavepointSQL, ReleaseSavepointSQL, RollbackToSavepointSQL, ClockSQL, BreakSQL, BackendSQL, BeginPinnedSQL, CommitPinnedSQL, TokenOfSQL} {
+		DeadlockTimeoutSQL, SavepointSQL, ReleaseSavepointSQL, RollbackToSavepointSQL, ClockSQL, BreakSQL, BackendSQL, BeginPinnedSQL, CommitPinnedSQL, TokenOfSQL,
+		DoctorVersionSQL, DoctorServerSQL, DoctorSettingsSQL, DoctorLocksSQL} {
 		add("const", q)
 	}
+	add("DoctorRoundSQL", DoctorRoundSQL("n0nce"))
+	add("DoctorPinSQL", DoctorPinSQL("n0nce"))
 	add("ProclaimSQL", ProclaimSQL("a", false))
 	add("ProclaimSQL", ProclaimSQL("a", true))
 	add("StrandedSQL", StrandedSQL(false))
@@ -118,7 +121,8 @@ func constListed(n string) bool {
 	switch n {
 	case "CancelWaitSQL", "CandidatesSQL", "HeldSQL", "InspectSQL", "LeaderSQL", "NoIdleTimeoutSQL", "ObserveSQL", "OwnSQL",
 		"PlainVersionSQL", "RecoverySQL", "TerminateHolderSQL", "TokenSQL", "TouchSQL", "WaitSliceSQL", "KeepAliveSQL", "VersionSQL",
-		"DeadlockTimeoutSQL", "SavepointSQL", "ReleaseSavepointSQL", "RollbackToSavepointSQL", "ClockSQL", "BreakSQL", "BackendSQL", "BeginPinnedSQL", "CommitPinnedSQL", "TokenOfSQL":
+		"DeadlockTimeoutSQL", "SavepointSQL", "ReleaseSavepointSQL", "RollbackToSavepointSQL", "ClockSQL", "BreakSQL", "BackendSQL", "BeginPinnedSQL", "CommitPinnedSQL", "TokenOfSQL",
+		"DoctorVersionSQL", "DoctorServerSQL", "DoctorSettingsSQL", "DoctorLocksSQL":
 		return true
 	}
 	return false
