@@ -131,7 +131,8 @@ type fbackend struct {
 	lastWait   bool          // its last statement was a wait (see CancelWaitSQL)
 	cancel     chan struct{} // closed by a cancel of the statement it runs (cancelled)
 	cancelled  bool
-	conns      int // client connections on it
+	waitingOn  *ftag // the lock it waits for (nil: none)
+	conns      int   // client connections on it
 }
 
 // fakeStmt is a statement the fake server received.
@@ -146,7 +147,8 @@ type fakeStmt struct {
 }
 
 // fakeRule changes how the server answers the statements of one kind that
-// when accepts (nil: all), for times statements (0: all): in order, the
+// when accepts (nil: all; it runs under the server's mu, and may change
+// the server), for times statements (0: all): in order, the
 // connection moves to a new backend (moveTo); the rule is told (entered);
 // the statement waits for stall to close; it fails with err, or its
 // connection breaks (drop), before it runs or, with afterRun, after it ran
@@ -337,6 +339,16 @@ func (fs *fakeServer) lockCount() int {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	return len(fs.locks)
+}
+
+// waitingOn returns the lock backend pid waits for.
+func (fs *fakeServer) waitingOn(pid int64) (ftag, bool) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if b := fs.backends[pid]; b != nil && b.waitingOn != nil {
+		return *b.waitingOn, true
+	}
+	return ftag{}, false
 }
 
 // alive reports whether backend pid lives.
@@ -577,6 +589,11 @@ func (fs *fakeServer) lockWait(ctx context.Context, b *fbackend, t ftag, shared 
 		defer tm.Stop()
 		expired = tm.C
 	}
+	defer func() {
+		fs.mu.Lock()
+		b.waitingOn = nil
+		fs.mu.Unlock()
+	}()
 	for {
 		fs.mu.Lock()
 		if b.dead {
@@ -592,6 +609,7 @@ func (fs *fakeServer) lockWait(ctx context.Context, b *fbackend, t ftag, shared 
 			return sqlState("57014")
 		}
 		changed, cancel := fs.changed, b.cancel
+		b.waitingOn = &t
 		fs.mu.Unlock()
 		select {
 		case <-changed:
@@ -722,7 +740,7 @@ func (fs *fakeServer) exec(ctx context.Context, c *fakeConn, q string, args []an
 		fs.mu.Unlock()
 		return nil, err // not sent
 	}
-	st := &fakeStmt{kind: kind, conn: c.id, q: q, args: args}
+	st := &fakeStmt{kind: kind, conn: c.id, q: q, args: args, pid: c.b.pid}
 	if kind == fBatchTry || kind == fBatchUnlock || kind == fBatchMixed {
 		if len(args) > 0 {
 			if s, ok := args[0].(string); ok {
