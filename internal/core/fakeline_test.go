@@ -9,7 +9,6 @@ import (
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
-
 // acquireAsync runs Acquire in a goroutine; its outcome comes on the
 // channel.
 type acquired struct {
