@@ -202,7 +202,7 @@ func TestFakeLineOrder(t *testing.T) {
 	other := fs.external()
 	fs.lockAs(other, k(1), false)
 	first := acquireAsync(testCtx(t), p1, Request{Key: k(1)})
-	fs.awaitCount(t, fRegister, 1)
+	fs.awaitCount(t, fSlice, 1) // registered: its ticket taken
 	second := acquireAsync(testCtx(t), p2, Request{Key: k(1)})
 	fs.awaitCount(t, fRegister, 2)
 	var pids []int64

@@ -190,3 +190,41 @@ func TestFakeQueueHolderLost(t *testing.T) {
 	}
 	mustRelease(t, b.h)
 }
+
+// TestFakeQueueNoPassing: a release never hands its key past a waiter of
+// another process: with someone in the key's line in the server (its
+// doorbell rings), the release goes to the server, where that waiter,
+// first in line, is served before the Pool's next caller.
+func TestFakeQueueNoPassing(t *testing.T) {
+	fs := newFakeServer()
+	p, _ := newFakePool(t, fs, Config{})
+	p2, _ := newFakePool(t, fs, Config{}) // another process
+	ctx := testCtx(t)
+	a := mustAcquire(t, ctx, p, Request{Key: k(1)})
+	elsewhere := acquireAsync(ctx, p2, Request{Key: k(1)})
+	fs.awaitCount(t, fSlice, 1) // in the line: its doorbell rings
+	bells := fs.count(fDoorbell)
+	mine := acquireAsync(ctx, p, Request{Key: k(1)})
+	fs.await(t, "the caller queued, and the doorbell checked", func() bool {
+		return p.Queued(k(1)) == 1 && fs.count(fDoorbell) > bells
+	})
+	mustRelease(t, a)
+	if p.HandOffs() != 0 {
+		t.Fatalf("%d hand-offs past a waiter of another process", p.HandOffs())
+	}
+	var e acquired
+	select {
+	case e = <-elsewhere:
+	case m := <-mine:
+		t.Fatalf("the Pool's next caller was served (%v) before the other process's waiter, first in line", m.err)
+	}
+	if e.err != nil {
+		t.Fatal(e.err)
+	}
+	mustRelease(t, e.h)
+	m := <-mine
+	if m.err != nil {
+		t.Fatal(m.err)
+	}
+	mustRelease(t, m.h)
+}
