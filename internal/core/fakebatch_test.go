@@ -57,7 +57,7 @@ func TestFakeBatchedTries(t *testing.T) {
 				second, err = p.Acquire(ctx, Request{Key: k(2), Try: true})
 				done <- err
 			}()
-			<-stall.entered
+			recv(t, stall.entered)
 			n := len(fs.stmts())
 			var keys []Key
 			for i := range 20 {
@@ -66,10 +66,10 @@ func TestFakeBatchedTries(t *testing.T) {
 			holds, errs, wg := tryAll(t, ctx, p, keys)
 			fs.await(t, "20 tries queued behind the stalled one", func() bool { return queuedOps(p) == 20 })
 			stall.release()
-			if err := <-done; err != nil {
+			if err := recv(t, done); err != nil {
 				t.Fatalf("the stalled try: %v", err)
 			}
-			wg.Wait()
+			waitAll(t, wg)
 			sent := fs.since(n)
 			if got := kinds(sent); !slices.Equal(got, []fkind{fBatchTry}) || sent[0].keys != 20 || sent[0].pid != first.PID() {
 				t.Fatalf("after the stalled try: %v (%d keys, backend %d); want one batch of 20 tries on backend %d", got, sent[0].keys, sent[0].pid, first.PID())
@@ -107,14 +107,14 @@ func TestFakeBatchOnFreshSession(t *testing.T) {
 		_, err := p.Acquire(bg, Request{Key: k(1), Try: true})
 		done <- err
 	}()
-	<-stall.entered
+	recv(t, stall.entered)
 	n := len(fs.stmts())
 	keys := []Key{k(2), k(3), k(4)}
 	holds, errs, wg := tryAll(t, bg, p, keys)
 	fs.await(t, "3 tries queued", func() bool { return queuedOps(p) == 3 })
 	stall.release()
-	wantErr(t, "the try of a key held elsewhere", <-done, ErrNotAcquired)
-	wg.Wait()
+	wantErr(t, "the try of a key held elsewhere", recv(t, done), ErrNotAcquired)
+	waitAll(t, wg)
 	if got := kinds(fs.since(n)); !slices.Equal(got, []fkind{fSession, fBatchTry}) {
 		t.Fatalf("after the refused try: %v; want the session's settings, then one batch", got)
 	}
@@ -145,7 +145,7 @@ func TestFakeBatchedUnlocks(t *testing.T) {
 	stall := fs.stallNext(fUnlock)
 	done := make(chan error, 1)
 	go func() { _, err := hs[0].Release(); done <- err }()
-	<-stall.entered
+	recv(t, stall.entered)
 	n := len(fs.stmts())
 	var wg sync.WaitGroup
 	errs := make([]error, 6)
@@ -154,10 +154,10 @@ func TestFakeBatchedUnlocks(t *testing.T) {
 	}
 	fs.await(t, "5 releases queued", func() bool { return queuedOps(p) == 5 })
 	stall.release()
-	if err := <-done; err != nil {
+	if err := recv(t, done); err != nil {
 		t.Fatal(err)
 	}
-	wg.Wait()
+	waitAll(t, &wg)
 	sent := fs.since(n)
 	if got := kinds(sent); !slices.Equal(got, []fkind{fBatchUnlock}) || sent[0].keys != 5 {
 		t.Fatalf("after the stalled unlock: %v; want one batch of 5 unlocks", got)
@@ -170,7 +170,7 @@ func TestFakeBatchedUnlocks(t *testing.T) {
 	// Unlocks and tries.
 	stall = fs.stallNext(fUnlock)
 	go func() { _, err := hs[6].Release(); done <- err }()
-	<-stall.entered
+	recv(t, stall.entered)
 	n = len(fs.stmts())
 	mixed := p.MixedBatches()
 	for i := 7; i <= 9; i++ {
@@ -179,11 +179,11 @@ func TestFakeBatchedUnlocks(t *testing.T) {
 	holds, tries, twg := tryAll(t, bg, p, []Key{k(20), k(21)})
 	fs.await(t, "3 releases and 2 tries queued", func() bool { return queuedOps(p) == 5 })
 	stall.release()
-	if err := <-done; err != nil {
+	if err := recv(t, done); err != nil {
 		t.Fatal(err)
 	}
-	wg.Wait()
-	twg.Wait()
+	waitAll(t, &wg)
+	waitAll(t, twg)
 	sent = fs.since(n)
 	if got := kinds(sent); !slices.Equal(got, []fkind{fBatchMixed}) || sent[0].keys != 5 || p.MixedBatches() != mixed+1 {
 		t.Fatalf("after the stalled unlock: %v (mixed batches %d → %d); want one mixed batch of 5 keys", got, mixed, p.MixedBatches())

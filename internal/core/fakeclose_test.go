@@ -34,7 +34,7 @@ func TestFakeClose(t *testing.T) {
 		t.Fatalf("Close = %v", err)
 	}
 	for _, ch := range []<-chan acquired{head, queued} {
-		a := <-ch
+		a := recv(t, ch)
 		wantErr(t, "a waiting call as the Pool closes", a.err, ErrNotAcquired, ErrClosed)
 	}
 	for _, h := range []*Hold{h1, h2} {
@@ -120,7 +120,7 @@ func TestFakeNoHandOver(t *testing.T) {
 	ch := acquireAsync(ctx, p, Request{Key: k(2)})
 	fs.awaitCount(t, fSlice, 1)
 	fs.unlockAs(other, k(2), false)
-	a := <-ch
+	a := recv(t, ch)
 	if a.err != nil {
 		t.Fatal(a.err)
 	}

@@ -444,7 +444,7 @@ func countIn(sts []*fakeStmt, kind fkind) int {
 // bound generous enough for a loaded machine.
 func (fs *fakeServer) await(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(fakeBound)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("gave up waiting for %s", what)

@@ -30,19 +30,19 @@ func TestFakeKeepAlive(t *testing.T) {
 		t.Fatalf("lost with nothing wrong: %v, %v, %v", h1.Err(), h2.Err(), o.Err())
 	}
 	fs.steal(k(1))
-	<-h1.Done()
+	recv(t, h1.Done())
 	wantErr(t, "a lock released behind the Pool's back", h1.Err(), ErrLockLost)
 	if !strings.Contains(h1.Err().Error(), "no longer holds it") {
 		t.Errorf("Err = %v: it does not say why", h1.Err())
 	}
 	fs.terminate(h2.PID())
-	<-h2.Done()
+	recv(t, h2.Done())
 	wantErr(t, "a lock whose session ended", h2.Err(), ErrLockLost)
 	if !strings.Contains(h2.Err().Error(), "ended") {
 		t.Errorf("Err = %v: it does not say why", h2.Err())
 	}
 	fs.steal(k(3))
-	<-o.Done()
+	recv(t, o.Done())
 	wantErr(t, "an Owned whose key went", o.Err(), ErrLockLost)
 	if got := p.Stats(); got.Lost != 3 || got.KeepAliveChecks < 2 {
 		t.Errorf("Stats() = %+v; want 3 lost, 2 checks or more", got)
@@ -66,7 +66,7 @@ func TestFakeKeepAliveFails(t *testing.T) {
 		t.Fatalf("lost after one failed check: %v", h.Err())
 	}
 	fs.failNext(fKeepAlive, 4, "XX000")
-	<-h.Done()
+	recv(t, h.Done())
 	wantErr(t, "a lock the keep-alive could not confirm twice", h.Err(), ErrLockLost)
 	if !strings.Contains(h.Err().Error(), "could not reach the server") {
 		t.Errorf("Err = %v: it does not say why", h.Err())

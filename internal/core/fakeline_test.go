@@ -38,7 +38,7 @@ func TestFakeWaitGranted(t *testing.T) {
 	ch := acquireAsync(testCtx(t), p, Request{Key: k(1)})
 	fs.awaitCount(t, fSlice, 3) // two slices ended, a third under way
 	fs.unlockAs(other, k(1), false)
-	a := <-ch
+	a := recv(t, ch)
 	if a.err != nil {
 		t.Fatal(a.err)
 	}
@@ -78,7 +78,7 @@ func TestFakeWaitLateGrant(t *testing.T) {
 		fs.unlockLocked(other, keyTag(k(1)), false) // freed as the slice starts: it is granted
 		return true
 	}})
-	a := <-ch
+	a := recv(t, ch)
 	if a.err != nil {
 		t.Fatal(a.err)
 	}
@@ -124,7 +124,7 @@ func TestFakeWaitCancelled(t *testing.T) {
 		ch := acquireAsync(ctx, p, Request{Key: k(1)})
 		fs.awaitCount(t, fSlice, 2)
 		cancel()
-		a := <-ch
+		a := recv(t, ch)
 		wantErr(t, "wait cancelled", a.err, ErrNotAcquired, context.Canceled)
 		if c := fs.counts(); c[fCancelWait] == 0 || c[fTerminate] != 1 {
 			t.Errorf("statements %v: want the backend's wait cancelled, and its grant checked", c)
@@ -141,10 +141,10 @@ func TestFakeWaitCancelled(t *testing.T) {
 		stall := fs.on(&fakeRule{kind: fRegister, times: 1, stall: make(chan struct{}), ignoreCtx: true})
 		ctx, cancel := context.WithCancel(bg)
 		ch := acquireAsync(ctx, p, Request{Key: k(1), Shared: true})
-		<-stall.entered
+		recv(t, stall.entered)
 		cancel()
 		stall.release()
-		a := <-ch
+		a := recv(t, ch)
 		wantErr(t, "wait cancelled", a.err, ErrNotAcquired, context.Canceled)
 		if c := fs.counts(); c[fGiveUp] != 1 || c[fSlice] != 0 {
 			t.Errorf("statements %v: want the line given up, no slice", c)
@@ -172,7 +172,7 @@ func TestFakeWaitSliceErrors(t *testing.T) {
 	ch := acquireAsync(testCtx(t), p, Request{Key: k(1)})
 	fs.awaitCount(t, fSlice, 4)
 	fs.unlockAs(other, k(1), false)
-	a := <-ch
+	a := recv(t, ch)
 	if a.err != nil {
 		t.Fatal(a.err)
 	}
@@ -218,7 +218,7 @@ func TestFakeLineOrder(t *testing.T) {
 		return ok1 && w1 == keyTag(k(1)) && ok2 && w2.sub == 2 && w2.c == class && w2.o != 0
 	})
 	fs.unlockAs(other, k(1), false)
-	a := <-first
+	a := recv(t, first)
 	if a.err != nil {
 		t.Fatal(a.err)
 	}
@@ -230,7 +230,7 @@ func TestFakeLineOrder(t *testing.T) {
 		return ok2 && w2 == keyTag(k(1))
 	})
 	mustRelease(t, a.h)
-	b := <-second
+	b := recv(t, second)
 	if b.err != nil || b.h.PID() != pids[1] {
 		t.Fatalf("the second waiter: %v on backend %d, want %d", b.err, b.h.PID(), pids[1])
 	}

@@ -29,18 +29,18 @@ func TestFakeMixedBatchRefused(t *testing.T) {
 			stall := fs.stallNext(fUnlock)
 			done := make(chan error, 1)
 			go func() { _, err := h1.Release(); done <- err }()
-			<-stall.entered
+			recv(t, stall.entered)
 			var wg sync.WaitGroup
 			var rerr error
 			wg.Go(func() { _, rerr = h2.Release() })
 			_, tries, twg := tryAll(t, bg, p, []Key{k(4)})
 			fs.await(t, "a release and a try queued", func() bool { return queuedOps(p) == 2 })
 			stall.release()
-			if err := <-done; err != nil {
+			if err := recv(t, done); err != nil {
 				t.Fatal(err)
 			}
-			wg.Wait()
-			twg.Wait()
+			waitAll(t, &wg)
+			waitAll(t, twg)
 			wantErr(t, "the try of the failed batch", tries[k(4)], ErrLockTableFull)
 			if fs.holder(k(4)) != 0 || fs.holder(k(2)) != 0 {
 				t.Errorf("after the failed batch: 4 held by %d, 2 by %d", fs.holder(k(4)), fs.holder(k(2)))
@@ -55,7 +55,7 @@ func TestFakeMixedBatchRefused(t *testing.T) {
 			if rerr == nil || errors.Is(rerr, ErrNotAcquired) {
 				t.Errorf("release in the uncertain batch = %v, want its failure", rerr)
 			}
-			<-h3.Done()
+			recv(t, h3.Done())
 			wantErr(t, "the session's other lock", h3.Err(), ErrLockLost)
 		})
 	}
@@ -73,10 +73,10 @@ func TestFakeTriedLate(t *testing.T) {
 	stall := fs.stallNext(fTry)
 	ctx, cancel := context.WithCancel(bg)
 	ch := acquireAsync(ctx, p, Request{Key: k(1), Try: true})
-	<-stall.entered
+	recv(t, stall.entered)
 	cancel()
 	stall.release()
-	a := <-ch
+	a := recv(t, ch)
 	wantErr(t, "try answered as its ctx ended", a.err, ErrNotAcquired, context.Canceled)
 	fs.await(t, "the key free", func() bool { return fs.holder(k(1)) == 0 })
 	if p.Stats().Discarded == 0 && fs.count(fUnlock) != 2 {
@@ -97,7 +97,7 @@ func TestFakeWaitedBefore(t *testing.T) {
 	ch := acquireAsync(testCtx(t), p, Request{Key: k(1), Shared: true})
 	fs.awaitCount(t, fSlice, 1)
 	fs.unlockAs(other, k(1), false)
-	a := <-ch
+	a := recv(t, ch)
 	if a.err != nil {
 		t.Fatal(a.err)
 	}

@@ -115,7 +115,7 @@ func TestFakeOwnedLock(t *testing.T) {
 	fs.awaitCount(t, fWait, 1)
 	fs.await(t, "the wait on the key", func() bool { w, ok := fs.waitingOn(o.PID()); return ok && w == keyTag(k(1)) })
 	fs.unlockAs(other, k(1), false)
-	if err := <-done; err != nil {
+	if err := recv(t, done); err != nil {
 		t.Fatal(err)
 	}
 	if fs.holder(k(1)) != o.PID() || fs.count(fWait) != 1 || fs.count(fRegister) != 0 {
@@ -142,8 +142,8 @@ func TestFakeOwnedLock(t *testing.T) {
 	go func() { done <- o.Lock(ctx, k(2)) }()
 	fs.await(t, "the wait on 2", func() bool { w, ok := fs.waitingOn(o.PID()); return ok && w == keyTag(k(2)) })
 	cancel()
-	wantErr(t, "Lock cancelled", <-done, ErrNotAcquired, context.Canceled)
-	<-o.Done()
+	wantErr(t, "Lock cancelled", recv(t, done), ErrNotAcquired, context.Canceled)
+	recv(t, o.Done())
 	wantErr(t, "Err of the Owned", o.Err(), ErrLockLost)
 	if lost := hooks.eventsOf(EventLost); len(lost) != 1 || !lost[0].Owned || lost[0].N != 1 {
 		t.Errorf("loss events %+v, want one of the Owned's 1 lock", lost)
@@ -177,9 +177,9 @@ func TestFakeOwnedFailures(t *testing.T) {
 	tctx, cancel := context.WithCancel(bg)
 	done := make(chan error, 1)
 	go func() { _, err := o.TryLock(tctx, []Key{k(4), k(5)}); done <- err }()
-	<-stall.entered
+	recv(t, stall.entered)
 	cancel()
-	wantErr(t, "TryLock cancelled during its statement", <-done, ErrNotAcquired, context.Canceled)
+	wantErr(t, "TryLock cancelled during its statement", recv(t, done), ErrNotAcquired, context.Canceled)
 	wantErr(t, "Err of the Owned", o.Err(), ErrLockLost)
 	fs.await(t, "its locks freed with its session", func() bool { return fs.lockCount() == 0 })
 

@@ -76,6 +76,30 @@ func newFakePool(t *testing.T, fs *fakeServer, cfg Config) (*Pool, *testHooks) {
 	return p, h
 }
 
+// fakeBound bounds every wait of the fake-driven tests: generous for a
+// loaded machine, it only ends a test whose Pool never answers.
+const fakeBound = 20 * time.Second
+
+// recv receives from ch, or fails the test after fakeBound.
+func recv[T any](t testing.TB, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(fakeBound):
+		t.Fatalf("no answer within %v", fakeBound)
+	}
+	panic("unreachable")
+}
+
+// waitAll waits for wg, or fails the test after fakeBound.
+func waitAll(t testing.TB, wg *sync.WaitGroup) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	recv(t, done)
+}
+
 // bg is a context that never ends; ctx one that the test cancels as it
 // ends (a caller's that can be cancelled, which makes the Pool's calls
 // take their cancellable paths).

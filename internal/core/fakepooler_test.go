@@ -59,7 +59,7 @@ func TestFakePoolerTwoConnections(t *testing.T) {
 	h1 := mustAcquire(t, bg, p, Request{Key: k(1), Try: true})
 	_, err := p.Acquire(bg, Request{Key: k(2), Shared: true}) // a session of its own
 	wantPoolerError(t, "lock on a second connection to the same backend", err)
-	<-h1.Done()
+	recv(t, h1.Done())
 	wantErr(t, "the first lock", h1.Err(), ErrLockLost, ErrSessionChanged)
 	fs.await(t, "the first lock freed on the server", func() bool { return fs.holder(k(1)) == 0 })
 	if fs.count(fStranded) == 0 {

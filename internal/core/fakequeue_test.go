@@ -27,7 +27,7 @@ func TestFakeQueueHandOff(t *testing.T) {
 		})
 		n := len(fs.stmts())
 		mustRelease(t, a)
-		b := <-ch
+		b := recv(t, ch)
 		if b.err != nil {
 			t.Fatal(b.err)
 		}
@@ -69,7 +69,7 @@ func TestFakeQueueNoHandOff(t *testing.T) {
 	ch := acquireAsync(ctx, p, Request{Key: k(1), Shared: true})
 	fs.await(t, "the reader queued", func() bool { return p.Queued(k(1)) == 1 })
 	mustRelease(t, a)
-	b := <-ch
+	b := recv(t, ch)
 	if b.err != nil {
 		t.Fatal(b.err)
 	}
@@ -89,7 +89,7 @@ func TestFakeQueueLeave(t *testing.T) {
 	ch := acquireAsync(ctx, p, Request{Key: k(1)})
 	fs.await(t, "the caller queued", func() bool { return p.Queued(k(1)) == 1 })
 	cancel()
-	b := <-ch
+	b := recv(t, ch)
 	wantErr(t, "queued caller whose ctx ended", b.err, ErrNotAcquired, context.Canceled)
 	if p.Queued(k(1)) != 0 {
 		t.Errorf("Queued = %d after the caller left, want 0", p.Queued(k(1)))
@@ -118,7 +118,7 @@ func TestFakeQueueHandedAsCtxEnds(t *testing.T) {
 		})
 		cancel()
 		mustRelease(t, a)
-		b := <-ch
+		b := recv(t, ch)
 		wantErr(t, "caller whose ctx ended", b.err, ErrNotAcquired, context.Canceled)
 		fs.await(t, "the key free", func() bool { return fs.holder(k(1)) == 0 && p.Stats().Held == 0 && p.Queued(k(1)) == 0 })
 	}
@@ -180,7 +180,7 @@ func TestFakeQueueHolderLost(t *testing.T) {
 	ctx := testCtx(t)
 	a := mustAcquire(t, ctx, p, Request{Key: k(1)})
 	fs.terminate(a.PID())
-	b := <-acquireAsync(ctx, p, Request{Key: k(1)})
+	b := recv(t, acquireAsync(ctx, p, Request{Key: k(1)}))
 	if b.err != nil {
 		t.Fatal(b.err)
 	}
@@ -222,7 +222,7 @@ func TestFakeQueueNoPassing(t *testing.T) {
 		t.Fatal(e.err)
 	}
 	mustRelease(t, e.h)
-	m := <-mine
+	m := recv(t, mine)
 	if m.err != nil {
 		t.Fatal(m.err)
 	}

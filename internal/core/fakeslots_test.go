@@ -43,7 +43,7 @@ func TestFakeSlots(t *testing.T) {
 	fs.awaitCount(t, fSlotSlice, 2)
 	freed := permits[1].Key()
 	mustRelease(t, permits[1])
-	a := <-done
+	a := recv(t, done)
 	if a.err != nil {
 		t.Fatal(a.err)
 	}

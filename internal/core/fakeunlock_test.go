@@ -62,7 +62,7 @@ func TestFakeUnlockUncertain(t *testing.T) {
 			if !first || err == nil || errors.Is(err, ErrLockLost) != tc.lost {
 				t.Fatalf("Release = %v, %v; want an error, a loss: %v", first, err, tc.lost)
 			}
-			<-h2.Done()
+			recv(t, h2.Done())
 			wantErr(t, "Err of the session's other lock", h2.Err(), ErrLockLost)
 			if first, err := h2.Release(); first || !errors.Is(err, ErrLockLost) {
 				t.Errorf("Release of the lost lock = %v, %v", first, err)

@@ -187,9 +187,9 @@ func TestFakeTryAbandoned(t *testing.T) {
 		_, err := p.Acquire(ctx, Request{Key: k(2), Try: true})
 		done <- err
 	}()
-	<-stall.entered
+	recv(t, stall.entered)
 	cancel()
-	wantErr(t, "try whose ctx ended", <-done, ErrNotAcquired, context.Canceled)
+	wantErr(t, "try whose ctx ended", recv(t, done), ErrNotAcquired, context.Canceled)
 	n := len(fs.stmts())
 	stall.release()
 	fs.await(t, "the late grant to be undone", func() bool { return fs.holder(k(2)) == 0 && fs.count(fUnlock) == 1 })
@@ -213,7 +213,7 @@ func TestFakeTryLeftBeforeSent(t *testing.T) {
 	stall := fs.stallNext(fUnlock)
 	released := make(chan error, 1)
 	go func() { _, err := h.Release(); released <- err }()
-	<-stall.entered
+	recv(t, stall.entered)
 	ctx, cancel := context.WithCancel(bg)
 	done := make(chan error, 1)
 	go func() {
@@ -222,9 +222,9 @@ func TestFakeTryLeftBeforeSent(t *testing.T) {
 	}()
 	fs.await(t, "the try queued", func() bool { return queuedOps(p) == 1 })
 	cancel()
-	wantErr(t, "try whose ctx ended in the queue", <-done, ErrNotAcquired, context.Canceled)
+	wantErr(t, "try whose ctx ended in the queue", recv(t, done), ErrNotAcquired, context.Canceled)
 	stall.release()
-	if err := <-released; err != nil {
+	if err := recv(t, released); err != nil {
 		t.Fatal(err)
 	}
 	if c := fs.counts(); c[fTry] != 1 || c[fBatchTry] != 0 || c[fBatchMixed] != 0 {
