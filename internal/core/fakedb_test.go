@@ -168,11 +168,12 @@ type fakeRule struct {
 	afterRun  bool
 	late      bool
 
-	used atomic.Int64 // statements it met
+	used     atomic.Int64 // statements it met
+	released sync.Once
 }
 
-// release ends the rule's stall.
-func (r *fakeRule) release() { close(r.stall) }
+// release ends the rule's stall (once, whoever calls it).
+func (r *fakeRule) release() { r.released.Do(func() { close(r.stall) }) }
 
 // fakeServer is the fake PostgreSQL server.
 type fakeServer struct {
@@ -508,7 +509,7 @@ func (fs *fakeServer) conflictsLocked(pid int64, t ftag, shared bool) bool {
 // tryLocked is pg_try_advisory_lock[_shared] of t for pid. The caller
 // holds mu.
 func (fs *fakeServer) tryLocked(pid int64, t ftag, shared bool) bool {
-	if fs.conflictsLocked(pid, t, shared) {
+	if b := fs.backends[pid]; b == nil || b.dead || fs.conflictsLocked(pid, t, shared) {
 		return false
 	}
 	l := fs.locks[t]
@@ -947,6 +948,9 @@ func (fs *fakeServer) run(ctx context.Context, c *fakeConn, b *fbackend, st *fak
 	q, args := sqltext.Unmarked(st.q), st.args
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
+	if b.dead {
+		return nil, sqlState("57P01") // ended while the statement waited to run
+	}
 	standby := fs.standby
 	switch st.kind {
 	case fVersion:

@@ -231,3 +231,38 @@ func TestFakeOpenStandby(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestFakeOwnedLockRefusedAfterGrant: a wait statement of an Owned's Lock
+// that the server failed with a certain refusal (a full lock table, a
+// deadlock) after it was granted the key (the statement applies the
+// session's settings after the grant, and a session-level lock outlives
+// the failed statement: settle guards a Pool's sessions against it) must
+// not leave the key held, unknown, on the Owned's session: the key is
+// released (or the Owned lost), and the connection never goes back to
+// the pool holding it.
+//
+// Known to fail: Owned.Lock takes such a refusal at its word (judge's
+// refused verdict), keeps the Owned, and its Close gives the connection
+// back with the key still held.
+func TestFakeOwnedLockRefusedAfterGrant(t *testing.T) {
+	t.Skip("known issue: Owned.Lock keeps a key granted by a wait statement that then failed with 53200 or 40P01")
+	for _, code := range []string{"53200", "40P01"} {
+		t.Run(code, func(t *testing.T) {
+			fs := newFakeServer()
+			p, _ := newFakePool(t, fs, Config{})
+			o := openOwned(t, p)
+			pid := o.PID()
+			fs.on(&fakeRule{kind: fWait, times: 1, err: sqlState(code), afterRun: true})
+			if err := o.Lock(bg, k(1)); err == nil {
+				t.Fatal("Lock = nil, want the refusal")
+			}
+			if o.Err() == nil && fs.holder(k(1)) == pid && !slices.Contains(o.Held(), k(1)) {
+				t.Errorf("the Owned's session holds key 1, which the Owned does not know it holds")
+			}
+			o.Close()
+			if fs.alive(pid) && fs.holder(k(1)) == pid {
+				t.Errorf("backend %d went back to the pool holding key 1", pid)
+			}
+		})
+	}
+}
