@@ -218,7 +218,7 @@ func newFakeServer() *fakeServer {
 
 // on adds rule r, and returns it.
 func (fs *fakeServer) on(r *fakeRule) *fakeRule {
-	if r.stall != nil && r.entered == nil {
+	if (r.stall != nil || r.late) && r.entered == nil {
 		r.entered = make(chan *fakeStmt, 64)
 	}
 	fs.mu.Lock()
@@ -702,13 +702,6 @@ func (c *fakeConn) ResetSession(context.Context) error {
 		return driver.ErrBadConn
 	}
 	return nil
-}
-
-// backend returns c's backend pid.
-func (c *fakeConn) pid() int64 {
-	c.fs.mu.Lock()
-	defer c.fs.mu.Unlock()
-	return c.b.pid
 }
 
 // breakLocked breaks c: its backend ends (the server sees its client go).

@@ -116,24 +116,31 @@ func TestFakeWaitDeadline(t *testing.T) {
 // is discarded (what it holds is unknown); a call cancelled as its
 // registration answered leaves the line, its session intact.
 func TestFakeWaitCancelled(t *testing.T) {
-	t.Run("in a slice", func(t *testing.T) {
-		fs := newFakeServer()
-		p, _ := newFakePool(t, fs, Config{Dedicated: true})
-		fs.lockAs(fs.external(), k(1), false)
-		ctx, cancel := context.WithCancel(bg)
-		ch := acquireAsync(ctx, p, Request{Key: k(1)})
-		fs.awaitCount(t, fSlice, 2)
-		cancel()
-		a := recv(t, ch)
-		wantErr(t, "wait cancelled", a.err, ErrNotAcquired, context.Canceled)
-		if c := fs.counts(); c[fCancelWait] == 0 || c[fTerminate] != 1 {
-			t.Errorf("statements %v: want the backend's wait cancelled, and its grant checked", c)
+	for _, closes := range []bool{false, true} {
+		name := "in a slice"
+		if closes {
+			name += ", the driver closing its connection"
 		}
-		if got := p.Stats(); got.Discarded != 1 || got.TimedOut != 0 {
-			t.Errorf("Stats() = %+v; want the session discarded", got)
-		}
-		fs.await(t, "only the holder's lock left", func() bool { return fs.lockCount() == 1 })
-	})
+		t.Run(name, func(t *testing.T) {
+			fs := newFakeServer()
+			fs.cancelCloses = closes
+			p, _ := newFakePool(t, fs, Config{Dedicated: true})
+			fs.lockAs(fs.external(), k(1), false)
+			ctx, cancel := context.WithCancel(bg)
+			ch := acquireAsync(ctx, p, Request{Key: k(1)})
+			fs.awaitCount(t, fSlice, 2)
+			cancel()
+			a := recv(t, ch)
+			wantErr(t, "wait cancelled", a.err, ErrNotAcquired, context.Canceled)
+			if c := fs.counts(); c[fCancelWait] == 0 || c[fTerminate] != 1 {
+				t.Errorf("statements %v: want the backend's wait cancelled, and its grant checked", c)
+			}
+			if got := p.Stats(); got.Discarded != 1 || got.TimedOut != 0 {
+				t.Errorf("Stats() = %+v; want the session discarded", got)
+			}
+			fs.await(t, "only the holder's lock left", func() bool { return fs.lockCount() == 1 })
+		})
+	}
 	t.Run("as it registers", func(t *testing.T) {
 		fs := newFakeServer()
 		p, _ := newFakePool(t, fs, Config{})

@@ -266,3 +266,23 @@ func TestFakeOwnedLockRefusedAfterGrant(t *testing.T) {
 		})
 	}
 }
+
+// TestFakeOwnedLateAnswer: an Owned's wait granted by the server, whose
+// answer the driver delivers only once the call's ctx ended, is
+// uncertain: the Owned is lost (its session discarded, and the key freed
+// with it), rather than told a grant its caller has given up on.
+func TestFakeOwnedLateAnswer(t *testing.T) {
+	fs := newFakeServer()
+	p, _ := newFakePool(t, fs, Config{})
+	o := openOwned(t, p)
+	r := fs.on(&fakeRule{kind: fWait, times: 1, late: true})
+	ctx, cancel := context.WithCancel(bg)
+	done := make(chan error, 1)
+	go func() { done <- o.Lock(ctx, k(1)) }()
+	recv(t, r.entered)
+	fs.await(t, "the key granted on the server", func() bool { return fs.holder(k(1)) == o.PID() })
+	cancel()
+	wantErr(t, "Lock answered after its ctx ended", recv(t, done), ErrNotAcquired, context.Canceled)
+	wantErr(t, "Err of the Owned", o.Err(), ErrLockLost)
+	fs.await(t, "the key freed with the session", func() bool { return fs.holder(k(1)) == 0 })
+}
