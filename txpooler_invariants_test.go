@@ -176,13 +176,59 @@ func (e *errTally) total() int {
 	return n
 }
 
+// txEvents counts a Locker's failed keep-alive checks, losses and
+// discarded connections, with the first error of each kind.
+type txEvents struct {
+	mu                                sync.Mutex
+	checks, checkErrs, lost, discards int
+	first                             map[sqllock.EventKind]error
+}
+
+func (o *txEvents) AcquireStart(context.Context, sqllock.Acquisition) func(*sqllock.Lock, error) {
+	return nil
+}
+
+func (o *txEvents) Event(_ context.Context, e sqllock.Event) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch e.Kind {
+	case sqllock.EventKeepAlive:
+		o.checks++
+		if e.Err == nil {
+			return
+		}
+		o.checkErrs++
+	case sqllock.EventLost:
+		o.lost++
+	case sqllock.EventDiscarded:
+		o.discards++
+	default:
+		return
+	}
+	if o.first == nil {
+		o.first = map[sqllock.EventKind]error{}
+	}
+	if o.first[e.Kind] == nil {
+		o.first[e.Kind] = e.Err
+	}
+}
+
+func (o *txEvents) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return fmt.Sprintf("%d keep-alive checks (%d failed: %v), %d locks lost (%v), %d connections discarded (%v)",
+		o.checks, o.checkErrs, o.first[sqllock.EventKeepAlive], o.lost, o.first[sqllock.EventLost], o.discards, o.first[sqllock.EventDiscarded])
+}
+
 // TestTxPoolerMixedLoad: two Lockers, six goroutines each, take three
 // keys at random with Lock, TryLock and Do for 10 s (2 s in the quick
 // run) behind the bouncer, with other clients' traffic on it. Inside,
 // each section counts itself in its key's "inside" counter: no section
 // ever finds another inside (no overlap), every call succeeds (TryLock
 // may find the key taken), and once the Lockers are closed no advisory
-// lock is left on the server.
+// lock is left on the server. The Lockers check their locks every 100 ms
+// (the shortest keep-alive): no check fails, no lock is lost and no
+// connection discarded.
 func TestTxPoolerMixedLoad(t *testing.T) {
 	long(t)
 	run := 10 * time.Second
@@ -195,7 +241,9 @@ func TestTxPoolerMixedLoad(t *testing.T) {
 		var inside [3]atomic.Int32
 		var sections, overlaps, contended [3]atomic.Int64
 		var errs errTally
-		lockers := []*sqllock.Locker{p.locker(t, drv), p.locker(t, drv)}
+		var ev txEvents
+		opts := []sqllock.Option{sqllock.WithKeepAlive(100 * time.Millisecond), sqllock.WithObserver(&ev)}
+		lockers := []*sqllock.Locker{p.locker(t, drv, opts...), p.locker(t, drv, opts...)}
 		deadline := time.Now().Add(run)
 		var wg sync.WaitGroup
 		for li, l := range lockers {
@@ -257,14 +305,16 @@ func TestTxPoolerMixedLoad(t *testing.T) {
 			over += overlaps[i].Load()
 			per = append(per, fmt.Sprintf("%v: %d sections, %d overlaps, %d TryLock found it taken", keys[i], sections[i].Load(), overlaps[i].Load(), contended[i].Load()))
 		}
-		st := []sqllock.Stats{lockers[0].Stats(), lockers[1].Stats()}
-		t.Logf("%v of 2 Lockers × 6 goroutines × 3 keys: %d sections, %d overlaps (%s); %d errors; lost %d, discarded %d",
-			run, total, over, strings.Join(per, "; "), errs.total(), st[0].Lost+st[1].Lost, st[0].Discarded+st[1].Discarded)
+		t.Logf("%v of 2 Lockers × 6 goroutines × 3 keys: %d sections, %d overlaps (%s); %d errors; %v",
+			run, total, over, strings.Join(per, "; "), errs.total(), &ev)
 		if over != 0 {
 			t.Errorf("%d sections found another inside", over)
 		}
 		if errs.total() != 0 {
 			t.Errorf("errors: %s", errs.String())
+		}
+		if ev.checkErrs != 0 || ev.lost != 0 || ev.discards != 0 {
+			t.Errorf("with no fault: %v", &ev)
 		}
 		for i := range keys {
 			if sections[i].Load() == 0 {
@@ -279,4 +329,281 @@ func TestTxPoolerMixedLoad(t *testing.T) {
 		took := p.waitNoStrays(t, 5*time.Second)
 		t.Logf("no advisory lock left %v after both Lockers closed", took.Round(time.Millisecond))
 	})
+}
+
+// txKeepAlive and txBound are the faults' keep-alive and orphan bound.
+const (
+	txKeepAlive = 200 * time.Millisecond
+	txBound     = 4 * time.Second
+)
+
+// told waits until lk's loss is told (Done closed) and checks that Err
+// matches ErrLockLost; it returns how long it waited.
+func told(t *testing.T, lk *sqllock.Lock, d time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	select {
+	case <-lk.Done():
+	case <-time.After(d):
+		t.Fatalf("the loss of %v not told (Done open) %v after the fault; Err %v", lk.Key(), d, lk.Err())
+	}
+	if err := lk.Err(); !errors.Is(err, sqllock.ErrLockLost) {
+		t.Fatalf("Err() = %v after Done, want ErrLockLost", err)
+	}
+	return time.Since(start)
+}
+
+// TestTxPoolerFaults: each fault of the list, on a Locker
+// WithTransactionPooler behind the bouncer (keep-alive 200 ms, orphan
+// bound 4 s) with other clients' traffic on it, while the Locker holds
+// another key on another session: the fault's holder keeps its lock or
+// is told it lost it (Done, Err matching ErrLockLost), the key is free
+// for others (or held by its holder only), no advisory lock is held by
+// a backend that no live holder owns, and the Locker goes on working.
+// Where the library closed a client connection in its transaction, the
+// backend is gone within 5 s (the bouncer closes the server connection):
+// the times are reported.
+func TestTxPoolerFaults(t *testing.T) {
+	long(t)
+	eachTxPooled(t, func(t *testing.T, p *txPooled, drv string) {
+		startPoolerTraffic(t, p.bdsn, trafficKey, 2)
+		l := p.locker(t, drv, sqllock.WithKeepAlive(txKeepAlive), sqllock.WithOrphanBound(txBound))
+		other := p.locker(t, drv)
+		// A lock held throughout, on a session of its own (a Lock that
+		// waited keeps the session it waited on).
+		bystander := sqllock.Int64(7610)
+		blocker, err := other.Lock(bg(), bystander)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var by *sqllock.Lock
+		byGot := make(chan error, 1)
+		go func() {
+			var err error
+			by, err = l.Lock(bg(), bystander)
+			byGot <- err
+		}()
+		waitFor(t, "the bystander's wait", func() bool { return waitingPID(t, p.observer, bystander) != 0 })
+		blocker.Unlock(bg())
+		if err := <-byGot; err != nil {
+			t.Fatal(err)
+		}
+		defer by.Unlock(bg())
+		bystanderOK := func(t *testing.T) {
+			t.Helper()
+			if err := by.Err(); err != nil {
+				t.Fatalf("the bystander lock on another session: Err() = %v", err)
+			}
+			if h := holders(t, p.observer, bystander); !slices.Equal(h, []int{by.PID()}) {
+				t.Fatalf("holders of the bystander %v = %v, want [%d]", bystander, h, by.PID())
+			}
+		}
+		// worksAfter: the Locker takes k again, and it holds nothing else.
+		worksAfter := func(t *testing.T, k sqllock.Key) {
+			t.Helper()
+			lk, err := l.TryLock(bg(), k)
+			if err != nil {
+				t.Fatalf("TryLock(%v) after the fault = %v", k, err)
+			}
+			if s := p.strays(t, by, lk); len(s) != 0 {
+				t.Fatalf("advisory locks no live holder owns: %v", s)
+			}
+			if err := lk.Unlock(bg()); err != nil {
+				t.Fatalf("Unlock() after the fault = %v", err)
+			}
+		}
+
+		t.Run("context cancelled mid-statement", func(t *testing.T) {
+			k := sqllock.Int64(7620)
+			held, err := other.Lock(bg(), k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mine, err := l.Lock(bg(), sqllock.Int64(7621)) // on a session of l's, with the wait or not
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(bg())
+			got := make(chan error, 1)
+			go func() {
+				_, err := l.Lock(ctx, k)
+				got <- err
+			}()
+			var waiter int
+			waitFor(t, "the wait in the server", func() bool { waiter = waitingPID(t, p.observer, k); return waiter != 0 })
+			cancel()
+			began := time.Now()
+			err = <-got
+			returned := time.Since(began)
+			if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+				t.Fatalf("the cancelled Lock() = %v, want ErrNotAcquired and context.Canceled", err)
+			}
+			// Then the holder lets go: nobody is granted it behind the
+			// caller's back.
+			if err := held.Unlock(bg()); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(500 * time.Millisecond)
+			if h := holders(t, p.observer, k); len(h) != 0 {
+				t.Fatalf("%v held by %v after the cancelled waiter's holder let go", k, h)
+			}
+			gone, closed := p.backendGone(t, waiter, time.Second)
+			if err := mine.Err(); err != nil {
+				t.Fatalf("l's other lock: Err() = %v", err)
+			}
+			p.waitNoStrays(t, 5*time.Second, by, mine)
+			bystanderOK(t)
+			if err := mine.Unlock(bg()); err != nil {
+				t.Fatal(err)
+			}
+			worksAfter(t, k)
+			t.Logf("the cancelled Lock returned %v after the cancel; its waiting backend %d: closed %v (%v)", returned.Round(time.Millisecond), waiter, closed, gone.Round(time.Millisecond))
+		})
+
+		t.Run("statement error aborts the transaction", func(t *testing.T) {
+			// A full lock table: another session takes advisory locks until
+			// the server refuses one; then a try on l's shared session
+			// fails, which aborts its transaction.
+			a := sqllock.Int64(7630)
+			held, err := l.TryLock(bg(), a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conn, err := p.observer.Conn(bg())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if _, err := conn.ExecContext(bg(), `DO $$ BEGIN
+				FOR i IN 1..10000000 LOOP PERFORM pg_advisory_lock(8000000000 + i); END LOOP;
+				EXCEPTION WHEN out_of_memory THEN NULL; END $$`); err != nil {
+				t.Fatal(err)
+			}
+			// The server may find room for a lock or two still: the
+			// tries go on until one is refused.
+			var terr error
+			var extra []*sqllock.Lock
+			for i := range 20 {
+				var lk *sqllock.Lock
+				if lk, terr = l.TryLock(bg(), sqllock.Int64(int64(7660+i))); terr != nil {
+					break
+				}
+				extra = append(extra, lk)
+			}
+			if _, err := conn.ExecContext(bg(), "SELECT pg_advisory_unlock_all()"); err != nil {
+				t.Fatal(err)
+			}
+			began := time.Now()
+			if !errors.Is(terr, sqllock.ErrLockTableFull) {
+				t.Fatalf("TryLock() on a full lock table = %v, want ErrLockTableFull", terr)
+			}
+			for _, lk := range extra {
+				if err := lk.Err(); err == nil {
+					lk.Unlock(bg())
+				}
+			}
+			// The other lock of the session either still holds (its
+			// backend shows it, and it is released cleanly), or is told
+			// lost, its backend gone and the key free.
+			var how string
+			select {
+			case <-held.Done():
+			case <-time.After(txBound + time.Second):
+			}
+			if err := held.Err(); err == nil {
+				if h := holders(t, p.observer, a); !slices.Equal(h, []int{held.PID()}) {
+					t.Fatalf("holders of %v = %v, want [%d] (Err nil)", a, h, held.PID())
+				}
+				p.waitNoStrays(t, 5*time.Second, by, held)
+				if err := held.Unlock(bg()); err != nil {
+					t.Fatalf("Unlock() = %v", err)
+				}
+				how = "the session's other lock kept"
+			} else {
+				if !errors.Is(err, sqllock.ErrLockLost) {
+					t.Fatalf("the session's other lock: Err() = %v, want nil or ErrLockLost", err)
+				}
+				gone, closed := p.backendGone(t, held.PID(), 5*time.Second)
+				if !closed {
+					t.Fatalf("the aborted session's backend %d still there 5 s after its loss", held.PID())
+				}
+				how = fmt.Sprintf("the session's other lock told lost %v after the error (%v); its backend gone %v later",
+					(time.Since(began) - gone).Round(time.Millisecond), err, gone.Round(time.Millisecond))
+			}
+			p.waitNoStrays(t, 5*time.Second, by)
+			bystanderOK(t)
+			worksAfter(t, a)
+			t.Logf("TryLock() on a full lock table = %v; %s", terr, how)
+		})
+
+		t.Run("the server terminates the holder's backend", func(t *testing.T) {
+			k := sqllock.Int64(7640)
+			lk, err := l.Lock(bg(), k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ok bool
+			if err := p.observer.QueryRow("SELECT pg_terminate_backend($1)", lk.PID()).Scan(&ok); err != nil || !ok {
+				t.Fatalf("pg_terminate_backend = %v, %v", ok, err)
+			}
+			took := told(t, lk, txBound)
+			p.waitNoStrays(t, 5*time.Second, by)
+			bystanderOK(t)
+			worksAfter(t, k)
+			t.Logf("the holder of a terminated backend told ErrLockLost %v after: %v", took.Round(time.Millisecond), lk.Err())
+		})
+
+		t.Run("the pooler kills the client connections", func(t *testing.T) {
+			// KILL drops every client and server connection of the
+			// database: the bystander's too (it is lost); RESUME lets new
+			// clients in.
+			k := sqllock.Int64(7650)
+			lk, err := l.Lock(bg(), k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pid := lk.PID()
+			db := pgtest.DatabaseOf(p.dsn)
+			if err := p.bouncer.Admin(bg(), "KILL "+db); err != nil {
+				t.Fatal(err)
+			}
+			killed := time.Now()
+			if err := p.bouncer.Admin(bg(), "RESUME "+db); err != nil {
+				t.Fatal(err)
+			}
+			took := told(t, lk, txBound)
+			tookBy := told(t, by, txBound)
+			if _, closed := p.backendGone(t, pid, 5*time.Second); !closed {
+				t.Fatalf("the holder's backend %d still there 5 s after KILL", pid)
+			}
+			gone := time.Since(killed)
+			p.waitNoStrays(t, 5*time.Second)
+			worksAfter2 := func() {
+				lk, err := l.TryLock(bg(), k)
+				if err != nil {
+					t.Fatalf("TryLock(%v) after KILL and RESUME = %v", k, err)
+				}
+				if s := p.strays(t, lk); len(s) != 0 {
+					t.Fatalf("advisory locks no live holder owns: %v", s)
+				}
+				lk.Unlock(bg())
+			}
+			began := time.Now()
+			worksAfter2()
+			t.Logf("KILL: both holders told ErrLockLost (%v, %v after); the backend gone %v after KILL; a TryLock and Unlock after RESUME took %v",
+				took.Round(time.Millisecond), tookBy.Round(time.Millisecond), gone.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
+		})
+	})
+}
+
+// waitFor polls cond every 5 ms until it holds, and fails t after 20 s.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not seen within 20 s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
