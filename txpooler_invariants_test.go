@@ -362,7 +362,10 @@ func told(t *testing.T, lk *sqllock.Lock, d time.Duration) time.Duration {
 // a backend that no live holder owns, and the Locker goes on working.
 // Where the library closed a client connection in its transaction, the
 // backend is gone within 5 s (the bouncer closes the server connection):
-// the times are reported.
+// the times are reported. The faults: a waiting Lock whose context is
+// cancelled; the server terminating a holder's backend; PgBouncer's
+// RECONNECT and RELOAD (nothing lost) and KILL (every holder told); a
+// statement that fails and aborts the transaction (a full lock table).
 func TestTxPoolerFaults(t *testing.T) {
 	long(t)
 	eachTxPooled(t, func(t *testing.T, p *txPooled, drv string) {
@@ -460,10 +463,103 @@ func TestTxPoolerFaults(t *testing.T) {
 			t.Logf("the cancelled Lock returned %v after the cancel; its waiting backend %d: closed %v (%v)", returned.Round(time.Millisecond), waiter, closed, gone.Round(time.Millisecond))
 		})
 
+		t.Run("the server terminates the holder's backend", func(t *testing.T) {
+			k := sqllock.Int64(7640)
+			lk, err := l.Lock(bg(), k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ok bool
+			if err := p.observer.QueryRow("SELECT pg_terminate_backend($1)", lk.PID()).Scan(&ok); err != nil || !ok {
+				t.Fatalf("pg_terminate_backend = %v, %v", ok, err)
+			}
+			took := told(t, lk, txBound)
+			p.waitNoStrays(t, 5*time.Second, by)
+			bystanderOK(t)
+			worksAfter(t, k)
+			t.Logf("the holder of a terminated backend told ErrLockLost %v after: %v", took.Round(time.Millisecond), lk.Err())
+		})
+
+		t.Run("the pooler reconnects and reloads", func(t *testing.T) {
+			// RECONNECT closes each server connection once it is released:
+			// a pinned one is not, until its transaction ends; RELOAD
+			// changes nothing. The lock stays, through several checks.
+			k := sqllock.Int64(7645)
+			lk, err := l.Lock(bg(), k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pid := lk.PID()
+			for _, cmd := range []string{"RECONNECT " + pgtest.DatabaseOf(p.dsn), "RELOAD"} {
+				if err := p.bouncer.Admin(bg(), cmd); err != nil {
+					t.Fatalf("%s: %v", cmd, err)
+				}
+			}
+			time.Sleep(5 * txKeepAlive)
+			if err := lk.Err(); err != nil {
+				t.Fatalf("Err() after RECONNECT = %v", err)
+			}
+			if h := holders(t, p.observer, k); !slices.Equal(h, []int{pid}) {
+				t.Fatalf("holders of %v after RECONNECT = %v, want [%d]", k, h, pid)
+			}
+			bystanderOK(t)
+			if err := lk.Unlock(bg()); err != nil {
+				t.Fatalf("Unlock() after RECONNECT = %v", err)
+			}
+			gone, closed := p.backendGone(t, pid, 2*time.Second)
+			p.waitNoStrays(t, 5*time.Second, by)
+			worksAfter(t, k)
+			t.Logf("RECONNECT and RELOAD: the lock kept; its server connection closed after the unlock: %v (%v)", closed, gone.Round(time.Millisecond))
+		})
+
+		t.Run("the pooler kills the client connections", func(t *testing.T) {
+			// KILL drops every client and server connection of the
+			// database: the bystander's too (it is lost); RESUME lets new
+			// clients in.
+			k := sqllock.Int64(7650)
+			lk, err := l.Lock(bg(), k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pid := lk.PID()
+			db := pgtest.DatabaseOf(p.dsn)
+			if err := p.bouncer.Admin(bg(), "KILL "+db); err != nil {
+				t.Fatal(err)
+			}
+			killed := time.Now()
+			if err := p.bouncer.Admin(bg(), "RESUME "+db); err != nil {
+				t.Fatal(err)
+			}
+			took := told(t, lk, txBound)
+			tookBy := told(t, by, txBound)
+			if _, closed := p.backendGone(t, pid, 5*time.Second); !closed {
+				t.Fatalf("the holder's backend %d still there 5 s after KILL", pid)
+			}
+			gone := time.Since(killed)
+			p.waitNoStrays(t, 5*time.Second)
+			worksAfter2 := func() {
+				lk, err := l.TryLock(bg(), k)
+				if err != nil {
+					t.Fatalf("TryLock(%v) after KILL and RESUME = %v", k, err)
+				}
+				if s := p.strays(t, lk); len(s) != 0 {
+					t.Fatalf("advisory locks no live holder owns: %v", s)
+				}
+				lk.Unlock(bg())
+			}
+			began := time.Now()
+			worksAfter2()
+			t.Logf("KILL: both holders told ErrLockLost (%v, %v after); the backend gone %v after KILL; a TryLock and Unlock after RESUME took %v",
+				took.Round(time.Millisecond), tookBy.Round(time.Millisecond), gone.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
+		})
+
 		t.Run("statement error aborts the transaction", func(t *testing.T) {
 			// A full lock table: another session takes advisory locks until
 			// the server refuses one; then a try on l's shared session
-			// fails, which aborts its transaction.
+			// fails, which aborts its transaction. Last: a server session
+			// that PgBouncer opens meanwhile fails to log in, and the
+			// bouncer then waits server_login_retry (15 s) before it
+			// opens another.
 			a := sqllock.Int64(7630)
 			held, err := l.TryLock(bg(), a)
 			if err != nil {
@@ -514,7 +610,7 @@ func TestTxPoolerFaults(t *testing.T) {
 				if h := holders(t, p.observer, a); !slices.Equal(h, []int{held.PID()}) {
 					t.Fatalf("holders of %v = %v, want [%d] (Err nil)", a, h, held.PID())
 				}
-				p.waitNoStrays(t, 5*time.Second, by, held)
+				p.waitNoStrays(t, 5*time.Second, held)
 				if err := held.Unlock(bg()); err != nil {
 					t.Fatalf("Unlock() = %v", err)
 				}
@@ -530,68 +626,9 @@ func TestTxPoolerFaults(t *testing.T) {
 				how = fmt.Sprintf("the session's other lock told lost %v after the error (%v); its backend gone %v later",
 					(time.Since(began) - gone).Round(time.Millisecond), err, gone.Round(time.Millisecond))
 			}
-			p.waitNoStrays(t, 5*time.Second, by)
-			bystanderOK(t)
+			p.waitNoStrays(t, 5*time.Second)
 			worksAfter(t, a)
 			t.Logf("TryLock() on a full lock table = %v; %s", terr, how)
-		})
-
-		t.Run("the server terminates the holder's backend", func(t *testing.T) {
-			k := sqllock.Int64(7640)
-			lk, err := l.Lock(bg(), k)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var ok bool
-			if err := p.observer.QueryRow("SELECT pg_terminate_backend($1)", lk.PID()).Scan(&ok); err != nil || !ok {
-				t.Fatalf("pg_terminate_backend = %v, %v", ok, err)
-			}
-			took := told(t, lk, txBound)
-			p.waitNoStrays(t, 5*time.Second, by)
-			bystanderOK(t)
-			worksAfter(t, k)
-			t.Logf("the holder of a terminated backend told ErrLockLost %v after: %v", took.Round(time.Millisecond), lk.Err())
-		})
-
-		t.Run("the pooler kills the client connections", func(t *testing.T) {
-			// KILL drops every client and server connection of the
-			// database: the bystander's too (it is lost); RESUME lets new
-			// clients in.
-			k := sqllock.Int64(7650)
-			lk, err := l.Lock(bg(), k)
-			if err != nil {
-				t.Fatal(err)
-			}
-			pid := lk.PID()
-			db := pgtest.DatabaseOf(p.dsn)
-			if err := p.bouncer.Admin(bg(), "KILL "+db); err != nil {
-				t.Fatal(err)
-			}
-			killed := time.Now()
-			if err := p.bouncer.Admin(bg(), "RESUME "+db); err != nil {
-				t.Fatal(err)
-			}
-			took := told(t, lk, txBound)
-			tookBy := told(t, by, txBound)
-			if _, closed := p.backendGone(t, pid, 5*time.Second); !closed {
-				t.Fatalf("the holder's backend %d still there 5 s after KILL", pid)
-			}
-			gone := time.Since(killed)
-			p.waitNoStrays(t, 5*time.Second)
-			worksAfter2 := func() {
-				lk, err := l.TryLock(bg(), k)
-				if err != nil {
-					t.Fatalf("TryLock(%v) after KILL and RESUME = %v", k, err)
-				}
-				if s := p.strays(t, lk); len(s) != 0 {
-					t.Fatalf("advisory locks no live holder owns: %v", s)
-				}
-				lk.Unlock(bg())
-			}
-			began := time.Now()
-			worksAfter2()
-			t.Logf("KILL: both holders told ErrLockLost (%v, %v after); the backend gone %v after KILL; a TryLock and Unlock after RESUME took %v",
-				took.Round(time.Millisecond), tookBy.Round(time.Millisecond), gone.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
 		})
 	})
 }
@@ -605,5 +642,51 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 			t.Fatalf("%s: not seen within 20 s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestTxPoolerClientClosedInTransaction: PgBouncer in transaction mode
+// closes the server connection of a client that closes its connection
+// in the middle of a transaction, which a Locker WithTransactionPooler
+// relies on when it is in doubt: the backend, holding a session-level
+// lock taken in the transaction, is gone, and the key free, within 5 s,
+// 10 times per driver (the times reported).
+func TestTxPoolerClientClosedInTransaction(t *testing.T) {
+	p := behindTxPooler(t, 4)
+	startPoolerTraffic(t, p.bdsn, trafficKey, 2)
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			dsn := p.bdsn
+			if drv == "pgx" {
+				dsn += "&default_query_exec_mode=simple_protocol"
+			}
+			db := pgtest.Open(t, drv, dsn)
+			db.SetMaxIdleConns(0) // a connection given back is closed
+			k := sqllock.Int64(7700 + int64(len(drv)))
+			var times []time.Duration
+			for range 10 {
+				conn, err := db.Conn(bg())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := conn.ExecContext(bg(), "BEGIN"); err != nil {
+					t.Fatal(err)
+				}
+				var pid int
+				var got bool
+				if err := conn.QueryRowContext(bg(), "SELECT pg_backend_pid(), pg_try_advisory_lock(7700 + $1::int8)", len(drv)).Scan(&pid, &got); err != nil || !got {
+					t.Fatalf("the lock in the transaction: %v, %v", got, err)
+				}
+				conn.Close()
+				took, gone := p.backendGone(t, pid, 5*time.Second)
+				if !gone {
+					t.Fatalf("backend %d still there %v after its client closed its connection in a transaction", pid, took)
+				}
+				waitFree(t, p.observer, k, time.Second)
+				times = append(times, took)
+			}
+			slices.Sort(times)
+			t.Logf("the backend of a client closed in a transaction gone after %v (median), %v (most), of 10", times[5].Round(time.Millisecond), times[9].Round(time.Millisecond))
+		})
 	}
 }
