@@ -1,0 +1,172 @@
+package sqllock_test
+
+// The held transaction of a Locker WithTransactionPooler costs the
+// database nothing else: no transaction id and no snapshot between
+// statements, index builds elsewhere complete, fencing tokens increase
+// (see txpooler_invariants_test.go for the set-up).
+
+import (
+	"context"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/pgtest"
+)
+
+// cicTrials builds an index concurrently on a direct connection of p,
+// n times, each while during() holds what it sets up (and until the
+// function it returns is called), and returns the longest build and the
+// number that failed (30 s each at most).
+func cicTrials(t *testing.T, p *txPooled, drv string, n int, during func(trial int) (after func())) (worst time.Duration, failed int) {
+	t.Helper()
+	direct := pgtest.Open(t, drv, p.dsn)
+	if _, err := direct.Exec("CREATE TABLE IF NOT EXISTS items AS SELECT g AS id, md5(g::text) AS name FROM generate_series(1, 2000) g"); err != nil {
+		t.Fatal(err)
+	}
+	for trial := range n {
+		after := during(trial)
+		ctx, cancel := context.WithTimeout(bg(), 30*time.Second)
+		began := time.Now()
+		_, err := direct.ExecContext(ctx, "CREATE INDEX CONCURRENTLY ON items (name)")
+		took := time.Since(began)
+		cancel()
+		worst = max(worst, took)
+		if err != nil {
+			failed++
+			t.Logf("trial %d: CREATE INDEX CONCURRENTLY after %v: %v", trial, took.Round(time.Millisecond), err)
+		}
+		after()
+	}
+	return worst, failed
+}
+
+// TestTxPoolerCIC: CREATE INDEX CONCURRENTLY on a direct connection
+// completes while two Lockers WithTransactionPooler hold keys behind the
+// bouncer (Lock, RLock, a semaphore's permit, on a shared session, on
+// sessions of their own, and on a session that waited: four server
+// connections), within 5 s, 5 builds each. The times are reported.
+func TestTxPoolerCIC(t *testing.T) {
+	long(t)
+	eachTxPooled(t, func(t *testing.T, p *txPooled, drv string) {
+		startPoolerTraffic(t, p.bdsn, trafficKey, 2)
+		a, b := p.locker(t, drv), p.locker(t, drv)
+		worst, failed := cicTrials(t, p, drv, 5, func(trial int) func() {
+			var held []*sqllock.Lock
+			take := func(lk *sqllock.Lock, err error) {
+				t.Helper()
+				if err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, lk)
+			}
+			take(a.Lock(bg(), sqllock.Int64(7900)))
+			take(b.RLock(bg(), sqllock.Int64(7901)))
+			take(a.Semaphore("cic", 2).Acquire(bg()))
+			// A Lock that waited holds on the session it waited on.
+			got := make(chan error, 1)
+			go func() {
+				lk, err := b.Lock(bg(), sqllock.Int64(7900))
+				if err == nil {
+					held = append(held, lk)
+				}
+				got <- err
+			}()
+			waitFor(t, "the waiter in the server", func() bool { return waitingPID(t, p.observer, sqllock.Int64(7900)) != 0 })
+			held[0].Unlock(bg())
+			if err := <-got; err != nil {
+				t.Fatal(err)
+			}
+			held = held[1:]
+			return func() {
+				for _, lk := range held {
+					if err := lk.Unlock(bg()); err != nil {
+						t.Errorf("Unlock() = %v", err)
+					}
+				}
+			}
+		})
+		t.Logf("5 index builds while 4 locks were held: the longest took %v, %d failed", worst.Round(time.Millisecond), failed)
+		if failed > 0 || worst > 5*time.Second {
+			t.Errorf("index builds while locks were held: %d failed, the longest took %v (want none failed, at most 5 s)", failed, worst)
+		}
+		p.waitNoStrays(t, 5*time.Second)
+	})
+}
+
+// TestTxPoolerCICWhileBusy shows that an index build elsewhere waits for
+// a Locker WithTransactionPooler that is waiting for a key, or whose
+// shared sessions are busy: CREATE INDEX CONCURRENTLY waits for every
+// transaction that had a snapshot as it began its last phase until that
+// transaction ends, and a pinned session's transaction, which ran a
+// statement then (a wait's slice, a try, an unlock), ends only once the
+// session holds nothing. It fails today (the builds time out at 30 s),
+// so it runs only when SQLLOCK_TXPOOLER_CIC is set.
+func TestTxPoolerCICWhileBusy(t *testing.T) {
+	long(t)
+	if os.Getenv("SQLLOCK_TXPOOLER_CIC") == "" {
+		t.Skip("known to fail (an index build waits for a pinned transaction that ran a statement as it began its last phase); set SQLLOCK_TXPOOLER_CIC=1 to run it")
+	}
+	eachTxPooled(t, func(t *testing.T, p *txPooled, drv string) {
+		t.Run("a waiter waits", func(t *testing.T) {
+			holder, waiter := p.locker(t, drv), p.locker(t, drv)
+			k := sqllock.Int64(7910)
+			worst, failed := cicTrials(t, p, drv, 3, func(int) func() {
+				lk, err := holder.Lock(bg(), k)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := make(chan error, 1)
+				go func() {
+					w, err := waiter.Lock(bg(), k)
+					if err == nil {
+						err = w.Unlock(bg())
+					}
+					got <- err
+				}()
+				waitFor(t, "the waiter in the server", func() bool { return waitingPID(t, p.observer, k) != 0 })
+				return func() {
+					lk.Unlock(bg())
+					if err := <-got; err != nil {
+						t.Errorf("the waiter: %v", err)
+					}
+				}
+			})
+			t.Logf("3 index builds while a waiter waited: %d failed, the longest took %v", failed, worst.Round(time.Millisecond))
+			if failed > 0 {
+				t.Errorf("%d of 3 index builds failed while a waiter waited", failed)
+			}
+		})
+		t.Run("shared sessions busy", func(t *testing.T) {
+			ls := []*sqllock.Locker{p.locker(t, drv), p.locker(t, drv)}
+			ctx, cancel := context.WithCancel(bg())
+			var wg sync.WaitGroup
+			var sections atomic.Int64
+			for i, l := range ls {
+				for g := range 4 {
+					wg.Go(func() {
+						for ctx.Err() == nil {
+							lk, err := l.TryLock(bg(), sqllock.Int64(int64(7920+10*i+g)))
+							if err != nil {
+								continue
+							}
+							time.Sleep(time.Millisecond)
+							lk.Unlock(bg())
+							sections.Add(1)
+						}
+					})
+				}
+			}
+			worst, failed := cicTrials(t, p, drv, 5, func(int) func() { return func() {} })
+			cancel()
+			wg.Wait()
+			t.Logf("5 index builds while 8 goroutines took and released keys (%d sections): %d failed, the longest took %v", sections.Load(), failed, worst.Round(time.Millisecond))
+			if failed > 0 {
+				t.Errorf("%d of 5 index builds failed while shared sessions were busy", failed)
+			}
+		})
+	})
+}
