@@ -7,6 +7,8 @@ package sqllock_test
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -160,7 +162,10 @@ func TestTxPoolerCICWhileBusy(t *testing.T) {
 					})
 				}
 			}
-			worst, failed := cicTrials(t, p, drv, 5, func(int) func() { return func() {} })
+			worst, failed := cicTrials(t, p, drv, 5, func(int) func() {
+				time.Sleep(time.Second) // the load under way
+				return func() {}
+			})
 			cancel()
 			wg.Wait()
 			t.Logf("5 index builds while 8 goroutines took and released keys (%d sections): %d failed, the longest took %v", sections.Load(), failed, worst.Round(time.Millisecond))
@@ -168,5 +173,123 @@ func TestTxPoolerCICWhileBusy(t *testing.T) {
 				t.Errorf("%d of 5 index builds failed while shared sessions were busy", failed)
 			}
 		})
+	})
+}
+
+// TestTxPoolerNoXidNoSnapshot: the backends of a Locker
+// WithTransactionPooler that hold keys (a Lock and a TryLock on a shared
+// session, and with a pool of 8 a permit and an election's term that
+// proclaimed, each token taken) and of one that waits for a key have no
+// transaction id and no snapshot between statements: sampled every 10 ms
+// for 3 s from pg_stat_activity, every sample of them idle in
+// transaction (or aborted, between a wait's slice and the rollback to its
+// savepoint) shows backend_xid and backend_xmin null. The keep-alive
+// (200 ms) and the lease's statements run meanwhile, and tokens are
+// taken. The counts are reported.
+func TestTxPoolerNoXidNoSnapshot(t *testing.T) {
+	long(t)
+	eachTxPooled(t, func(t *testing.T, p *txPooled, drv string) {
+		startPoolerTraffic(t, p.bdsn, trafficKey, 2)
+		l := p.locker(t, drv, sqllock.WithKeepAlive(200*time.Millisecond), sqllock.WithOrphanBound(4*time.Second))
+		other := p.locker(t, drv)
+		var held []*sqllock.Lock
+		take := func(lk *sqllock.Lock, err error) *sqllock.Lock {
+			t.Helper()
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, lk)
+			return lk
+		}
+		take(l.Lock(bg(), sqllock.Int64(7930)))
+		take(l.TryLock(bg(), sqllock.Int64(7931)))
+		if p.pool >= 8 {
+			// Each on a session of its own: with a pool of 4, they would
+			// leave the bouncer no server connection for the keep-alive
+			// and the other clients.
+			take(l.Semaphore("xmin", 2).Acquire(bg()))
+			el := l.Election(sqllock.Int64(7932))
+			take(el.Campaign(bg(), "xmin"))
+			if err := el.Proclaim(bg(), "xmin2"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A Lock that waits for a key another Locker holds (which this
+		// test keeps), and one that waited and holds.
+		blocked := sqllock.Int64(7933)
+		if _, err := other.Lock(bg(), blocked); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(bg())
+		defer cancel()
+		go l.Lock(ctx, blocked)
+		var waiter int
+		waitFor(t, "the waiter in the server", func() bool { waiter = waitingPID(t, p.observer, blocked); return waiter != 0 })
+		pids := map[int]bool{waiter: true}
+		for _, lk := range held {
+			if _, err := lk.Token(bg()); err != nil {
+				t.Fatalf("Token() = %v", err)
+			}
+			pids[lk.PID()] = true
+		}
+		var list []int64
+		for pid := range pids {
+			list = append(list, int64(pid))
+		}
+		idle, idleBad, aborted, active, activeXmin := 0, 0, 0, 0, 0
+		var bad []string
+		deadline := time.Now().Add(3 * time.Second)
+		for i := 0; time.Now().Before(deadline); i++ {
+			if i%20 == 0 {
+				// Statements on the holders' sessions meanwhile.
+				if _, err := held[i/20%len(held)].Token(bg()); err != nil {
+					t.Fatalf("Token() = %v", err)
+				}
+			}
+			rows, err := p.observer.Query(`SELECT pid, state, backend_xid::text, backend_xmin::text FROM pg_stat_activity WHERE pid = ANY($1)`, list)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rows.Next() {
+				var pid int
+				var state string
+				var xid, xmin sql.NullString
+				if err := rows.Scan(&pid, &state, &xid, &xmin); err != nil {
+					t.Fatal(err)
+				}
+				switch state {
+				case "idle in transaction", "idle in transaction (aborted)":
+					// Aborted: a wait's slice that ended with its
+					// lock_timeout, before the rollback to its savepoint.
+					idle++
+					if state != "idle in transaction" {
+						aborted++
+					}
+					if xid.Valid || xmin.Valid {
+						idleBad++
+						bad = append(bad, fmt.Sprintf("backend %d: xid %v, xmin %v", pid, xid.String, xmin.String))
+					}
+				case "active":
+					active++
+					if xmin.Valid {
+						activeXmin++
+					}
+				default:
+					var q string
+					p.observer.QueryRow("SELECT query FROM pg_stat_activity WHERE pid = $1", pid).Scan(&q)
+					t.Fatalf("backend %d (waiter %d) is %q, want idle in transaction or active; its last statement: %s", pid, waiter, state, q)
+				}
+			}
+			rows.Close()
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Logf("%d backends (%d holders, 1 waiter): %d samples idle in transaction (%d aborted: a wait's slice, before its rollback to the savepoint), %d with a transaction id or a snapshot; %d samples mid-statement (%d with a snapshot)",
+			len(list), len(list)-1, idle, aborted, idleBad, active, activeXmin)
+		if idleBad > 0 {
+			t.Errorf("%d samples idle in transaction had a transaction id or a snapshot: %v", idleBad, bad[:min(len(bad), 5)])
+		}
+		if idle < 100 {
+			t.Errorf("%d samples idle in transaction, want at least 100", idle)
+		}
 	})
 }
