@@ -289,3 +289,93 @@ func TestTxPoolerInspectStatementCache(t *testing.T) {
 		t.Errorf("%d of 200 Inspect calls failed", failed)
 	}
 }
+
+// TestTxPoolerWindowsAndShared: behind the bouncer, TryDo runs its task
+// on a free key and not on a held one; Do with WithHoldAtLeast and
+// Lock.UnlockAfter keep the key held (another Locker's TryLock is
+// refused) until their window ends, then free it; two Lockers' RLocks
+// share a key that a third cannot Lock meanwhile.
+func TestTxPoolerWindowsAndShared(t *testing.T) {
+	long(t)
+	eachTxPooled(t, func(t *testing.T, p *txPooled, drv string) {
+		startPoolerTraffic(t, p.bdsn, trafficKey, 2)
+		a, b, c := p.locker(t, drv), p.locker(t, drv), p.locker(t, drv)
+		refused := func(k sqllock.Key) bool {
+			lk, err := c.TryLock(bg(), k)
+			if err == nil {
+				lk.Unlock(bg())
+				return false
+			}
+			if !errors.Is(err, sqllock.ErrNotAcquired) {
+				t.Fatalf("TryLock() = %v", err)
+			}
+			return true
+		}
+		const window = 600 * time.Millisecond
+		// freedAfter checks that k is held until at least window after
+		// acquired, and free within 5 s after that.
+		freedAfter := func(k sqllock.Key, acquired time.Time, what string) {
+			t.Helper()
+			if time.Since(acquired) < window-100*time.Millisecond && !refused(k) {
+				t.Fatalf("%s: the key free %v after it was acquired, before its window of %v", what, time.Since(acquired), window)
+			}
+			deadline := acquired.Add(window + 5*time.Second)
+			for refused(k) {
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: the key still held 5 s after its window", what)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if since := time.Since(acquired); since < window {
+				t.Fatalf("%s: the key free %v after it was acquired, before its window of %v", what, since, window)
+			}
+		}
+		k := sqllock.Int64(7970)
+		ran, err := a.TryDo(bg(), k, func(context.Context) error { return nil })
+		if err != nil || !ran {
+			t.Fatalf("TryDo() on a free key = %v, %v", ran, err)
+		}
+		held, err := b.Lock(bg(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ran, err := a.TryDo(bg(), k, func(context.Context) error { return nil }); err != nil || ran {
+			t.Fatalf("TryDo() on a held key = %v, %v; want false, nil", ran, err)
+		}
+		held.Unlock(bg())
+		var acquired time.Time
+		if err := a.Do(bg(), k, func(context.Context) error { acquired = time.Now(); return nil }, sqllock.WithHoldAtLeast(window)); err != nil {
+			t.Fatalf("Do() with a window = %v", err)
+		}
+		freedAfter(k, acquired, "Do with WithHoldAtLeast")
+		lk, err := a.Lock(bg(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		acquired = time.Now()
+		if err := lk.UnlockAfter(window); err != nil {
+			t.Fatalf("UnlockAfter() = %v", err)
+		}
+		freedAfter(k, acquired, "UnlockAfter")
+		r1, err := a.RLock(bg(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r2, err := b.TryRLock(bg(), k)
+		if err != nil {
+			t.Fatalf("a second Locker's TryRLock() = %v", err)
+		}
+		if !refused(k) {
+			t.Fatal("TryLock() of a key two RLocks hold: granted")
+		}
+		if h := holders(t, p.observer, k); len(h) != 2 {
+			t.Fatalf("holders of %v = %v, want 2", k, h)
+		}
+		r1.Unlock(bg())
+		r2.Unlock(bg())
+		if refused(k) {
+			t.Fatal("TryLock() after both RLocks were released: refused")
+		}
+		p.waitNoStrays(t, 5*time.Second)
+	})
+}
