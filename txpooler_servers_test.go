@@ -49,8 +49,8 @@ func selectOneLatencies(ctx context.Context, clients []*sql.DB) ([]time.Duration
 	return all, first
 }
 
-// percentile returns the q-quantile of sorted d.
-func percentile(d []time.Duration, q float64) time.Duration {
+// quantile returns the q-quantile of sorted d.
+func quantile(d []time.Duration, q float64) time.Duration {
 	if len(d) == 0 {
 		return 0
 	}
@@ -134,8 +134,8 @@ func TestTxPoolerFewServerConnections(t *testing.T) {
 			}
 			slices.Sort(without)
 			slices.Sort(with)
-			p50, p99 := percentile(with, 0.5), percentile(with, 0.99)
-			b50, b99 := percentile(without, 0.5), percentile(without, 0.99)
+			p50, p99 := quantile(with, 0.5), quantile(with, 0.99)
+			b50, b99 := quantile(without, 0.5), quantile(without, 0.99)
 			t.Logf("SELECT 1 of 20 clients of the bouncer: with 100 locks held, p50 %v, p99 %v (%d statements); without, p50 %v, p99 %v (%d)",
 				p50.Round(10*time.Microsecond), p99.Round(10*time.Microsecond), len(with), b50.Round(10*time.Microsecond), b99.Round(10*time.Microsecond), len(without))
 			if limit := max(50*time.Millisecond, 2*b99); p99 > limit {
