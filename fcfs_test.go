@@ -160,7 +160,8 @@ func outOfOrder(arrival, grants []int) int {
 
 // helperLine is a waiter of a trial (see startLine): it connects, waits
 // until HELPER_AT, says "called T", takes HELPER_KEY as HELPER_MODE says,
-// says "granted T", holds it HELPER_HOLD, and releases it.
+// says "granted T", holds it HELPER_HOLD, and releases it. With
+// HELPER_TXPOOLER set, its Locker is made WithTransactionPooler.
 func helperLine(db *sql.DB) int {
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, "line waiter:", err); return 2 }
 	at, err := strconv.ParseInt(os.Getenv("HELPER_AT"), 10, 64)
@@ -179,6 +180,9 @@ func helperLine(db *sql.DB) int {
 			return fail(err)
 		}
 		opts = append(opts, sqllock.WithOrphanBound(d))
+	}
+	if os.Getenv("HELPER_TXPOOLER") != "" {
+		opts = append(opts, sqllock.WithTransactionPooler())
 	}
 	l := sqllock.New(db, opts...)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net"
@@ -144,11 +145,12 @@ auth_type = trust
 auth_file = %s
 pool_mode = %s
 default_pool_size = %d
+admin_users = %s
 max_client_conn = 500
 ignore_startup_parameters = extra_float_digits
 logfile = %s
 pidfile = %s
-`, s.Port, b.Port, filepath.Join(dir, "users.txt"), mode, poolSize, filepath.Join(dir, "pgbouncer.log"), filepath.Join(dir, "pgbouncer.pid"))
+`, s.Port, b.Port, filepath.Join(dir, "users.txt"), mode, poolSize, s.adminUser, filepath.Join(dir, "pgbouncer.log"), filepath.Join(dir, "pgbouncer.pid"))
 		users := fmt.Sprintf("%q \"\"\n%q \"\"\n", Role, s.adminUser)
 		for name, body := range map[string]string{"pgbouncer.ini": ini, "users.txt": users} {
 			p := filepath.Join(dir, name)
@@ -202,6 +204,22 @@ func (b *Bouncer) start(ctx context.Context, bin string, cred *syscall.Credentia
 // DSNFor returns a URL for Role on database db through the bouncer.
 func (b *Bouncer) DSNFor(db string) string {
 	return dsn(Role, b.s.password, b.Host, b.Port, db)
+}
+
+// Admin runs command on the bouncer's admin console (its "pgbouncer"
+// database), as the server's superuser: KILL db (drop every client and
+// server connection of db at once; its new clients wait for RESUME db),
+// RESUME db, RECONNECT db (close each server connection of db once it is
+// released), RELOAD, and the SHOW commands (whose rows it drops).
+func (b *Bouncer) Admin(ctx context.Context, command string) error {
+	// The console speaks only the simple query protocol.
+	db, err := sql.Open("pgx", dsn(b.s.adminUser, b.s.adminPassword, b.Host, b.Port, "pgbouncer")+"&default_query_exec_mode=simple_protocol")
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	_, err = db.ExecContext(ctx, command)
+	return err
 }
 
 // Close stops the bouncer and removes its files. It may be called more

@@ -345,9 +345,7 @@ func (m *monitor) query(ctx context.Context, keys []heldKey, sent *atomic.Bool) 
 		}
 		m.p.stats.keepAlive.Add(1)
 		sent.Store(true)
-		done := m.p.simpleFor(conn)
-		lost, err := queryLost(ctx, m.p.mode, conn, keys)
-		done()
+		lost, err := queryLost(ctx, m.p, conn, keys)
 		conn.Close()
 		// A pooled connection the driver had closed (a wrapper that hides
 		// its validity from database/sql) says nothing about the server:
@@ -457,7 +455,7 @@ func (lk lostKey) cause(h heldKey) error {
 
 // queryLost returns the keys that the server does not show as granted to
 // the backend, on the server, that was granted them.
-func queryLost(ctx context.Context, mode sqltext.Mode, conn *sql.Conn, keys []heldKey) ([]lostKey, error) {
+func queryLost(ctx context.Context, p *Pool, conn *sql.Conn, keys []heldKey) ([]lostKey, error) {
 	var pids, classids, objids, subids, shared, servers, backends strings.Builder
 	for i, h := range keys {
 		sep := ","
@@ -473,9 +471,12 @@ func queryLost(ctx context.Context, mode sqltext.Mode, conn *sql.Conn, keys []he
 		servers.WriteString(sep + strconv.FormatInt(h.id.server, 10))
 		backends.WriteString(sep + strconv.FormatInt(h.id.backend, 10))
 	}
-	q, args := mode.Arrays(sqltext.KeepAliveSQL, pids.String()+"}", classids.String()+"}",
+	q, args := p.mode.Arrays(sqltext.KeepAliveSQL, pids.String()+"}", classids.String()+"}",
 		objids.String()+"}", subids.String()+"}", shared.String()+"}", servers.String()+"}", backends.String()+"}")
-	rows, err := conn.QueryContext(ctx, q, args...)
+	// Through database/sql, behind a transaction pooler in pgx's simple
+	// protocol (SimpleArgs): a statement its cache prepared would meet
+	// another server session than the one it was prepared on.
+	rows, err := conn.QueryContext(ctx, q, p.SimpleArgs(conn, args)...)
 	if err != nil {
 		return nil, err
 	}

@@ -106,12 +106,10 @@ func (s Settings) Untune() string {
 	return concat(exprs)
 }
 
-// set renders a session-level set_config; value is this package's own
-// text (numbers, or an application name checked by the caller to hold no
-// quote or backslash).
-func set(name, value string) string { return setTo(name, value, false) }
-
-// setTo renders a set_config, local to the transaction when local is set.
+// setTo renders a set_config, local to the transaction when local is
+// set, else session-level; value is this package's own text (numbers, or
+// an application name checked by the caller to hold no quote or
+// backslash).
 func setTo(name, value string, local bool) string {
 	return "set_config('" + name + "', '" + value + "', " + strconv.FormatBool(local) + ")"
 }
