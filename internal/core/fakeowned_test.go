@@ -240,12 +240,7 @@ func TestFakeOpenStandby(t *testing.T) {
 // not leave the key held, unknown, on the Owned's session: the key is
 // released (or the Owned lost), and the connection never goes back to
 // the pool holding it.
-//
-// Known to fail: Owned.Lock takes such a refusal at its word (judge's
-// refused verdict), keeps the Owned, and its Close gives the connection
-// back with the key still held.
 func TestFakeOwnedLockRefusedAfterGrant(t *testing.T) {
-	t.Skip("known issue: Owned.Lock keeps a key granted by a wait statement that then failed with 53200 or 40P01")
 	for _, code := range []string{"53200", "40P01"} {
 		t.Run(code, func(t *testing.T) {
 			fs := newFakeServer()
