@@ -7,7 +7,6 @@ package sqllock_test
 import (
 	"context"
 	"database/sql"
-	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -146,18 +145,15 @@ func TestTxPoolerFewServerConnections(t *testing.T) {
 	}
 }
 
-// TestTxPoolerPoolPinned shows that a Locker WithTransactionPooler whose
-// own sessions pin every server connection of the bouncer (4 RLocks,
-// each on a session of its own, with a pool of 4) reports its locks lost
-// though none is: its keep-alive's statement, on another client
-// connection, waits in the bouncer's queue for a server connection, and
-// two checks without an answer make every lock lost. It fails today, so
-// it runs only when SQLLOCK_TXPOOLER_KNOWN is set.
+// TestTxPoolerPoolPinned: a Locker WithTransactionPooler whose own
+// sessions pin every server connection of the bouncer (4 RLocks, each on
+// a session of its own, with a pool of 4) reports no lock lost. Its
+// keep-alive's statement, on another client connection, would wait in
+// the bouncer's queue for a server connection, and two checks without an
+// answer would make every lock lost: the keep-alive runs on one of the
+// Locker's own pinned sessions instead.
 func TestTxPoolerPoolPinned(t *testing.T) {
 	long(t)
-	if os.Getenv("SQLLOCK_TXPOOLER_KNOWN") == "" {
-		t.Skip("known to fail (the keep-alive needs a server connection the Locker's sessions may all pin); set SQLLOCK_TXPOOLER_KNOWN=1 to run it")
-	}
 	for _, drv := range drivers {
 		t.Run(drv, func(t *testing.T) {
 			p := behindTxPooler(t, 4)

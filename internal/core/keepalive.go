@@ -331,6 +331,11 @@ func (m *monitor) query(ctx context.Context, keys []heldKey, sent *atomic.Bool) 
 	// locks and waiters may hold all of them. Such a check is skipped, not
 	// failed; it does not queue for a connection either, so that it never
 	// takes one from the caller's next Lock.
+	if m.p.cfg.TxPooler {
+		if r, ok := m.queryPinned(ctx, keys, sent); ok {
+			return r
+		}
+	}
 	for attempt := 1; ; attempt++ {
 		var conn *sql.Conn
 		err := errPoolFull
@@ -358,6 +363,59 @@ func (m *monitor) query(ctx context.Context, keys []heldKey, sent *atomic.Bool) 
 }
 
 var errPoolFull = errors.New("sqllock: pool at its limit")
+
+// queryPinned runs the keep-alive query on one of the Pool's pinned
+// sessions that holds locks (so none is waiting in it), through its
+// queue, and reports false when there is none. Behind a transaction
+// pooler, another connection would need a server session of the
+// pooler's, which the Locker's own sessions (and others') may all hold:
+// a check that waits in the pooler's queue until two checks fail would
+// report every lock lost.
+func (m *monitor) queryPinned(ctx context.Context, keys []heldKey, sent *atomic.Bool) (checkResult, bool) {
+	var s *session
+	for _, c := range m.p.liveSessions() {
+		c.mu.Lock()
+		ok := c.state != ended && c.held.n > 0
+		c.mu.Unlock()
+		if ok {
+			s = c
+			break
+		}
+	}
+	if s == nil {
+		return checkResult{}, false
+	}
+	var lost []lostKey
+	o := newOp(opCheck, Key{})
+	o.run = func(conn *sql.Conn) error {
+		// Bounded as the session's statements are, not by the check's
+		// ctx: a statement a driver gives up ends the session, and the
+		// locks on it (the check's caller stops waiting at ctx's end).
+		ctx := m.p.UnlockContext()
+		// Its transaction read pg_stat_activity once already, and would
+		// see those backends only: the snapshot goes first.
+		err := conn.QueryRowContext(ctx, sqltext.ClearSnapshotSQL, m.p.SimpleArgs(conn, nil)...).Scan(new(any))
+		if err == nil {
+			lost, err = queryLost(ctx, m.p, conn, keys)
+		}
+		return err
+	}
+	o.done = make(chan struct{})
+	m.p.stats.keepAlive.Add(1)
+	sent.Store(true)
+	s.submitAside(o)
+	select {
+	case <-o.done:
+	case <-ctx.Done():
+		return checkResult{err: ctx.Err()}, true
+	}
+	if errors.Is(o.err, sql.ErrConnDone) || s.dead() {
+		// The session ended under the check: it says nothing of the
+		// others; the next check asks another.
+		return checkResult{skipped: true}, true
+	}
+	return checkResult{lost: lost, err: o.err}, true
+}
 
 // conn is getConn for a check: a connection being set up when ctx ends
 // goes on in the background, to the pool, and the next check waits for it

@@ -28,6 +28,7 @@ const (
 	opUnlock               // pg_advisory_unlock
 	opTag                  // a statement about one lock's tag (a token, HeldSQL, the lease's touch)
 	opAlive                // a sign of life of the session (one statement for all in a batch)
+	opCheck                // statements of the caller's own on the connection (run): a pinned Pool's keep-alive
 )
 
 // op is one operation on a session.
@@ -53,6 +54,9 @@ type op struct {
 	err error // the statement failed (the session is then ended, but for a certain refusal)
 
 	after func() // run by the runner once the outcome is known (nil: none)
+
+	// run is an opCheck's statements, on the session's connection.
+	run func(conn *sql.Conn) error
 }
 
 // A try's state: pending until the runner sends it (sent), and decided
@@ -328,6 +332,9 @@ func (s *session) run(batch []*op) {
 		switch {
 		case o.kind == opTag:
 			s.runTag(o)
+		case o.kind == opCheck:
+			o.err = s.withConn(o.run)
+			s.finish(o)
 		case o.kind == opUnlock:
 			unlocks = append(unlocks, o)
 		case o.kind == opAlive:

@@ -612,6 +612,11 @@ SELECT h.i, CASE WHEN h.server <> 0 AND h.server <> s.server THEN 2
   AND l.pid = h.pid AND l.classid::int8 = h.classid AND l.objid::int8 = h.objid AND l.objsubid = h.objsubid
   AND l.mode = CASE WHEN h.shared THEN 'ShareLock' ELSE 'ExclusiveLock' END)`
 
+// ClearSnapshotSQL drops the statistics a transaction has read so far:
+// pg_stat_activity is read once per transaction, and a pinned session's
+// transaction lives long (see BeginPinnedSQL).
+const ClearSnapshotSQL = markKeepAlive + "SELECT pg_stat_clear_snapshot()"
+
 // BatchMax is the most keys a session's queue sends in one batch
 // statement (BatchSQL): a bound on its text, not on its cost,
 // which its answer keeps to one short row whatever the number of keys.
