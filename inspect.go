@@ -128,7 +128,23 @@ func Inspect(ctx context.Context, q Querier, r *Registry, keys ...Key) ([]HeldLo
 
 // readLocks runs Inspect's query on q and decodes its rows.
 func readLocks(ctx context.Context, q Querier, r *Registry) ([]HeldLock, error) {
-	rows, err := q.QueryContext(ctx, sqltext.InspectSQL)
+	// On a pool or a connection, pgx sends the statement in its simple
+	// protocol: behind a transaction pooler, a statement its cache
+	// prepared would meet another server session than the one it was
+	// prepared on.
+	var args []any
+	switch c := q.(type) {
+	case *sql.DB:
+		conn, err := c.Conn(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("sqllock: inspect: %w", err)
+		}
+		defer conn.Close()
+		q, args = conn, core.SimpleProtocol(conn)
+	case *sql.Conn:
+		args = core.SimpleProtocol(c)
+	}
+	rows, err := q.QueryContext(ctx, sqltext.InspectSQL, args...)
 	if err != nil {
 		return nil, fmt.Errorf("sqllock: inspect: %w", err)
 	}

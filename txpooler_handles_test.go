@@ -10,7 +10,6 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -261,16 +260,14 @@ func TestTxPoolerInspect(t *testing.T) {
 	})
 }
 
-// TestTxPoolerInspectStatementCache shows that Inspect, given a pool of
-// pgx with its default statement cache through the bouncer, fails now and
-// then: pgx prepares its statement on one server connection and runs it
-// on another (PgBouncer 1.18 keeps no prepared statement across them).
-// It fails today, so it runs only when SQLLOCK_TXPOOLER_KNOWN is set.
+// TestTxPoolerInspectStatementCache: Inspect, given a pool of pgx with
+// its default statement cache through the bouncer, never fails. Through
+// the cache, pgx would prepare its statement on one server connection
+// and run it on another (PgBouncer 1.18 keeps no prepared statement
+// across them): Inspect asks pgx for its simple protocol on a pool or a
+// connection.
 func TestTxPoolerInspectStatementCache(t *testing.T) {
 	long(t)
-	if os.Getenv("SQLLOCK_TXPOOLER_KNOWN") == "" {
-		t.Skip("known to fail (Inspect runs its statement through the caller's pool, and pgx's statement cache meets PgBouncer); set SQLLOCK_TXPOOLER_KNOWN=1 to run it")
-	}
 	p := behindTxPooler(t, 4)
 	startPoolerTraffic(t, p.bdsn, trafficKey, 2)
 	db := pgtest.Open(t, "pgx", p.bdsn)

@@ -120,6 +120,19 @@ func (p *Pool) SimpleArgs(conn *sql.Conn, args []any) []any {
 	return args
 }
 
+// SimpleProtocol returns the arguments that make pgx send the next
+// statement on conn in its simple protocol (nil for another driver): for
+// a statement the caller runs through database/sql on a connection that
+// may reach a transaction pooler.
+func SimpleProtocol(conn *sql.Conn) []any {
+	var dc any
+	_ = onDriverConn(conn, func(d any) error { dc = d; return nil })
+	if m, ok := simpleModeOf(dc); ok {
+		return []any{m}
+	}
+	return nil
+}
+
 // QueryRow runs q, which answers one row, on a connection of the pool,
 // and scans it into dest (any types database/sql scans): for the
 // package's reads on no lock session (an election's leader), which behind
