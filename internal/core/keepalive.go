@@ -398,6 +398,9 @@ func (m *monitor) queryPinned(ctx context.Context, keys []heldKey, sent *atomic.
 		if err == nil {
 			lost, err = queryLost(ctx, m.p, conn, keys)
 		}
+		if err == nil {
+			err = m.p.askWaitedOn(ctx, conn)
+		}
 		return err
 	}
 	o.done = make(chan struct{})

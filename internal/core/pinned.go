@@ -6,7 +6,10 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -321,4 +324,66 @@ func (p *Pool) inTransaction(ctx context.Context, f func(conn *sql.Conn) error) 
 	unpin(conn)
 	p.discard(conn, "a transaction of its own: "+err.Error())
 	return err
+}
+
+// askWaitedOn asks, on conn (one of the Pool's pinned sessions, through
+// its queue), which of the Pool's pinned sessions another backend waits
+// for (sqltext.WaitedOnSQL: a CREATE INDEX CONCURRENTLY that began its
+// last phase as a statement of theirs ran): such a shared session takes
+// no new lock from then on, and ends, with its transaction, once its
+// locks are released; a session of one lock's is logged (its transaction
+// ends with the lock).
+func (p *Pool) askWaitedOn(ctx context.Context, conn *sql.Conn) error {
+	live := p.liveSessions()
+	byPID := make(map[int64]*session, len(live))
+	var pids strings.Builder
+	for _, s := range live {
+		if s.id.pid == 0 {
+			continue
+		}
+		if pids.Len() == 0 {
+			pids.WriteByte('{')
+		} else {
+			pids.WriteByte(',')
+		}
+		pids.WriteString(strconv.FormatInt(s.id.pid, 10))
+		byPID[s.id.pid] = s
+	}
+	if pids.Len() == 0 {
+		return nil
+	}
+	pids.WriteByte('}')
+	q, args := p.mode.Arrays(sqltext.WaitedOnSQL, pids.String())
+	rows, err := conn.QueryContext(ctx, q, p.SimpleArgs(conn, args)...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var pid int64
+		if err := rows.Scan(&pid); err != nil {
+			return err
+		}
+		if s := byPID[pid]; s != nil {
+			s.waitedOn()
+		}
+	}
+	return rows.Err()
+}
+
+// waitedOn is told that another backend waits for the end of s's
+// transaction (see askWaitedOn): a shared session takes no new lock, and
+// ends once its locks are released; a session of its own is logged once.
+func (s *session) waitedOn() {
+	s.mu.Lock()
+	shared, first := s.kind == kindShared, !s.waited
+	s.waited = true
+	if shared {
+		s.setStateLocked(retiring, nil)
+	}
+	s.mu.Unlock()
+	if first {
+		s.p.hooks.Log(context.Background(), slog.LevelWarn, "sqllock: a backend waits for the end of a lock session's transaction (CREATE INDEX CONCURRENTLY or its kin, behind a transaction pooler): it goes on once the session's locks are released", Key{}, false,
+			slog.Int64("pid", s.id.pid), slog.Bool("shared", shared))
+	}
 }

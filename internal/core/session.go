@@ -51,6 +51,9 @@ type session struct {
 	// outcome of it reads them without mu.
 	pid   int64
 	tuned bool
+	// waited, guarded by mu: another backend waits for the end of its
+	// transaction (a pinned session's; see askWaitedOn).
+	waited bool
 	held  holdList // guarded by mu: the Holds it carries
 	owner *Owned   // the Owned whose keys it holds (kindOwned)
 	// gate counts the calls that picked it and have not finished (users,

@@ -617,6 +617,17 @@ SELECT h.i, CASE WHEN h.server <> 0 AND h.server <> s.server THEN 2
 // transaction lives long (see BeginPinnedSQL).
 const ClearSnapshotSQL = markKeepAlive + "SELECT pg_stat_clear_snapshot()"
 
+// WaitedOnSQL lists, of the backends whose pids are in $1 (an array
+// literal in text), those whose transaction another backend waits for
+// (CREATE INDEX CONCURRENTLY and its kin wait so for every transaction
+// that held an old snapshot as they began their last phase): a row per
+// pid. A pinned session's transaction (see BeginPinnedSQL) can be one,
+// through any statement it ran at that moment, and lives as long as the
+// locks it holds.
+const WaitedOnSQL = markKeepAlive + `SELECT DISTINCT m.pid::int8 FROM pg_catalog.pg_locks m
+ JOIN pg_catalog.pg_locks w ON w.locktype = 'virtualxid' AND w.virtualxid = m.virtualxid AND NOT w.granted
+ WHERE m.locktype = 'virtualxid' AND m.granted AND m.pid = ANY ($1::text::int4[])`
+
 // BatchMax is the most keys a session's queue sends in one batch
 // statement (BatchSQL): a bound on its text, not on its cost,
 // which its answer keeps to one short row whatever the number of keys.
