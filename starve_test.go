@@ -30,7 +30,7 @@ import (
 //     the machine, not the Locker);
 //   - the pool never fills: at most two thirds of it in use (sampled);
 //   - the Locker opens at most one connection per 20 Lock calls: it
-//     reuses its connections, where it once opened one for every 5 to 25
+//     reuses its connections, where it once opened one for every 5 to 40
 //     calls (a loaded machine, whose statements outlive their grace,
 //     costs a few);
 //   - 3 s after the last call the Locker holds at most 4 of the pool's
