@@ -204,6 +204,11 @@ func TestDocClaims(t *testing.T) {
 			proof: "TestManyLocksFewSessions",
 		},
 		{
+			file:  "docs/deployment.md",
+			says:  []string{"So impatient callers (deadlines of a few milliseconds, cancellations) never fill the pool"},
+			proof: "TestPoolStarvation",
+		},
+		{
 			file:    "inspect.go",
 			says:    []string{"Granted false, WaitStart its arrival in the line, and BlockedBy the key's holders in a conflicting mode"},
 			notSays: []string{"BlockedBy empty"},

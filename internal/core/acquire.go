@@ -110,7 +110,7 @@ func (p *Pool) withSession(ctx context.Context, what namer, take func(s *session
 			return nil, NotAcquired(what.String(), err)
 		}
 		sent := monoNow()
-		conn, err := getConn(ctx, p.db)
+		conn, err := p.takeConn(ctx)
 		if err != nil {
 			if CtxEnded(ctx) {
 				return nil, NotAcquired(what.String(), CtxErr(ctx))

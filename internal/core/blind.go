@@ -21,7 +21,12 @@ const abandonGrace = 250 * time.Millisecond
 
 // abandonSet holds the connections whose statements were abandoned (see
 // boundedRaw) until they are closed; a Locker of a blind driver has one.
-type abandonSet struct{ conns sync.Map } // *sql.Conn → struct{}
+// Each is counted in budget until then: a statement left to finish
+// alone holds a connection of the pool.
+type abandonSet struct {
+	conns  sync.Map // *sql.Conn → struct{}
+	budget *budget
+}
 
 // has reports whether conn was abandoned and is not closed yet: it must
 // not be touched (a discard would wait for its statement).
@@ -72,6 +77,7 @@ func boundedRaw(ctx context.Context, blind *abandonSet, conn *sql.Conn, f func(d
 		// the idle ones then.
 		w.gone = true
 		blind.conns.Store(conn, struct{}{})
+		blind.budget.add()
 		w.mu.Unlock()
 		return fmt.Errorf("%w: %w", ErrAbandoned, ctx.Err())
 	}
@@ -202,6 +208,7 @@ func (w *blindWorker) serve() {
 	// backend, and would hit the next wait run on it.
 	discardConn(conn)
 	blind.conns.Delete(conn)
+	blind.budget.give()
 	idleBlindWorkers.put(w)
 }
 
@@ -213,20 +220,23 @@ var afterBlindStatement atomic.Pointer[func(ctx context.Context, err error, left
 // getConn is db.Conn, except that a connection being set up for the
 // caller is not thrown away when ctx ends: the setup goes on (bounded by
 // connectTimeout), in the background, and the connection goes to the pool
-// for the next call. Under deadlines shorter than a connection's setup
-// (password authentication on a busy server), calls that abort their own
-// setups would otherwise never get a connection at all. It also bounds a
-// driver that dials with no context (lib/pq opened with sql.Open: about two
-// minutes of SYN retries when the server stopped answering). When the pool
-// has an idle connection, it is db.Conn.
-func getConn(ctx context.Context, db *sql.DB) (*sql.Conn, error) {
+// for the next call (a spare of b's); left is then true, and b counts
+// the connection until it is (see takeConn). Under deadlines
+// shorter than a connection's setup (password authentication on a busy
+// server), calls that abort their own setups would otherwise never get a
+// connection at all. It also bounds a driver that dials with no context
+// (lib/pq opened with sql.Open: about two minutes of SYN retries when the
+// server stopped answering). When the pool has an idle connection, it is
+// db.Conn.
+func getConn(ctx context.Context, db *sql.DB, b *budget) (conn *sql.Conn, err error, left bool) {
 	if ctx.Done() == nil || db.Stats().Idle > 0 {
-		return db.Conn(ctx)
+		conn, err = db.Conn(ctx)
+		return conn, err, false
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, err, false
 	}
-	conn, err := leaveAtEnd(ctx, 0,
+	conn, err = leaveAtEnd(ctx, 0,
 		func(func() bool) (*sql.Conn, error) {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), connectTimeout)
 			defer cancel()
@@ -235,13 +245,15 @@ func getConn(ctx context.Context, db *sql.DB) (*sql.Conn, error) {
 		func() {},
 		func(conn *sql.Conn, err error) {
 			if err == nil {
-				conn.Close() // to the pool, for the next call
+				b.done(conn, true) // a spare, for the next call
+				return
 			}
+			b.give()
 		})
 	if errors.Is(err, ErrAbandoned) {
-		return nil, ctx.Err()
+		return nil, ctx.Err(), true
 	}
-	return conn, err
+	return conn, err, false
 }
 
 // Bounded runs f, statements on a transaction or a querier of the

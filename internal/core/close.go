@@ -99,7 +99,8 @@ func (p *Pool) StartClose() {
 // connections go back to the pool now. It returns once every session of
 // the Pool has ended, or the unlock timeout has passed, with the errors
 // of the releases that were not confirmed (each wraps ErrLockLost, or the
-// error that ended its session, which the server then releases). Holds it
+// error that ended its session, which the server then releases); its
+// spare connections go back to the pool too (see budget.go). Holds it
 // released report an error matching ErrReleased and ErrClosed.
 func (p *Pool) Close() error {
 	p.StartClose()
@@ -147,5 +148,6 @@ func (p *Pool) Close() error {
 		time.Sleep(5 * time.Millisecond)
 	}
 	p.AwaitFreed(time.Until(deadline))
+	p.budget.flush()
 	return errors.Join(errs...)
 }

@@ -68,13 +68,16 @@ func (p *Pool) Open(ctx context.Context) (*Owned, error) {
 		return nil, ErrPinnedSession
 	}
 	sent := monoNow()
-	conn, err := getConn(ctx, p.db)
+	conn, err := p.takeConn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("sqllock: %s: get connection: %w", what, err)
 	}
 	id, err := p.checkServer(ctx, conn)
-	if err != nil {
-		p.putBack(conn)
+	if err != nil || CtxEnded(ctx) { // (a check's answer is read past ctx's end)
+		p.putBack(conn, err == nil)
+		if err == nil {
+			err = fmt.Errorf("sqllock: %s: %w", what, CtxErr(ctx))
+		}
 		return nil, err
 	}
 	s := p.newSession(conn, id, kindOwned, sent)

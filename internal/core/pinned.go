@@ -50,27 +50,35 @@ import (
 // in the transaction that holds its locks (one that fails aborts it).
 var ErrPinnedSession = errors.New("sqllock: a Session is not available with WithTransactionPooler: its connection would run the caller's statements inside the transaction that holds its locks; use Locker.Lock, TryLock or Do for the locks, and InTx or LockTx to lock in a transaction of your own")
 
-// checkPinned makes conn, just taken from the pool, a lock session's: it
-// begins its transaction when the Pool pins its sessions (pin), and
-// checks the server (checkServer). On failure conn is given back as it
-// came, or, once a transaction may have begun on it, discarded.
+// checkPinned makes conn, just taken from the pool (takeConn), a lock
+// session's: it begins its transaction when the Pool pins its sessions
+// (pin), and checks the server (checkServer). On failure conn is given
+// back as it came, or, once a transaction may have begun on it,
+// discarded. A check answered once ctx had ended (it is read past ctx's
+// end) gives conn back checked, for the next call, and returns ctx's
+// error.
 func (p *Pool) checkPinned(ctx context.Context, conn *sql.Conn) (ident, error) {
 	if p.cfg.TxPooler {
 		if err := p.pin(ctx, conn); err != nil {
 			unpin(conn)
 			p.discard(conn, "pinned session: "+err.Error())
+			p.budget.give()
 			return ident{}, fmt.Errorf("sqllock: begin the transaction of a lock session: %w", err)
 		}
 	}
 	id, err := p.checkServer(ctx, conn)
 	switch {
+	case err == nil && !p.cfg.TxPooler && CtxEnded(ctx):
+		p.putBack(conn, true)
+		return ident{}, CtxErr(ctx)
 	case err == nil:
 		return id, nil
 	case p.cfg.TxPooler:
 		unpin(conn)
 		p.discard(conn, "pinned session: "+err.Error())
+		p.budget.give()
 	default:
-		p.putBack(conn) // no lock statement ran on it
+		p.putBack(conn, false) // no lock statement ran on it
 	}
 	return ident{}, err
 }
@@ -308,10 +316,11 @@ func (h *Hold) Token(ctx context.Context) (int64, error) {
 // transaction that fails is left with its connection, which is
 // discarded.
 func (p *Pool) inTransaction(ctx context.Context, f func(conn *sql.Conn) error) error {
-	conn, err := getConn(ctx, p.db)
+	conn, err := p.takeConn(ctx)
 	if err != nil {
 		return err
 	}
+	defer p.budget.give() // once conn is back, or discarded
 	if err = p.pin(ctx, conn); err == nil {
 		if err = f(conn); err == nil || errors.Is(err, sql.ErrNoRows) {
 			ferr := err

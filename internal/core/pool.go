@@ -126,13 +126,13 @@ type Pool struct {
 
 // NewPool returns the core of a Locker on db.
 func NewPool(db *sql.DB, cfg Config, hooks Hooks) *Pool {
-	p := &Pool{engine: engine{db: db, mode: sqltext.DetectMode(db.Driver())}, cfg: cfg, hooks: hooks}
+	p := &Pool{engine: engine{db: db, budget: &budget{db: db}, mode: sqltext.DetectMode(db.Driver())}, cfg: cfg, hooks: hooks}
 	p.closing.init()
 	if cfg.TxPooler {
 		p.engine.simpleFor = p.simpleFor
 	}
 	if p.mode == sqltext.Inline { // lib/pq (see sqltext.DetectMode)
-		p.abandoned = &abandonSet{}
+		p.abandoned = &abandonSet{budget: p.budget}
 	}
 	p.plain = sqltext.Plain(p.mode)
 	p.bindPlain = sqltext.Plain(sqltext.Bind)
@@ -197,14 +197,17 @@ func (p *Pool) discard(conn *sql.Conn, why string) {
 	discardConn(conn)
 }
 
-// putBack gives conn, which holds no lock, back to the pool as it is; a
-// connection whose statement was abandoned closes as that statement
-// returns (closing it now would wait for it).
-func (p *Pool) putBack(conn *sql.Conn) {
+// putBack gives conn, taken by takeConn and holding no lock, back as it
+// is: a spare when spare is set (no statement on it failed), else to the
+// pool (see budget.done); a connection whose statement was abandoned
+// closes as that statement returns (closing it now would wait for it),
+// counted until then as abandoned.
+func (p *Pool) putBack(conn *sql.Conn, spare bool) {
 	if p.abandoned.has(conn) {
+		p.budget.give()
 		return
 	}
-	conn.Close()
+	p.budget.done(conn, spare && !p.Closed())
 }
 
 // errorString is an error that is its text.

@@ -285,14 +285,24 @@ func (p *Pool) probe(ctx context.Context, conn *sql.Conn, id ident) bool {
 	if id.pid == 0 || id.backend == 0 || p.pooler.noProbe.Load() {
 		return true // a server (or a stand-in) that does not say who runs it
 	}
+	// Its answers are read for up to abandonGrace past ctx's end, as the
+	// server check's: a probe cut short costs its connections, and is
+	// left to the next call; calls whose deadlines are shorter than a
+	// probe would leave it to the next one for ever.
+	ctx, cancel := withGrace(ctx)
+	defer cancel()
 	var other *sql.Conn
-	if st := p.db.Stats(); st.MaxOpenConnections == 0 || st.Idle > 0 || st.OpenConnections < st.MaxOpenConnections {
+	if st := p.db.Stats(); (st.MaxOpenConnections == 0 || st.Idle > 0 || st.OpenConnections < st.MaxOpenConnections) &&
+		p.budget.tryTake() {
 		cctx, cancel := context.WithTimeout(ctx, probeConnWait)
 		other, _ = p.db.Conn(cctx)
 		cancel()
+		if other == nil {
+			p.budget.give()
+		}
 	}
 	if other != nil {
-		defer p.putBack(other)
+		defer p.putBack(other, false) // the probe runs once: back to the pool
 	}
 	ask := func(c *sql.Conn) (ident, error) {
 		b := ident{server: id.server}
@@ -463,11 +473,11 @@ func (p *Pool) strandedOnce(ctx context.Context, q string, args []any) (int64, e
 // connections as they were. For the doctor command.
 func DetectPooler(ctx context.Context, db *sql.DB) (pooled, err error) {
 	p := NewPool(db, Config{UnlockTimeout: 5 * time.Second}, quietHooks{})
-	conn, err := getConn(ctx, db)
+	conn, err := p.takeConn(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer p.putBack(conn)
+	defer p.putBack(conn, false) // back to the pool at once, as it was
 	if _, err := p.checkServer(ctx, conn); err != nil && p.Pooled() == nil {
 		return nil, err
 	}

@@ -41,8 +41,14 @@ func (p *Pool) checkServer(ctx context.Context, conn *sql.Conn) (ident, error) {
 	var id ident
 	// Bounded as every statement of the Pool's: a blind driver's first
 	// statement on a connection whose server stopped answering must not
-	// hold the call past its context.
-	if err := queryRow(ctx, p.abandoned, conn, sqltext.VersionSQL, nil, &v, &id.pid, &id.server, &id.backend); err != nil {
+	// hold the call past its context. Its answer is read for up to
+	// abandonGrace past ctx's end (withGrace): a check cut short costs
+	// its connection (the driver closes it), and calls whose deadlines
+	// are shorter than a check would open and close connections without
+	// end; the caller gives it back checked, for the next call.
+	gctx, cancel := withGrace(ctx)
+	defer cancel()
+	if err := queryRow(gctx, p.abandoned, conn, sqltext.VersionSQL, nil, &v, &id.pid, &id.server, &id.backend); err != nil {
 		if unexpectedByMock(dc, err) {
 			return ident{}, serverCheckUnexpected{err}
 		}
@@ -212,7 +218,13 @@ func (e *engine) waitSlice(ctx context.Context, w waiter) (string, error) {
 		return *s, nil
 	}
 	var ms int64
-	if err := w.queryRow(ctx, sqltext.WaitSliceSQL, nil, &ms); err != nil {
+	// Read for up to abandonGrace past ctx's end, as the server check
+	// is: a question cut short costs its session, and a Pool whose
+	// callers' deadlines are shorter than a round trip or two would
+	// never learn the answer, and lose a session at each wait.
+	gctx, cancel := withGrace(ctx)
+	defer cancel()
+	if err := w.queryRow(gctx, sqltext.WaitSliceSQL, nil, &ms); err != nil {
 		return "", err
 	}
 	s := strconv.FormatInt(ms, 10) + "ms"

@@ -163,15 +163,17 @@ const (
 	ended
 )
 
-// newSession makes conn, just taken from the pool and checked (id), a
-// session of kind, marked with a new owner mark; its lease starts with
-// the statement sent at sent.
+// newSession makes conn, just taken from the pool (takeConn) and checked
+// (id), a session of kind, marked with a new owner mark, which takes it
+// out of the budget (see budget.go); its lease starts with the statement
+// sent at sent.
 func (p *Pool) newSession(conn *sql.Conn, id ident, kind sessionKind, sent int64) *session {
 	s := &session{p: p, conn: conn, id: id, ls: p.newLease(sent), mark: p.newMark(), kind: kind, gone: make(chan struct{})}
 	if kind == kindShared && p.abandoned != nil {
 		s.prep = newPrepared(s.mark)
 	}
 	p.addLive(s)
+	p.budget.give()
 	return s
 }
 

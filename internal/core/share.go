@@ -262,14 +262,16 @@ func pick(all []*session) (pack, least *session) {
 // while fewer than that limit of the pool's connections are in use, by
 // anyone: the Pool's sessions, other Pools' on the same pool, the
 // application's queries. Several Pools on one pool then share its room
-// instead of each opening its own limit.
+// instead of each opening its own limit. (The Pool's spare connections
+// are in use for the pool, and are the first a new session takes: they
+// are not counted.)
 func (p *Pool) sharedRoom(n int) bool {
 	if n >= p.maxShared() {
 		return false // the most a pool of any size shares: no need to ask it
 	}
 	st := p.db.Stats()
 	limit := min(sharedLimitOf(st), p.maxShared())
-	return n < limit && (n == 0 || st.InUse < limit)
+	return n < limit && (n == 0 || st.InUse-p.budget.spares() < limit)
 }
 
 // sharedLimit is maxShared, or a quarter of the pool's limit when it has
@@ -324,7 +326,7 @@ func sharedLimitOf(st sql.DBStats) int {
 // trip of its own.
 func (p *Pool) openShared(ctx context.Context) (*session, error) {
 	sent := monoNow()
-	conn, err := getConn(ctx, p.db)
+	conn, err := p.takeConn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("sqllock: shared session: get connection: %w", err)
 	}

@@ -43,9 +43,11 @@ import (
 // (LockTx and kin) use with no Pool at all.
 type engine struct {
 	// db is the pool an abandoned wait is cancelled from (cancelWait);
-	// nil for LockTx and kin, which have none.
-	db   *sql.DB
-	mode sqltext.Mode
+	// nil for LockTx and kin, which have none. budget counts the
+	// connections taken from it outside sessions (see budget.go).
+	db     *sql.DB
+	budget *budget
+	mode   sqltext.Mode
 	// abandoned is non-nil for drivers that do not give up a read when its
 	// context ends (lib/pq): their statements are bounded by boundedRaw,
 	// and it holds the connections left to finish alone.
@@ -423,7 +425,8 @@ var errDeadline = errors.New("the wait ended at the context's deadline")
 // is the bound (0 otherwise). A wait that runs into its deadline in the client leaves its
 // outcome uncertain, which costs the session (a driver that gives a
 // statement up may close the connection anyway); one that the server ends
-// first is a certain "not granted", and the connection stays usable.
+// first is a certain "not granted", and the connection stays usable: a
+// wait always has a server-side bound when ctx has a deadline.
 func (e *engine) deadlineSlice(ctx context.Context, slice string) (string, time.Duration) {
 	dl, ok := ctx.Deadline()
 	if !ok {
@@ -433,7 +436,13 @@ func (e *engine) deadlineSlice(ctx context.Context, slice string) (string, time.
 	margin := e.deadlineMargin(left)
 	left -= margin
 	if left < time.Millisecond {
-		return slice, 0
+		// Too near the deadline (or past it) for the server to end the
+		// wait before it: the server ends it a millisecond on, and its
+		// answer is read a little past the deadline (pastDeadline),
+		// where a statement cut at the deadline would cost the session
+		// and a cancel of its backend. (A margin of at least the recent
+		// round trip leaves observeRTT's average as it is.)
+		return "1ms", max(margin, time.Duration(e.rtt.Load()), time.Millisecond)
 	}
 	if slice != "0" {
 		if d, err := time.ParseDuration(slice); err == nil && d <= left {
@@ -486,20 +495,22 @@ func (e *engine) cancelWait(waitCtx context.Context, pid int64, k Key) {
 	defer cancel()
 	// A connection and statements bounded like the lock's own: a server
 	// that stopped answering cannot hold this past its timeout. A pool at
-	// its limit may have no connection to give until the caller's own,
-	// abandoned one is discarded, after this returns: wait for one no
-	// longer than abandonGrace then (that discard ends the backend, which
-	// takes it out of the queue too, a little later).
+	// its limit, or a budget spent (see budget.go), may have no connection
+	// to give until the caller's own, abandoned one is discarded, after
+	// this returns: wait for one no longer than abandonGrace then (that
+	// discard ends the backend, which takes it out of the queue too, a
+	// little later).
 	cctx := ctx
-	if st := e.db.Stats(); st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
+	if st := e.db.Stats(); st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections || e.budget.count() >= budgetLimit(st) {
 		var stop context.CancelFunc
 		cctx, stop = context.WithTimeout(ctx, abandonGrace)
 		defer stop()
 	}
-	conn, err := getConn(cctx, e.db)
+	conn, err := e.takeConn(cctx)
 	if err != nil {
 		return
 	}
+	defer e.budget.give() // once conn is closed, or left to its statement
 	if e.simpleFor != nil {
 		defer e.simpleFor(conn)()
 	}

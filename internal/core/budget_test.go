@@ -1,0 +1,171 @@
+package core
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+	"time"
+)
+
+// stubPool returns a pool of the stub driver (see blind_test.go) limited
+// to limit connections.
+func stubPool(t *testing.T, limit int) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqllock-core-stub", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	db.SetMaxOpenConns(limit)
+	return db
+}
+
+// waitFor polls cond until it holds, and fails t after 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10 s: %s", what)
+		}
+	}
+}
+
+// TestBudgetTakesInOrder: a budget counts at most a quarter of the pool's
+// limit; takes that wait for room are served in arrival order, and one
+// whose ctx ends leaves the line, counting nothing.
+func TestBudgetTakesInOrder(t *testing.T) {
+	b := &budget{db: stubPool(t, 4)} // a limit of 1
+	if err := b.take(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if b.tryTake() {
+		t.Fatal("tryTake with the budget's one connection counted = true, want false")
+	}
+	done := make(chan string, 3)
+	waiting := func(name string, ctx context.Context, n int) {
+		t.Helper()
+		go func() {
+			if err := b.take(ctx); err != nil {
+				done <- name + ": " + err.Error()
+				return
+			}
+			done <- name
+		}()
+		waitFor(t, name+" waits", func() bool {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			return b.waiters.Len() == n
+		})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	waiting("first", context.Background(), 1)
+	waiting("second", ctx, 2)
+	waiting("third", context.Background(), 3)
+	cancel()
+	if got := <-done; got != "second: "+context.Canceled.Error() {
+		t.Fatalf("after the second's ctx ended: %q, want it to leave", got)
+	}
+	for _, want := range []string{"first", "third"} {
+		b.give()
+		if got := <-done; got != want {
+			t.Fatalf("a connection given back went to %q, want %q", got, want)
+		}
+	}
+	if n := b.count(); n != 1 {
+		t.Fatalf("count() = %d, want 1", n)
+	}
+}
+
+// TestBudgetSpares: a connection given back healthy is kept as a spare
+// (up to a quarter of the pool's limit), counted, for the next taker; one
+// given back unhealthy goes back to the pool; spares go back to the pool
+// after spareLinger, or at once when flushed; none is kept while the pool
+// is at its limit.
+func TestBudgetSpares(t *testing.T) {
+	db := stubPool(t, 12)
+	e := &engine{db: db, budget: &budget{db: db}}
+	b := e.budget
+	var conns []*sql.Conn
+	for range 3 {
+		conn, err := e.takeConn(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, conn)
+	}
+	if b.tryTake() {
+		t.Fatal("a 4th on a pool of 12: tryTake = true, want false (a limit of 3)")
+	}
+	for _, conn := range conns[:3] {
+		b.done(conn, true)
+	}
+	if n, s := b.count(), b.spares(); n != 3 || s != 3 {
+		t.Fatalf("3 given back: count() = %d, spares() = %d; want 3 and 3", n, s)
+	}
+	if got := b.takeSpare(); got != conns[2] {
+		t.Fatal("takeSpare did not return the spare kept last")
+	}
+	b.done(conns[2], false)
+	if n, s := b.count(), b.spares(); n != 2 || s != 2 {
+		t.Fatalf("one given back unhealthy: count() = %d, spares() = %d; want 2 and 2", n, s)
+	}
+	if err := conns[2].PingContext(context.Background()); !errors.Is(err, sql.ErrConnDone) {
+		t.Fatalf("the unhealthy one: Ping = %v, want sql.ErrConnDone (back to the pool)", err)
+	}
+	waitFor(t, "the spares went back to the pool", func() bool { return b.spares() == 0 && b.count() == 0 })
+	if st := db.Stats(); st.InUse != 0 {
+		t.Fatalf("with no spare: %d connections in use, want 0", st.InUse)
+	}
+	for range 2 {
+		conn, err := e.takeConn(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.done(conn, true)
+	}
+	b.flush() // as a Locker closes
+	if n, s, inUse := b.count(), b.spares(), db.Stats().InUse; n != 0 || s != 0 || inUse != 0 {
+		t.Fatalf("2 spares flushed: count() = %d, spares() = %d, %d connections in use; want 0, 0, 0", n, s, inUse)
+	}
+
+	full := stubPool(t, 4)
+	fb := &budget{db: full}
+	var held []*sql.Conn
+	for range 4 {
+		conn, err := full.Conn(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, conn)
+	}
+	fb.add()
+	fb.done(held[0], true)
+	if n, s := fb.count(), fb.spares(); n != 0 || s != 0 {
+		t.Fatalf("given back on a pool at its limit: count() = %d, spares() = %d; want 0 and 0 (back to the pool)", n, s)
+	}
+}
+
+// TestBudgetCountsAbandoned: a blind driver's statement left to finish
+// alone keeps its connection counted until the connection is closed.
+func TestBudgetCountsAbandoned(t *testing.T) {
+	db := stubPool(t, 12)
+	b := &budget{db: db}
+	blind := &abandonSet{budget: b}
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	answer := make(chan struct{})
+	err = boundedRaw(ctx, blind, conn, func(any) error { <-answer; return nil })
+	if !errors.Is(err, ErrAbandoned) {
+		t.Fatalf("boundedRaw = %v, want ErrAbandoned", err)
+	}
+	if n := b.count(); n != 1 {
+		t.Fatalf("an abandoned statement under way: count() = %d, want 1", n)
+	}
+	close(answer)
+	waitFor(t, "the abandoned statement's connection was closed and uncounted", func() bool { return b.count() == 0 && !blind.has(conn) })
+}
