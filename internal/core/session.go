@@ -54,8 +54,8 @@ type session struct {
 	// waited, guarded by mu: another backend waits for the end of its
 	// transaction (a pinned session's; see askWaitedOn).
 	waited bool
-	held  holdList // guarded by mu: the Holds it carries
-	owner *Owned   // the Owned whose keys it holds (kindOwned)
+	held   holdList // guarded by mu: the Holds it carries
+	owner  *Owned   // the Owned whose keys it holds (kindOwned)
 	// gate counts the calls that picked it and have not finished (users,
 	// the low bits), and shuts (gateShut) when it takes no new call: it
 	// left open, or was handed over. A call joins only while it is open,
