@@ -13,9 +13,9 @@ import (
 // (see Pool.Close); the sqllock package re-exports it.
 var ErrClosed = errors.New("sqllock: Locker closed")
 
-// releasedByClose is the error of a Hold that Close released: it matches
+// errReleasedByClose is the error of a Hold that Close released: it matches
 // ErrReleased and ErrClosed.
-var releasedByClose = fmt.Errorf("%w: %w", ErrReleased, ErrClosed)
+var errReleasedByClose = fmt.Errorf("%w: %w", ErrReleased, ErrClosed)
 
 // closing is a Pool's end: once StartClose ran, no call takes a lock, and
 // the calls that wait leave.

@@ -111,13 +111,6 @@ func keyTag(k Key) ftag {
 
 func pairTag(class, id int32) ftag { return ftag{uint32(class), uint32(id), 2} }
 
-func (t ftag) key() Key {
-	if t.sub == 2 {
-		return Key{Pair: true, Class: int32(t.c), ID: int32(t.o)}
-	}
-	return Key{V: int64(uint64(t.c)<<32 | uint64(t.o))}
-}
-
 // flock is one advisory lock: its holders and how many times each took it,
 // by mode.
 type flock struct{ excl, shared map[int64]int }

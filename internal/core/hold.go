@@ -166,7 +166,7 @@ func (h *Hold) Release() (first bool, err error) {
 	switch state {
 	case holdReleased:
 		if p.Closed() {
-			return false, releasedByClose
+			return false, errReleasedByClose
 		}
 		return false, ErrReleased
 	case holdLost:
@@ -186,7 +186,7 @@ func (h *Hold) Release() (first bool, err error) {
 	}
 	final := ErrReleased
 	if p.Closed() {
-		final = releasedByClose
+		final = errReleasedByClose
 	}
 	if errors.Is(err, ErrLockLost) {
 		final = err

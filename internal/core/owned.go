@@ -358,7 +358,7 @@ func (o *Owned) Close() error {
 	o.p.mon.remove(o)
 	final := ErrReleased
 	if o.p.Closed() {
-		final = releasedByClose
+		final = errReleasedByClose
 	}
 	o.settle(holdReleased, final)
 	o.s.end(nil)
