@@ -210,17 +210,19 @@ func (p *Pool) sharedFor(ctx context.Context) (*session, error) {
 		if best != nil {
 			continue // it shut, or filled, meanwhile: look again
 		}
-		if least == nil && sh.opening == 0 {
-			// None takes calls (each is retiring, or ending), none opens,
-			// and the pool has no room: a session of its own (which the
-			// pool gives when it can) rather than a wait for one that may
-			// never open.
+		if least == nil && sh.opening == 0 && !closingLocked(sh.all) {
+			// None takes calls (each is retiring), none opens, and the pool
+			// has no room: a session of its own (which the pool gives when
+			// it can) rather than a wait for one that may never open.
 			sh.mu.Unlock()
 			return nil, errNoShared
 		}
 		// Every shared session is still opening (arrivals at once, at the
-		// start), or the usable ones are busy while more open: wait for
-		// one.
+		// start), or the usable ones are busy while more open, or one that
+		// idled is closing (its reset, a round trip, is under way): wait
+		// for one. (A session of its own per call would pin a connection
+		// per lock: many calls at once fill a capped pool with their
+		// locks, and the next waits for a connection for ever.)
 		if sh.opened == nil {
 			sh.opened = make(chan struct{})
 		}
@@ -233,6 +235,21 @@ func (p *Pool) sharedFor(ctx context.Context) (*session, error) {
 		}
 		sh.mu.Lock()
 	}
+}
+
+// closingLocked reports whether one of all is closing: it ended idle, and
+// leaves the shared sessions once its settings are reset (see endIf). The
+// caller holds sh.mu.
+func closingLocked(all []*session) bool {
+	for _, s := range all {
+		s.mu.Lock()
+		closing := s.state == ended
+		s.mu.Unlock()
+		if closing {
+			return true
+		}
+	}
+	return false
 }
 
 // pick returns, of all, the busiest session with room (of those, the one

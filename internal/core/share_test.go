@@ -94,3 +94,66 @@ func TestSharedForNoneUsable(t *testing.T) {
 		t.Fatalf("sharedFor() = %v, %v after %v; want no session, at once", got, err, time.Since(start))
 	}
 }
+
+// TestFakeTriesWhileSharedCloses: tries without a deadline, on a pool
+// capped at 8, that arrive while the Pool's shared sessions are closing
+// (they idled for their linger, and their resets are under way) wait for one to
+// leave and open another: they do not each pin a session of their own,
+// which would fill the pool with their locks, so that the next one waited
+// for a connection for ever (hundreds of TryLocks stuck on a pool of 8).
+func TestFakeTriesWhileSharedCloses(t *testing.T) {
+	fs := newFakeServer()
+	db := fs.db(t)
+	db.SetMaxOpenConns(8)
+	h := &testHooks{}
+	p := NewPool(db, Config{UnlockTimeout: 10 * time.Second}, h)
+	t.Cleanup(func() {
+		p.Close()
+		fs.checkKnown(t)
+	})
+	// Two shared sessions (the most a pool of 8 shares): more locks than
+	// one takes.
+	var first []*Hold
+	for i := range sharedSpread + 1 {
+		first = append(first, mustAcquire(t, bg, p, Request{Key: k(int64(1000 + i)), Try: true}))
+	}
+	if got := p.Stats().SharedSessions; got != 2 {
+		t.Fatalf("%d shared sessions, want 2", got)
+	}
+	reset := fs.on(&fakeRule{kind: fReset, times: 2, stall: make(chan struct{}), entered: make(chan *fakeStmt, 2)})
+	defer reset.release()
+	for _, h := range first {
+		mustRelease(t, h)
+	}
+	recv(t, reset.entered) // both idled, and are closing
+	recv(t, reset.entered)
+	const n = 40
+	holds := make([]*Hold, n)
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			h, err := p.Acquire(bg, Request{Key: k(int64(100 + i)), Try: true})
+			holds[i] = h
+			errs <- err
+		})
+	}
+	// The tries find no shared session that takes calls, and no room for
+	// another: they wait for a closing one to leave (before, each took a session of its own,
+	// holding a connection with its lock, until the pool was full).
+	time.Sleep(200 * time.Millisecond)
+	reset.release()
+	waitAll(t, &wg)
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("Acquire() = %v", err)
+		}
+	}
+	if st := db.Stats(); st.InUse > 2 {
+		t.Errorf("%d of the pool's connections in use with %d locks held, want the shared sessions' (2 at most)", st.InUse, n)
+	}
+	for _, h := range holds {
+		mustRelease(t, h)
+	}
+}
