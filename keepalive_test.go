@@ -433,12 +433,26 @@ func (s *slowDial) Connect(ctx context.Context) (driver.Conn, error) {
 
 // TestKeepAliveSlowConnectionSetup: when setting up a connection takes
 // longer than a keep-alive check may (1 s), the setup goes on after its
-// check gave up, and the next check uses it: one failed check, not two,
-// and the lock is not reported lost. A check that aborted its own setup
-// never got a connection, and two of them reported the lock lost.
+// check gave up, and the next check uses it; a check still without a
+// connection at half its time asks on the lock's own session (user code
+// cannot reach it) instead. The lock is not reported lost, however long
+// the setups take: a check that aborted its own setup never got a
+// connection, and two of them reported the lock lost; so did two checks
+// that waited for one setup that took longer than both (a loaded machine).
 func TestKeepAliveSlowConnectionSetup(t *testing.T) {
 	t.Parallel()
-	db := sql.OpenDB(&slowDial{Connector: pgxConnector(t), d: 1500 * time.Millisecond})
+	for _, d := range []time.Duration{1500 * time.Millisecond, 10 * time.Second} {
+		t.Run(d.String(), func(t *testing.T) {
+			t.Parallel()
+			keepAliveSlowSetup(t, d)
+		})
+	}
+}
+
+// keepAliveSlowSetup runs TestKeepAliveSlowConnectionSetup with setups
+// that take d.
+func keepAliveSlowSetup(t *testing.T, d time.Duration) {
+	db := sql.OpenDB(&slowDial{Connector: pgxConnector(t), d: d})
 	t.Cleanup(func() { db.Close() })
 	l := sqllock.New(db, sqllock.WithDedicatedSessions(), sqllock.WithKeepAlive(200*time.Millisecond))
 	lk, err := l.Lock(bg(), sqllock.Int64(92)) // the first connection: no delay

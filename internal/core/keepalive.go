@@ -261,9 +261,12 @@ const maxAsking = 4
 // connection whose backend hung, a half-open one): when the query, sent,
 // has not answered by half the timeout, or failed, it is asked once more,
 // on another connection (the first one is still busy with it), and either
-// answer will do. (A query still waiting for a connection to be set up is
-// not asked again: another setup would not be quicker.) A query that never returns is left to finish alone,
-// and counted in asking until it does.
+// answer will do. A query still waiting for a connection to be set up by
+// then is asked on one of the Pool's lock sessions instead (another setup
+// would not be quicker): two checks whose connections were slow to set up
+// would otherwise report every lock lost while the server answers. A
+// query that never returns is left to finish alone, and counted in asking
+// until it does.
 func (m *monitor) ask(keys []heldKey, timeout time.Duration) checkResult {
 	if n := m.asking.Load(); n >= maxAsking {
 		return checkResult{err: fmt.Errorf("%d earlier checks have not returned", n)}
@@ -278,6 +281,21 @@ func (m *monitor) ask(keys []heldKey, timeout time.Duration) checkResult {
 			defer m.asking.Add(-1)
 			res <- m.query(ctx, keys, &sent)
 		}()
+	}
+	// onSession asks on one of the Pool's lock sessions instead, when it
+	// has one that user code cannot reach (see querySession).
+	onSession := func() bool {
+		s := m.p.checkSession()
+		if s == nil {
+			return false
+		}
+		m.asking.Add(1)
+		go func() {
+			defer m.asking.Add(-1)
+			var asked atomic.Bool
+			res <- m.querySession(ctx, s, keys, &asked)
+		}()
+		return true
 	}
 	start()
 	started, running := 1, 1
@@ -304,8 +322,17 @@ func (m *monitor) ask(keys []heldKey, timeout time.Duration) checkResult {
 			}
 			return last
 		case <-again.C:
-			if started == 1 && sent.Load() && m.asking.Load() < maxAsking {
+			switch {
+			case started != 1 || m.asking.Load() >= maxAsking:
+			case sent.Load():
 				start()
+				started, running = 2, running+1
+			case onSession():
+				// Still no connection: its setup is slow (a loaded
+				// machine, a loaded server). Another setup would not be
+				// quicker, and a check that never got a connection says
+				// nothing of the server; a lock session answers for
+				// every lock, without a connection of its own.
 				started, running = 2, running+1
 			}
 		case <-end.C:
@@ -372,19 +399,31 @@ var errPoolFull = errors.New("sqllock: pool at its limit")
 // a check that waits in the pooler's queue until two checks fail would
 // report every lock lost.
 func (m *monitor) queryPinned(ctx context.Context, keys []heldKey, sent *atomic.Bool) (checkResult, bool) {
-	var s *session
-	for _, c := range m.p.liveSessions() {
-		c.mu.Lock()
-		ok := c.state != ended && c.held.n > 0
-		c.mu.Unlock()
-		if ok {
-			s = c
-			break
-		}
-	}
+	s := m.p.checkSession()
 	if s == nil {
 		return checkResult{}, false
 	}
+	return m.querySession(ctx, s, keys, sent), true
+}
+
+// checkSession returns one of the Pool's sessions that holds locks (so
+// none is waiting in it) and that user code cannot reach (not an Owned's,
+// whose connection its Session hands out), or nil.
+func (p *Pool) checkSession() *session {
+	for _, c := range p.liveSessions() {
+		c.mu.Lock()
+		ok := c.state != ended && c.held.n > 0 && c.kind != kindOwned
+		c.mu.Unlock()
+		if ok {
+			return c
+		}
+	}
+	return nil
+}
+
+// querySession runs the keep-alive query for keys on s, through its
+// queue, as one of its statements.
+func (m *monitor) querySession(ctx context.Context, s *session, keys []heldKey, sent *atomic.Bool) checkResult {
 	var lost []lostKey
 	o := newOp(opCheck, Key{})
 	o.run = func(conn *sql.Conn) error {
@@ -392,6 +431,11 @@ func (m *monitor) queryPinned(ctx context.Context, keys []heldKey, sent *atomic.
 		// ctx: a statement a driver gives up ends the session, and the
 		// locks on it (the check's caller stops waiting at ctx's end).
 		ctx := m.p.UnlockContext()
+		if !m.p.cfg.TxPooler {
+			var err error
+			lost, err = queryLost(ctx, m.p, conn, keys)
+			return err
+		}
 		// Its transaction read pg_stat_activity once already, and would
 		// see those backends only: the snapshot goes first.
 		err := conn.QueryRowContext(ctx, sqltext.ClearSnapshotSQL, m.p.SimpleArgs(conn, nil)...).Scan(new(any))
@@ -410,14 +454,14 @@ func (m *monitor) queryPinned(ctx context.Context, keys []heldKey, sent *atomic.
 	select {
 	case <-o.done:
 	case <-ctx.Done():
-		return checkResult{err: ctx.Err()}, true
+		return checkResult{err: ctx.Err()}
 	}
 	if errors.Is(o.err, sql.ErrConnDone) || s.dead() {
 		// The session ended under the check: it says nothing of the
 		// others; the next check asks another.
-		return checkResult{skipped: true}, true
+		return checkResult{skipped: true}
 	}
-	return checkResult{lost: lost, err: o.err}, true
+	return checkResult{lost: lost, err: o.err}
 }
 
 // conn is getConn for a check: a connection being set up when ctx ends
