@@ -63,7 +63,7 @@ func TestCICWithWaitersOfProcesses(t *testing.T) {
 					stopped = true
 					os.WriteFile(filepath.Join(dir, "stop"), nil, 0o644)
 					for _, cmd := range procs {
-						if err := cmd.Wait(); err != nil {
+						if err := waitHelper(cmd, helperCeiling); err != nil {
 							t.Errorf("a waiter process: %v", err)
 						}
 					}

@@ -75,7 +75,7 @@ func startLine(t *testing.T, drv, dsn, mode, key string, at []time.Duration, hol
 				w.lines <- sc.Text()
 			}
 			close(w.lines)
-			w.exited <- cmd.Wait()
+			w.exited <- waitHelper(cmd, helperCeiling)
 		}()
 		t.Cleanup(func() { cmd.Process.Kill() })
 		tr.waiters = append(tr.waiters, w)

@@ -3,6 +3,8 @@ package sqllock_test
 import (
 	"context"
 	"database/sql"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -86,6 +88,23 @@ func waitFree(t testing.TB, q sqllock.Querier, k sqllock.Key, d time.Duration) {
 }
 
 func bg() context.Context { return context.Background() }
+
+// waitGroup waits for wg, for at most ceiling (far longer than what it
+// waits for takes on a loaded machine); then it fails t with every
+// goroutine's stack, so that calls that never return fail their test
+// instead of stopping the whole run at its timeout.
+func waitGroup(t testing.TB, wg *sync.WaitGroup, ceiling time.Duration) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(ceiling):
+		buf := make([]byte, 16<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		t.Fatalf("calls still running after %v; goroutines:\n%s", ceiling, buf)
+	}
+}
 
 // waitNoLocks waits until db's database has no advisory locks, and fails t
 // after d. A waiter whose context ended is discarded by sqllock, but its

@@ -116,7 +116,7 @@ func TestObserveKilledLeader(t *testing.T) {
 				t.Fatal(err)
 			}
 			exited := make(chan error, 1)
-			go func() { exited <- cmd.Wait() }()
+			go func() { exited <- waitHelper(cmd, helperCeiling) }()
 			var leader sqllock.Leader
 			for leader.Value != value {
 				select {

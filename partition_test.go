@@ -384,7 +384,7 @@ func TestFrozenHolder(t *testing.T) {
 					t.Fatalf("resumed holder: %q; want its first Err to say the lock is lost, and its fenced write refused (0 rows)", said)
 				}
 				lk.Unlock(bg())
-				if err := cmd.Wait(); err != nil {
+				if err := waitHelper(cmd, helperCeiling); err != nil {
 					t.Fatal(err)
 				}
 			})

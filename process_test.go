@@ -1,6 +1,7 @@
 package sqllock_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +21,46 @@ import (
 )
 
 const helperEnv = "SQLLOCK_TEST_HELPER"
+
+// helperCeiling bounds a re-executed helper process: far longer than any
+// helper takes on a loaded machine, far shorter than the test binary's
+// timeout, so that a helper that hangs fails its test with its stacks
+// instead of stopping the whole run at the timeout.
+const helperCeiling = 3 * time.Minute
+
+// runHelper starts cmd, a re-executed test binary, and waits for it (see
+// waitHelper).
+func runHelper(cmd *exec.Cmd, ceiling time.Duration) error {
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	return waitHelper(cmd, ceiling)
+}
+
+// waitHelper waits for cmd, a started re-executed test binary, for at most
+// ceiling. Then it sends SIGQUIT, on which the Go runtime writes every
+// goroutine's stack to the process's standard error (where cmd sends it),
+// and kills the process if it is still there a few seconds later; the
+// error says so.
+func waitHelper(cmd *exec.Cmd, ceiling time.Duration) error {
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t := time.NewTimer(ceiling)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+	}
+	cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		cmd.Process.Kill()
+		<-done
+	}
+	return fmt.Errorf("helper process %d still running after %v: stopped with SIGQUIT (its goroutines' stacks are in its output)", cmd.Process.Pid, ceiling)
+}
 
 // helperMain is the body of a re-executed test binary. It reads its job from
 // the environment, and its exit status is the verdict: 0 fine, 1 mutual
@@ -117,9 +159,11 @@ func TestMutualExclusionProcesses(t *testing.T) {
 			go func() {
 				cmd := exec.Command(os.Args[0], "-test.run=^$")
 				cmd.Env = append(os.Environ(), helperEnv+"=mutex", "HELPER_DRIVER="+drv, "HELPER_DSN="+dsn, "HELPER_DIR="+dir)
-				out, err := cmd.CombinedOutput()
+				var out bytes.Buffer
+				cmd.Stdout, cmd.Stderr = &out, &out
+				err := runHelper(cmd, helperCeiling)
 				if err != nil {
-					err = fmt.Errorf("helper process: %w\n%s", err, out)
+					err = fmt.Errorf("helper process: %w\n%s", err, out.Bytes())
 				}
 				errs <- err
 			}()

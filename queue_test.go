@@ -1,6 +1,7 @@
 package sqllock_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -341,10 +342,12 @@ func TestQueueRemoteWaiterServed(t *testing.T) {
 			for range 5 {
 				cmd := exec.Command(os.Args[0], "-test.run=^$")
 				cmd.Env = append(os.Environ(), helperEnv+"=remote-waiter", "HELPER_DRIVER="+drv, "HELPER_DSN="+dsn, "HELPER_KEY=3804")
-				out, err := cmd.Output()
-				if err != nil {
-					t.Fatalf("the waiter process: %v: %s", err, out)
+				var stdout, stderr bytes.Buffer
+				cmd.Stdout, cmd.Stderr = &stdout, &stderr
+				if err := runHelper(cmd, helperCeiling); err != nil {
+					t.Fatalf("the waiter process: %v: %s%s", err, stdout.Bytes(), stderr.Bytes())
 				}
+				out := stdout.Bytes()
 				d, err := time.ParseDuration(strings.TrimSpace(string(out)))
 				if err != nil {
 					t.Fatalf("the waiter process said %q", out)

@@ -115,7 +115,7 @@ func TestSemaphoreProcesses(t *testing.T) {
 					"HELPER_DIR="+dir, "HELPER_RUN="+run.String())
 				cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
 				wg.Add(1)
-				go func() { defer wg.Done(); errs[i] = cmd.Run() }()
+				go func() { defer wg.Done(); errs[i] = runHelper(cmd, helperCeiling) }()
 			}
 			slots := map[sqllock.Key]bool{}
 			for _, k := range sqllock.SemaphoreSlots("reports", 3) {

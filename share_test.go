@@ -289,7 +289,7 @@ func TestSharedSessionLoss(t *testing.T) {
 						locks[i] = lk
 					})
 				}
-				wg.Wait()
+				waitGroup(t, &wg, 2*time.Minute)
 				if round == 1 {
 					break
 				}

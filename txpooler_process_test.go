@@ -253,7 +253,7 @@ func TestTxPoolerHolderStopped(t *testing.T) {
 		if !strings.HasPrefix(said, "resumed: told 3 of 3: sqllock: lock lost") {
 			t.Fatalf("resumed holder: %q; want every lock told lost (Done closed, Err matching ErrLockLost)", said)
 		}
-		if err := cmd.Wait(); err != nil {
+		if err := waitHelper(cmd, helperCeiling); err != nil {
 			t.Fatal(err)
 		}
 	})
