@@ -42,9 +42,15 @@ func TestLockTxCancelAlwaysReturns(t *testing.T) {
 // (cancelled) cancelled as the deadline would come.
 func lockTxAlwaysReturns(t *testing.T, cancelled bool) {
 	srv := pgtest.Start(t)
-	bound, stuckAfter := 2*time.Second, 5*time.Second // a loaded quick run returned 1.1 s late
+	// A call may return bound past its deadline, plus what the machine
+	// costs it: four of the round trips measured around it (the
+	// transaction's begin and rollback on the same pool), which a loaded
+	// machine stretches as it stretches the call's own. A call not back
+	// after stuckAfter is stuck, whatever the load: its backends are ended
+	// so that the test reports it.
+	bound, stuckAfter := 2*time.Second, 30*time.Second
 	if cancelled {
-		bound, stuckAfter = 3*time.Second, 8*time.Second // a slice of 2 s at most, and the rest
+		bound = 3 * time.Second // a slice of 2 s at most, and the rest
 	}
 	const goroutines = 8
 	calls := 150
@@ -73,7 +79,9 @@ func lockTxAlwaysReturns(t *testing.T, cancelled bool) {
 				defer wg.Done()
 				r := rand.New(rand.NewPCG(uint64(g), 1))
 				for range calls {
+					beginAt := time.Now()
 					tx, err := db.BeginTx(bg(), nil)
+					trip := time.Since(beginAt)
 					if err != nil {
 						t.Error(err)
 						return
@@ -95,9 +103,12 @@ func lockTxAlwaysReturns(t *testing.T, cancelled bool) {
 					}
 					took := time.Since(began)
 					cancel()
+					rollbackAt := time.Now()
 					tx.Rollback()
-					if took > d+bound {
+					trip = max(trip, time.Since(rollbackAt))
+					if took > d+bound+4*trip {
 						late.Add(1)
+						t.Logf("a call returned %v past its deadline of %v (round trips around it: %v)", took-d, d, trip)
 					}
 					if n := int64(took); n > slowest.Load() {
 						slowest.Store(n)
@@ -134,7 +145,7 @@ func lockTxAlwaysReturns(t *testing.T, cancelled bool) {
 		}()
 		wg.Wait()
 		<-watch
-		t.Logf("%d calls: %d not acquired at the deadline, %d returned more than %v past it, %d stuck over %v, slowest %v",
+		t.Logf("%d calls: %d not acquired at the deadline, %d returned more than %v (and four round trips) past it, %d stuck over %v, slowest %v",
 			goroutines*calls, notAcquired.Load(), late.Load(), bound, stuck.Load(), stuckAfter, time.Duration(slowest.Load()))
 		if stuck.Load() > 0 || late.Load() > 0 {
 			t.Fatalf("LockTx() ignored its context: %d calls stuck, %d late", stuck.Load(), late.Load())
