@@ -229,23 +229,29 @@ func takenBy(t *testing.T, db *sql.DB, k sqllock.Key) func() {
 // its wait's lock_timeout has passed.
 func grantWhileStopped(t *testing.T, db *sql.DB, k sqllock.Key, release func(), pause time.Duration) {
 	t.Helper()
+	// The ceilings only end a test that never gets there: a loaded
+	// machine takes seconds to set a wait up, and a sliced wait can be
+	// stopped between two slices many times before it is stopped in one.
+	const ceiling = time.Minute
 	waiter := func() int { return lockWaiterPID(t, db, k) }
 	start := time.Now()
-	pid := 0
+	pid, seen, between := 0, 0, 0
 	for {
-		if time.Since(start) > 10*time.Second {
-			t.Fatalf("no session waits for %v", k)
+		if time.Since(start) > ceiling {
+			t.Fatalf("no session stopped while it waits for %v in %v (seen waiting %d times, stopped between two slices %d times)", k, ceiling, seen, between)
 		}
 		if pid = waiter(); pid == 0 {
 			time.Sleep(time.Millisecond)
 			continue
 		}
+		seen++
 		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 			t.Fatalf("stop backend %d: %v", pid, err)
 		}
 		if waiter() == pid {
 			break // stopped in its wait (not between two slices)
 		}
+		between++
 		syscall.Kill(pid, syscall.SIGCONT)
 	}
 	resumed := false
@@ -259,8 +265,8 @@ func grantWhileStopped(t *testing.T, db *sql.DB, k sqllock.Key, release func(), 
 	stopped := time.Now()
 	release()
 	for !slices.Contains(holders(t, db, k), pid) {
-		if time.Since(stopped) > 10*time.Second {
-			t.Fatalf("the stopped backend %d was not granted %v", pid, k)
+		if time.Since(stopped) > ceiling {
+			t.Fatalf("the stopped backend %d was not granted %v in %v", pid, k, ceiling)
 		}
 		time.Sleep(time.Millisecond)
 	}
