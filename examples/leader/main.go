@@ -84,8 +84,8 @@ func candidateMain(ctx context.Context, n int, dsn string, w io.Writer) error {
 	return err
 }
 
-// run starts three candidate processes, kills the first leader's session,
-// and waits for another candidate to lead.
+// run starts three candidate processes, kills the first leader's session
+// once another waits, and waits for another candidate to lead.
 func run(ctx context.Context, w io.Writer) error {
 	dsn, stop, err := pgtest.DatabaseURL(ctx, w)
 	if err != nil {
@@ -142,6 +142,10 @@ func run(ctx context.Context, w io.Writer) error {
 		switch {
 		case err != nil || ld.PID == 0:
 		case first.PID == 0 && !announced[name(ld)]: // granted, not yet told
+		case first.PID == 0 && !otherWaits(ctx, db, ld):
+			// Not yet: the others are still starting (a loaded machine).
+			// The leader's session ends once another candidate waits in
+			// the server, which then grants it the lock at once.
 		case first.PID == 0:
 			first = ld
 			fmt.Fprintf(w, "demo: %v leads; killing its database session\n", first)
@@ -154,6 +158,21 @@ func run(ctx context.Context, w io.Writer) error {
 	}
 	fmt.Fprintf(w, "demo: leadership moved from %s to %s\n", name(first), name(second))
 	return nil
+}
+
+// otherWaits reports whether a candidate other than ld waits for the
+// election's key in the server.
+func otherWaits(ctx context.Context, db *sql.DB, ld sqllock.Leader) bool {
+	locks, err := sqllock.Inspect(ctx, db, nil, electionKey)
+	if err != nil {
+		return false
+	}
+	for _, l := range locks {
+		if !l.Granted && l.PID != ld.PID {
+			return true
+		}
+	}
+	return false
 }
 
 // name returns "candidate N" for a leader whose value is "candidate-N".
