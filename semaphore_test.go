@@ -113,6 +113,9 @@ func TestSemaphoreProcesses(t *testing.T) {
 				cmd := exec.Command(os.Args[0], "-test.run=^$")
 				cmd.Env = append(os.Environ(), helperEnv+"=semaphore", "HELPER_DRIVER="+drv, "HELPER_DSN="+dsn,
 					"HELPER_DIR="+dir, "HELPER_RUN="+run.String())
+				if !testkit.Short() {
+					cmd.Env = append(cmd.Env, "HELPER_EVERY=1")
+				}
 				cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
 				wg.Add(1)
 				go func() { defer wg.Done(); errs[i] = runHelper(cmd, helperCeiling) }()
