@@ -12,7 +12,18 @@ import (
 	"github.com/sqllock/sqllock/pgtest"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
+// asProgram, set in a process's environment, makes this test binary run
+// as the program: the tests run it so, rather than build it (a link of
+// the program took most of the quick run's time here on a loaded machine).
+const asProgram = "QUICKSTART_AS_PROGRAM"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(asProgram) != "" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(pgtest.Run(m))
+}
 
 // TestQuickstart runs the program as the README prints it: once with the
 // lock free (it does the work), once with the lock held elsewhere (it
@@ -20,10 +31,9 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
 func TestQuickstart(t *testing.T) {
 	srv := pgtest.Start(t)
 	dsn := srv.NewDatabase(t)
-	bin := build(t)
 	run := func() string {
-		cmd := exec.Command(bin)
-		cmd.Env = append(os.Environ(), "DATABASE_URL="+dsn)
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), asProgram+"=1", "DATABASE_URL="+dsn)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Run(); err != nil {
@@ -49,7 +59,8 @@ func TestQuickstart(t *testing.T) {
 // a throwaway PostgreSQL and does the work (it failed, connecting to the
 // default socket).
 func TestQuickstartNoSetup(t *testing.T) {
-	cmd := exec.Command(build(t))
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = []string{asProgram + "=1"}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "DATABASE_URL=") {
 			cmd.Env = append(cmd.Env, kv)
@@ -59,14 +70,4 @@ func TestQuickstartNoSetup(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "reindexing posts") {
 		t.Fatalf("quickstart without DATABASE_URL: %v\n%s", err, out)
 	}
-}
-
-// build builds the program and returns its path.
-func build(t *testing.T) string {
-	t.Helper()
-	bin := t.TempDir() + "/quickstart"
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
 }
