@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"net/url"
 	"sync"
@@ -195,8 +196,12 @@ func TestPoolStarvation(t *testing.T) {
 		if calls.Load() < impatient*10 {
 			t.Fatalf("%d Lock calls in %v: the churn did not happen", calls.Load(), churn)
 		}
-		if allowed := (tries + 99) / 100; alone-controlAlone > allowed {
-			t.Errorf("of %d SELECT 1, the application's failed where the control's succeeded %d times (first: %v), the converse %d: want at most %d more (1%%)", tries, alone, firstErr, controlAlone, allowed)
+		// 1% more, and the machine's noise: a loaded machine fails either
+		// query at random, and the two counts differ by chance by about
+		// the square root of what it failed alone (twice that, here).
+		noise := int(math.Ceil(2 * math.Sqrt(float64(controlAlone))))
+		if allowed := (tries+99)/100 + noise; alone-controlAlone > allowed {
+			t.Errorf("of %d SELECT 1, the application's failed where the control's succeeded %d times (first: %v), the converse %d: want at most %d more (1%%, and %d for the machine's noise)", tries, alone, firstErr, controlAlone, allowed, noise)
 		}
 		if lockerDials*20 > calls.Load() {
 			t.Errorf("during the churn, the Locker opened %d connections for %d Lock calls, want at most one per 20", lockerDials, calls.Load())
