@@ -204,6 +204,7 @@ func TestPoolerDetection(t *testing.T) {
 // it left on the pooler's server sessions: no key is held by any backend
 // 3 s after its last call, whatever its calls answered.
 func TestPoolerStrandedFreed(t *testing.T) {
+	t.Parallel() // a bouncer of its own; its runs mostly wait out their 3 s
 	dsn, bdsn := behindPgBouncer(t, "transaction", 2)
 	observer := pgtest.Open(t, "pgx", dsn)
 	runs := 10
