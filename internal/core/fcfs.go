@@ -62,6 +62,23 @@ func (ln line) giveUpSQL(st *statements, mark string) (string, []any) {
 // not granted, for sure: its session is intact.
 var errLeft = errors.New("the wait left the line as the context ended")
 
+// errRestart is the outcome of a wait on a pinned session that left its
+// line, not granted, for sure, because another backend waits for the end
+// of the session's transaction (a CREATE INDEX CONCURRENTLY that began its
+// last phase as one of the wait's slices ran: it waits for the whole
+// transaction, which a waiter would keep open until granted and
+// released). The session holds nothing and closes, which ends its
+// transaction; the call waits on in a new session, at the end of the line.
+var errRestart = errors.New("sqllock: the wait left the line to end its transaction, which another backend waits for")
+
+// waitedOnMe reports whether another backend waits for the end of w's
+// transaction (sqltext.WaitedOnMeSQL). A question that fails reports
+// false: the next slice asks again.
+func (e *engine) waitedOnMe(ctx context.Context, w waiter) bool {
+	var waited bool
+	return w.queryRow(ctx, sqltext.WaitedOnMeSQL, nil, &waited) == nil && waited
+}
+
 // errNoTicket is the error of a registration that found no free ticket
 // (64 waiters arrived in one millisecond of the server's clock).
 var errNoTicket = errors.New("sqllock: no free ticket in the line (too many waiters in one millisecond)")
@@ -165,7 +182,17 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 			// unless granted as it ended; the line is left either way.
 			return e.leaveLine(ctx, w, st, ln, o, true)
 		case (state == "55P03" || cancelled) && !CtxEnded(ctx):
-			continue // the slice ended (or a stray cancel): the next one looks again
+			// The slice ended (or a stray cancel): the next one looks
+			// again, unless the session's transaction is waited for.
+			if e.pinned() && e.waitedOnMe(ctx, w) {
+				o = e.leaveLine(ctx, w, st, ln, o, false)
+				if errors.Is(o.err, errLeft) {
+					e.debug(ctx, "sqllock: a backend waits for the end of the waiting session's transaction: the wait goes on in a new one", k, slog.Int64("pid", o.pid))
+					o.err = errRestart
+				}
+				return o
+			}
+			continue
 		case state == "40P01" && !CtxEnded(ctx):
 			// A holder's CREATE INDEX CONCURRENTLY, should the server's
 			// deadlock_timeout have been lowered since it was read, waited

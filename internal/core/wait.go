@@ -64,6 +64,10 @@ type engine struct {
 	trace func(ctx context.Context, msg string, k Key, attrs ...slog.Attr)
 }
 
+// pinned reports whether the engine's sessions are transactions kept open
+// behind a transaction pooler (see Pool.simpleFor).
+func (e *engine) pinned() bool { return e.simpleFor != nil }
+
 // debug hands a debug message to trace.
 func (e *engine) debug(ctx context.Context, msg string, k Key, attrs ...slog.Attr) {
 	if e.trace != nil {

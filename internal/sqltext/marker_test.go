@@ -57,7 +57,7 @@ func TestEveryStatementMarked(t *testing.T) {
 	}
 	for _, q := range []string{CancelWaitSQL, CandidatesSQL, HeldSQL, InspectSQL, LeaderSQL, NoIdleTimeoutSQL, ObserveSQL, OwnSQL,
 		PlainVersionSQL, RecoverySQL, TerminateHolderSQL, TokenSQL, TouchSQL, WaitSliceSQL, KeepAliveSQL, VersionSQL,
-		DeadlockTimeoutSQL, SavepointSQL, ReleaseSavepointSQL, RollbackToSavepointSQL, ClockSQL, BreakSQL, BackendSQL, BeginPinnedSQL, CommitPinnedSQL, TokenOfSQL, ClearSnapshotSQL, WaitedOnSQL,
+		DeadlockTimeoutSQL, SavepointSQL, ReleaseSavepointSQL, RollbackToSavepointSQL, ClockSQL, BreakSQL, BackendSQL, BeginPinnedSQL, CommitPinnedSQL, TokenOfSQL, ClearSnapshotSQL, WaitedOnSQL, WaitedOnMeSQL,
 		DoctorVersionSQL, DoctorServerSQL, DoctorSettingsSQL, DoctorLocksSQL} {
 		add("const", q)
 	}
@@ -121,7 +121,7 @@ func constListed(n string) bool {
 	switch n {
 	case "CancelWaitSQL", "CandidatesSQL", "HeldSQL", "InspectSQL", "LeaderSQL", "NoIdleTimeoutSQL", "ObserveSQL", "OwnSQL",
 		"PlainVersionSQL", "RecoverySQL", "TerminateHolderSQL", "TokenSQL", "TouchSQL", "WaitSliceSQL", "KeepAliveSQL", "VersionSQL",
-		"DeadlockTimeoutSQL", "SavepointSQL", "ReleaseSavepointSQL", "RollbackToSavepointSQL", "ClockSQL", "BreakSQL", "BackendSQL", "BeginPinnedSQL", "CommitPinnedSQL", "TokenOfSQL", "ClearSnapshotSQL", "WaitedOnSQL",
+		"DeadlockTimeoutSQL", "SavepointSQL", "ReleaseSavepointSQL", "RollbackToSavepointSQL", "ClockSQL", "BreakSQL", "BackendSQL", "BeginPinnedSQL", "CommitPinnedSQL", "TokenOfSQL", "ClearSnapshotSQL", "WaitedOnSQL", "WaitedOnMeSQL",
 		"DoctorVersionSQL", "DoctorServerSQL", "DoctorSettingsSQL", "DoctorLocksSQL":
 		return true
 	}
