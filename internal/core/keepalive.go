@@ -412,9 +412,10 @@ func (m *monitor) queryPinned(ctx context.Context, keys []heldKey, sent *atomic.
 	case <-ctx.Done():
 		return checkResult{err: ctx.Err()}, true
 	}
-	if errors.Is(o.err, sql.ErrConnDone) || s.dead() {
-		// The session ended under the check: it says nothing of the
-		// others; the next check asks another.
+	if errors.Is(o.err, sql.ErrConnDone) || s.dead() || s.endedCleanly() {
+		// The session ended under the check (lost, or, holding nothing
+		// any more, closed): it says nothing of the others; the next
+		// check asks another.
 		return checkResult{skipped: true}, true
 	}
 	return checkResult{lost: lost, err: o.err}, true
