@@ -184,8 +184,8 @@ type txEvents struct {
 	// slow counts the checks with no answer within their timeout: a
 	// loaded machine's, not a fault's (the locks stay held; two in a row
 	// would lose them, and lost counts that).
-	slow int
-	first                             map[sqllock.EventKind]error
+	slow  int
+	first map[sqllock.EventKind]error
 }
 
 func (o *txEvents) AcquireStart(context.Context, sqllock.Acquisition) func(*sqllock.Lock, error) {
