@@ -126,6 +126,14 @@
 // its arrival. Two keys whose classes collide (one chance in 2^31 for a
 // given pair) share a line, which only orders their waiters together.
 //
+// The line's tags are pair keys of negative classes, which any program can
+// take. A backend that holds a ticket but does not ring the doorbell is no
+// waiter of the line, and no one waits for it. When the doorbell cannot be
+// rung for a slice (a program holds it exclusively; a semaphore's first
+// slot, should its class be the line's), or no ticket is free, a waiter
+// waits for the key itself without a place in line: the line loses its
+// order, never its progress, and the Locker logs a warning once.
+//
 // # Not acquired
 //
 // Calls that return a handle ([Locker.Lock], [Locker.TryLock], ...) report
