@@ -161,7 +161,9 @@ func TestLineStranger(t *testing.T) {
 		}
 		semSubject := func(name string, n int) subject {
 			return subject{
-				take: func(ctx context.Context, l *sqllock.Locker) (*sqllock.Lock, error) { return l.Semaphore(name, n).Acquire(ctx) },
+				take: func(ctx context.Context, l *sqllock.Locker) (*sqllock.Lock, error) {
+					return l.Semaphore(name, n).Acquire(ctx)
+				},
 				occupy: func() func() {
 					var held []*sqllock.Lock
 					for range n {
