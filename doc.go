@@ -56,7 +56,11 @@
 //     three of the Locker's recent round trips (more after a wait whose
 //     answer came too late). The answer "not granted" is then certain, the
 //     connection goes back to the pool, and a Session keeps its other
-//     locks. An answer that a loaded machine delivers after the deadline
+//     locks. A Locker's waits ([Locker.Lock] and kin, a semaphore's, a
+//     candidate's) then wait once more, until the deadline itself: a key
+//     released within the margin is granted, and a call is never refused
+//     while its context is live (it returns a round trip or so after the
+//     deadline). An answer that a loaded machine delivers after the deadline
 //     is still read for up to 250 ms: the call returns that late, with a
 //     certain answer. An answer later still costs the session, and the
 //     wait is taken out of the server's queue from another connection

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -120,9 +121,15 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		}
 		break
 	}
+	// final: the server ended the wait a margin before ctx's deadline, and
+	// the last slice runs until the deadline itself (see untilDeadline).
+	final := false
 	for {
 		o.certain = false
 		sl, margin := e.deadlineSlice(ctx, slice)
+		if final {
+			sl, margin = e.untilDeadline(ctx)
+		}
 		byDeadline := margin > 0
 		sctx, cancel := ctx, context.CancelFunc(func() {})
 		if byDeadline {
@@ -156,7 +163,7 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		}
 		stop()
 		cancel()
-		if byDeadline && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		if byDeadline && !final && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			e.observeRTT(margin) // see waitOn
 		}
 		state := SQLState(o.err)
@@ -172,10 +179,22 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		case o.err == nil:
 			// Its predecessor left as ctx ended: not granted, for sure.
 			return e.leaveLine(ctx, w, st, ln, o, false)
+		case state == "55P03" && byDeadline && !final && !CtxEnded(ctx):
+			// The server ended the wait a margin before ctx's deadline:
+			// the call is not refused while ctx is live. Once more, until
+			// the deadline itself: a key released meanwhile is granted.
+			final = true
+			continue
 		case state == "55P03" && byDeadline && (o.certain || !CtxEnded(ctx)):
 			// The server ended the wait at ctx's deadline: not granted,
 			// unless granted as it ended; the line is left either way.
-			return e.leaveLine(ctx, w, st, ln, o, true)
+			o = e.leaveLine(ctx, w, st, ln, o, true)
+			if errors.Is(o.err, errDeadline) && final {
+				// The server's clock ended it a moment before the
+				// client's: no refusal before the deadline.
+				<-ctx.Done()
+			}
+			return o
 		case (state == "55P03" || cancelled) && !CtxEnded(ctx):
 			continue // the slice ended (or a stray cancel): the next one looks again
 		case state == "40P01" && !CtxEnded(ctx):
@@ -269,4 +288,14 @@ func (e *engine) bypass(ctx context.Context, ln line, why string) {
 	}
 	e.warn(ctx, "sqllock: another program holds advisory locks in a line's ticket class (negative pair keys): its waiters are served without their order in line", ln.k,
 		slog.String("why", why), slog.Int("ticket_class", int(ln.class)))
+}
+
+// untilDeadline is deadlineSlice for the last slice of a wait: one that
+// the server ends at ctx's deadline itself, not a margin before it (at
+// least a millisecond on), and whose answer is read a little past it
+// (pastDeadline). It returns the lock_timeout, and a margin above 0.
+func (e *engine) untilDeadline(ctx context.Context) (string, time.Duration) {
+	dl, _ := ctx.Deadline()
+	ms := (time.Until(dl) + time.Millisecond - 1) / time.Millisecond
+	return strconv.FormatInt(max(int64(ms), 1), 10) + "ms", max(time.Duration(e.rtt.Load()), time.Millisecond)
 }
