@@ -141,6 +141,9 @@ func NewPool(db *sql.DB, cfg Config, hooks Hooks) *Pool {
 	p.trace = func(ctx context.Context, msg string, k Key, attrs ...slog.Attr) {
 		hooks.Log(ctx, slog.LevelDebug, msg, k, true, attrs...)
 	}
+	p.warn = func(ctx context.Context, msg string, k Key, attrs ...slog.Attr) {
+		hooks.Log(ctx, slog.LevelWarn, msg, k, true, attrs...)
+	}
 	return p
 }
 

@@ -60,8 +60,13 @@ type engine struct {
 	// simpleFor, when set, prepares a connection of db for the engine's
 	// statements behind a transaction pooler (see Pool.simpleFor).
 	simpleFor func(conn *sql.Conn) (done func())
-	// trace receives the engine's debug messages (nil: none).
+	// trace receives the engine's debug messages (nil: none), warn its
+	// warnings.
 	trace func(ctx context.Context, msg string, k Key, attrs ...slog.Attr)
+	warn  func(ctx context.Context, msg string, k Key, attrs ...slog.Attr)
+	// bypassed is set once a waiter waited without its place in line
+	// (see bypass): the first is logged.
+	bypassed atomic.Bool
 }
 
 // pinned reports whether the engine's sessions are transactions kept open
