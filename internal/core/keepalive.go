@@ -118,7 +118,7 @@ func (m *monitor) add(w watched) {
 // Release, or its loss, removed it from the watched before it was added
 // (a key handed on to a caller whose ctx ended at that moment), and
 // adding it now would keep it watched for ever. Its state is read under
-// m.mu, which its later removal waits for.
+// its part's mu (wp.mu), which its later removal waits for.
 func (m *monitor) addHeld(h *Hold) {
 	if m.p.cfg.KeepAlive <= 0 {
 		return

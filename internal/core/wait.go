@@ -35,7 +35,7 @@ import (
 // In every case a wait knows its backend's pid, and when ctx ends during
 // it, the backend is taken out of the queue (cancelWait); the owner then
 // applies the one rule for an uncertain outcome: ctx ended means the
-// session is discarded (settle, Session.lose) or the transaction
+// session is discarded (settle, Owned.lose) or the transaction
 // rolled back (InTx).
 
 // engine is the acquisition engine: a value, which a Pool holds (and
