@@ -123,7 +123,7 @@ func (p *Pool) withSession(ctx context.Context, what namer, take func(s *session
 				// after its own retries: another try may get a good one.
 				continue
 			}
-			if SQLState(err) == "53200" {
+			if lockTableFull(err) {
 				// A full lock table refuses new sessions too.
 				return nil, fmt.Errorf("%w: lock %s: get connection: %w", ErrLockTableFull, what, err)
 			}

@@ -260,7 +260,7 @@ func (o *Owned) tryLockFailed(ctx context.Context, want []Key, err error) error 
 	case errors.Is(err, ErrSessionChanged):
 		o.lose(err)
 		return o.Err()
-	case SQLState(err) == "53200":
+	case lockTableFull(err):
 		// Session locks taken by the failed statement stay held: find and
 		// release them, keeping the Owned's earlier locks.
 		if rerr := o.s.releaseStray(want); rerr != nil {

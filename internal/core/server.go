@@ -64,7 +64,7 @@ func (p *Pool) checkServer(ctx context.Context, conn *sql.Conn) (ident, error) {
 				return ident{}, err // a server that only looks like PostgreSQL
 			}
 		}
-		if SQLState(err) == "53200" {
+		if lockTableFull(err) {
 			// Its catalogue reads take locks too: a lock call on a full
 			// lock table is told so, whichever statement met it first.
 			return ident{}, fmt.Errorf("%w: check server version: %w", ErrLockTableFull, err)

@@ -262,7 +262,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		}
 		began := time.Now()
 		o.err = w.queryRow(ctx, q, args, &o.ok)
-		if byDeadline && SQLState(o.err) == "55P03" && !CtxEnded(ctx) && ranInto(began, slice) {
+		if byDeadline && lockTimedOut(o.err) && !CtxEnded(ctx) && ranInto(began, slice) {
 			// The server ended the wait at the deadline (not at a
 			// shorter lock_timeout of the transaction's own): not
 			// granted; the transaction is aborted, and the caller
@@ -280,7 +280,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		// before the statement's context ended and not after a cancel
 		// of ctx, is certain, however late for ctx's deadline.
 		o.certain = sctx != ctx && sctx.Err() == nil && !errors.Is(ctx.Err(), context.Canceled) &&
-			(o.err == nil || SQLState(o.err) == "55P03")
+			(o.err == nil || lockTimedOut(o.err))
 	}
 	if !returned.CompareAndSwap(false, true) {
 		o.certain = false // a cancel of this backend is on its way: its next statement may meet it
@@ -296,7 +296,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		// trips; this one took the whole margin and more).
 		e.observeRTT(margin)
 	}
-	if lv == sessionLevel && SQLState(o.err) == "55P03" && (!CtxEnded(ctx) || o.certain) {
+	if lv == sessionLevel && lockTimedOut(o.err) && (!CtxEnded(ctx) || o.certain) {
 		// The statement's lock_timeout (the deadline's) can come as the
 		// lock is granted: PostgreSQL then keeps the grant and reports the
 		// error all the same. "Not granted" would leave it held by a
