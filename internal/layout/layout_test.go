@@ -79,7 +79,7 @@ const (
 	maxMethods     = 79  // target 30
 	maxFileLines   = 900 // target 600 (sqltext.go aside: 1,103 lines today)
 	maxSQLLines    = 1110
-	maxStateFiles  = 12 // target 2: the judge and the error definitions
+	maxStateFiles  = 2  // the error definitions (errors.go) and the judge
 	maxEndingVerbs = 23 // target 7
 )
 
