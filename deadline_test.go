@@ -267,3 +267,76 @@ func lateAnswerKept(t *testing.T, db *sql.DB, l *sqllock.Locker, busy, mine sqll
 	}
 	return true
 }
+
+// TestDeadlineNotEarly: the server ends a Lock's wait a margin (at least
+// 50 ms) before ctx's deadline, so that its answer comes back in time;
+// the call still reports no ErrNotAcquired while its context is live. A
+// key released inside that margin is granted (a trial counts when the
+// holder's unlock was confirmed before the deadline), and a wait that is
+// refused returns no earlier than its deadline.
+func TestDeadlineNotEarly(t *testing.T) {
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		l := sqllock.New(db, sqllock.WithKeepAlive(0))
+		holder := sqllock.New(pgtest.Open(t, "pgx", dsn), sqllock.WithKeepAlive(0))
+		const deadline = time.Second
+		const inMargin = 20 * time.Millisecond // before the deadline
+		granted := 0
+		for trial := range 3 {
+			k := sqllock.Int64(int64(90 + trial))
+			hl, err := holder.Lock(bg(), k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(bg(), deadline)
+			dl, _ := ctx.Deadline()
+			released := make(chan time.Time, 1)
+			go func() {
+				time.Sleep(time.Until(dl.Add(-inMargin)))
+				hl.Unlock(bg())
+				released <- time.Now()
+			}()
+			lk, err := l.Lock(ctx, k)
+			returned := time.Now()
+			cancel()
+			at := <-released
+			if at.After(dl) {
+				t.Logf("trial %d: the holder's unlock was confirmed %v past the deadline: no trial", trial, at.Sub(dl))
+				if err == nil {
+					lk.Unlock(bg())
+				}
+				continue
+			}
+			if err != nil {
+				t.Errorf("trial %d: released %v before the deadline, Lock = %v (returned %v before the deadline)", trial, dl.Sub(at), err, dl.Sub(returned))
+				continue
+			}
+			granted++
+			t.Logf("trial %d: released %v before the deadline, granted %v before it", trial, dl.Sub(at), dl.Sub(returned))
+			if err := lk.Unlock(bg()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Logf("granted in %d of 3 trials", granted)
+
+		busy := sqllock.Int64(99)
+		hl, err := holder.Lock(bg(), busy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer hl.Unlock(bg())
+		for _, d := range []time.Duration{300 * time.Millisecond, deadline} {
+			ctx, cancel := context.WithTimeout(bg(), d)
+			dl, _ := ctx.Deadline()
+			_, err := l.Lock(ctx, busy)
+			returned := time.Now()
+			cancel()
+			if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Lock(deadline %v) = %v, want ErrNotAcquired and DeadlineExceeded", d, err)
+			}
+			t.Logf("Lock(deadline %v) refused %v past the deadline", d, returned.Sub(dl))
+			if returned.Before(dl) {
+				t.Errorf("Lock(deadline %v) refused %v before its deadline", d, dl.Sub(returned))
+			}
+		}
+	})
+}

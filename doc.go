@@ -56,7 +56,11 @@
 //     three of the Locker's recent round trips (more after a wait whose
 //     answer came too late). The answer "not granted" is then certain, the
 //     connection goes back to the pool, and a Session keeps its other
-//     locks. An answer that a loaded machine delivers after the deadline
+//     locks. A Locker's waits ([Locker.Lock] and kin, a semaphore's, a
+//     candidate's) then wait once more, until the deadline itself: a key
+//     released within the margin is granted, and a call is never refused
+//     while its context is live (it returns a round trip or so after the
+//     deadline). An answer that a loaded machine delivers after the deadline
 //     is still read for up to 250 ms: the call returns that late, with a
 //     certain answer. An answer later still costs the session, and the
 //     wait is taken out of the server's queue from another connection
@@ -125,6 +129,14 @@
 // advisory locks: [Inspect] reports each as a waiter for its key, since
 // its arrival. Two keys whose classes collide (one chance in 2^31 for a
 // given pair) share a line, which only orders their waiters together.
+//
+// The line's tags are pair keys of negative classes, which any program can
+// take. A backend that holds a ticket but does not ring the doorbell is no
+// waiter of the line, and no one waits for it. When the doorbell cannot be
+// rung for a slice (a program holds it exclusively; a semaphore's first
+// slot, should its class be the line's), or no ticket is free, a waiter
+// waits for the key itself without a place in line: the line loses its
+// order, never its progress, and the Locker logs a warning once.
 //
 // # Not acquired
 //

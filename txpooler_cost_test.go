@@ -9,7 +9,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -33,8 +32,11 @@ func cicTrials(t *testing.T, p *txPooled, drv string, n int, during func(trial i
 		after := during(trial)
 		ctx, cancel := context.WithTimeout(bg(), 30*time.Second)
 		began := time.Now()
+		// A build still running after 10 s logs the backends it waits for.
+		tell := time.AfterFunc(10*time.Second, func() { logWaitedFor(t, direct) })
 		_, err := direct.ExecContext(ctx, "CREATE INDEX CONCURRENTLY ON items (name)")
 		took := time.Since(began)
+		tell.Stop()
 		cancel()
 		worst = max(worst, took)
 		if err != nil {
@@ -44,6 +46,28 @@ func cicTrials(t *testing.T, p *txPooled, drv string, n int, during func(trial i
 		after()
 	}
 	return worst, failed
+}
+
+// logWaitedFor logs the backends whose transactions another backend waits
+// for, as pg_stat_activity shows them, with the advisory locks they hold.
+func logWaitedFor(t *testing.T, db *sql.DB) {
+	rows, err := db.Query(`SELECT a.pid, a.state, coalesce(a.application_name, ''), now() - a.xact_start, left(a.query, 60) || ', holding ' || (SELECT count(*) FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'advisory' AND l.granted)::text || ' advisory locks'
+ FROM pg_locks w JOIN pg_locks m ON m.locktype = 'virtualxid' AND m.virtualxid = w.virtualxid AND m.granted
+ JOIN pg_stat_activity a ON a.pid = m.pid WHERE w.locktype = 'virtualxid' AND NOT w.granted`)
+	if err != nil {
+		t.Logf("the backends waited for: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var pid int
+		var state, app, age, query string
+		if err := rows.Scan(&pid, &state, &app, &age, &query); err != nil {
+			t.Logf("the backends waited for: %v", err)
+			return
+		}
+		t.Logf("waited for: backend %d, %s, application %q, in its transaction for %s, last statement %q", pid, state, app, age, query)
+	}
 }
 
 // TestTxPoolerCIC: CREATE INDEX CONCURRENTLY on a direct connection
@@ -99,19 +123,19 @@ func TestTxPoolerCIC(t *testing.T) {
 	})
 }
 
-// TestTxPoolerCICWhileBusy shows that an index build elsewhere waits for
-// a Locker WithTransactionPooler that is waiting for a key, or whose
-// shared sessions are busy: CREATE INDEX CONCURRENTLY waits for every
-// transaction that had a snapshot as it began its last phase until that
-// transaction ends, and a pinned session's transaction, which ran a
-// statement then (a wait's slice, a try, an unlock), ends only once the
-// session holds nothing. It fails today (the builds time out at 30 s),
-// so it runs only when SQLLOCK_TXPOOLER_KNOWN is set.
+// TestTxPoolerCICWhileBusy: an index build elsewhere completes while a
+// Locker WithTransactionPooler waits for a key, or while its shared
+// sessions are busy. CREATE INDEX CONCURRENTLY waits, in its last phase,
+// for every transaction that had a snapshot as the phase began, until that
+// transaction ends; a pinned session's transaction that ran a statement
+// then (a wait's slice, a try, an unlock) would end only once the session
+// holds nothing. A waiter that finds its transaction waited for leaves its
+// line and waits on in a new session (errRestart); a shared session found
+// so takes no new lock and closes once its locks are released
+// (askWaitedOn), and every shared session retires after pinnedLife
+// (4-6 s). Each build must finish within 30 s.
 func TestTxPoolerCICWhileBusy(t *testing.T) {
 	long(t)
-	if os.Getenv("SQLLOCK_TXPOOLER_KNOWN") == "" {
-		t.Skip("known to fail (an index build waits for a pinned transaction that ran a statement as it began its last phase); set SQLLOCK_TXPOOLER_KNOWN=1 to run it")
-	}
 	eachTxPooled(t, func(t *testing.T, p *txPooled, drv string) {
 		t.Run("a waiter waits", func(t *testing.T) {
 			holder, waiter := p.locker(t, drv), p.locker(t, drv)

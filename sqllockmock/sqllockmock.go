@@ -82,7 +82,7 @@ func ExpectLockAfterWait(mock sqlmock.Sqlmock, k sqllock.Key) *sqlmock.ExpectedQ
 	mock.ExpectQuery(exact(sqltext.WaitSliceSQL)).
 		WillReturnRows(sqlmock.NewRows([]string{"slice"}).AddRow(int64(500)))
 	class := sqltext.TicketClass(key(k))
-	q, args := statements.RegisterSQL(class, false, "500ms", mark)
+	q, args := statements.RegisterSQL(class, false, "500ms", mark, true)
 	mock.ExpectQuery(pattern(q)).WithArgs(values(args)...).
 		WillReturnRows(sqlmock.NewRows([]string{"ticket", "pid", "in_recovery", "allowed"}).AddRow(int64(1), PID, false, true))
 	q, args = statements.SliceSQL(0, key(k), class, 1, "500ms", mark)

@@ -89,7 +89,9 @@ func (p *Pool) acquire(ctx context.Context, r Request) (*Hold, error) {
 // trip), else on a session of its own.
 func (p *Pool) fromServer(ctx context.Context, r Request) (*Hold, error) {
 	if !r.Shared && !p.cfg.Dedicated && r.Named == "" {
-		if h, err, handled := p.acquireShared(ctx, r.Key, r.Try, r.Into); handled {
+		// A wait that left its line to end its transaction (errRestart)
+		// waits on in a session of its own.
+		if h, err, handled := p.acquireShared(ctx, r.Key, r.Try, r.Into); handled && !errors.Is(err, errRestart) {
 			return h, err
 		}
 	}
@@ -121,7 +123,7 @@ func (p *Pool) withSession(ctx context.Context, what namer, take func(s *session
 				// after its own retries: another try may get a good one.
 				continue
 			}
-			if SQLState(err) == "53200" {
+			if lockTableFull(err) {
 				// A full lock table refuses new sessions too.
 				return nil, fmt.Errorf("%w: lock %s: get connection: %w", ErrLockTableFull, what, err)
 			}
@@ -135,6 +137,13 @@ func (p *Pool) withSession(ctx context.Context, what namer, take func(s *session
 			return nil, err
 		}
 		h, err := take(p.newSession(conn, id, kindDedicated, sent))
+		if errors.Is(err, errRestart) {
+			// The wait left its line to end its transaction, which
+			// another backend waits for: its session closed, and the
+			// call waits on in a new one, at the end of the line.
+			attempt--
+			continue
+		}
 		if err == nil || attempt == acquireAttempts || !ConnectionBroken(err) || CtxEnded(ctx) {
 			return h, err
 		}

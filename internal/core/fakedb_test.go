@@ -876,7 +876,7 @@ func classify(q string) fkind {
 			return fBatchTry
 		case strings.Contains(body, " AS slot OFFSET 0) AS l"):
 			return fSlotTry
-		case strings.Contains(body, "pg_try_advisory_lock($1::int4, 0) AND pg_advisory_unlock($1::int4, 0) AND "):
+		case strings.Contains(body, "THEN pg_advisory_unlock($1::int4, 0) ELSE NOT EXISTS"):
 			return fPolite
 		case strings.Contains(body, "pg_try_advisory_lock"):
 			return fTry
@@ -981,8 +981,7 @@ func (fs *fakeServer) run(ctx context.Context, c *fakeConn, b *fbackend, st *fak
 			}
 			return rowsOf(row(nil, b.pid, standby)), nil
 		}
-		bell := pairTag(class, 0)
-		ok := !fs.conflictsLocked(b.pid, bell, false) && fs.tryLocked(b.pid, keyTag(k), shared)
+		ok := !fs.ringsLocked(b.pid, class) && fs.tryLocked(b.pid, keyTag(k), shared)
 		if ok && !plain {
 			b.mark = mark
 		}
@@ -1048,7 +1047,7 @@ func (fs *fakeServer) run(ctx context.Context, c *fakeConn, b *fbackend, st *fak
 		}
 		var rs [][]driver.Value
 		for _, c := range intArray(argStr(args, 0)) {
-			rs = append(rs, row(c, fs.conflictsLocked(b.pid, pairTag(int32(c), 0), false)))
+			rs = append(rs, row(c, fs.ringsLocked(b.pid, int32(c))))
 		}
 		return rowsOf(rs...), nil
 
@@ -1233,12 +1232,15 @@ func sliceDuration(s string) time.Duration {
 // registerLocked answers RegisterSQL: it rings the line's doorbell and
 // takes the next ticket. The caller holds mu.
 func (fs *fakeServer) registerLocked(ctx context.Context, b *fbackend, st *fakeStmt) (driver.Rows, error) {
-	class, slice, mark := int32(argInt(st.args, 0)), argStr(st.args, 1), argStr(st.args, 2)
+	class, slice, mark, ring := int32(argInt(st.args, 0)), argStr(st.args, 1), argStr(st.args, 2), argBool(st.args, 3)
 	shared := strings.Contains(st.q, "pg_try_advisory_lock_shared($1::int4, c.i::int4)")
 	if !gateOK(b, st.q, mark) {
 		return rowsOf(row(int64(0), b.pid, fs.standby, false)), nil
 	}
 	b.mark = mark
+	if !ring {
+		return rowsOf(row(int64(0), b.pid, fs.standby, true)), nil
+	}
 	if err := fs.unlocked(func() error {
 		return fs.lockWait(ctx, b, pairTag(class, 0), true, sliceDuration(slice))
 	}); err != nil {
@@ -1255,6 +1257,12 @@ func (fs *fakeServer) registerLocked(ctx context.Context, b *fbackend, st *fakeS
 // latest earlier than ticket me held by another backend (exclusive ones
 // only, for a reader), and how many others hold. The caller holds mu.
 func (fs *fakeServer) ticketsLocked(b *fbackend, class, me int32, reader bool) (mine []ftag, pred int32, others int64) {
+	// Only a registered waiter's ticket (its backend rings the doorbell)
+	// is a predecessor, and only of a waiter that has a ticket.
+	var reg map[int64]int
+	if l := fs.locks[pairTag(class, 0)]; l != nil && me != 0 {
+		reg = l.shared
+	}
 	for t, l := range fs.locks {
 		if t.sub != 2 || t.c != uint32(class) || t.o == 0 {
 			continue
@@ -1266,7 +1274,7 @@ func (fs *fakeServer) ticketsLocked(b *fbackend, class, me int32, reader bool) (
 		for pid, n := range l.excl {
 			if pid != b.pid && n > 0 {
 				others++
-				if id < me && id > pred {
+				if reg[pid] > 0 && id < me && id > pred {
 					pred = id
 				}
 			}
@@ -1274,7 +1282,7 @@ func (fs *fakeServer) ticketsLocked(b *fbackend, class, me int32, reader bool) (
 		for pid, n := range l.shared {
 			if pid != b.pid && n > 0 {
 				others++
-				if !reader && id < me && id > pred {
+				if reg[pid] > 0 && !reader && id < me && id > pred {
 					pred = id
 				}
 			}
@@ -1286,8 +1294,26 @@ func (fs *fakeServer) ticketsLocked(b *fbackend, class, me int32, reader bool) (
 // releaseTicketLocked gives back b's ticket me of class (in mode shared)
 // and its doorbell. The caller holds mu.
 func (fs *fakeServer) releaseTicketLocked(b *fbackend, class, me int32, shared bool) {
-	fs.unlockLocked(b.pid, pairTag(class, me), shared)
+	if me != 0 {
+		fs.unlockLocked(b.pid, pairTag(class, me), shared)
+	}
 	fs.unlockLocked(b.pid, pairTag(class, 0), true)
+}
+
+// ringsLocked reports whether a backend other than pid rings the doorbell
+// of the line of class (holds it shared, as a registered waiter does).
+// The caller holds mu.
+func (fs *fakeServer) ringsLocked(pid int64, class int32) bool {
+	l := fs.locks[pairTag(class, 0)]
+	if l == nil {
+		return false
+	}
+	for p, n := range l.shared {
+		if p != pid && n > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // sliceLocked answers SliceSQL and SemaphoreSliceSQL: one slice of a
@@ -1439,9 +1465,9 @@ func (fs *fakeServer) slotTryLocked(b *fbackend, st *fakeStmt) (driver.Rows, err
 	ms := slotTryRE.FindAllStringSubmatch(st.q, -1)
 	for i, m := range ms {
 		class, id := int32(mustInt(m[1])), int32(mustInt(m[2]))
-		if i == 0 && id == 0 && strings.Contains(st.q, "WHEN NOT (pg_try_advisory_lock("+m[1]+", 0) AND") {
+		if i == 0 && id == 0 && strings.Contains(st.q, "WHEN NOT (CASE WHEN pg_try_advisory_lock("+m[1]+", 0) THEN") {
 			// The polite form's doorbell, not a slot.
-			if fs.conflictsLocked(b.pid, pairTag(class, 0), false) {
+			if fs.ringsLocked(b.pid, class) {
 				break
 			}
 			continue
@@ -1488,6 +1514,16 @@ func argInt(args []any, i int) int64 {
 		return mustInt(v)
 	}
 	panic(fmt.Sprintf("fake: argument %d is %T", i+1, args[i]))
+}
+
+func argBool(args []any, i int) bool {
+	switch v := args[i].(type) {
+	case bool:
+		return v
+	case string:
+		return v == "true"
+	}
+	panic(fmt.Sprintf("fake: argument %d is %T, want a boolean", i+1, args[i]))
 }
 
 func argStr(args []any, i int) string {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -20,6 +21,14 @@ import (
 // so served in the order they arrived, while every wait stays a statement
 // shorter than half the server's deadlock_timeout, which a holder's CREATE
 // INDEX CONCURRENTLY never waits on for long.
+//
+// The line's tags are advisory locks that any program can take: a
+// stranger that holds them (its own pair keys in a negative class, or a
+// semaphore's slots whose class is the line's) costs the line its order,
+// never its progress. A ticket held by a backend that does not ring the
+// doorbell is no predecessor; a waiter that cannot ring the doorbell
+// within a slice, or finds no free ticket, waits for the key without a
+// ticket (bypass, logged once per Pool).
 
 // line is what a waiter waits for in its line: a key, in kind's mode, or
 // any slot of a semaphore (slots).
@@ -62,9 +71,22 @@ func (ln line) giveUpSQL(st *statements, mark string) (string, []any) {
 // not granted, for sure: its session is intact.
 var errLeft = errors.New("the wait left the line as the context ended")
 
-// errNoTicket is the error of a registration that found no free ticket
-// (64 waiters arrived in one millisecond of the server's clock).
-var errNoTicket = errors.New("sqllock: no free ticket in the line (too many waiters in one millisecond)")
+// errRestart is the outcome of a wait on a pinned session that left its
+// line, not granted, for sure, because another backend waits for the end
+// of the session's transaction (a CREATE INDEX CONCURRENTLY that began its
+// last phase as one of the wait's slices ran: it waits for the whole
+// transaction, which a waiter would keep open until granted and
+// released). The session holds nothing and closes, which ends its
+// transaction; the call waits on in a new session, at the end of the line.
+var errRestart = errors.New("sqllock: the wait left the line to end its transaction, which another backend waits for")
+
+// waitedOnMe reports whether another backend waits for the end of w's
+// transaction (sqltext.WaitedOnMeSQL). A question that fails reports
+// false: the next slice asks again.
+func (e *engine) waitedOnMe(ctx context.Context, w waiter) bool {
+	var waited bool
+	return w.queryRow(ctx, sqltext.WaitedOnMeSQL, nil, &waited) == nil && waited
+}
 
 // waitInLine waits for k (kind: exclusive or shared) on w, a session of
 // backend pid that holds nothing of k's, in k's line: it registers, then
@@ -82,9 +104,10 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		return o
 	}
 	var mine int64
+	ring := true
 	for {
 		var ok bool
-		q, args := st.RegisterSQL(class, kind.IsShared(), slice, w.mark())
+		q, args := st.RegisterSQL(class, kind.IsShared(), slice, w.mark(), ring)
 		o.sent = monoNow()
 		// The registration takes a moment: it runs on for up to
 		// abandonGrace past ctx's end, so that a call whose ctx ends
@@ -96,21 +119,34 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		switch {
 		case o.err == nil && !ok:
 			o.err = foreignSession() // nothing was taken
-		case o.err == nil && mine == 0:
-			o.err = errNoTicket
-		case SQLState(o.err) == "55P03" && !CtxEnded(ctx):
-			continue // the doorbell was taken by a holder's check a moment too long
 		case o.err == nil && CtxEnded(ctx):
 			return e.leaveLine(ctx, w, st, ln, o, false)
+		case o.err == nil && mine == 0 && ring:
+			// Every ticket it tried is held: by a stranger (64 waiters
+			// in one millisecond are not a line's). It waits without one.
+			e.bypass(ctx, ln, "no free ticket")
+		case lockTimedOut(o.err) && ring && !CtxEnded(ctx):
+			// The doorbell was held exclusively for a whole slice: not by
+			// a holder asking whether anyone waits (a moment), but by a
+			// stranger. It waits without a ticket.
+			e.bypass(ctx, ln, "the doorbell is held")
+			ring = false
+			continue
 		}
 		if o.err != nil {
 			return o
 		}
 		break
 	}
+	// final: the server ended the wait a margin before ctx's deadline, and
+	// the last slice runs until the deadline itself (see untilDeadline).
+	final := false
 	for {
 		o.certain = false
 		sl, margin := e.deadlineSlice(ctx, slice)
+		if final {
+			sl, margin = e.untilDeadline(ctx)
+		}
 		byDeadline := margin > 0
 		sctx, cancel := ctx, context.CancelFunc(func() {})
 		if byDeadline {
@@ -138,17 +174,17 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 			o.err = foreignSession() // nothing was waited for
 		}
 		o.certain = sctx != ctx && sctx.Err() == nil && !errors.Is(ctx.Err(), context.Canceled) &&
-			(o.err == nil || SQLState(o.err) == "55P03")
+			(o.err == nil || lockTimedOut(o.err))
 		if !returned.CompareAndSwap(false, true) {
 			o.certain = false // a cancel of this backend is on its way
 		}
 		stop()
 		cancel()
-		if byDeadline && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		if byDeadline && !final && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			e.observeRTT(margin) // see waitOn
 		}
-		state := SQLState(o.err)
-		cancelled := state == "57014" && !CtxEnded(ctx)
+		timedOut := lockTimedOut(o.err)
+		cancelled := queryCanceled(o.err) && !CtxEnded(ctx)
 		switch {
 		case o.err == nil && o.ok:
 			if late {
@@ -160,13 +196,35 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		case o.err == nil:
 			// Its predecessor left as ctx ended: not granted, for sure.
 			return e.leaveLine(ctx, w, st, ln, o, false)
-		case state == "55P03" && byDeadline && (o.certain || !CtxEnded(ctx)):
+		case timedOut && byDeadline && !final && !CtxEnded(ctx):
+			// The server ended the wait a margin before ctx's deadline:
+			// the call is not refused while ctx is live. Once more, until
+			// the deadline itself: a key released meanwhile is granted.
+			final = true
+			continue
+		case timedOut && byDeadline && (o.certain || !CtxEnded(ctx)):
 			// The server ended the wait at ctx's deadline: not granted,
 			// unless granted as it ended; the line is left either way.
-			return e.leaveLine(ctx, w, st, ln, o, true)
-		case (state == "55P03" || cancelled) && !CtxEnded(ctx):
-			continue // the slice ended (or a stray cancel): the next one looks again
-		case state == "40P01" && !CtxEnded(ctx):
+			o = e.leaveLine(ctx, w, st, ln, o, true)
+			if errors.Is(o.err, errDeadline) && final {
+				// The server's clock ended it a moment before the
+				// client's: no refusal before the deadline.
+				<-ctx.Done()
+			}
+			return o
+		case (timedOut || cancelled) && !CtxEnded(ctx):
+			// The slice ended (or a stray cancel): the next one looks
+			// again, unless the session's transaction is waited for.
+			if e.pinned() && e.waitedOnMe(ctx, w) {
+				o = e.leaveLine(ctx, w, st, ln, o, false)
+				if errors.Is(o.err, errLeft) {
+					e.debug(ctx, "sqllock: a backend waits for the end of the waiting session's transaction: the wait goes on in a new one", k, slog.Int64("pid", o.pid))
+					o.err = errRestart
+				}
+				return o
+			}
+			continue
+		case deadlocked(o.err) && !CtxEnded(ctx):
 			// A holder's CREATE INDEX CONCURRENTLY, should the server's
 			// deadlock_timeout have been lowered since it was read, waited
 			// for this statement's snapshot and was reported a deadlock:
@@ -246,3 +304,25 @@ func withGrace(ctx context.Context) (context.Context, context.CancelFunc) {
 // lateGrant is the debug message of a wait granted as its statement's
 // lock_timeout fired: the statement failed, and the session holds the key.
 const lateGrant = "sqllock: granted as the wait's lock_timeout fired"
+
+// bypass records that a waiter in ln waits without its place in line, as
+// a stranger holds the line's tags (why says which): the first time in
+// the Pool, it is logged, as a warning.
+func (e *engine) bypass(ctx context.Context, ln line, why string) {
+	e.debug(ctx, "sqllock: waiting without a place in line", ln.k, slog.String("why", why))
+	if e.warn == nil || !e.bypassed.CompareAndSwap(false, true) {
+		return
+	}
+	e.warn(ctx, "sqllock: another program holds advisory locks in a line's ticket class (negative pair keys): its waiters are served without their order in line", ln.k,
+		slog.String("why", why), slog.Int("ticket_class", int(ln.class)))
+}
+
+// untilDeadline is deadlineSlice for the last slice of a wait: one that
+// the server ends at ctx's deadline itself, not a margin before it (at
+// least a millisecond on), and whose answer is read a little past it
+// (pastDeadline). It returns the lock_timeout, and a margin above 0.
+func (e *engine) untilDeadline(ctx context.Context) (string, time.Duration) {
+	dl, _ := ctx.Deadline()
+	ms := (time.Until(dl) + time.Millisecond - 1) / time.Millisecond
+	return strconv.FormatInt(max(int64(ms), 1), 10) + "ms", max(time.Duration(e.rtt.Load()), time.Millisecond)
+}

@@ -30,17 +30,10 @@ type Hold struct {
 	linked     bool
 	prev, next *Hold
 
-	mu    sync.Mutex
-	state holdState // guarded by mu
-	err   error     // guarded by mu: nil while held
-	ended bool      // guarded by mu: Done fires
-	// discarded, guarded by mu: set when the Hold is found lost, closed
-	// once its session has ended (Release waits for it).
+	// lifecycle's mu also guards discarded: set when the Hold is found
+	// lost, closed once its session has ended (Release waits for it).
+	lifecycle
 	discarded chan struct{}
-	// ctx is cancelled with err once ended; made on first use (guarded by
-	// mu), because most Holds are never watched.
-	ctx    context.Context
-	cancel context.CancelCauseFunc
 }
 
 type holdState uint8
@@ -84,23 +77,6 @@ func (h *Hold) PID() int64 { return h.pid }
 // Since returns when the lock was granted to this Hold.
 func (h *Hold) Since() time.Time { return h.since }
 
-// Context returns a context that is cancelled, with the Hold's error as
-// its cause, once it is released or lost.
-func (h *Hold) Context() context.Context {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.ctx == nil {
-		h.ctx, h.cancel = context.WithCancelCause(context.Background())
-		if h.ended {
-			h.cancel(h.err)
-		}
-	}
-	return h.ctx
-}
-
-// Done returns a channel that is closed when the lock is released or lost.
-func (h *Hold) Done() <-chan struct{} { return h.Context().Done() }
-
 // Err returns nil while the lock is held, ErrReleased after Release, and
 // an error wrapping ErrLockLost once it is lost (a lease that expired
 // while the process was stopped is found here first).
@@ -109,24 +85,6 @@ func (h *Hold) Err() error {
 		h.lose(h.ls.expiredError())
 	}
 	return h.error()
-}
-
-// error returns the Hold's error: nil while held.
-func (h *Hold) error() error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.err
-}
-
-// end fires Done with the Hold's error as the cause.
-func (h *Hold) end() {
-	h.mu.Lock()
-	h.ended = true
-	cancel, err := h.cancel, h.err
-	h.mu.Unlock()
-	if cancel != nil {
-		cancel(err)
-	}
 }
 
 // held reports whether h is still held: neither released, nor being
@@ -196,14 +154,6 @@ func (h *Hold) Release() (first bool, err error) {
 	}
 	h.settle(holdReleased, final)
 	return true, err
-}
-
-// settle sets the Hold's final state and error, and fires Done.
-func (h *Hold) settle(state holdState, err error) {
-	h.mu.Lock()
-	h.state, h.err = state, err
-	h.mu.Unlock()
-	h.end()
 }
 
 // Tag runs q, a statement about the lock's tag ($1, $2, $3) that answers
@@ -308,7 +258,7 @@ func (h *Hold) markLost(cause error) (lossNote, bool) {
 	p.queue.released(h) // the Pool's next caller acquires from the server
 	e := Event{Kind: EventLost, Key: h.key, Keyed: true, Hold: h, PID: h.pid, Held: time.Since(h.since), Err: err, N: 1}
 	p.stats.lostHeld(1)
-	return lossNote{p, e, h.end}, true
+	return lossNote{p, e, h.closeDone}, true
 }
 
 // The keep-alive's view of a Hold (see watched).

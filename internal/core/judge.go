@@ -55,6 +55,10 @@ func judge(ctx context.Context, o outcome, what namer, standbyOK bool, pid int64
 	case errors.Is(o.err, errLeft):
 		// The wait left its line as ctx ended: not granted.
 		return refused, NotAcquired(what.String(), CtxErr(ctx))
+	case errors.Is(o.err, errRestart):
+		// The wait left its line to end its transaction: not granted,
+		// and the call waits on in a new session.
+		return refused, errRestart
 	case CtxEnded(ctx) && !o.certain:
 		err := NotAcquired(what.String(), CtxErr(ctx))
 		if errors.Is(o.err, ErrAbandoned) {
@@ -62,7 +66,7 @@ func judge(ctx context.Context, o outcome, what namer, standbyOK bool, pid int64
 		}
 		return uncertain, err
 	case o.err != nil:
-		if st := SQLState(o.err); st == "40P01" || st == "53200" {
+		if deadlocked(o.err) || lockTableFull(o.err) {
 			return refused, lockError(what.String(), o.err)
 		}
 		return uncertain, lockError(what.String(), o.err)
@@ -120,7 +124,7 @@ func unlockVerdict(what namer, pid int64, err error, released bool) (uncertain b
 // the call in errors.
 func (p *Pool) settle(ctx context.Context, s *session, k Key, shared bool, into *Hold, o outcome, what namer) (*Hold, error) {
 	v, err := judge(ctx, o, what, p.cfg.AllowStandby, 0)
-	if v == refused && o.err != nil && !errors.Is(o.err, errDeadline) && !errors.Is(o.err, errLeft) {
+	if v == refused && o.err != nil && !errors.Is(o.err, errDeadline) && !errors.Is(o.err, errLeft) && !errors.Is(o.err, errRestart) {
 		// A lock statement that failed, even for a reason the server is
 		// sure of, may have taken its key first (the settings it applies
 		// come after the grant): the connection is not given back. (A

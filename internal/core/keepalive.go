@@ -118,7 +118,7 @@ func (m *monitor) add(w watched) {
 // Release, or its loss, removed it from the watched before it was added
 // (a key handed on to a caller whose ctx ended at that moment), and
 // adding it now would keep it watched for ever. Its state is read under
-// m.mu, which its later removal waits for.
+// its part's mu (wp.mu), which its later removal waits for.
 func (m *monitor) addHeld(h *Hold) {
 	if m.p.cfg.KeepAlive <= 0 {
 		return
@@ -285,7 +285,7 @@ func (m *monitor) ask(keys []heldKey, timeout time.Duration) checkResult {
 	// onSession asks on one of the Pool's lock sessions instead, when it
 	// has one that user code cannot reach (see querySession).
 	onSession := func() bool {
-		s := m.p.checkSession()
+		s := m.checkSession()
 		if s == nil {
 			return false
 		}
@@ -399,7 +399,7 @@ var errPoolFull = errors.New("sqllock: pool at its limit")
 // a check that waits in the pooler's queue until two checks fail would
 // report every lock lost.
 func (m *monitor) queryPinned(ctx context.Context, keys []heldKey, sent *atomic.Bool) (checkResult, bool) {
-	s := m.p.checkSession()
+	s := m.checkSession()
 	if s == nil {
 		return checkResult{}, false
 	}
@@ -409,8 +409,8 @@ func (m *monitor) queryPinned(ctx context.Context, keys []heldKey, sent *atomic.
 // checkSession returns one of the Pool's sessions that holds locks (so
 // none is waiting in it) and that user code cannot reach (not an Owned's,
 // whose connection its Session hands out), or nil.
-func (p *Pool) checkSession() *session {
-	for _, c := range p.liveSessions() {
+func (m *monitor) checkSession() *session {
+	for _, c := range m.p.liveSessions() {
 		c.mu.Lock()
 		ok := c.state != ended && c.held.n > 0 && c.kind != kindOwned
 		c.mu.Unlock()
@@ -456,9 +456,10 @@ func (m *monitor) querySession(ctx context.Context, s *session, keys []heldKey, 
 	case <-ctx.Done():
 		return checkResult{err: ctx.Err()}
 	}
-	if errors.Is(o.err, sql.ErrConnDone) || s.dead() {
-		// The session ended under the check: it says nothing of the
-		// others; the next check asks another.
+	if errors.Is(o.err, sql.ErrConnDone) || s.dead() || s.endedCleanly() {
+		// The session ended under the check (lost, or, holding nothing
+		// any more, closed): it says nothing of the others; the next
+		// check asks another.
 		return checkResult{skipped: true}
 	}
 	return checkResult{lost: lost, err: o.err}

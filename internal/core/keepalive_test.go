@@ -18,12 +18,12 @@ func TestMonitorAddHeld(t *testing.T) {
 	m := newMonitor(p)
 	watchedNow := func() int { return len(m.watchedNow()) }
 	for _, st := range []holdState{holdReleasing, holdReleased, holdLost} {
-		m.addHeld(&Hold{state: st})
+		m.addHeld(&Hold{lifecycle: lifecycle{state: st}})
 		if n := watchedNow(); n != 0 {
 			t.Errorf("a Hold in state %d: %d watched, want 0", st, n)
 		}
 	}
-	h := &Hold{state: holdHeld}
+	h := &Hold{lifecycle: lifecycle{state: holdHeld}}
 	m.addHeld(h)
 	if n := watchedNow(); n != 1 {
 		t.Fatalf("a held Hold: %d watched, want 1", n)

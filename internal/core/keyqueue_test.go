@@ -17,7 +17,7 @@ func TestHeadLostBeforeDone(t *testing.T) {
 	sh := qs.shard(qk)
 	sh.m = map[queueKey]*keyQueue{qk: {head: head, waiters: []*qwaiter{next}}}
 	qs.live.Store(1)
-	lost := &Hold{key: qk.k, state: holdLost}
+	lost := &Hold{key: qk.k, lifecycle: lifecycle{state: holdLost}}
 	qs.headDone(&Pool{}, qk, head, lost)
 	select {
 	case <-next.ready:

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -29,14 +28,10 @@ type Owned struct {
 	// mu guards the fields below. It is never held across a round trip,
 	// so that the keep-alive, Err and Held never wait for a call in
 	// progress (a blocking Lock can wait for a long time).
-	mu        sync.Mutex
-	state     holdState // holdHeld (usable), holdLost or holdReleased
-	err       error     // nil while usable
-	ended     bool      // Done fires
-	ctx       context.Context
-	cancel    context.CancelCauseFunc
-	held      keySet // keys held now
-	releasing keySet // keys whose unlock is under way
+	// Its state is holdHeld (usable), holdLost or holdReleased.
+	lifecycle
+	held      keySet // guarded by mu: keys held now
+	releasing keySet // guarded by mu: keys whose unlock is under way
 }
 
 // callSlot serialises an Owned's calls: one at a time; a call that waits
@@ -265,7 +260,7 @@ func (o *Owned) tryLockFailed(ctx context.Context, want []Key, err error) error 
 	case errors.Is(err, ErrSessionChanged):
 		o.lose(err)
 		return o.Err()
-	case SQLState(err) == "53200":
+	case lockTableFull(err):
 		// Session locks taken by the failed statement stay held: find and
 		// release them, keeping the Owned's earlier locks.
 		if rerr := o.s.releaseStray(want); rerr != nil {
@@ -385,32 +380,13 @@ func (o *Owned) Conn() *sql.Conn {
 	return o.s.conn
 }
 
-// Context returns a context that is cancelled, with the Owned's error as
-// its cause, once it is closed or lost.
-func (o *Owned) Context() context.Context {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.ctx == nil {
-		o.ctx, o.cancel = context.WithCancelCause(context.Background())
-		if o.ended {
-			o.cancel(o.err)
-		}
-	}
-	return o.ctx
-}
-
-// Done returns a channel that is closed when the Owned is closed or lost.
-func (o *Owned) Done() <-chan struct{} { return o.Context().Done() }
-
 // Err returns nil while the Owned is usable, ErrReleased after Close, and
 // an error wrapping ErrLockLost once it is lost.
 func (o *Owned) Err() error {
 	if o.ls.expired() {
 		o.lose(o.ls.expiredError())
 	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.err
+	return o.error()
 }
 
 // Held returns the keys the Owned holds, in no order.
@@ -420,25 +396,6 @@ func (o *Owned) Held() []Key {
 	keys := make([]Key, 0, o.held.len())
 	o.held.each(func(k Key) { keys = append(keys, k) })
 	return keys
-}
-
-// settle sets the Owned's final state and error, and fires Done.
-func (o *Owned) settle(state holdState, err error) {
-	o.mu.Lock()
-	o.state, o.err = state, err
-	o.mu.Unlock()
-	o.fire()
-}
-
-// fire fires Done with the Owned's error as the cause.
-func (o *Owned) fire() {
-	o.mu.Lock()
-	o.ended = true
-	cancel, err := o.cancel, o.err
-	o.mu.Unlock()
-	if cancel != nil {
-		cancel(err)
-	}
 }
 
 // lose marks the Owned lost and discards its session: the server releases
@@ -465,7 +422,7 @@ func (o *Owned) markLost(cause error) (lossNote, bool) {
 	o.p.mon.remove(o)
 	e := Event{Kind: EventLost, Owned: true, PID: o.pid, Err: err, N: n}
 	o.p.stats.lostHeld(n)
-	return lossNote{o.p, e, o.fire}, true
+	return lossNote{o.p, e, o.closeDone}, true
 }
 
 // holds reports whether the Owned holds k.

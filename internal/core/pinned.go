@@ -391,6 +391,9 @@ func (s *session) waitedOn() {
 		s.setStateLocked(retiring, nil)
 	}
 	s.mu.Unlock()
+	if shared {
+		s.maybeLinger() // idle already: it ends now
+	}
 	if first {
 		s.p.hooks.Log(context.Background(), slog.LevelWarn, "sqllock: a backend waits for the end of a lock session's transaction (CREATE INDEX CONCURRENTLY or its kin, behind a transaction pooler): it goes on once the session's locks are released", Key{}, false,
 			slog.Int64("pid", s.id.pid), slog.Bool("shared", shared))

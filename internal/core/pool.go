@@ -1,18 +1,3 @@
-// Package core is sqllock's session core: the server sessions that hold
-// advisory locks, and everything that happens on them. A session of the
-// core is one server session: its connection, its server and backend
-// identity, its lease, the keys it holds, its statement queue (batching is
-// how every session sends), the waits on it, one lifecycle field changed
-// in one place, and one way to end, with a cause. The core judges every
-// outcome in one place (judge) and sends every unlock from one place
-// (sendUnlocks). Waiting belongs to the core: a Pool keeps one queue per
-// key, in arrival order, and only its head waits on the server.
-//
-// The sqllock package's handles (Lock, Session, a semaphore's permit, an
-// election's term) are thin layers over the core's Hold and Owned: they
-// observe their end (a Done channel and a cause), and the core never
-// calls into them. The core tells its Pool's owner what happens through
-// Hooks, one event path.
 package core
 
 import (
@@ -140,6 +125,9 @@ func NewPool(db *sql.DB, cfg Config, hooks Hooks) *Pool {
 	p.mon = newMonitor(p)
 	p.trace = func(ctx context.Context, msg string, k Key, attrs ...slog.Attr) {
 		hooks.Log(ctx, slog.LevelDebug, msg, k, true, attrs...)
+	}
+	p.warn = func(ctx context.Context, msg string, k Key, attrs ...slog.Attr) {
+		hooks.Log(ctx, slog.LevelWarn, msg, k, true, attrs...)
 	}
 	return p
 }

@@ -121,11 +121,7 @@ func poolerEvidence(err error) bool {
 	if errors.As(err, &pe) {
 		return true
 	}
-	switch SQLState(err) {
-	case "26000", "42P05": // a prepared statement missing, or there already
-		return true
-	}
-	return false
+	return preparedAstray(err)
 }
 
 // sawPooler records evidence of a transaction pooler (the first one
@@ -406,7 +402,7 @@ func (p *Pool) freeing(pid int64, q string, args []any) <-chan struct{} {
 				time.Sleep(5 * time.Millisecond) // busy in a transaction: asked again once idle
 				continue
 			}
-			if SQLState(err) == "57P01" {
+			if adminShutdown(err) {
 				answer, err = 1, nil // it ended the session it ran on: the one to end
 			}
 			if err == nil {

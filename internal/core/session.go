@@ -593,10 +593,17 @@ func (s *session) maybeLinger() {
 		return // not idle: the last call to leave looks again
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.kind != kindShared || !s.idleLocked() {
+		s.mu.Unlock()
 		return // a dedicated session ends with its lock (release), an Owned's with Close
 	}
+	if s.state == retiring {
+		// It takes no new lock: nothing to linger for.
+		s.mu.Unlock()
+		s.endIfIdle()
+		return
+	}
+	defer s.mu.Unlock()
 	s.idleAt = monoNow()
 	if s.armed {
 		return

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -351,5 +352,29 @@ func (p *Pool) openShared(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	return p.newSession(conn, id, kindShared, sent), nil
+	s := p.newSession(conn, id, kindShared, sent)
+	if p.cfg.TxPooler {
+		time.AfterFunc(pinnedLife+rand.N(pinnedLife/2), s.retireAged)
+	}
+	return s, nil
+}
+
+// pinnedLife is how long, give or take half of it at random (so that
+// the shared sessions opened together do not retire together), a pinned
+// shared session takes new locks. Its transaction then ends once its
+// locks are released: a CREATE INDEX CONCURRENTLY waits for every
+// transaction that ran a statement as it began its last phase, until it
+// ends, and a busy shared session's would not end otherwise. (A session
+// found waited for retires at once: see askWaitedOn.)
+const pinnedLife = 4 * time.Second
+
+// retireAged retires s, a pinned shared session that lived pinnedLife:
+// it takes no new lock, and ends once it holds nothing.
+func (s *session) retireAged() {
+	s.mu.Lock()
+	moved := s.setStateLocked(retiring, nil)
+	s.mu.Unlock()
+	if moved {
+		s.maybeLinger()
+	}
 }

@@ -35,7 +35,7 @@ import (
 // In every case a wait knows its backend's pid, and when ctx ends during
 // it, the backend is taken out of the queue (cancelWait); the owner then
 // applies the one rule for an uncertain outcome: ctx ended means the
-// session is discarded (settle, Session.lose) or the transaction
+// session is discarded (settle, Owned.lose) or the transaction
 // rolled back (InTx).
 
 // engine is the acquisition engine: a value, which a Pool holds (and
@@ -60,9 +60,18 @@ type engine struct {
 	// simpleFor, when set, prepares a connection of db for the engine's
 	// statements behind a transaction pooler (see Pool.simpleFor).
 	simpleFor func(conn *sql.Conn) (done func())
-	// trace receives the engine's debug messages (nil: none).
+	// trace receives the engine's debug messages (nil: none), warn its
+	// warnings.
 	trace func(ctx context.Context, msg string, k Key, attrs ...slog.Attr)
+	warn  func(ctx context.Context, msg string, k Key, attrs ...slog.Attr)
+	// bypassed is set once a waiter waited without its place in line
+	// (see bypass): the first is logged.
+	bypassed atomic.Bool
 }
+
+// pinned reports whether the engine's sessions are transactions kept open
+// behind a transaction pooler (see Pool.simpleFor).
+func (e *engine) pinned() bool { return e.simpleFor != nil }
 
 // debug hands a debug message to trace.
 func (e *engine) debug(ctx context.Context, msg string, k Key, attrs ...slog.Attr) {
@@ -253,7 +262,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		}
 		began := time.Now()
 		o.err = w.queryRow(ctx, q, args, &o.ok)
-		if byDeadline && SQLState(o.err) == "55P03" && !CtxEnded(ctx) && ranInto(began, slice) {
+		if byDeadline && lockTimedOut(o.err) && !CtxEnded(ctx) && ranInto(began, slice) {
 			// The server ended the wait at the deadline (not at a
 			// shorter lock_timeout of the transaction's own): not
 			// granted; the transaction is aborted, and the caller
@@ -271,7 +280,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		// before the statement's context ended and not after a cancel
 		// of ctx, is certain, however late for ctx's deadline.
 		o.certain = sctx != ctx && sctx.Err() == nil && !errors.Is(ctx.Err(), context.Canceled) &&
-			(o.err == nil || SQLState(o.err) == "55P03")
+			(o.err == nil || lockTimedOut(o.err))
 	}
 	if !returned.CompareAndSwap(false, true) {
 		o.certain = false // a cancel of this backend is on its way: its next statement may meet it
@@ -287,7 +296,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		// trips; this one took the whole margin and more).
 		e.observeRTT(margin)
 	}
-	if lv == sessionLevel && SQLState(o.err) == "55P03" && (!CtxEnded(ctx) || o.certain) {
+	if lv == sessionLevel && lockTimedOut(o.err) && (!CtxEnded(ctx) || o.certain) {
 		// The statement's lock_timeout (the deadline's) can come as the
 		// lock is granted: PostgreSQL then keeps the grant and reports the
 		// error all the same. "Not granted" would leave it held by a

@@ -34,7 +34,7 @@ func TestEveryStatementMarked(t *testing.T) {
 					add("PoliteTrySQL", first(s.PoliteTrySQL(kind, key, -9, "m.1")))
 					add("SliceSQL", first(s.SliceSQL(kind, key, -9, 5, "1ms", "m.1")))
 					add("GiveUpSQL", first(s.GiveUpSQL(kind, key, -9, "m.1")))
-					add("RegisterSQL", first(s.RegisterSQL(-9, kind.IsShared(), "1ms", "m.1")))
+					add("RegisterSQL", first(s.RegisterSQL(-9, kind.IsShared(), "1ms", "m.1", true)))
 					add("XactTrySQL", first(m.XactTrySQL(kind, key)))
 					add("BuildXactTrySQL", first(m.BuildXactTrySQL(kind, key)))
 					add("XactLockSQL", first(m.XactLockSQL(kind, key)))
@@ -57,7 +57,7 @@ func TestEveryStatementMarked(t *testing.T) {
 	}
 	for _, q := range []string{CancelWaitSQL, CandidatesSQL, HeldSQL, InspectSQL, LeaderSQL, NoIdleTimeoutSQL, ObserveSQL, OwnSQL,
 		PlainVersionSQL, RecoverySQL, TerminateHolderSQL, TokenSQL, TouchSQL, WaitSliceSQL, KeepAliveSQL, VersionSQL,
-		DeadlockTimeoutSQL, SavepointSQL, ReleaseSavepointSQL, RollbackToSavepointSQL, ClockSQL, BreakSQL, BackendSQL, BeginPinnedSQL, CommitPinnedSQL, TokenOfSQL, ClearSnapshotSQL, WaitedOnSQL,
+		DeadlockTimeoutSQL, SavepointSQL, ReleaseSavepointSQL, RollbackToSavepointSQL, ClockSQL, BreakSQL, BackendSQL, BeginPinnedSQL, CommitPinnedSQL, TokenOfSQL, ClearSnapshotSQL, WaitedOnSQL, WaitedOnMeSQL,
 		DoctorVersionSQL, DoctorServerSQL, DoctorSettingsSQL, DoctorLocksSQL} {
 		add("const", q)
 	}
@@ -121,7 +121,7 @@ func constListed(n string) bool {
 	switch n {
 	case "CancelWaitSQL", "CandidatesSQL", "HeldSQL", "InspectSQL", "LeaderSQL", "NoIdleTimeoutSQL", "ObserveSQL", "OwnSQL",
 		"PlainVersionSQL", "RecoverySQL", "TerminateHolderSQL", "TokenSQL", "TouchSQL", "WaitSliceSQL", "KeepAliveSQL", "VersionSQL",
-		"DeadlockTimeoutSQL", "SavepointSQL", "ReleaseSavepointSQL", "RollbackToSavepointSQL", "ClockSQL", "BreakSQL", "BackendSQL", "BeginPinnedSQL", "CommitPinnedSQL", "TokenOfSQL", "ClearSnapshotSQL", "WaitedOnSQL",
+		"DeadlockTimeoutSQL", "SavepointSQL", "ReleaseSavepointSQL", "RollbackToSavepointSQL", "ClockSQL", "BreakSQL", "BackendSQL", "BeginPinnedSQL", "CommitPinnedSQL", "TokenOfSQL", "ClearSnapshotSQL", "WaitedOnSQL", "WaitedOnMeSQL",
 		"DoctorVersionSQL", "DoctorServerSQL", "DoctorSettingsSQL", "DoctorLocksSQL":
 		return true
 	}

@@ -37,7 +37,7 @@ const (
 	markBatch     = markPrefix + "batch" + markSuffix        // unlocks and tries together
 	markKeepAlive = markPrefix + "keep-alive" + markSuffix   // the keep-alive's checks, a lease's touch
 	markCheck     = markPrefix + "server check" + markSuffix // which server answers, and how
-	markSession   = markPrefix + "session" + markSuffix      // a session's settings, set or set back; its locks
+	markSession   = markPrefix + "session" + markSuffix      // a session's settings, set or set back; its locks; whether its transaction is waited for
 	markToken     = markPrefix + "token" + markSuffix        // a fencing token, or whether a lock is held
 	markInspect   = markPrefix + "inspect" + markSuffix      // Inspect's and Holders' read of the locks
 	markElection  = markPrefix + "election" + markSuffix     // who leads, who campaigns
@@ -627,6 +627,16 @@ const ClearSnapshotSQL = markKeepAlive + "SELECT pg_stat_clear_snapshot()"
 const WaitedOnSQL = markKeepAlive + `SELECT DISTINCT m.pid::int8 FROM pg_catalog.pg_locks m
  JOIN pg_catalog.pg_locks w ON w.locktype = 'virtualxid' AND w.virtualxid = m.virtualxid AND NOT w.granted
  WHERE m.locktype = 'virtualxid' AND m.granted AND m.pid = ANY ($1::text::int4[])`
+
+// WaitedOnMeSQL answers whether another backend waits for the end of
+// this backend's transaction (see WaitedOnSQL): a pinned session's wait
+// asks it after each slice that ended ungranted, since a CREATE INDEX
+// CONCURRENTLY that began its last phase as a slice ran waits for the
+// whole transaction, which a waiter keeps open until it is granted and
+// has released.
+const WaitedOnMeSQL = markSession + `SELECT EXISTS (SELECT FROM pg_catalog.pg_locks m
+ JOIN pg_catalog.pg_locks w ON w.locktype = 'virtualxid' AND w.virtualxid = m.virtualxid AND NOT w.granted
+ WHERE m.locktype = 'virtualxid' AND m.granted AND m.pid = pg_backend_pid())`
 
 // BatchMax is the most keys a session's queue sends in one batch
 // statement (BatchSQL): a bound on its text, not on its cost,

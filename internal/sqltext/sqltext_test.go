@@ -184,7 +184,7 @@ func TestLineStatementsParams(t *testing.T) {
 			args []any
 		}
 		var stmts = map[string]func() stmt{
-			"RegisterSQL":        func() stmt { q, a := s.RegisterSQL(-7, true, "500ms", "m'1"); return stmt{q, a} },
+			"RegisterSQL":        func() stmt { q, a := s.RegisterSQL(-7, true, "500ms", "m'1", true); return stmt{q, a} },
 			"SliceSQL":           func() stmt { q, a := s.SliceSQL(Shared, k, -7, 3, "500ms", "m"); return stmt{q, a} },
 			"SliceSQL pair":      func() stmt { q, a := s.SliceSQL(0, pair, -7, 3, "500ms", "m"); return stmt{q, a} },
 			"GiveUpSQL":          func() stmt { q, a := s.GiveUpSQL(0, k, -7, "m"); return stmt{q, a} },

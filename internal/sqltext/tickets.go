@@ -22,10 +22,22 @@ import (
 // for longer than a slice, which a holder's CREATE INDEX CONCURRENTLY
 // would wait for. Granted, it gives its ticket and its doorbell back in
 // the same statement; giving up, it gives them back (GiveUpSQL), or its
-// session ends, which gives back everything it held.
+// session ends, which gives back everything it held. A waiter rings the
+// doorbell for as long as it holds a ticket: a backend that holds a
+// ticket without ringing is a stranger, whose ticket is no predecessor.
 
 // TicketClass returns the ticket class of k: a 31-bit hash of it, with
 // the top bit set (a negative int4, as a semaphore's class has).
+//
+// The library's own locks are pair keys in such negative classes: a
+// semaphore's slots (class, 0..N-1), and each line's doorbell (class, 0)
+// and tickets (class, id ≠ 0), where class is TicketClass of the key or
+// SemaphoreTicketClass of the semaphore. Users' pair keys belong in
+// classes from 0 up. A stranger that holds a line's tags anyway costs the
+// line its order, not its progress: a ticket whose backend does not ring
+// the doorbell is no predecessor (SliceSQL), a doorbell held exclusively
+// is silent (PoliteTrySQL, DoorbellSQL), and a waiter that cannot ring it
+// or finds no ticket free waits without one (RegisterSQL).
 func TicketClass(k Key) int32 {
 	h := fnv.New32a()
 	var b [9]byte
@@ -75,6 +87,38 @@ func tagOf(kc, ko, ks string) string {
 // currentDB selects the current database's rows of pg_locks l.
 const currentDB = "l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())"
 
+// silent returns the SQL that reports whether the doorbell of the line
+// of ticket class c (an int4 expression) is silent: nobody holds it in
+// shared mode, as a registered waiter does. It first takes the doorbell
+// exclusively for a moment, which fails while any waiter rings it; only
+// when that fails does it read pg_locks, for the doorbell may be held
+// exclusively by a program that knows nothing of the line (its own pair
+// keys in a negative class), or, for a moment, by a holder asking this
+// very question: neither is a waiter.
+func silent(c string) string {
+	return "CASE WHEN pg_try_advisory_lock(" + c + ", 0) THEN pg_advisory_unlock(" + c + ", 0)" +
+		" ELSE NOT EXISTS (SELECT FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ShareLock'" +
+		" AND l.classid::int8 = (" + c + "::int8 & 4294967295) AND l.objid = 0 AND l.objsubid = 2 AND " + currentDB + ") END"
+}
+
+// registered is the SQL of a window column, over rows l of pg_locks of
+// the line of ticket class c, that says whether l's backend is a
+// registered waiter of the line: one that rings its doorbell (holds it in
+// shared mode). A backend that holds a ticket without ringing the
+// doorbell is a stranger (a program that uses the line's class for keys
+// of its own), and its ticket no predecessor.
+func registered(c string) string {
+	return "coalesce(bool_or(l.classid::int8 = (" + c + "::int8 & 4294967295) AND l.objsubid = 2 AND l.objid = 0 AND l.mode = 'ShareLock') OVER (PARTITION BY l.pid), false)"
+}
+
+// release returns the SQL with which a waiter gives back its ticket me
+// (0: it has none; in mode shared) of class c and, when it holds it
+// (bell, a boolean expression), its doorbell: true when what it holds
+// went.
+func release(shared bool, c, me, bell string) string {
+	return "(CASE WHEN " + me + " = 0 THEN true ELSE " + unlockFn(shared, c+", "+me) + " END AND CASE WHEN " + bell + " THEN " + unlockFn(true, c+", 0") + " ELSE true END)"
+}
+
 // lockFn returns the call of the session-level lock function of kind (Try,
 // Shared) on args.
 func lockFn(kind Kind, args string) string { return kind.Fn() + "(" + args + ")" }
@@ -92,19 +136,23 @@ func unlockFn(shared bool, args string) string { return UnlockFn(shared) + "(" +
 // client froze or was cut off leaves the line as the server ends its
 // session). A waiter that gives up sets them back (GiveUpSQL). Its single row is
 // (ticket, 0 when none was free; pid; in_recovery; whether the mark
-// allowed it: false means it took nothing).
-func (s *Statements) RegisterSQL(class int32, shared bool, slice, mark string) (string, []any) {
+// allowed it: false means it took nothing). When ring is false it takes
+// nothing, and only applies the settings: a waiter that bypasses the line
+// (its doorbell is held by a stranger; see waitInLine) registers so, and
+// waits without a ticket. With ring, a ticket of 0 means that the
+// doorbell rings but no ticket was free: the waiter waits without one.
+func (s *Statements) RegisterSQL(class int32, shared bool, slice, mark string, ring bool) (string, []any) {
 	c := "$1::int4"
 	var b strings.Builder
 	b.WriteString(markLine + "SELECT coalesce(t.id, 0), pg_backend_pid(), pg_is_in_recovery(), s.v IS NOT NULL")
 	b.WriteString(" FROM (SELECT $3::text AS m OFFSET 0) AS o")
 	set := "concat(set_config('lock_timeout', $2::text, true), " + s.tune + ")"
 	b.WriteString(" CROSS JOIN LATERAL (SELECT CASE WHEN " + s.gate + " THEN " + set + " END AS v OFFSET 0) AS s")
-	b.WriteString(" LEFT JOIN LATERAL (SELECT " + lockFn(Shared, c+", 0") + " IS NOT NULL AS bell WHERE s.v IS NOT NULL OFFSET 0) AS d ON true")
+	b.WriteString(" LEFT JOIN LATERAL (SELECT " + lockFn(Shared, c+", 0") + " IS NOT NULL AS bell WHERE s.v IS NOT NULL AND $4::bool OFFSET 0) AS d ON true")
 	b.WriteString(" LEFT JOIN LATERAL (SELECT " + signed32("floor(extract(epoch FROM clock_timestamp()) * 1000)::int8") + " AS base WHERE d.bell OFFSET 0) AS b ON true")
 	b.WriteString(" LEFT JOIN LATERAL (SELECT c.i::int4 AS id FROM (SELECT " + signed32("b.base + g") + " AS i FROM generate_series(0, 63) AS g OFFSET 0) AS c")
 	b.WriteString(" WHERE c.i <> 0 AND " + lockFn(Try|SharedKind(shared), c+", c.i::int4") + " LIMIT 1) AS t ON true")
-	return s.mode.params(b.String(), int64(class), slice, mark)
+	return s.mode.params(b.String(), int64(class), slice, mark, ring)
 }
 
 // SliceSQL returns one slice of a registered waiter's wait for k (kind:
@@ -132,16 +180,17 @@ func (s *Statements) SliceSQL(kind Kind, k Key, class, mine int32, slice, mark s
 	if shared {
 		readerFilter = " AND l.mode = 'ExclusiveLock'"
 	}
-	release := "(" + unlockFn(shared, c+", "+me) + " AND " + unlockFn(true, c+", 0") + ")"
+	release := release(shared, c, me, "x.bell")
 	keyArgs, keyVals := s.mode.keyArgsAt(k, 8)
 	var b strings.Builder
 	s.sliceHead(&b, "CASE WHEN r.granted THEN 0 ELSE -1 END", "x.have")
 	b.WriteString(" coalesce(bool_or(l.iskey AND l.mine AND l.mode = '" + mode + "'), false) AS have,")
+	b.WriteString(" coalesce(bool_or(NOT l.iskey AND l.mine AND l.id = 0 AND l.mode = 'ShareLock'), false) AS bell,")
 	b.WriteString(" count(CASE WHEN l.mode = 'ShareLock' THEN " + unlockFn(true, c+", l.id") + " ELSE " + unlockFn(false, c+", l.id") + " END)")
 	b.WriteString(" FILTER (WHERE NOT l.iskey AND l.mine AND l.id NOT IN (" + me + ", 0)) AS stale,")
-	b.WriteString(" (array_agg(l.id ORDER BY l.d DESC) FILTER (WHERE NOT l.iskey AND NOT l.mine AND l.id <> 0 AND l.d < 0" + readerFilter + "))[1] AS pred,")
+	b.WriteString(" (array_agg(l.id ORDER BY l.d DESC) FILTER (WHERE NOT l.iskey AND NOT l.mine AND l.reg AND l.id <> 0 AND " + me + " <> 0 AND l.d < 0" + readerFilter + "))[1] AS pred,")
 	b.WriteString(" count(*) FILTER (WHERE NOT l.iskey AND NOT l.mine AND l.id <> 0) AS others")
-	b.WriteString(" FROM (SELECT " + tagOf("$5", "$6", "$7") + " AS iskey, l.pid = pg_backend_pid() AS mine, l.mode,")
+	b.WriteString(" FROM (SELECT " + tagOf("$5", "$6", "$7") + " AS iskey, l.pid = pg_backend_pid() AS mine, l.mode, " + registered(c) + " AS reg,")
 	b.WriteString(" " + signed32("l.objid::int8") + "::int4 AS id, " + signed32("l.objid::int8 - ("+me+"::int8 & 4294967295)") + " AS d")
 	b.WriteString(" FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND " + currentDB)
 	b.WriteString(" AND ((l.classid::int8 = (" + c + "::int8 & 4294967295) AND l.objsubid = 2) OR " + tagOf("$5", "$6", "$7") + ")")
@@ -203,14 +252,15 @@ func (s *Statements) GiveUpSQL(kind Kind, k Key, class int32, mark string) (stri
 // the slot granted, or -1 (look again).
 func (s *Statements) SemaphoreSliceSQL(class, mine, slots int32, n int, wait int32, slice, mark string) (string, []any) {
 	c, me, sc := "$1::int4", "$2::int4", "$5::int4"
-	release := "(" + unlockFn(false, c+", "+me) + " AND " + unlockFn(true, c+", 0") + ")"
+	release := release(false, c, me, "x.bell")
 	var b strings.Builder
 	s.sliceHead(&b, "r.slot", "x.have IS NOT NULL")
 	b.WriteString(" min(l.id) FILTER (WHERE l.isslot AND l.mine) AS have,")
+	b.WriteString(" coalesce(bool_or(NOT l.isslot AND l.mine AND l.id = 0 AND l.mode = 'ShareLock'), false) AS bell,")
 	b.WriteString(" count(" + unlockFn(false, c+", l.id") + ") FILTER (WHERE NOT l.isslot AND l.mine AND l.id NOT IN (" + me + ", 0)) AS stale,")
-	b.WriteString(" (array_agg(l.id ORDER BY l.d DESC) FILTER (WHERE NOT l.isslot AND NOT l.mine AND l.id <> 0 AND l.d < 0))[1] AS pred,")
+	b.WriteString(" (array_agg(l.id ORDER BY l.d DESC) FILTER (WHERE NOT l.isslot AND NOT l.mine AND l.reg AND l.id <> 0 AND " + me + " <> 0 AND l.d < 0))[1] AS pred,")
 	b.WriteString(" count(*) FILTER (WHERE NOT l.isslot AND NOT l.mine AND l.id <> 0) AS others")
-	b.WriteString(" FROM (SELECT l.classid::int8 = (" + sc + "::int8 & 4294967295) AS isslot, l.pid = pg_backend_pid() AS mine,")
+	b.WriteString(" FROM (SELECT l.classid::int8 = (" + sc + "::int8 & 4294967295) AS isslot, l.pid = pg_backend_pid() AS mine, l.mode, " + registered(c) + " AS reg,")
 	b.WriteString(" " + signed32("l.objid::int8") + "::int4 AS id, " + signed32("l.objid::int8 - ("+me+"::int8 & 4294967295)") + " AS d")
 	b.WriteString(" FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND " + currentDB)
 	b.WriteString(" AND l.classid::int8 IN ((" + c + "::int8 & 4294967295), (" + sc + "::int8 & 4294967295))")
@@ -253,7 +303,7 @@ func (s *Statements) SemaphoreGiveUpSQL(class, slots int32, mark string) (string
 func (s *Statements) SemaphorePoliteTrySQL(slots int32, n int, class int32) string {
 	q := s.SemaphoreTrySQL(slots, n)
 	bell := strconv.Itoa(int(class))
-	return strings.Replace(q, "THEN -2", "THEN -2 WHEN NOT (pg_try_advisory_lock("+bell+", 0) AND pg_advisory_unlock("+bell+", 0)) THEN -1", 1)
+	return strings.Replace(q, "THEN -2", "THEN -2 WHEN NOT ("+silent(bell)+") THEN -1", 1)
 }
 
 // TerminateHolderSQL ends backend $1 when it holds the advisory lock
@@ -323,7 +373,7 @@ func (m Mode) DoorbellSQL(pid int64, classes []int32) (string, []any) {
 		b.WriteString(strconv.Itoa(int(c)))
 	}
 	b.WriteByte('}')
-	q := markLine + "SELECT u.c, NOT (pg_try_advisory_lock(u.c, 0) AND pg_advisory_unlock(u.c, 0))" +
+	q := markLine + "SELECT u.c, NOT (" + silent("u.c") + ")" +
 		" FROM unnest($1::text::int4[]) AS u(c) WHERE pg_backend_pid() = $2::int4"
 	if m == Inline {
 		return strings.Replace(strings.Replace(q, "$1::text", "'"+b.String()+"'::text", 1), "$2::int4", strconv.FormatInt(pid, 10)+"::int4", 1), nil
@@ -339,11 +389,11 @@ func (m Mode) DoorbellSQL(pid int64, classes []int32) (string, []any) {
 func (s *Statements) PoliteTrySQL(kind Kind, k Key, class int32, mark string) (string, []any) {
 	keyArgs, keyVals := s.mode.keyArgsAt(k, 3)
 	if s.plain() { // as TrySQL's
-		q := markTry + "SELECT CASE WHEN " + sessionMark + " = $2::text THEN pg_try_advisory_lock($1::int4, 0) AND pg_advisory_unlock($1::int4, 0) AND " +
+		q := markTry + "SELECT CASE WHEN " + sessionMark + " = $2::text THEN (" + silent("$1::int4") + ") AND " +
 			lockFn(kind|Try, keyArgs) + " END"
 		return s.mode.params(q, append([]any{int64(class), mark}, keyVals...)...)
 	}
-	q := markTry + "SELECT CASE WHEN " + s.gate + " THEN CASE WHEN pg_try_advisory_lock($1::int4, 0) AND pg_advisory_unlock($1::int4, 0) AND " +
+	q := markTry + "SELECT CASE WHEN " + s.gate + " THEN CASE WHEN (" + silent("$1::int4") + ") AND " +
 		lockFn(kind|Try, keyArgs) + " THEN " + s.tune + " IS NOT NULL ELSE false END END, pg_backend_pid(), pg_is_in_recovery()" +
 		" FROM (SELECT $2::text AS m OFFSET 0) AS o"
 	return s.mode.params(q, append([]any{int64(class), mark}, keyVals...)...)
