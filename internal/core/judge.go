@@ -1,9 +1,6 @@
 package core
 
 import (
-	"os"
-	"time"
-	"runtime/debug"
 	"context"
 	"database/sql"
 	"errors"
@@ -140,8 +137,6 @@ func (p *Pool) settle(ctx context.Context, s *session, k Key, shared bool, into 
 		s.end(nil) // confirmed: the session holds nothing; back to the pool as it came
 		return nil, err
 	case uncertain:
-		dl, _ := ctx.Deadline()
-		fmt.Fprintf(os.Stderr, "DEBUG %v settle uncertain o.err=%v certain=%v ok=%v since-deadline %v\n%s\n", k, o.err, o.certain, o.ok, time.Since(dl), debug.Stack())
 		s.end(errors.New("lock statement: " + err.Error()))
 		return nil, err
 	case unwanted:
