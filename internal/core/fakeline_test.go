@@ -243,3 +243,36 @@ func TestFakeLineOrder(t *testing.T) {
 	}
 	mustRelease(t, b.h)
 }
+
+// TestFakeWaitSliceAnsweredLate: a slice shorter than what is left of
+// ctx ends on the server before the deadline; a loaded machine can read
+// its answer a little past it. That answer is read, certain: the call is
+// refused at its deadline and its session goes back to the pool, rather
+// than cut at the deadline and discarded (every candidate that gave up on
+// a loaded machine cost its session).
+func TestFakeWaitSliceAnsweredLate(t *testing.T) {
+	fs := newFakeServer()
+	fs.sliceMS = 100
+	p, _ := newFakePool(t, fs, Config{Dedicated: true})
+	fs.lockAs(fs.external(), k(1), false)
+	ctx, cancel := context.WithTimeout(bg, time.Second)
+	defer cancel()
+	dl, _ := ctx.Deadline()
+	// The first slice (100 ms, sent with most of the second left) starts
+	// on the server once the deadline has passed, and is answered about
+	// 120 ms past it.
+	slice := fs.on(&fakeRule{kind: fSlice, times: 1, stall: make(chan struct{}), entered: make(chan *fakeStmt, 1)})
+	go func() {
+		<-slice.entered
+		time.Sleep(time.Until(dl.Add(20 * time.Millisecond)))
+		slice.release()
+	}()
+	_, err := p.Acquire(ctx, Request{Key: k(1)})
+	wantErr(t, "wait whose slice answered past the deadline", err, ErrNotAcquired, context.DeadlineExceeded)
+	if got := p.Stats(); got.Discarded != 0 {
+		t.Errorf("Stats() = %+v; want none discarded", got)
+	}
+	if len(fs.liveMarked()) != 0 || fs.lockCount() != 1 {
+		t.Errorf("sessions %v marked, %d locks: want the line left (only the holder's lock)", fs.liveMarked(), fs.lockCount())
+	}
+}

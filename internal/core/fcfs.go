@@ -149,7 +149,12 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		}
 		byDeadline := margin > 0
 		sctx, cancel := ctx, context.CancelFunc(func() {})
-		if byDeadline {
+		if _, ok := ctx.Deadline(); ok {
+			// Every slice of a call with a deadline ends on the server
+			// before it (a slice shorter than what is left, or the
+			// deadline's own): its answer, which a loaded machine reads a
+			// little past the deadline, is read, certain, rather than cut
+			// at the deadline, which would cost the session.
 			sctx, cancel = pastDeadline(ctx)
 		}
 		// A cancel that reached the server before the statement started is
@@ -202,8 +207,9 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 			// the deadline itself: a key released meanwhile is granted.
 			final = true
 			continue
-		case timedOut && byDeadline && (o.certain || !CtxEnded(ctx)):
-			// The server ended the wait at ctx's deadline: not granted,
+		case timedOut && (byDeadline && (o.certain || !CtxEnded(ctx)) || o.certain && CtxEnded(ctx)):
+			// The server ended the wait at ctx's deadline (or a slice
+			// before it, answered once ctx had ended): not granted,
 			// unless granted as it ended; the line is left either way.
 			o = e.leaveLine(ctx, w, st, ln, o, true)
 			if errors.Is(o.err, errDeadline) && final {
