@@ -17,9 +17,11 @@ import (
 )
 
 // monitor is a Pool's keep-alive: while the Pool holds locks, one
-// goroutine asks pg_locks, over a pooled connection and never over a lock's
-// pinned one, whether each lock is still granted to the backend it was
-// granted to. All the Pool's locks are checked by one query per interval.
+// goroutine asks pg_locks, over a pooled connection (when one is slow to
+// set up, through the queue of a lock session that user code cannot
+// reach: see ask), whether each lock is still granted to the backend it
+// was granted to. All the Pool's locks are checked by one query per
+// interval.
 type monitor struct {
 	p *Pool
 
