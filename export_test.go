@@ -3,6 +3,7 @@ package sqllock
 import (
 	"context"
 	"database/sql"
+	"time"
 
 	"github.com/sqllock/sqllock/internal/core"
 )
@@ -75,3 +76,21 @@ func SkipPoolerProbe(l *Locker) { l.pool.SkipPoolerProbe() }
 // IgnorePooler makes l take no notice of a transaction pooler: each
 // statement's own check is what meets one.
 func IgnorePooler(l *Locker) { l.pool.IgnorePooler() }
+
+// EndBoundStoppedLate runs the end of a task's bound (WithHoldAtMost) on
+// lk as a task that returned at the bound's moment does: the task's
+// return stops the watch of its context, which ends right after (its
+// Done closes before its AfterFunc starts). It reports what end said:
+// whether the bound released the lock.
+func EndBoundStoppedLate(lk *Lock, d time.Duration) bool {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cause := &boundError{lk: lk, d: d}
+	b := lk.startBound(ctx, cause)
+	stop := b.stop
+	b.stop = func() bool {
+		stopped := stop()
+		cancel(cause)
+		return stopped
+	}
+	return b.end()
+}

@@ -254,3 +254,27 @@ func TestHoldAtMostRefused(t *testing.T) {
 		t.Errorf("Do with a bound equal to the window = %v", err)
 	}
 }
+
+// TestHoldAtMostTaskReturnsAtOnce: a task that returns the moment its
+// bound ends its context still has the bound reported, and its lock
+// released by it. A context's Done closes before its AfterFunc starts, and
+// a task that returned in between stopped it: the bound went unreported
+// (TryDo returned the task's DeadlineExceeded alone). The test stops the
+// watch first and ends the context right after, as that task did.
+func TestHoldAtMostTaskReturnsAtOnce(t *testing.T) {
+	t.Parallel()
+	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
+		k := sqllock.Int64(7_000_000_005)
+		lk, err := sqllock.New(db).Lock(bg(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !sqllock.EndBoundStoppedLate(lk, time.Second) {
+			t.Fatal("a bound that ended the task's context as the task returned: not reported")
+		}
+		if err := lk.Err(); !errors.Is(err, sqllock.ErrReleased) {
+			t.Fatalf("Err() after the bound = %v, want ErrReleased", err)
+		}
+		waitFree(t, db, k, 5*time.Second)
+	})
+}

@@ -222,20 +222,22 @@ func (lk *Lock) run(ctx context.Context, fn func(context.Context) error, c doCon
 // the task's context, the task's lock is released, whether the task has
 // returned or not.
 type holdBound struct {
-	err       *boundError   // the cause of the task's context at the bound
-	stop      func() bool   // stops watching the task's context
-	warn      *time.Timer   // tells the logger of a task that outlives the release
-	done      chan struct{} // closed once the task's context ended and its end was seen to
-	released  bool          // read after done: the bound released the lock
-	unlockErr error         // read after done: the release's error
+	err       *boundError     // the cause of the task's context at the bound
+	ctx       context.Context // the task's context
+	reached   func()          // releases the lock when the bound ended ctx; closes done
+	stop      func() bool     // stops watching the task's context
+	warn      *time.Timer     // tells the logger of a task that outlives the release
+	done      chan struct{}   // closed once the task's context ended and its end was seen to
+	released  bool            // read after done: the bound released the lock
+	unlockErr error           // read after done: the release's error
 }
 
 // startBound watches ctx, the context of the task that runs under lk,
 // whose deadline is the task's bound: when the bound ends it (with cause
 // err, not the caller's context nor a loss), the lock is released.
 func (lk *Lock) startBound(ctx context.Context, err *boundError) *holdBound {
-	b := &holdBound{done: make(chan struct{}), err: err}
-	b.stop = context.AfterFunc(ctx, func() {
+	b := &holdBound{done: make(chan struct{}), err: err, ctx: ctx}
+	b.reached = func() {
 		defer close(b.done)
 		if context.Cause(ctx) != error(err) || lk.Err() != nil {
 			return // the caller's context, or a loss: not the bound
@@ -248,7 +250,8 @@ func (lk *Lock) startBound(ctx context.Context, err *boundError) *holdBound {
 			lk.l.log(context.Background(), slog.LevelWarn, "sqllock: a task still runs after its upper bound (WithHoldAtMost) and its lock's release: it ignores its context, and runs without the lock", lk.key,
 				slog.Duration("bound", err.d))
 		})
-	})
+	}
+	b.stop = context.AfterFunc(ctx, b.reached)
 	return b
 }
 
@@ -271,7 +274,13 @@ func (e *boundError) Unwrap() []error { return []error{ErrLockLost, context.Dead
 // reports whether the bound released the lock, and stops what remains.
 func (b *holdBound) end() (released bool) {
 	if b.stop() {
-		return false // the context has not ended: no bound passed
+		if b.ctx.Err() == nil {
+			return false // the context has not ended: no bound passed
+		}
+		// It ended, and the task returned before the watch started (a
+		// context's Done closes before its AfterFuncs run): the watch's
+		// work, here.
+		b.reached()
 	}
 	<-b.done
 	if b.warn != nil {
