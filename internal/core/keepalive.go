@@ -410,17 +410,26 @@ func (m *monitor) queryPinned(ctx context.Context, keys []heldKey, sent *atomic.
 
 // checkSession returns one of the Pool's sessions that holds locks (so
 // none is waiting in it) and that user code cannot reach (not an Owned's,
-// whose connection its Session hands out), or nil.
+// whose connection its Session hands out), a shared one first, or nil.
+// (Behind a transaction pooler, a CREATE INDEX CONCURRENTLY that began its
+// last phase as the check ran waits for the end of its transaction, which
+// a shared session's comes within pinnedLife, and a session of one lock's
+// only with that lock.)
 func (m *monitor) checkSession() *session {
+	var s *session
 	for _, c := range m.p.liveSessions() {
 		c.mu.Lock()
 		ok := c.state != ended && c.held.n > 0 && c.kind != kindOwned
+		shared := c.kind == kindShared
 		c.mu.Unlock()
-		if ok {
-			return c
+		if ok && (s == nil || shared) {
+			s = c
+			if shared {
+				break
+			}
 		}
 	}
-	return nil
+	return s
 }
 
 // querySession runs the keep-alive query for keys on s, through its
