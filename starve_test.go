@@ -39,7 +39,12 @@ import (
 //     application uses none then), and the server's sessions of the
 //     database that are not idle in the pool (open or closing: a backend
 //     whose client let go counts until it ends).
+//
+// It runs in the full run only (CI runs it): its 200 ms queries measure
+// the pool, and the quick run, which loads the machine with many tests at
+// once, makes a connection's setup take longer than that.
 func TestPoolStarvation(t *testing.T) {
+	long(t)
 	t.Parallel()
 	const (
 		churn       = 10 * time.Second
