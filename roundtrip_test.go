@@ -23,6 +23,11 @@ func TestRoundTrips(t *testing.T) {
 		t.Run(drv, func(t *testing.T) {
 			t.Parallel()
 			dsn := srv.NewDatabase(t)
+			// Waits go in slices of half the deadlock_timeout, a round
+			// trip each: long ones, so that a wait the test ends is one
+			// slice however slowly a loaded machine gets to its release
+			// (a slice of the default 500 ms ended first, and counted).
+			setDeadlockTimeout(t, srv, dsn, 30*time.Second)
 			proxy := pgtest.StartProxy(t, srv.Addr(), 0)
 			db := pgtest.Open(t, drv, proxy.DSN(dsn))
 			l := sqllock.New(db, sqllock.WithKeepAlive(0), sqllock.WithDedicatedSessions())
