@@ -60,7 +60,7 @@ type session struct {
 	// the low bits), and shuts (gateShut) when it takes no new call: it
 	// left open, or was handed over. A call joins only while it is open,
 	// and a session that ends idle shuts it only while no call is in, in
-	// one step each (join, shutIdle), so that a call picked without the
+	// one step each (join, closeGateIdle), so that a call picked without the
 	// sharing's lock (sharedFor) never meets a session that ended under it.
 	gate atomic.Int64
 	// nheld is len(held), for sharedFor; written under mu.
@@ -185,7 +185,7 @@ func (s *session) setStateLocked(to sessState, cause error) bool {
 	if to <= s.state {
 		return false
 	}
-	s.shut()
+	s.closeGate()
 	s.state, s.cause = to, cause
 	if to == ended {
 		s.unarmLocked()
@@ -248,7 +248,7 @@ func (s *session) endIf(cause error, onlyIdle bool) {
 	if !shared {
 		sh.mu.Unlock()
 	}
-	if onlyIdle && !(shared && s.idleLocked() && s.shutIdle()) || !s.setStateLocked(ended, cause) {
+	if onlyIdle && !(shared && s.idleLocked() && s.closeGateIdle()) || !s.setStateLocked(ended, cause) {
 		s.mu.Unlock()
 		if shared {
 			sh.mu.Unlock()
@@ -261,7 +261,7 @@ func (s *session) endIf(cause error, onlyIdle bool) {
 	}
 	owner := s.owner
 	s.mu.Unlock()
-	s.p.dropLive(s)
+	s.p.removeLive(s)
 	if shared && cause != nil {
 		sh.remove(s) // a dead one leaves at once; a closed one once its reset is done
 	}
@@ -318,7 +318,7 @@ func (s *session) endIf(cause error, onlyIdle bool) {
 	if (s.p.Pooled() != nil || s.p.cfg.TxPooler) && s.id.pid != 0 {
 		// Discarding the client connection does not end a pooled server
 		// session: what it took there is freed.
-		s.p.freeStranded(s.id)
+		s.p.discardStranded(s.id)
 	}
 }
 
@@ -340,7 +340,7 @@ func (s *session) closeConn() {
 		// Its settings are local to its transaction, and end with it.
 		if err := s.p.commitPinned(s.conn); err != nil {
 			s.p.discard(s.conn, "pinned session: commit: "+err.Error())
-			s.p.freeStranded(s.id)
+			s.p.discardStranded(s.id)
 			return
 		}
 		s.conn.Close()
@@ -429,7 +429,7 @@ func (s *session) withConn(fn func(conn *sql.Conn) error) error {
 	defer s.releaseConn()
 	sent := s.ls.begin()
 	err := fn(s.conn)
-	s.ls.end(sent, err == nil || errors.Is(err, sql.ErrNoRows))
+	s.ls.done(sent, err == nil || errors.Is(err, sql.ErrNoRows))
 	return err
 }
 
@@ -509,7 +509,7 @@ const gateShut = 1 << 40
 // users is how many calls picked s and have not finished.
 func (s *session) users() int64 { return s.gate.Load() &^ gateShut }
 
-// join counts one more call on s, unless s takes none (shut).
+// join counts one more call on s, unless s takes none (its gate closed).
 func (s *session) join() bool { return s.joinUnder(gateShut) }
 
 // joinUnder is join, only while fewer than limit calls are in s: calls
@@ -527,11 +527,11 @@ func (s *session) joinUnder(limit int64) bool {
 	}
 }
 
-// shut makes s take no new call.
-func (s *session) shut() { s.gate.Or(gateShut) }
+// closeGate makes s take no new call.
+func (s *session) closeGate() { s.gate.Or(gateShut) }
 
-// shutIdle shuts s when no call is in it, in one step; false when one is.
-func (s *session) shutIdle() bool {
+// closeGateIdle shuts s when no call is in it, in one step; false when one is.
+func (s *session) closeGateIdle() bool {
 	return s.gate.Load() == gateShut || s.gate.CompareAndSwap(0, gateShut)
 }
 
@@ -655,7 +655,7 @@ func (s *session) handOver() (ok bool) {
 	defer sh.mu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.idleLocked() || s.pid == 0 || s.kind != kindShared || s.state != open || !s.shutIdle() {
+	if !s.idleLocked() || s.pid == 0 || s.kind != kindShared || s.state != open || !s.closeGateIdle() {
 		return false
 	}
 	s.kind = kindDedicated
@@ -669,7 +669,7 @@ func (s *session) handOver() (ok bool) {
 // back to the pool; when that is not confirmed on backend pid, it discards
 // the connection instead.
 func (p *Pool) closeSession(conn *sql.Conn, pid int64) {
-	q, args := p.sql().ResetSQL(pid)
+	q, args := p.sql().SetBackSQL(pid)
 	if err := queryRow(p.UnlockContext(), p.abandoned, conn, q, args, skip); err != nil {
 		p.discard(conn, "session settings not reset")
 		return

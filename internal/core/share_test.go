@@ -10,7 +10,7 @@ import (
 )
 
 // TestGateJoinOrShut: calls that join a shared session without the
-// sharing's lock, and its end as it idles (shutIdle), exclude each other:
+// sharing's lock, and its end as it idles (closeGateIdle), exclude each other:
 // either the session shut with no call in it, or every call that joined
 // finds it open, whatever the interleaving.
 func TestGateJoinOrShut(t *testing.T) {
@@ -30,7 +30,7 @@ func TestGateJoinOrShut(t *testing.T) {
 		}
 		wg.Go(func() {
 			<-start
-			shut.Store(s.shutIdle())
+			shut.Store(s.closeGateIdle())
 		})
 		close(start)
 		wg.Wait()

@@ -492,10 +492,10 @@ func (s *Statements) SessionSQL(mark string) (string, []any) {
 	return markSession + "SELECT coalesce(CASE WHEN " + s.gate + " THEN pg_backend_pid() END, 0), pg_is_in_recovery(), CASE WHEN " + s.gate + " THEN " + s.tune + " END FROM " + from, args
 }
 
-// ResetSQL returns the statement that sets a Session's settings back as
+// SetBackSQL returns the statement that sets a Session's settings back as
 // it closes, on backend pid only: its single row is (the settings' text),
 // no row on another backend.
-func (s *Statements) ResetSQL(pid int64) (string, []any) {
+func (s *Statements) SetBackSQL(pid int64) (string, []any) {
 	if s.mode == Inline {
 		return markSession + "SELECT " + s.untune + " WHERE pg_backend_pid() = " + strconv.FormatInt(pid, 10), nil
 	}
