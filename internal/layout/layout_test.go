@@ -78,8 +78,8 @@ const (
 	maxFields      = 33  // target 16
 	maxMethods     = 79  // target 30
 	maxFileLines   = 890 // target 600
-	maxStateFiles  = 2  // the error definitions (errors.go) and the judge
-	maxEndingVerbs = 12 // target 7
+	maxStateFiles  = 2   // the error definitions (errors.go) and the judge
+	maxEndingVerbs = 12  // target 7
 )
 
 // TestTypeSizes counts each struct type's fields and each named type's
