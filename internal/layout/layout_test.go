@@ -75,7 +75,7 @@ func sources(t *testing.T) []sourceFile {
 // The ceilings below are the module's shape today; each test fails when
 // the code grows past one, and names the target the design aims for.
 const (
-	maxFields      = 33  // target 16
+	maxFields      = 16
 	maxMethods     = 79  // target 30
 	maxFileLines   = 890 // target 600
 	maxStateFiles  = 2   // the error definitions (errors.go) and the judge
