@@ -27,16 +27,19 @@
 //   - close: end cleanly; the thing ends holding nothing, and its
 //     connection goes back to the pool as it came (a pinned session's
 //     transaction commits).
-//   - discard: end a session the core is not sure of; its connection is
-//     thrown away, and the server releases whatever it held as its
-//     session ends.
-//   - release: give a lock back, confirmed by the server.
+//   - discard: end a session the core is not sure of (or a holder's, whose
+//     backend is terminated); its connection is thrown away, and the
+//     server releases whatever it held as its session ends.
+//   - release: give a lock back, confirmed by the server; unlock is the
+//     statement that does it (and the handles' name for it).
 //   - lose: find that a lock was taken away (its session ended, or the
 //     keep-alive found it gone); the holder is told.
-//   - leave: a waiter gives up its place, in a Pool's queue or in a line.
-//   - cancel: end a context, or a statement through the server.
-//   - stop: end a timer or a goroutine.
+//   - leave: a waiter gives up its place, in a Pool's queue or in a line;
+//     a call gives up its share of a session.
+//   - stop: end a timer, a goroutine, or a statement running on the
+//     server (a wait taken out of the server's queue).
 //
-// Older names still in the code (end, finish, fire, free, drop, shut,
-// giveUp, terminate, reset, retire, unlock) are being brought to these.
+// A few older names (end, finish, free, drop, giveUp) remain in the
+// session's and the line's code; internal/layout's TestEndingVerbs lists
+// them.
 package core

@@ -165,7 +165,7 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		stop := context.AfterFunc(sctx, func() {
 			time.AfterFunc(abandonGrace, func() {
 				if returned.CompareAndSwap(false, true) {
-					e.cancelWait(ctx, pid, k)
+					e.stopWait(ctx, pid, k)
 				}
 			})
 		})
@@ -249,9 +249,9 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		// abandoned backend is first taken out of the queue, as waitOn does.
 		switch {
 		case CtxEnded(ctx) && errors.Is(o.err, ErrAbandoned):
-			e.cancelAbandoned(ctx, pid, k)
+			e.stopAbandoned(ctx, pid, k)
 		case CtxEnded(ctx) && SQLState(o.err) == "":
-			e.cancelWait(ctx, pid, k)
+			e.stopWait(ctx, pid, k)
 		}
 		return o
 	}

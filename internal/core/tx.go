@@ -105,7 +105,7 @@ func txExec(ctx context.Context, tx TxQuerier, q string) error {
 // LockInTx takes the exclusive transaction-level lock k in tx, InTx's own
 // transaction. It tries first, with the statement TxLock starts with, so
 // that a wait knows its backend's pid: when ctx ends during the wait, that
-// backend is taken out of k's queue (see cancelWait) rather than left to
+// backend is taken out of k's queue (see stopWait) rather than left to
 // be granted the lock and sit idle in its transaction until it notices its
 // client left. On a standby the try takes nothing, and the call is
 // refused, unless the Pool allows standbys: then it waits, which takes the

@@ -193,7 +193,7 @@ func TestLineStatementsParams(t *testing.T) {
 			"PoliteTrySQL":       func() stmt { q, a := s.PoliteTrySQL(Try, k, -7, "m"); return stmt{q, a} },
 			"PoliteTrySQL plain": func() stmt { q, a := Plain(mode).PoliteTrySQL(Try, pair, -7, "m"); return stmt{q, a} },
 			"DoorbellSQL":        func() stmt { q, a := mode.DoorbellSQL(42, []int32{-7, -8}); return stmt{q, a} },
-			"TerminateHolderSQL": func() stmt { return stmt{TerminateHolderSQL, TerminateHolderArgs(42, k)} },
+			"TerminateHolderSQL": func() stmt { return stmt{TerminateHolderSQL, DiscardHolderArgs(42, k)} },
 			"SemaphorePoliteTry": func() stmt { return stmt{s.SemaphorePoliteTrySQL(-3, 4, -7), []any{"m"}} },
 		}
 		for name, f := range stmts {
@@ -288,7 +288,7 @@ func TestOwn(t *testing.T) {
 				add(s.BuildUnlockSQL(true, k, 42))
 			}
 			add(s.SessionSQL("m.1"))
-			add(s.ResetSQL(42))
+			add(s.SetBackSQL(42))
 			qs = append(qs, s.SemaphoreTrySQL(7, 64))
 		}
 		for _, b := range []Batch{BatchTry, BatchUnlock, BatchMixed} {
