@@ -131,11 +131,12 @@ func TestGrantedAsTimeoutFires(t *testing.T) {
 
 			// With a deadline shorter than a slice, the deadline is the
 			// wait's lock_timeout (a little before it): the backend is
-			// resumed once that has passed, before the deadline itself. (4 s,
-			// shorter than the 5 s slice: a loaded machine can take seconds
-			// to set the wait up.)
+			// resumed once that has passed, before the deadline itself. (10
+			// s, shorter than the 15 s slice: a loaded machine can take
+			// seconds to set the wait up, and the wait must be caught
+			// stopped in it before the deadline: it is not waited again.)
 			deadlineTrial := func(t *testing.T, db *sql.DB, k sqllock.Key, holder func(), wait func(ctx context.Context) error) {
-				ctx, cancel := context.WithTimeout(bg(), 4*time.Second)
+				ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
 				defer cancel()
 				dl, _ := ctx.Deadline()
 				errc := make(chan error, 1)
@@ -148,7 +149,7 @@ func TestGrantedAsTimeoutFires(t *testing.T) {
 
 			t.Run("deadline", func(t *testing.T) {
 				t.Parallel()
-				l, db, log := open(t, 10*time.Second)
+				l, db, log := open(t, 30*time.Second)
 				k := sqllock.Int64(43)
 				var lk *sqllock.Lock
 				deadlineTrial(t, db, k, takenBy(t, db, k), func(ctx context.Context) (err error) {
@@ -165,7 +166,7 @@ func TestGrantedAsTimeoutFires(t *testing.T) {
 
 			t.Run("session", func(t *testing.T) {
 				t.Parallel()
-				l, db, log := open(t, 10*time.Second)
+				l, db, log := open(t, 30*time.Second)
 				k := sqllock.Int64(44)
 				s, err := l.Session(bg())
 				if err != nil {
