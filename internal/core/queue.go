@@ -461,7 +461,9 @@ func b2i(b bool) int {
 	return 0
 }
 
-// sendUnlocks is the one place an unlock statement is sent: it releases
+// sendUnlocks sends the unlock statements that go alone (runMixed sends
+// those that go with tries: the only two that render one, as
+// internal/layout's TestOnePlacePromises checks): it releases
 // keys (in mode shared) on s's backend, and returns, by position, whether
 // the server released each (a slice its callers only read, and, when sc
 // is given, only until sc's next batch: see many). One key goes
