@@ -718,12 +718,7 @@ func TestElectionValues(t *testing.T) {
 // when ctx ends with an error that matches ctx's.
 func TestLeadBackoff(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
+	port := refusedPort(t)
 	eachDriverParallel(t, func(t *testing.T, db *sql.DB, dsn string) {
 		u, err := url.Parse(dsn)
 		if err != nil {
@@ -1044,4 +1039,25 @@ func TestElectionLeaderInLockerStats(t *testing.T) {
 			t.Fatalf("Stats() after the loss = %+v, want it lost by the Locker's keep-alive, nothing held", st)
 		}
 	})
+}
+
+// refusedPort returns a local TCP port where connections are refused, for
+// t's life: a socket bound to it that does not listen. (A port found free
+// and given back was taken meanwhile, in a run of many tests, by another
+// test's server, which then answered.)
+func refusedPort(t *testing.T) int {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sa.(*syscall.SockaddrInet4).Port
 }
