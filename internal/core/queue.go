@@ -99,7 +99,8 @@ func putOp(o *op) {
 // it, with no hand-off and no channel while nothing else waits); it
 // returns once o's outcome is known, handing what queued meanwhile to the
 // runner goroutine (see drain).
-func (s *session) submit(o *op) {
+func (b *batcher) submit(o *op) {
+	s := b.s
 	if s.enqueue(o, true) {
 		s.drain(true) // o is told by its first batch
 		return
@@ -114,7 +115,8 @@ func (s *session) submit(o *op) {
 // ctx bounds (the queue's statements are bounded by the unlock timeout,
 // and carry others' keys too, so no caller's ctx may cut them short), or
 // that does not wait. A caller that waits makes o.done first.
-func (s *session) submitAside(o *op) {
+func (b *batcher) submitAside(o *op) {
+	s := b.s
 	if s.enqueue(o, false) {
 		s.runAside()
 	}
@@ -125,7 +127,8 @@ func (s *session) submitAside(o *op) {
 // goroutine serves the session for its life rather than one per call: a
 // new goroutine grows its stack through the driver's calls every time,
 // which cost a cancellable TryLock a third of its client CPU.
-func (s *session) runAside() {
+func (b *batcher) runAside() {
+	s := b.s
 	s.mu.Lock()
 	start := !s.runnerUp
 	if start {
@@ -147,7 +150,8 @@ func (s *session) runAside() {
 
 // runner drains the queue whenever kicked, until the session's connection
 // is gone and no kick is pending.
-func (s *session) runner(kick chan struct{}) {
+func (b *batcher) runner(kick chan struct{}) {
+	s := b.s
 	for {
 		select {
 		case <-kick:
@@ -173,7 +177,8 @@ func (s *session) runner(kick chan struct{}) {
 // (drain): no runner was running. On an ended session, o fails at once.
 // For a caller that would run the queue itself (inline), o.done is made
 // only when another runner runs it.
-func (s *session) enqueue(o *op, inline bool) bool {
+func (b *batcher) enqueue(o *op, inline bool) bool {
+	s := b.s
 	s.mu.Lock()
 	if s.state == ended {
 		o.err = s.errLocked()
@@ -206,7 +211,8 @@ func (s *session) enqueue(o *op, inline bool) bool {
 // queued meanwhile, the session's runner goroutine takes them on, so that
 // no caller is held past its own answer by others' calls (under load the
 // queue may not run out for a long time).
-func (s *session) drain(caller bool) {
+func (b *batcher) drain(caller bool) {
+	s := b.s
 	s.mu.Lock()
 	for len(s.queue) > 0 && s.state != ended {
 		batch := s.queue
@@ -252,7 +258,8 @@ func (s *session) drain(caller bool) {
 // awaitRunner waits until no runner runs s's queue, or ctx ends first
 // (false). A runner tells an op's outcome before it stops: a caller that
 // would take the session for itself waits for it to be gone.
-func (s *session) awaitRunner(ctx context.Context) bool {
+func (b *batcher) awaitRunner(ctx context.Context) bool {
+	s := b.s
 	s.mu.Lock()
 	if !s.running {
 		s.mu.Unlock()
@@ -272,7 +279,8 @@ func (s *session) awaitRunner(ctx context.Context) bool {
 }
 
 // finish reports o's outcome.
-func (s *session) finish(o *op) {
+func (b *batcher) finish(o *op) {
+	s := b.s
 	if o.kind == opTry {
 		if o.state.CompareAndSwap(opSent, opDecided) || o.state.CompareAndSwap(opPending, opDecided) {
 			// The caller takes the outcome.
@@ -301,7 +309,8 @@ func (s *session) finish(o *op) {
 // gone), and the op returned is then done. The unlock is queued before
 // unlockAsync returns, so the session never looks empty (and goes back to
 // the pool) while it holds k.
-func (s *session) unlockAsync(k Key) *op {
+func (b *batcher) unlockAsync(k Key) *op {
+	s := b.s
 	o := newOp(opUnlock, k)
 	o.after = func() { s.p.share.free(k) }
 	o.done = make(chan struct{})

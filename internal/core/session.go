@@ -86,6 +86,7 @@ type backend struct {
 // batcher is a session's statement queue, guarded by its mu but scratch
 // (see queue.go).
 type batcher struct {
+	s        *session      // its session
 	queue    []*op         // operations waiting for the runner
 	running  bool          // a runner is sending the queue
 	ranOut   chan struct{} // closed when the runner stops (made by awaitRunner)
@@ -100,6 +101,7 @@ type batcher struct {
 // idleTimer is a shared session's countdown to its end once idle,
 // guarded by its mu.
 type idleTimer struct {
+	s      *session    // its session
 	linger *time.Timer // ends it (lingered) once armed; made once
 	armed  bool        // linger is counting down
 	idleAt int64       // monoNow when it last became idle
@@ -135,13 +137,23 @@ const (
 // (id), a session of kind, marked with a new owner mark, which takes it
 // out of the budget (see budget.go); its lease starts with the statement
 // sent at sent.
-func (p *Pool) newSession(conn *sql.Conn, id ident, kind sessionKind, sent int64) *session {
-	s := &session{p: p, connHandle: connHandle{conn: conn, gone: make(chan struct{})}, id: id, ls: p.newLease(sent), marked: marked{mark: p.newMark()}, life: life{kind: kind}}
+func (cs *connections) newSession(conn *sql.Conn, id ident, kind sessionKind, sent int64) *session {
+	p := cs.p
+	s := (&session{p: p, connHandle: connHandle{conn: conn, gone: make(chan struct{})}, id: id, ls: p.newLease(sent), marked: marked{mark: p.newMark()}, life: life{kind: kind}}).link()
 	if kind == kindShared && p.abandoned != nil {
 		s.prep = newPrepared(s.mark)
 	}
 	p.addLive(s)
 	p.budget.give()
+	return s
+}
+
+// link points the parts of s that keep a pointer to their session at s,
+// and returns s.
+func (s *session) link() *session {
+	s.batcher.s = s
+	s.connHandle.s = s
+	s.idleTimer.s = s
 	return s
 }
 
@@ -421,7 +433,8 @@ func (s *session) leave() {
 // only if it has stayed idle for sessionLinger since it last became idle
 // (most are picked again at once; a timer reset per lock would cost more
 // than the lock's own bookkeeping).
-func (s *session) maybeLinger() {
+func (t *idleTimer) maybeLinger() {
+	s := t.s
 	if s.users() > 0 {
 		return // not idle: the last call to leave looks again
 	}
@@ -452,7 +465,8 @@ func (s *session) maybeLinger() {
 // lingered is the countdown's end: a session idle for sessionLinger ends;
 // one idle for less counts down the rest; one in use is left to its next
 // maybeLinger.
-func (s *session) lingered() {
+func (t *idleTimer) lingered() {
+	s := t.s
 	s.mu.Lock()
 	s.armed = false
 	// (A session handed over to a waiter meanwhile is that waiter's: it
@@ -471,7 +485,8 @@ func (s *session) lingered() {
 }
 
 // unarmLocked stops the countdown to ending; s.mu is held.
-func (s *session) unarmLocked() {
+func (t *idleTimer) unarmLocked() {
+	s := t.s
 	if s.armed {
 		s.linger.Stop()
 		s.armed = false
