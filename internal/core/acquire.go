@@ -233,7 +233,7 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold) (
 	ended := func() (*Hold, error, bool) { return nil, NotAcquired(what.String(), CtxErr(ctx)), true }
 	s, err := p.sharedFor(ctx)
 	if err != nil {
-		p.share.free(k)
+		p.share.unreserve(k)
 		if CtxEnded(ctx) {
 			return ended()
 		}
@@ -290,7 +290,7 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold) (
 	}
 	v, verr := judgeShared(ctx, ok, oerr, what)
 	if v != granted {
-		p.share.free(k)
+		p.share.unreserve(k)
 		if CtxEnded(ctx) {
 			return ended()
 		}
@@ -382,9 +382,9 @@ func (s *session) release(h *Hold) error {
 	dedicated := s.detach(h, err != nil && !uncertain)
 	switch {
 	case dedicated && err == nil:
-		s.end(nil) // back to the pool: its unlock set its settings back
+		s.close() // back to the pool: its unlock set its settings back
 	case dedicated && !uncertain:
-		s.end(err) // a certain "not held": discarded all the same
+		s.discard(err) // a certain "not held": discarded all the same
 	}
 	return err
 }

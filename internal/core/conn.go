@@ -24,7 +24,7 @@ type connHandle struct {
 	// driver connection gone, and panic). connDone, guarded by connMu: conn
 	// was ended; later statements fail with sql.ErrConnDone. endNext,
 	// guarded by the session's mu: how conn ends once the statement on it
-	// returns (see endConnSoon).
+	// returns (see closeConnSoon).
 	connMu   sync.Mutex
 	connDone bool
 	endNext  func()
@@ -35,7 +35,7 @@ type connHandle struct {
 // its backend, or it is discarded), or closed outright when it was handed
 // to a caller (whose statements may have changed it in ways no reset is
 // sure to undo: settings, temporary tables, prepared statements, LISTEN).
-// The caller holds connMu (see endConn).
+// The caller holds connMu (see closeConnBy).
 func (c *connHandle) closeConn() {
 	s := c.s
 	if !s.handedOut.Load() && s.prep.close(s.p.UnlockContext(), s.p.abandoned, s.conn) != nil {
@@ -60,10 +60,10 @@ func (c *connHandle) closeConn() {
 	}
 }
 
-// endConn ends conn with end (close it, reset it, discard it) once no
-// statement is on it, and only once: the first end asked for, by endConn
-// or endConnSoon, is the one that runs.
-func (c *connHandle) endConn(end func()) {
+// closeConnBy ends conn with end (close it, reset it, discard it) once no
+// statement is on it, and only once: the first end asked for, by closeConnBy
+// or closeConnSoon, is the one that runs.
+func (c *connHandle) closeConnBy(end func()) {
 	s := c.s
 	s.connMu.Lock()
 	defer s.connMu.Unlock()
@@ -72,14 +72,14 @@ func (c *connHandle) endConn(end func()) {
 		s.endNext = end
 	}
 	s.mu.Unlock()
-	s.endNextLocked()
+	s.closeNextLocked()
 }
 
-// endConnSoon is endConn without waiting for a statement on conn: the
+// closeConnSoon is closeConnBy without waiting for a statement on conn: the
 // statement's caller ends conn as it returns (releaseConn). An Owned's
 // wait lasts as long as its caller likes; whoever finds the session lost
 // does not wait for it.
-func (c *connHandle) endConnSoon(end func()) {
+func (c *connHandle) closeConnSoon(end func()) {
 	s := c.s
 	s.mu.Lock()
 	if s.endNext == nil {
@@ -87,14 +87,14 @@ func (c *connHandle) endConnSoon(end func()) {
 	}
 	s.mu.Unlock()
 	if s.connMu.TryLock() {
-		s.endNextLocked()
+		s.closeNextLocked()
 		s.connMu.Unlock()
 	}
 }
 
-// endNextLocked runs endConnSoon's end, if one is due; the caller holds
+// closeNextLocked runs closeConnSoon's end, if one is due; the caller holds
 // connMu.
-func (c *connHandle) endNextLocked() {
+func (c *connHandle) closeNextLocked() {
 	s := c.s
 	s.mu.Lock()
 	end := s.endNext
@@ -109,7 +109,7 @@ func (c *connHandle) endNextLocked() {
 
 // holdConn and releaseConn bracket a statement on conn: holdConn fails
 // with sql.ErrConnDone once conn was ended; releaseConn ends it when
-// endConnSoon asked meanwhile.
+// closeConnSoon asked meanwhile.
 func (c *connHandle) holdConn() error {
 	s := c.s
 	s.connMu.Lock()
@@ -129,7 +129,7 @@ func (c *connHandle) releaseConn() {
 	// Whoever holds connMu now ends conn as its statement returns, if
 	// this TryLock finds it taken.
 	if due && s.connMu.TryLock() {
-		s.endNextLocked()
+		s.closeNextLocked()
 		s.connMu.Unlock()
 	}
 }

@@ -418,7 +418,7 @@ func (m *monitor) queryPinned(ctx context.Context, keys []heldKey, sent *atomic.
 	case <-ctx.Done():
 		return checkResult{err: ctx.Err()}, true
 	}
-	if errors.Is(o.err, sql.ErrConnDone) || s.dead() || s.endedCleanly() {
+	if errors.Is(o.err, sql.ErrConnDone) || s.dead() || s.closedCleanly() {
 		// The session ended under the check (lost, or, holding nothing
 		// any more, closed): it says nothing of the others; the next
 		// check asks another.

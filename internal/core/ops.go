@@ -24,7 +24,7 @@ func (b *batcher) runMany(ops []*op, unlock bool) {
 		if s.dead() {
 			for _, o := range ops {
 				o.err = s.err()
-				s.finish(o)
+				s.answer(o)
 			}
 			return
 		}
@@ -120,10 +120,10 @@ func (b *batcher) runUnlocks(ops []*op) {
 		o.ok, o.err = got[i], err
 	}
 	if err != nil {
-		s.end(err)
+		s.discard(err)
 	}
 	for _, o := range ops {
-		s.finish(o)
+		s.answer(o)
 	}
 }
 
@@ -131,7 +131,7 @@ func (b *batcher) runUnlocks(ops []*op) {
 func (b *batcher) runTry(o *op) {
 	s := b.s
 	if !o.state.CompareAndSwap(opPending, opSent) {
-		s.finish(o) // its caller left first: never sent
+		s.answer(o) // its caller left first: never sent
 		return
 	}
 	// Until a try is granted on it, the session's settings are not
@@ -189,10 +189,10 @@ func (b *batcher) runTry(o *op) {
 		// session-level locks outlive a failed statement): released, as in
 		// a batch, or the session goes.
 		if !serverRefused(err) || s.releaseStray([]Key{o.key}) != nil {
-			s.end(err)
+			s.discard(err)
 		}
 	}
-	s.finish(o)
+	s.answer(o)
 }
 
 // plainSQL returns the statements of a session set up already, for the
@@ -248,7 +248,7 @@ func (b *batcher) tune() error {
 		err = s.answered(pid, standby, true)
 	}
 	if err != nil {
-		s.end(err)
+		s.discard(err)
 	}
 	return err
 }
@@ -342,11 +342,11 @@ func (b *batcher) runTries(ops []*op) {
 		// told, certainly, that they took nothing; anything less certain
 		// costs the session.
 		if !serverRefused(err) || s.releaseStray(keys) != nil {
-			s.end(err)
+			s.discard(err)
 		}
 	}
 	for _, o := range ops {
-		s.finish(o)
+		s.answer(o)
 	}
 }
 
@@ -409,13 +409,13 @@ func (b *batcher) runMixed(unlocks, tries []*op) {
 		}
 	}
 	if err != nil && (!certain || s.releaseStray(keys[len(unlocks):]) != nil) {
-		s.end(err)
+		s.discard(err)
 	}
 	for _, o := range unlocks {
-		s.finish(o)
+		s.answer(o)
 	}
 	for _, o := range tries {
-		s.finish(o)
+		s.answer(o)
 	}
 }
 
@@ -441,7 +441,7 @@ func (b *batcher) claim(ops []*op) []*op {
 			ops[n] = o
 			n++
 		} else {
-			s.finish(o)
+			s.answer(o)
 		}
 	}
 	return ops[:n]
@@ -456,12 +456,12 @@ func (b *batcher) runTag(o *op) {
 	case err != nil:
 		o.err = err
 		if ConnectionBroken(err) || errors.Is(err, ErrAbandoned) {
-			s.end(err)
+			s.discard(err)
 		}
 	default:
 		o.ok = true
 	}
-	s.finish(o)
+	s.answer(o)
 }
 
 // unlock sends the unlock of k (in mode shared) through s's queue, and

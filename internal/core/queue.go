@@ -183,7 +183,7 @@ func (b *batcher) enqueue(o *op, inline bool) bool {
 	if s.state == ended {
 		o.err = s.errLocked()
 		s.mu.Unlock()
-		s.finish(o)
+		s.answer(o)
 		return false
 	}
 	if s.queue == nil {
@@ -250,7 +250,7 @@ func (b *batcher) drain(caller bool) {
 	s.mu.Unlock()
 	for _, o := range rest {
 		o.err = why
-		s.finish(o)
+		s.answer(o)
 	}
 	s.maybeLinger()
 }
@@ -278,8 +278,8 @@ func (b *batcher) awaitRunner(ctx context.Context) bool {
 	}
 }
 
-// finish reports o's outcome.
-func (b *batcher) finish(o *op) {
+// answer reports o's outcome.
+func (b *batcher) answer(o *op) {
 	s := b.s
 	if o.kind == opTry {
 		if o.state.CompareAndSwap(opSent, opDecided) || o.state.CompareAndSwap(opPending, opDecided) {
@@ -289,7 +289,7 @@ func (b *batcher) finish(o *op) {
 			o.ok = false
 			s.unlockAsync(o.key)
 		} else {
-			s.p.share.free(o.key)
+			s.p.share.unreserve(o.key)
 		}
 	}
 	if o.after != nil {
@@ -312,7 +312,7 @@ func (b *batcher) finish(o *op) {
 func (b *batcher) unlockAsync(k Key) *op {
 	s := b.s
 	o := newOp(opUnlock, k)
-	o.after = func() { s.p.share.free(k) }
+	o.after = func() { s.p.share.unreserve(k) }
 	o.done = make(chan struct{})
 	s.submitAside(o)
 	return o
@@ -342,13 +342,13 @@ func (s *session) run(batch []*op) {
 			s.runTag(o)
 		case o.kind == opCheck:
 			o.err = s.withConn(o.run)
-			s.finish(o)
+			s.answer(o)
 		case o.kind == opUnlock:
 			unlocks = append(unlocks, o)
 		case o.kind == opAlive:
 			alives = append(alives, o)
 		case o.state.Load() == opAbandoned:
-			s.finish(o) // never sent
+			s.answer(o) // never sent
 		case o.class != 0:
 			s.runTry(o) // a polite try: a statement of its own
 		default:
@@ -403,12 +403,12 @@ func (s *session) runAlive(ops []*op) {
 			err = sessionChanged(s.pid, 0)
 		}
 		if err != nil {
-			s.end(err)
+			s.discard(err)
 		}
 	}
 	for _, o := range ops {
 		o.ok, o.err = err == nil && !rung[o.class], err
-		s.finish(o)
+		s.answer(o)
 	}
 }
 
@@ -420,7 +420,7 @@ func (s *session) alive(class int32) (rung bool, err error) {
 	o := newOp(opAlive, Key{})
 	o.class = class
 	s.submit(o)
-	if o.err != nil && s.endedCleanly() {
+	if o.err != nil && s.closedCleanly() {
 		// It ended cleanly meanwhile, before or as the statement ran: a
 		// session ends so only holding nothing, after its backend
 		// confirmed its last unlock (a dedicated session's, once the key

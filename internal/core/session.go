@@ -189,9 +189,9 @@ func (s *session) errLocked() error {
 	return errors.New("session closed")
 }
 
-// endedCleanly reports whether s ended with no cause: back to the pool,
+// closedCleanly reports whether s ended with no cause: back to the pool,
 // holding nothing.
-func (s *session) endedCleanly() bool {
+func (s *session) closedCleanly() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.state == ended && s.cause == nil
@@ -204,23 +204,26 @@ func (s *session) dead() bool {
 	return s.state == ended && s.cause != nil
 }
 
-// end is the one way a session ends. With cause nil, s holds nothing, and
-// its connection goes back to the pool as it came (see closeConn); with a
-// cause, s is discarded (the server releases everything it held as the
-// session ends): every Hold on it (and its Owned) is marked lost with
-// cause (their Err says so), then the connection is discarded, then the
-// loss is told (the hooks, then each Done): the holders are told first,
-// and a holder that releases a lost lock as it is told finds its session
-// ended or ending. It does nothing to a session that ended already.
-func (s *session) end(cause error) { s.endIf(cause, false) }
+// close and discard are the two ways a session ends (closeOrDiscard).
+// close: s holds nothing, and its connection goes back to the pool as it
+// came (see closeConn). discard, with a cause: the server releases
+// everything s held as its session ends; every Hold on it (and its Owned)
+// is marked lost with cause (their Err says so), then the connection is
+// discarded, then the loss is told (the hooks, then each Done): the
+// holders are told first, and a holder that releases a lost lock as it is
+// told finds its session ended or ending. Neither does anything to a
+// session that ended already.
+func (s *session) close() { s.closeOrDiscard(nil, false) }
 
-// endIfIdle ends a shared session that still holds nothing, cleanly: no
+func (s *session) discard(cause error) { s.closeOrDiscard(cause, false) }
+
+// closeIfIdle ends a shared session that still holds nothing, cleanly: no
 // call picks it from the moment it is found idle.
-func (s *session) endIfIdle() { s.endIf(nil, true) }
+func (s *session) closeIfIdle() { s.closeOrDiscard(nil, true) }
 
-// endIf is end, only of an idle session when onlyIdle is set (checked in
-// the same step).
-func (s *session) endIf(cause error, onlyIdle bool) {
+// closeOrDiscard is close (cause nil) or discard, only of an idle session
+// when onlyIdle is set (checked in the same step).
+func (s *session) closeOrDiscard(cause error, onlyIdle bool) {
 	sh := &s.p.share
 	sh.mu.Lock() // a shared session leaves the shared ones in the step it ends
 	s.mu.Lock()
@@ -249,7 +252,7 @@ func (s *session) endIf(cause error, onlyIdle bool) {
 		sh.mu.Unlock()
 	}
 	if cause == nil {
-		s.endConn(s.closeConn)
+		s.closeConnBy(s.closeConn)
 		if shared {
 			sh.mu.Lock()
 			sh.remove(s)
@@ -274,7 +277,7 @@ func (s *session) endIf(cause error, onlyIdle bool) {
 		}
 	}
 	discard := func() {
-		s.endConnSoon(func() {
+		s.closeConnSoon(func() {
 			if s.p.cfg.TxPooler {
 				unpin(s.conn)
 			}
@@ -413,7 +416,7 @@ func (s *session) detach(h *Hold, retire bool) (dedicated bool) {
 	}
 	s.mu.Unlock()
 	if shared {
-		s.p.share.free(h.key)
+		s.p.share.unreserve(h.key)
 	}
 	if ok {
 		s.maybeLinger()
@@ -446,7 +449,7 @@ func (t *idleTimer) maybeLinger() {
 	if s.state == retiring {
 		// It takes no new lock: nothing to linger for.
 		s.mu.Unlock()
-		s.endIfIdle()
+		s.closeIfIdle()
 		return
 	}
 	defer s.mu.Unlock()
@@ -480,7 +483,7 @@ func (t *idleTimer) lingered() {
 	}
 	s.mu.Unlock()
 	if idle {
-		s.endIfIdle()
+		s.closeIfIdle()
 	}
 }
 

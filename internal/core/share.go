@@ -117,8 +117,8 @@ func (sh *sharing) reserve(k Key) bool {
 	return kp.set.addNew(k)
 }
 
-// free gives up the claim on k.
-func (sh *sharing) free(k Key) {
+// unreserve gives up the claim on k.
+func (sh *sharing) unreserve(k Key) {
 	kp := sh.part(k)
 	kp.mu.Lock()
 	kp.set.remove(k)

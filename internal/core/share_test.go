@@ -63,7 +63,7 @@ func TestLingerSparesHandedOver(t *testing.T) {
 	if s.armed {
 		t.Error("the countdown was armed again on a session handed over")
 	}
-	s.endIfIdle()
+	s.closeIfIdle()
 	if s.state != open || s.kind != kindDedicated {
 		t.Fatalf("after its linger: state %d, kind %d; want it open and dedicated", s.state, s.kind)
 	}

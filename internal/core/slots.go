@@ -131,12 +131,12 @@ func (p *Pool) slotOn(ctx context.Context, s *session, sl Slots, try bool, what 
 			k := Key{Pair: true, Class: sl.Class, ID: o.slot}
 			if uncertain, err := s.unlock(k, false); err != nil {
 				if !uncertain {
-					s.end(err)
+					s.discard(err)
 				}
 				return nil, errors.Join(NotAcquired(what.String(), CtxErr(ctx)), err)
 			}
 		}
-		s.end(nil)
+		s.close()
 		return nil, NotAcquired(what.String(), CtxErr(ctx))
 	}
 	if !o.ok && o.err == nil && !try && !ended && !(o.standby && !p.cfg.AllowStandby) {
