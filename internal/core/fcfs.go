@@ -42,12 +42,19 @@ type line struct {
 	// place is the ticket of the waiter's place in line, held on another
 	// of its Pool's sessions since it queued (see place.go; 0: none): it
 	// registers without a ticket of its own, and waits with that one.
+	// tell, when set, is told once the registration is over, the ticket
+	// it took, and says whether the waiter may wait with it (see
+	// place.tell).
 	place int32
+	tell  func(ticket int32) (keep bool)
 }
 
 // at returns ln for a waiter whose place in line is pl (nil: none).
 func (ln line) at(pl *place) line {
 	ln.place = pl.ticket()
+	if pl != nil {
+		ln.tell = pl.tell
+	}
 	return ln
 }
 
@@ -152,6 +159,14 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 	}
 	if ln.place != 0 {
 		mine = int64(ln.place)
+	}
+	if ln.tell != nil && !ln.tell(int32(mine)) {
+		// A caller queued behind it in its Pool holds an earlier ticket
+		// (it registered again, in a new session): were it to wait for
+		// that ticket, each would wait for the other. It waits for the
+		// key itself (its ticket goes with its first slice).
+		e.debug(ctx, "sqllock: waiting without a place in line: a caller queued behind holds an earlier ticket", k)
+		mine = 0
 	}
 	// final: the server ended the wait a margin before ctx's deadline, and
 	// the last slice runs until the deadline itself (see untilDeadline).

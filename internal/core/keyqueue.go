@@ -98,6 +98,23 @@ type qwaiter struct {
 	state    qstate        // guarded by the shard's mu
 	hold     *Hold         // set with state handed
 	place    *place        // its place in line (nil: none); guarded by the shard's mu
+	// placed is closed once it has its ticket in line, or will have none
+	// (ticketed says which): the caller behind it takes its place only
+	// then, and only after one, so that the tickets of a queue's callers
+	// follow the queue's order (a head never waits in line for the
+	// ticket of a caller queued behind it, which waits for the head).
+	placed    chan struct{}
+	ticketed  bool // written before placed is closed
+	placeOnce sync.Once
+}
+
+// placedWith records that w has its ticket in line (ticketed), or will
+// have none; the first call counts.
+func (w *qwaiter) placedWith(ticketed bool) {
+	w.placeOnce.Do(func() {
+		w.ticketed = ticketed
+		close(w.placed)
+	})
 }
 
 type qstate uint8
@@ -141,6 +158,12 @@ func (qs *keyQueues) count(qk queueKey) int {
 // head among them): for tests that make callers arrive in a known order.
 func (p *Pool) Queued(k Key) int { return p.queue.count(queueKey{k: k}) }
 
+// Queued returns how many of p's callers are in sl's queue (its head
+// among them): for tests that make callers arrive in a known order.
+func (sl Slots) Queued(p *Pool) int {
+	return p.queue.count(queueKey{k: Key{Pair: true, Class: sl.Class}, sem: true})
+}
+
 // HandOffs returns how many keys the Pool handed from one of its callers
 // to the next without a statement: for tests of that path.
 func (p *Pool) HandOffs() int64 { return p.queue.handoffs.Load() }
@@ -155,7 +178,7 @@ func (p *Pool) HandOffs() int64 { return p.queue.handoffs.Load() }
 // place to the next caller.
 func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Request, what namer, fromServer func(pl *place) (*Hold, error)) (*Hold, error) {
 	sh := qs.shard(qk)
-	w := &qwaiter{r: r}
+	w := &qwaiter{r: r, placed: make(chan struct{})}
 	sh.mu.Lock()
 	if sh.m == nil {
 		sh.m = map[queueKey]*keyQueue{}
@@ -171,6 +194,11 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 		sh.mu.Unlock()
 		return qs.asHead(p, qk, w, nil, fromServer)
 	}
+	// ahead is the caller just ahead of w (nil: none waits ahead of it).
+	ahead := q.head
+	if n := len(q.waiters); n > 0 {
+		ahead = q.waiters[n-1]
+	}
 	w.ready, w.queuedAt = make(chan struct{}), monoNow()
 	q.waiters = append(q.waiters, w)
 	qs.checkFor(q, qk)
@@ -179,7 +207,7 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 	// ends.
 	ctx, stop := p.untilClosed(ctx)
 	defer stop()
-	pl := qs.takePlace(ctx, p, placeTicketClass(qk), r.Shared)
+	pl := qs.placeBehind(ctx, p, qk, w, ahead)
 	defer pl.giveBack()
 	if pl != nil {
 		sh.mu.Lock()
@@ -197,6 +225,7 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 			q.remove(w)
 			sh.dropIfIdle(qs, qk, q)
 			sh.mu.Unlock()
+			w.placedWith(false)
 			return nil, NotAcquired(what.String(), ctx.Err())
 		}
 		sh.mu.Unlock()
@@ -204,6 +233,7 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 		// below, as for a caller told first.
 	}
 	if w.state == qhanded {
+		w.placedWith(true) // out of line: the caller behind it takes its place
 		if err := ctx.Err(); err != nil {
 			// Handed the key as ctx ended: it goes back.
 			w.hold.Release()
@@ -212,18 +242,67 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 		return w.hold, nil
 	}
 	if err := ctx.Err(); err != nil {
+		w.placedWith(false)
 		qs.headDone(p, qk, w, nil) // the next caller acquires instead
 		return nil, NotAcquired(what.String(), err)
 	}
 	return qs.asHead(p, qk, w, pl, fromServer)
 }
 
+// placeBehind takes w's place in qk's line (see takePlace) once the caller
+// ahead of it (nil: none) has its ticket: none when that one has none, or
+// when w is made the head or handed the key first (the head then takes its
+// ticket as it registers), or ctx ends. It records the outcome in w.
+func (qs *keyQueues) placeBehind(ctx context.Context, p *Pool, qk queueKey, w, ahead *qwaiter) *place {
+	if ahead != nil {
+		select {
+		case <-ahead.placed:
+			if !ahead.ticketed {
+				w.placedWith(false)
+				return nil
+			}
+		case <-w.ready:
+			return nil // the head: told as it registers (asHead)
+		case <-ctx.Done():
+			w.placedWith(false)
+			return nil
+		}
+	}
+	pl := qs.takePlace(ctx, p, placeTicketClass(qk), w.r.Shared)
+	w.placedWith(pl != nil)
+	return pl
+}
+
 // asHead acquires for w, the head, from the server, with its place in line
-// pl (nil: none), and lets the queue move on.
+// pl (nil: none), and lets the queue move on. A head with no place tells
+// the caller behind it, through pl, once its registration is over.
 func (qs *keyQueues) asHead(p *Pool, qk queueKey, w *qwaiter, pl *place, fromServer func(pl *place) (*Hold, error)) (*Hold, error) {
+	if pl == nil {
+		pl = &place{registered: func(ticket int32) bool {
+			w.placedWith(ticket != 0)
+			return ticket == 0 || !qs.placedBefore(qk, ticket)
+		}}
+	}
 	h, err := fromServer(pl)
+	w.placedWith(true) // done as head: no ticket of its own is left in line
 	qs.headDone(p, qk, w, h)
 	return h, err
+}
+
+// placedBefore reports whether a caller queued in qk's queue holds a place
+// in line earlier than ticket.
+func (qs *keyQueues) placedBefore(qk queueKey, ticket int32) bool {
+	sh := qs.shard(qk)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if q := sh.m[qk]; q != nil {
+		for _, w := range q.waiters {
+			if t := w.place.ticket(); t != 0 && t-ticket < 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // checkFor starts a check of the line of q's key (see check) when the key

@@ -32,11 +32,16 @@ import (
 // place is a waiter's place in a line, held on session s: the ticket id
 // of ticket class class, a reader's when shared. It is its waiter's
 // alone, and given back once.
+//
+// A head that took no place (id 0) has one with registered only: it is
+// told the ticket its registration took (0: none; see keyqueue's
+// placeBehind), and answers whether the head may wait with it.
 type place struct {
-	s      *session
-	class  int32
-	id     int32
-	shared bool
+	s          *session
+	class      int32
+	id         int32
+	shared     bool
+	registered func(ticket int32) (keep bool)
 }
 
 // ticket returns pl's ticket: 0 for no place (nil).
@@ -45,6 +50,15 @@ func (pl *place) ticket() int32 {
 		return 0
 	}
 	return pl.id
+}
+
+// tell tells pl's head, if it has one, that its registration is over,
+// with ticket (0: none), and reports whether the head may wait with it.
+func (pl *place) tell(ticket int32) (keep bool) {
+	if pl == nil || pl.registered == nil {
+		return true
+	}
+	return pl.registered(ticket)
 }
 
 // takePlace takes a place in the line of ticket class class (a reader's
@@ -104,7 +118,7 @@ func (s *session) placeGone() {
 // giveBack gives pl back (nil: nothing to give), and returns once its
 // session confirmed it or ended.
 func (pl *place) giveBack() {
-	if pl == nil {
+	if pl == nil || pl.id == 0 {
 		return
 	}
 	o := newOp(opPlace, Key{})
