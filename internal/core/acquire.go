@@ -128,7 +128,7 @@ func (p *Pool) withSession(ctx context.Context, what namer, take func(s *session
 				// after its own retries: another try may get a good one.
 				continue
 			}
-			if SQLState(err) == "53200" {
+			if lockTableFull(err) {
 				// A full lock table refuses new sessions too.
 				return nil, fmt.Errorf("%w: lock %s: get connection: %w", ErrLockTableFull, what, err)
 			}
@@ -156,7 +156,7 @@ func (p *Pool) withSession(ctx context.Context, what namer, take func(s *session
 }
 
 // acquireOn takes r's lock on s, a dedicated session. A wait must know its
-// backend's pid, which settles a cancelled wait (see cancelWait). On a
+// backend's pid, which settles a cancelled wait (see stopWait). On a
 // connection that waited before (its pid is known), a waiting call goes
 // straight to waiting; otherwise every call starts with the non-waiting
 // function, which returns the pid: an uncontended lock costs one round

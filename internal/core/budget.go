@@ -17,7 +17,7 @@ import (
 // ones) and end with it. Everything else is the budget's: a connection
 // being set up and checked before it becomes a session (its setup goes on
 // when its caller left, so that no setup is wasted), the cancel of an
-// abandoned wait (cancelWait), a blind driver's statement left to finish
+// abandoned wait (stopWait), a blind driver's statement left to finish
 // alone until its connection is closed, the pooler probe's second
 // connection, the freeing of a pooled server session. That is what
 // impatient callers (tiny deadlines, cancellations) leave behind them,

@@ -104,6 +104,50 @@ func lockError(what string, err error) error {
 	return fmt.Errorf("sqllock: lock %s: %w", what, err)
 }
 
+// The SQLSTATE codes the core reads, each asked by one function: the only
+// place outside the judge where a code is compared (a test keeps it so).
+
+// lockTimedOut: lock_not_available (55P03), a wait's lock_timeout fired.
+func lockTimedOut(err error) bool { return SQLState(err) == "55P03" }
+
+// deadlocked: deadlock_detected (40P01): the server chose this statement
+// as a deadlock's victim; it took nothing.
+func deadlocked(err error) bool { return SQLState(err) == "40P01" }
+
+// lockTableFull: out_of_memory (53200), the shared lock table is full.
+func lockTableFull(err error) bool { return SQLState(err) == "53200" }
+
+// queryCanceled: query_canceled (57014), a cancel or a statement_timeout.
+func queryCanceled(err error) bool { return SQLState(err) == "57014" }
+
+// adminShutdown: admin_shutdown (57P01), the backend was terminated.
+func adminShutdown(err error) bool { return SQLState(err) == "57P01" }
+
+// preparedMissing: invalid_sql_statement_name (26000), a prepared
+// statement that is not there.
+func preparedMissing(err error) bool { return SQLState(err) == "26000" }
+
+// preparedAstray: a prepared statement missing (26000) or there already
+// (duplicate_prepared_statement, 42P05): another client's server session.
+func preparedAstray(err error) bool {
+	switch SQLState(err) {
+	case "26000", "42P05":
+		return true
+	}
+	return false
+}
+
+// standbyRefusal: feature_not_supported (0A000) or read_only_sql_transaction
+// (25006), as a standby refuses a read-write or serializable transaction,
+// or a write.
+func standbyRefusal(err error) bool {
+	switch SQLState(err) {
+	case "0A000", "25006":
+		return true
+	}
+	return false
+}
+
 // SQLState returns the SQLSTATE of a server error from any driver that
 // exposes one (lib/pq and pgx both do), and otherwise recognises the two
 // messages this package cares about.

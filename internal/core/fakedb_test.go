@@ -60,7 +60,7 @@ const (
 	fTouch        fkind = "touch"         // TouchSQL
 	fKeepAlive    fkind = "keep-alive"    // KeepAliveSQL
 	fSession      fkind = "session"       // SessionSQL
-	fReset        fkind = "reset"         // ResetSQL
+	fReset        fkind = "reset"         // SetBackSQL
 	fOwn          fkind = "own"           // OwnSQL
 	fNoIdle       fkind = "no idle"       // NoIdleTimeoutSQL
 	fToken        fkind = "token"         // TokenSQL

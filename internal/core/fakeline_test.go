@@ -112,7 +112,7 @@ func TestFakeWaitDeadline(t *testing.T) {
 }
 
 // TestFakeWaitCancelled: a wait cancelled during a slice leaves its
-// backend's wait (cancelWait, from another connection) and the session
+// backend's wait (stopWait, from another connection) and the session
 // is discarded (what it holds is unknown); a call cancelled as its
 // registration answered leaves the line, its session intact.
 func TestFakeWaitCancelled(t *testing.T) {

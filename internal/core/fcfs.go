@@ -144,7 +144,7 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 			// Every ticket it tried is held: by a stranger (64 waiters
 			// in one millisecond are not a line's). It waits without one.
 			e.bypass(ctx, ln, "no free ticket")
-		case SQLState(o.err) == "55P03" && ring && !CtxEnded(ctx):
+		case lockTimedOut(o.err) && ring && !CtxEnded(ctx):
 			// The doorbell was held exclusively for a whole slice: not by
 			// a holder asking whether anyone waits (a moment), but by a
 			// stranger. It waits without a ticket.
@@ -190,7 +190,7 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		stop := context.AfterFunc(sctx, func() {
 			time.AfterFunc(abandonGrace, func() {
 				if returned.CompareAndSwap(false, true) {
-					e.cancelWait(ctx, pid, k)
+					e.stopWait(ctx, pid, k)
 				}
 			})
 		})
@@ -204,7 +204,7 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 			o.err = foreignSession() // nothing was waited for
 		}
 		o.certain = sctx != ctx && sctx.Err() == nil && !errors.Is(ctx.Err(), context.Canceled) &&
-			(o.err == nil || SQLState(o.err) == "55P03")
+			(o.err == nil || lockTimedOut(o.err))
 		if !returned.CompareAndSwap(false, true) {
 			o.certain = false // a cancel of this backend is on its way
 		}
@@ -213,8 +213,8 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		if byDeadline && !final && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			e.observeRTT(margin) // see waitOn
 		}
-		state := SQLState(o.err)
-		cancelled := state == "57014" && !CtxEnded(ctx)
+		timedOut := lockTimedOut(o.err)
+		cancelled := queryCanceled(o.err) && !CtxEnded(ctx)
 		switch {
 		case o.err == nil && o.ok:
 			if late {
@@ -226,13 +226,13 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		case o.err == nil:
 			// Its predecessor left as ctx ended: not granted, for sure.
 			return e.leaveLine(ctx, w, st, ln, o, false)
-		case state == "55P03" && byDeadline && !final && !CtxEnded(ctx):
+		case timedOut && byDeadline && !final && !CtxEnded(ctx):
 			// The server ended the wait a margin before ctx's deadline:
 			// the call is not refused while ctx is live. Once more, until
 			// the deadline itself: a key released meanwhile is granted.
 			final = true
 			continue
-		case state == "55P03" && byDeadline && (o.certain || !CtxEnded(ctx)):
+		case timedOut && byDeadline && (o.certain || !CtxEnded(ctx)):
 			// The server ended the wait at ctx's deadline: not granted,
 			// unless granted as it ended; the line is left either way.
 			o = e.leaveLine(ctx, w, st, ln, o, true)
@@ -242,7 +242,7 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 				<-ctx.Done()
 			}
 			return o
-		case (state == "55P03" || cancelled) && !CtxEnded(ctx):
+		case (timedOut || cancelled) && !CtxEnded(ctx):
 			// The slice ended (or a stray cancel): the next one looks
 			// again, unless the session's transaction is waited for.
 			if e.pinned() && e.waitedOnMe(ctx, w) {
@@ -254,7 +254,7 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 				return o
 			}
 			continue
-		case state == "40P01" && !CtxEnded(ctx):
+		case deadlocked(o.err) && !CtxEnded(ctx):
 			// A holder's CREATE INDEX CONCURRENTLY, should the server's
 			// deadlock_timeout have been lowered since it was read, waited
 			// for this statement's snapshot and was reported a deadlock:
@@ -273,9 +273,9 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		// abandoned backend is first taken out of the queue, as waitOn does.
 		switch {
 		case CtxEnded(ctx) && errors.Is(o.err, ErrAbandoned):
-			e.cancelAbandoned(ctx, pid, k)
+			e.stopAbandoned(ctx, pid, k)
 		case CtxEnded(ctx) && SQLState(o.err) == "":
-			e.cancelWait(ctx, pid, k)
+			e.stopWait(ctx, pid, k)
 		}
 		return o
 	}

@@ -140,7 +140,7 @@ func (h *Hold) Release() (first bool, err error) {
 	p.mon.remove(h)
 	err = p.release(h)
 	if err != nil && p.Pooled() != nil {
-		p.AwaitFreed(p.cfg.UnlockTimeout) // see freeStranded
+		p.AwaitFreed(p.cfg.UnlockTimeout) // see discardStranded
 	}
 	final := ErrReleased
 	if p.Closed() {

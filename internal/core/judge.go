@@ -63,7 +63,7 @@ func judge(ctx context.Context, o outcome, what namer, standbyOK bool, pid int64
 		}
 		return uncertain, err
 	case o.err != nil:
-		if st := SQLState(o.err); st == "40P01" || st == "53200" {
+		if deadlocked(o.err) || lockTableFull(o.err) {
 			return refused, lockError(what.String(), o.err)
 		}
 		return uncertain, lockError(what.String(), o.err)

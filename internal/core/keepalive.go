@@ -118,7 +118,7 @@ func (m *monitor) add(w watched) {
 // Release, or its loss, removed it from the watched before it was added
 // (a key handed on to a caller whose ctx ended at that moment), and
 // adding it now would keep it watched for ever. Its state is read under
-// m.mu, which its later removal waits for.
+// its part's mu (wp.mu), which its later removal waits for.
 func (m *monitor) addHeld(h *Hold) {
 	if m.p.cfg.KeepAlive <= 0 {
 		return
@@ -372,14 +372,20 @@ var errPoolFull = errors.New("sqllock: pool at its limit")
 // a check that waits in the pooler's queue until two checks fail would
 // report every lock lost.
 func (m *monitor) queryPinned(ctx context.Context, keys []heldKey, sent *atomic.Bool) (checkResult, bool) {
+	// A shared session first: a CREATE INDEX CONCURRENTLY that began its
+	// last phase as the check ran waits for the end of its transaction,
+	// which a shared session's comes within pinnedLife, and a session of
+	// one lock's only with that lock.
 	var s *session
 	for _, c := range m.p.liveSessions() {
 		c.mu.Lock()
-		ok := c.state != ended && c.held.n > 0
+		ok, shared := c.state != ended && c.held.n > 0, c.kind == kindShared
 		c.mu.Unlock()
-		if ok {
+		if ok && (s == nil || shared) {
 			s = c
-			break
+			if shared {
+				break
+			}
 		}
 	}
 	if s == nil {

@@ -458,6 +458,27 @@ func (qs *keyQueues) check(h *Hold) error {
 	return err
 }
 
+// alive reports, with a statement on s's backend (shared with the others
+// under way), that s is alive, and so holds what it held, and, for a
+// class other than 0, whether the doorbell of that ticket class rings
+// (someone waits in its line): with a ticket, whether a waiter with an
+// earlier ticket rings it; or why not (s has then ended).
+func (s *session) alive(class, ticket int32) (rung bool, err error) {
+	o := newOp(opAlive, Key{})
+	o.class, o.ticket = class, ticket
+	s.submit(o)
+	if o.err != nil && s.endedCleanly() {
+		// It ended cleanly meanwhile, before or as the statement ran: a
+		// session ends so only holding nothing, after its backend
+		// confirmed its last unlock (a dedicated session's, once the key
+		// was handed on to another caller and released by it), which
+		// answers for what it held as a sign of life would. Its doorbell
+		// is not known: taken as ringing.
+		return true, nil
+	}
+	return o.err == nil && !o.ok, o.err
+}
+
 // released tells h's queue that h no longer holds its key (released, or
 // lost): the next caller becomes head, and acquires from the server.
 func (qs *keyQueues) released(h *Hold) {

@@ -80,8 +80,8 @@ func (ls *lease) sent(at int64) {
 	}
 }
 
-// begin and end bracket a statement (or a Session's call) on the session;
-// end records it as a sign of life when ok.
+// begin and done bracket a statement (or a Session's call) on the
+// session; done records it as a sign of life when ok.
 func (ls *lease) begin() int64 {
 	if ls != nil {
 		ls.busy.Add(1)
@@ -89,7 +89,7 @@ func (ls *lease) begin() int64 {
 	return monoNow()
 }
 
-func (ls *lease) end(sent int64, ok bool) {
+func (ls *lease) done(sent int64, ok bool) {
 	if ls == nil {
 		return
 	}

@@ -134,10 +134,10 @@ func (o *Owned) begin(ctx context.Context) error {
 	return nil
 }
 
-// end finishes a call. (An Owned that the keep-alive found lost while the
+// callDone finishes a call. (An Owned that the keep-alive found lost while the
 // call ran had its connection discarded as the call's statement returned.)
-func (o *Owned) end() {
-	o.ls.end(0, false)
+func (o *Owned) callDone() {
+	o.ls.done(0, false)
 	if o.Err() == nil && o.ls.due() {
 		// A long call (a wait): show life now, rather than at the
 		// keep-alive's next tick, which could find the lease expired.
@@ -158,7 +158,7 @@ func (o *Owned) Lock(ctx context.Context, k Key) (err error) {
 	if err := o.begin(ctx); err != nil {
 		return err
 	}
-	defer o.end()
+	defer o.callDone()
 	if o.holds(k) {
 		return nil
 	}
@@ -221,7 +221,7 @@ func (o *Owned) TryLock(ctx context.Context, keys []Key) ([]Key, error) {
 	if err := o.begin(ctx); err != nil {
 		return nil, err
 	}
-	defer o.end()
+	defer o.callDone()
 	if err := ctx.Err(); err != nil && len(keys) > 0 { // nothing sent: the Owned is intact
 		return nil, NotAcquired(o.p.name(keys[0]), err)
 	}
@@ -260,7 +260,7 @@ func (o *Owned) tryLockFailed(ctx context.Context, want []Key, err error) error 
 	case errors.Is(err, ErrSessionChanged):
 		o.lose(err)
 		return o.Err()
-	case SQLState(err) == "53200":
+	case lockTableFull(err):
 		// Session locks taken by the failed statement stay held: find and
 		// release them, keeping the Owned's earlier locks.
 		if rerr := o.s.releaseStray(want); rerr != nil {
@@ -282,7 +282,7 @@ func (o *Owned) Unlock(keys []Key) error {
 	if err := o.begin(context.Background()); err != nil {
 		return err
 	}
-	defer o.end()
+	defer o.callDone()
 	uniq, missing := o.heldOnce(keys)
 	if missing != nil {
 		return fmt.Errorf("sqllock: unlock %s: not held by this session", o.p.name(*missing))
@@ -299,7 +299,7 @@ func (o *Owned) unlockKeys(keys []Key) error {
 	}
 	o.markReleasing(keys)
 	released := false
-	defer func() { o.endRelease(keys, released) }()
+	defer func() { o.releaseDone(keys, released) }()
 	answers, err := o.s.sendUnlocks(o.p.UnlockContext(), nil, keys, false)
 	what, all := namer{p: o.p, k: keys[0]}, err == nil
 	for i, ok := range answers {
@@ -315,7 +315,7 @@ func (o *Owned) unlockKeys(keys []Key) error {
 	if _, uerr := unlockVerdict(what, o.pid, err, all); uerr != nil {
 		o.lose(uerr)
 		if o.p.Pooled() != nil {
-			o.p.AwaitFreed(o.p.cfg.UnlockTimeout) // see freeStranded
+			o.p.AwaitFreed(o.p.cfg.UnlockTimeout) // see discardStranded
 		}
 		if errors.Is(uerr, ErrLockLost) {
 			return o.Err()
@@ -496,7 +496,7 @@ func (o *Owned) add(keys []Key) {
 	o.p.stats.took(int64(len(keys)))
 }
 
-// markReleasing marks keys as being released, until endRelease.
+// markReleasing marks keys as being released, until releaseDone.
 func (o *Owned) markReleasing(keys []Key) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -505,10 +505,10 @@ func (o *Owned) markReleasing(keys []Key) {
 	}
 }
 
-// endRelease ends the release of keys; when the server confirmed it, the
+// releaseDone ends the release of keys; when the server confirmed it, the
 // keys the Owned held are forgotten in the same step, so that the
 // keep-alive never sees them held and not being released in between.
-func (o *Owned) endRelease(keys []Key, released bool) {
+func (o *Owned) releaseDone(keys []Key, released bool) {
 	o.mu.Lock()
 	n := int64(0)
 	for _, k := range keys {

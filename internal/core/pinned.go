@@ -38,7 +38,7 @@ import (
 // transaction closes it (PgBouncer does), which ends the locks; the Pool
 // then checks, from another connection, that no idle server session is
 // left holding them (a pooler that rolls back and hands the server session
-// on would keep them: see freeStranded).
+// on would keep them: see discardStranded).
 //
 // The statements of a pinned session never leave a prepared statement on
 // the server session: lib/pq sends them unnamed, and pgx, whose statement

@@ -1,18 +1,3 @@
-// Package core is sqllock's session core: the server sessions that hold
-// advisory locks, and everything that happens on them. A session of the
-// core is one server session: its connection, its server and backend
-// identity, its lease, the keys it holds, its statement queue (batching is
-// how every session sends), the waits on it, one lifecycle field changed
-// in one place, and one way to end, with a cause. The core judges every
-// outcome in one place (judge) and sends every unlock from one place
-// (sendUnlocks). Waiting belongs to the core: a Pool keeps one queue per
-// key, in arrival order, and only its head waits on the server.
-//
-// The sqllock package's handles (Lock, Session, a semaphore's permit, an
-// election's term) are thin layers over the core's Hold and Owned: they
-// observe their end (a Done channel and a cause), and the core never
-// calls into them. The core tells its Pool's owner what happens through
-// Hooks, one event path.
 package core
 
 import (
@@ -88,33 +73,11 @@ type Pool struct {
 	cfg    Config
 	hooks  Hooks
 
-	// limit is sharedLimit's last reading, until limitUntil (monoNow).
-	limit, limitUntil atomic.Int64
-
-	// stmts are the session-level statements, with the settings a lock
-	// session needs (see sessionSettings), plain those of a session set up
-	// already; pids, each connection's backend pid, as last seen; idents,
-	// each connection's identity (see checkServer).
-	stmts atomic.Pointer[statements] // set by the server check
-	plain *statements
-	// bindPlain are plain's with keys bound, for a blind driver's
-	// prepared statements (see prepared.go).
-	bindPlain *statements
-	pids      connSet[int64]
-	idents    connSet[ident]
-
-	serverMu sync.Mutex
-	serverOK atomic.Bool  // set under serverMu: the server was checked and is supported
-	major    atomic.Int32 // set with serverOK: the server's major version
-	leased   atomic.Bool  // set with serverOK: lock sessions are leased (see lease.go)
-
-	// markBase and marks make the owner marks of its sessions (newMark).
-	markBase string
-	marks    atomic.Uint64
-
-	epochMu    sync.Mutex
-	epochCtx   context.Context // guarded by epochMu: see UnlockContext
-	epochUntil time.Time       // guarded by epochMu
+	limits       // sharedLimit's last reading (share.go)
+	statementSet // its statements, and its connections' backends
+	serverState  // what its server check found (server.go)
+	marking      // its sessions' owner marks (newMark)
+	epoch        // the unlock context (UnlockContext)
 
 	pooler  poolerGuard // what it knows of a transaction pooler (pooler.go)
 	closing closing     // its end (close.go)
@@ -122,6 +85,46 @@ type Pool struct {
 	queue   keyQueues   // the per-key queues (keyqueue.go)
 	mon     *monitor    // the keep-alive (keepalive.go)
 	stats   poolStats   // counters (see Stats)
+}
+
+// limits is sharedLimit's last reading, until limitUntil (monoNow).
+type limits struct {
+	limit, limitUntil atomic.Int64
+}
+
+// statementSet is a Pool's session-level statements, with the settings a
+// lock session needs (see sessionSettings), plain those of a session set
+// up already, and bindPlain plain's with keys bound, for a blind driver's
+// prepared statements (see prepared.go); and pids, each connection's
+// backend pid as last seen, and idents, each connection's identity (see
+// checkServer).
+type statementSet struct {
+	stmts     atomic.Pointer[statements] // set by the server check
+	plain     *statements
+	bindPlain *statements
+	pids      connSet[int64]
+	idents    connSet[ident]
+}
+
+// serverState is what a Pool's server check found.
+type serverState struct {
+	serverMu sync.Mutex
+	serverOK atomic.Bool  // set under serverMu: the server was checked and is supported
+	major    atomic.Int32 // set with serverOK: the server's major version
+	leased   atomic.Bool  // set with serverOK: lock sessions are leased (see lease.go)
+}
+
+// marking makes the owner marks of a Pool's sessions (newMark).
+type marking struct {
+	markBase string
+	marks    atomic.Uint64
+}
+
+// epoch is the context a Pool's unlocks are bounded by (UnlockContext).
+type epoch struct {
+	epochMu    sync.Mutex
+	epochCtx   context.Context // guarded by epochMu: see UnlockContext
+	epochUntil time.Time       // guarded by epochMu
 }
 
 // NewPool returns the core of a Locker on db.

@@ -42,7 +42,7 @@ import (
 //     before it sends a lock statement (ErrSessionChanged, naming
 //     WithTransactionPooler), every session it has is discarded, and the
 //     backend of every discarded session that held or may hold a lock is
-//     terminated when it still holds one (freeStranded): discarding a
+//     terminated when it still holds one (discardStranded): discarding a
 //     client connection does not end a pooled server session.
 
 // poolerGuard is a Pool's knowledge of a transaction pooler in front of
@@ -121,11 +121,7 @@ func poolerEvidence(err error) bool {
 	if errors.As(err, &pe) {
 		return true
 	}
-	switch SQLState(err) {
-	case "26000", "42P05": // a prepared statement missing, or there already
-		return true
-	}
-	return false
+	return preparedAstray(err)
 }
 
 // sawPooler records evidence of a transaction pooler (the first one
@@ -146,7 +142,7 @@ func (p *Pool) sawPooler(evidence error) {
 	}
 }
 
-// addLive and dropLive keep the Pool's sessions that have not ended.
+// addLive and removeLive keep the Pool's sessions that have not ended.
 func (p *Pool) addLive(s *session) {
 	p.pooler.liveMu.Lock()
 	if p.pooler.live == nil {
@@ -167,7 +163,7 @@ func (p *Pool) liveSessions() []*session {
 	return live
 }
 
-func (p *Pool) dropLive(s *session) {
+func (p *Pool) removeLive(s *session) {
 	p.pooler.liveMu.Lock()
 	delete(p.pooler.live, s)
 	p.pooler.liveMu.Unlock()
@@ -208,7 +204,7 @@ func (s *session) sameBackend(pid int64, granted bool, k Key) error {
 	}
 	err := PoolerError(fmt.Sprintf("a client connection checked on backend %d ran a lock statement on backend %d", s.id.pid, pid))
 	if granted {
-		doneWithin(s.p.freeHolder(pid, k), s.p.cfg.UnlockTimeout)
+		doneWithin(s.p.discardHolder(pid, k), s.p.cfg.UnlockTimeout)
 	}
 	s.p.sawPooler(err)
 	return s.p.pooledOr(err)
@@ -363,18 +359,18 @@ func (p *Pool) probeFailed(ctx context.Context, err error) bool {
 // probeConnWait bounds the probe's wait for its second connection.
 const probeConnWait = time.Second
 
-// freeHolder ends backend pid when it holds k (see sqltext.StrandedSQL),
+// discardHolder ends backend pid when it holds k (see sqltext.StrandedSQL),
 // from another connection of the pool: a lock statement took k on a
 // server session that a pooler hands to others. It returns a channel
 // closed once done, or given up (within the unlock timeout).
-func (p *Pool) freeHolder(pid int64, k Key) <-chan struct{} {
+func (p *Pool) discardHolder(pid int64, k Key) <-chan struct{} {
 	return p.freeing(pid, sqltext.StrandedSQL(true), sqltext.StrandedArgs(pid, 0, true, k))
 }
 
-// freeStranded ends backend id (pid and start) when it holds an advisory
+// discardStranded ends backend id (pid and start) when it holds an advisory
 // lock (see sqltext.StrandedSQL): the server session of a discarded
 // session, which a pooler keeps, with whatever the session held.
-func (p *Pool) freeStranded(id ident) <-chan struct{} {
+func (p *Pool) discardStranded(id ident) <-chan struct{} {
 	return p.freeing(id.pid, sqltext.StrandedSQL(false), sqltext.StrandedArgs(id.pid, id.backend, false, Key{}))
 }
 
@@ -406,7 +402,7 @@ func (p *Pool) freeing(pid int64, q string, args []any) <-chan struct{} {
 				time.Sleep(5 * time.Millisecond) // busy in a transaction: asked again once idle
 				continue
 			}
-			if SQLState(err) == "57P01" {
+			if adminShutdown(err) {
 				answer, err = 1, nil // it ended the session it ran on: the one to end
 			}
 			if err == nil {
@@ -428,7 +424,7 @@ func (p *Pool) freeing(pid int64, q string, args []any) <-chan struct{} {
 	return done
 }
 
-// AwaitFreed waits until the terminations under way (see freeStranded)
+// AwaitFreed waits until the terminations under way (see discardStranded)
 // are done, for at most d, and reports whether they are: a call that
 // returns an error for a session a pooler keeps returns once what the
 // session took is freed, so that a program that closes its pool next

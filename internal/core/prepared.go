@@ -98,7 +98,7 @@ func (pr *prepared) run(ctx context.Context, dc any, q string, nv []driver.Named
 	}
 	b.WriteByte(')')
 	rows, err := driverQuery(ctx, dc, b.String(), nil)
-	if SQLState(err) == "26000" {
+	if preparedMissing(err) {
 		// Not the server session it was prepared on: nothing ran. (The
 		// driver's error is quoted, not wrapped: its SQLSTATE would read
 		// as the server's refusal of a statement that ran.)

@@ -64,7 +64,7 @@ func (p *Pool) checkServer(ctx context.Context, conn *sql.Conn) (ident, error) {
 				return ident{}, err // a server that only looks like PostgreSQL
 			}
 		}
-		if SQLState(err) == "53200" {
+		if lockTableFull(err) {
 			// Its catalogue reads take locks too: a lock call on a full
 			// lock table is told so, whichever statement met it first.
 			return ident{}, fmt.Errorf("%w: check server version: %w", ErrLockTableFull, err)
@@ -209,8 +209,8 @@ func Supported(version string) error {
 // tests run on PostgreSQL 13, 15, 17 and 18.
 const MinServerVersion = 12
 
-// waitSlice returns the lock_timeout of a wait statement (see waitSQL),
-// as "<n>ms": half the server's deadlock_timeout, asked on w at the
+// waitSlice returns the lock_timeout of a wait statement (see sqltext's
+// WaitSQL and SliceSQL), as "<n>ms": half the server's deadlock_timeout, asked on w at the
 // Pool's first wait and again after a wait was reported a deadlock
 // (which says the setting was lowered since).
 func (e *engine) waitSlice(ctx context.Context, w waiter) (string, error) {

@@ -21,36 +21,22 @@ import (
 // queue.go), and it ends one way, end, with a cause: nil when it goes back
 // to the pool as it came, or why it is discarded with every lock on it.
 type session struct {
-	p    *Pool
-	conn *sql.Conn
-	id   ident  // who granted its locks (see checkServer)
-	ls   *lease // its idle clock (see lease.go)
+	p          *Pool
+	connHandle        // its connection, and how it ends
+	id         ident  // who granted its locks (see checkServer)
+	ls         *lease // its idle clock (see lease.go)
 	// mark is its owner mark, which its statements carry and its
-	// settings apply (see sqltext.Statements).
-	mark string
-	// st are the statements of a dedicated session (the lock's settings,
-	// a candidate's name): its unlock sets them back.
-	st *statements
-	// handedOut: the owner handed conn to its caller (Owned.Conn), whose
-	// statements on it run outside connMu.
-	handedOut atomic.Bool
+	// settings apply (see sqltext.Statements); st are the statements of a
+	// dedicated session (the lock's settings, a candidate's name): its
+	// unlock sets them back.
+	marked
 
 	mu sync.Mutex
-	// kind, guarded by mu (and, for a shared session, the sharing's mu):
-	// set when the session is made, and changed once, by handOver, from
-	// shared to dedicated.
-	kind sessionKind
-	// state and cause, guarded by mu, are its lifecycle, changed only by
-	// setState (see its rule).
-	state sessState
-	cause error
-	// pid is its backend, learnt from its first answer (0 until then);
-	// tuned, whether the lock session's settings are applied (by its first
-	// granted try, until a dedicated session's unlock sets them back).
-	// Both are set under mu before the answer is told: whoever holds an
-	// outcome of it reads them without mu.
-	pid   int64
-	tuned bool
+	// life, guarded by mu: its kind and lifecycle.
+	life
+	// backend, set under mu before the answer that tells it is told:
+	// whoever holds an outcome of it reads it without mu.
+	backend
 	// waited, guarded by mu: another backend waits for the end of its
 	// transaction (a pinned session's; see askWaitedOn).
 	waited bool
@@ -60,40 +46,84 @@ type session struct {
 	// the low bits), and shuts (gateShut) when it takes no new call: it
 	// left open, or was handed over. A call joins only while it is open,
 	// and a session that ends idle shuts it only while no call is in, in
-	// one step each (join, shutIdle), so that a call picked without the
+	// one step each (join, closeGateIdle), so that a call picked without the
 	// sharing's lock (sharedFor) never meets a session that ended under it.
 	gate atomic.Int64
 	// nheld is len(held), for sharedFor; written under mu.
-	nheld    atomic.Int32
-	queue    []*op         // guarded by mu: operations waiting for the runner
-	running  bool          // guarded by mu: a runner is sending the queue
-	ranOut   chan struct{} // guarded by mu: closed when the runner stops (made by awaitRunner)
-	linger   *time.Timer   // guarded by mu: ends it (lingered) once armed; made once
-	armed    bool          // guarded by mu: linger is counting down
-	idleAt   int64         // guarded by mu: monoNow when it last became idle
-	spare    []*op         // guarded by mu: the last batch's slice, for the next queue
-	kick     chan struct{} // guarded by mu: wakes the runner goroutine (see runAside); made once
-	runnerUp bool          // guarded by mu: the runner goroutine runs
+	nheld     atomic.Int32
+	batcher   // its statement queue and runner (queue.go)
+	idleTimer // a shared session's countdown to its end once idle
+	// prep are a blind driver's shared session's prepared statements
+	// (nil: none; see prepared.go).
+	prep *prepared
+}
 
-	gone chan struct{} // closed once conn is ended (closed, reset or discarded)
-
+// connHandle is a session's connection, and how it ends.
+type connHandle struct {
+	conn *sql.Conn
+	// handedOut: the owner handed conn to its caller (Owned.Conn), whose
+	// statements on it run outside connMu.
+	handedOut atomic.Bool
+	gone      chan struct{} // closed once conn is ended (closed, reset or discarded)
 	// connMu is held across each statement on conn, and by whoever ends
 	// conn (closes, resets or discards it): database/sql's Conn is not safe
 	// to close while a call on it is starting (that call can find its
 	// driver connection gone, and panic). connDone, guarded by connMu: conn
 	// was ended; later statements fail with sql.ErrConnDone. endNext,
-	// guarded by mu: how conn ends once the statement on it returns (see
-	// endConnSoon).
+	// guarded by the session's mu: how conn ends once the statement on it
+	// returns (see endConnSoon).
 	connMu   sync.Mutex
 	connDone bool
 	endNext  func()
+}
 
+// marked is a session's owner mark and the statements that carry it.
+type marked struct {
+	mark string
+	st   *statements
+}
+
+// life is a session's kind and lifecycle, guarded by its mu.
+type life struct {
+	// kind (and, for a shared session, under the sharing's mu too): set
+	// when the session is made, and changed once, by handOver, from shared
+	// to dedicated.
+	kind sessionKind
+	// state and cause are its lifecycle, changed only by setState (see its
+	// rule).
+	state sessState
+	cause error
+}
+
+// backend is what a session learnt of its backend: pid, from its first
+// answer (0 until then), and tuned, whether the lock session's settings
+// are applied (by its first granted try, until a dedicated session's
+// unlock sets them back).
+type backend struct {
+	pid   int64
+	tuned bool
+}
+
+// batcher is a session's statement queue, guarded by its mu but scratch
+// (see queue.go).
+type batcher struct {
+	queue    []*op         // operations waiting for the runner
+	running  bool          // a runner is sending the queue
+	ranOut   chan struct{} // closed when the runner stops (made by awaitRunner)
+	spare    []*op         // the last batch's slice, for the next queue
+	kick     chan struct{} // wakes the runner goroutine (see runAside); made once
+	runnerUp bool          // the runner goroutine runs
 	// scratch is used by whoever runs the queue (drain's caller, while it
 	// does) alone.
 	scratch scratch
-	// prep are a blind driver's shared session's prepared statements
-	// (nil: none; see prepared.go).
-	prep *prepared
+}
+
+// idleTimer is a shared session's countdown to its end once idle,
+// guarded by its mu.
+type idleTimer struct {
+	linger *time.Timer // ends it (lingered) once armed; made once
+	armed  bool        // linger is counting down
+	idleAt int64       // monoNow when it last became idle
 }
 
 // scratch is what a session's single-key statements are built from and
@@ -168,7 +198,7 @@ const (
 // out of the budget (see budget.go); its lease starts with the statement
 // sent at sent.
 func (p *Pool) newSession(conn *sql.Conn, id ident, kind sessionKind, sent int64) *session {
-	s := &session{p: p, conn: conn, id: id, ls: p.newLease(sent), mark: p.newMark(), kind: kind, gone: make(chan struct{})}
+	s := &session{p: p, connHandle: connHandle{conn: conn, gone: make(chan struct{})}, id: id, ls: p.newLease(sent), marked: marked{mark: p.newMark()}, life: life{kind: kind}}
 	if kind == kindShared && p.abandoned != nil {
 		s.prep = newPrepared(s.mark)
 	}
@@ -185,7 +215,7 @@ func (s *session) setStateLocked(to sessState, cause error) bool {
 	if to <= s.state {
 		return false
 	}
-	s.shut()
+	s.closeGate()
 	s.state, s.cause = to, cause
 	if to == ended {
 		s.unarmLocked()
@@ -248,7 +278,7 @@ func (s *session) endIf(cause error, onlyIdle bool) {
 	if !shared {
 		sh.mu.Unlock()
 	}
-	if onlyIdle && !(shared && s.idleLocked() && s.shutIdle()) || !s.setStateLocked(ended, cause) {
+	if onlyIdle && !(shared && s.idleLocked() && s.closeGateIdle()) || !s.setStateLocked(ended, cause) {
 		s.mu.Unlock()
 		if shared {
 			sh.mu.Unlock()
@@ -261,7 +291,7 @@ func (s *session) endIf(cause error, onlyIdle bool) {
 	}
 	owner := s.owner
 	s.mu.Unlock()
-	s.p.dropLive(s)
+	s.p.removeLive(s)
 	if shared && cause != nil {
 		sh.remove(s) // a dead one leaves at once; a closed one once its reset is done
 	}
@@ -318,7 +348,7 @@ func (s *session) endIf(cause error, onlyIdle bool) {
 	if (s.p.Pooled() != nil || s.p.cfg.TxPooler) && s.id.pid != 0 {
 		// Discarding the client connection does not end a pooled server
 		// session: what it took there is freed.
-		s.p.freeStranded(s.id)
+		s.p.discardStranded(s.id)
 	}
 }
 
@@ -340,7 +370,7 @@ func (s *session) closeConn() {
 		// Its settings are local to its transaction, and end with it.
 		if err := s.p.commitPinned(s.conn); err != nil {
 			s.p.discard(s.conn, "pinned session: commit: "+err.Error())
-			s.p.freeStranded(s.id)
+			s.p.discardStranded(s.id)
 			return
 		}
 		s.conn.Close()
@@ -429,7 +459,7 @@ func (s *session) withConn(fn func(conn *sql.Conn) error) error {
 	defer s.releaseConn()
 	sent := s.ls.begin()
 	err := fn(s.conn)
-	s.ls.end(sent, err == nil || errors.Is(err, sql.ErrNoRows))
+	s.ls.done(sent, err == nil || errors.Is(err, sql.ErrNoRows))
 	return err
 }
 
@@ -513,7 +543,7 @@ const gateShut = 1 << 40
 // users is how many calls picked s and have not finished.
 func (s *session) users() int64 { return s.gate.Load() &^ gateShut }
 
-// join counts one more call on s, unless s takes none (shut).
+// join counts one more call on s, unless s takes none (its gate closed).
 func (s *session) join() bool { return s.joinUnder(gateShut) }
 
 // joinUnder is join, only while fewer than limit calls are in s: calls
@@ -531,11 +561,11 @@ func (s *session) joinUnder(limit int64) bool {
 	}
 }
 
-// shut makes s take no new call.
-func (s *session) shut() { s.gate.Or(gateShut) }
+// closeGate makes s take no new call.
+func (s *session) closeGate() { s.gate.Or(gateShut) }
 
-// shutIdle shuts s when no call is in it, in one step; false when one is.
-func (s *session) shutIdle() bool {
+// closeGateIdle shuts s when no call is in it, in one step; false when one is.
+func (s *session) closeGateIdle() bool {
 	return s.gate.Load() == gateShut || s.gate.CompareAndSwap(0, gateShut)
 }
 
@@ -659,7 +689,7 @@ func (s *session) handOver() (ok bool) {
 	defer sh.mu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.idleLocked() || s.pid == 0 || s.kind != kindShared || s.state != open || !s.shutIdle() {
+	if !s.idleLocked() || s.pid == 0 || s.kind != kindShared || s.state != open || !s.closeGateIdle() {
 		return false
 	}
 	s.kind = kindDedicated
@@ -673,7 +703,7 @@ func (s *session) handOver() (ok bool) {
 // back to the pool; when that is not confirmed on backend pid, it discards
 // the connection instead.
 func (p *Pool) closeSession(conn *sql.Conn, pid int64) {
-	q, args := p.sql().ResetSQL(pid)
+	q, args := p.sql().SetBackSQL(pid)
 	if err := queryRow(p.UnlockContext(), p.abandoned, conn, q, args, skip); err != nil {
 		p.discard(conn, "session settings not reset")
 		return

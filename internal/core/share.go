@@ -337,7 +337,7 @@ func (p *Pool) openShared(ctx context.Context) (*session, error) {
 	}
 	s := p.newSession(conn, id, kindShared, sent)
 	if p.cfg.TxPooler {
-		time.AfterFunc(pinnedLife+rand.N(pinnedLife/2), s.retireAged)
+		time.AfterFunc(pinnedLife+rand.N(pinnedLife/2), s.closeAged)
 	}
 	return s, nil
 }
@@ -351,9 +351,9 @@ func (p *Pool) openShared(ctx context.Context) (*session, error) {
 // found waited for retires at once: see askWaitedOn.)
 const pinnedLife = 4 * time.Second
 
-// retireAged retires s, a pinned shared session that lived pinnedLife:
+// closeAged retires s, a pinned shared session that lived pinnedLife:
 // it takes no new lock, and ends once it holds nothing.
-func (s *session) retireAged() {
+func (s *session) closeAged() {
 	s.mu.Lock()
 	moved := s.setStateLocked(retiring, nil)
 	s.mu.Unlock()

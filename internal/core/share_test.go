@@ -10,7 +10,7 @@ import (
 )
 
 // TestGateJoinOrShut: calls that join a shared session without the
-// sharing's lock, and its end as it idles (shutIdle), exclude each other:
+// sharing's lock, and its end as it idles (closeGateIdle), exclude each other:
 // either the session shut with no call in it, or every call that joined
 // finds it open, whatever the interleaving.
 func TestGateJoinOrShut(t *testing.T) {
@@ -30,7 +30,7 @@ func TestGateJoinOrShut(t *testing.T) {
 		}
 		wg.Go(func() {
 			<-start
-			shut.Store(s.shutIdle())
+			shut.Store(s.closeGateIdle())
 		})
 		close(start)
 		wg.Wait()
@@ -51,7 +51,7 @@ func TestGateJoinOrShut(t *testing.T) {
 // it was handed over, leaves it be.
 func TestLingerSparesHandedOver(t *testing.T) {
 	p := &Pool{}
-	s := &session{p: p, kind: kindShared, pid: 1, gone: make(chan struct{})}
+	s := &session{p: p, life: life{kind: kindShared}, backend: backend{pid: 1}, connHandle: connHandle{gone: make(chan struct{})}}
 	s.linger = time.AfterFunc(time.Hour, func() {})
 	defer s.linger.Stop()
 	s.idleAt = monoNow() - int64(2*sessionLinger) // idle long enough to end
@@ -80,7 +80,7 @@ func TestSharedForNoneUsable(t *testing.T) {
 	defer db.Close()
 	db.SetMaxOpenConns(4) // room for one shared session
 	p := &Pool{engine: engine{db: db}}
-	s := &session{p: p, kind: kindShared, gone: make(chan struct{})}
+	s := &session{p: p, life: life{kind: kindShared}, connHandle: connHandle{gone: make(chan struct{})}}
 	s.mu.Lock()
 	s.setStateLocked(retiring, nil)
 	s.mu.Unlock()

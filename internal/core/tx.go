@@ -80,7 +80,7 @@ func (e *engine) waitTxSliced(ctx context.Context, tx TxQuerier, kind Kind, k Ke
 			// The transaction keeps what its subtransaction took.
 			o.err = txExec(ctx, tx, sqltext.ReleaseSavepointSQL)
 			return o
-		case SQLState(o.err) != "55P03" || !ranInto(began, slice) || CtxEnded(ctx):
+		case !lockTimedOut(o.err) || !ranInto(began, slice) || CtxEnded(ctx):
 			// Not the slice's end (a lock_timeout of the transaction's
 			// own, a deadlock, a cancel), or ctx ended: the caller's.
 			return o
@@ -105,7 +105,7 @@ func txExec(ctx context.Context, tx TxQuerier, q string) error {
 // LockInTx takes the exclusive transaction-level lock k in tx, InTx's own
 // transaction. It tries first, with the statement TxLock starts with, so
 // that a wait knows its backend's pid: when ctx ends during the wait, that
-// backend is taken out of k's queue (see cancelWait) rather than left to
+// backend is taken out of k's queue (see stopWait) rather than left to
 // be granted the lock and sit idle in its transaction until it notices its
 // client left. On a standby the try takes nothing, and the call is
 // refused, unless the Pool allows standbys: then it waits, which takes the
@@ -149,7 +149,7 @@ func InTxContext(ctx context.Context) (context.Context, context.CancelFunc) {
 // one (0A000 too) or a write (25006). Only for those codes is the server
 // asked whether it is in recovery.
 func (p *Pool) BeginRefusedByStandby(ctx context.Context, err error) bool {
-	if st := SQLState(err); st != "0A000" && st != "25006" {
+	if !standbyRefusal(err) {
 		return false
 	}
 	var r bool

@@ -33,16 +33,16 @@ import (
 //     whether the server is a standby, and takes nothing there.
 //
 // In every case a wait knows its backend's pid, and when ctx ends during
-// it, the backend is taken out of the queue (cancelWait); the owner then
+// it, the backend is taken out of the queue (stopWait); the owner then
 // applies the one rule for an uncertain outcome: ctx ended means the
-// session is discarded (settle, Session.lose) or the transaction
+// session is discarded (settle, Owned.lose) or the transaction
 // rolled back (InTx).
 
 // engine is the acquisition engine: a value, which a Pool holds (and
 // feeds with its statements and keys), and which the transaction locks
 // (LockTx and kin) use with no Pool at all.
 type engine struct {
-	// db is the pool an abandoned wait is cancelled from (cancelWait);
+	// db is the pool an abandoned wait is cancelled from (stopWait);
 	// nil for LockTx and kin, which have none. budget counts the
 	// connections taken from it outside sessions (see budget.go).
 	db     *sql.DB
@@ -246,7 +246,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 	stop := context.AfterFunc(sctx, func() {
 		time.AfterFunc(abandonGrace, func() {
 			if returned.CompareAndSwap(false, true) {
-				e.cancelWait(ctx, pid, k)
+				e.stopWait(ctx, pid, k)
 			}
 		})
 	})
@@ -262,7 +262,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		}
 		began := time.Now()
 		o.err = w.queryRow(ctx, q, args, &o.ok)
-		if byDeadline && SQLState(o.err) == "55P03" && !CtxEnded(ctx) && ranInto(began, slice) {
+		if byDeadline && lockTimedOut(o.err) && !CtxEnded(ctx) && ranInto(began, slice) {
 			// The server ended the wait at the deadline (not at a
 			// shorter lock_timeout of the transaction's own): not
 			// granted; the transaction is aborted, and the caller
@@ -280,7 +280,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		// before the statement's context ended and not after a cancel
 		// of ctx, is certain, however late for ctx's deadline.
 		o.certain = sctx != ctx && sctx.Err() == nil && !errors.Is(ctx.Err(), context.Canceled) &&
-			(o.err == nil || SQLState(o.err) == "55P03")
+			(o.err == nil || lockTimedOut(o.err))
 	}
 	if !returned.CompareAndSwap(false, true) {
 		o.certain = false // a cancel of this backend is on its way: its next statement may meet it
@@ -296,7 +296,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		// trips; this one took the whole margin and more).
 		e.observeRTT(margin)
 	}
-	if lv == sessionLevel && SQLState(o.err) == "55P03" && (!CtxEnded(ctx) || o.certain) {
+	if lv == sessionLevel && lockTimedOut(o.err) && (!CtxEnded(ctx) || o.certain) {
 		// The statement's lock_timeout (the deadline's) can come as the
 		// lock is granted: PostgreSQL then keeps the grant and reports the
 		// error all the same. "Not granted" would leave it held by a
@@ -309,7 +309,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 	}
 	switch {
 	case CtxEnded(ctx) && errors.Is(o.err, ErrAbandoned):
-		e.cancelAbandoned(ctx, pid, k)
+		e.stopAbandoned(ctx, pid, k)
 	case CtxEnded(ctx) && (o.err == nil || SQLState(o.err) != "" || errors.Is(o.err, errDeadline)):
 		// The server answered the statement (granted, an error of its
 		// own, or the deadline's lock_timeout and "not held"): the backend
@@ -319,7 +319,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		// The abandoned backend may still be queued for k (a driver that
 		// closes the socket sends no cancel request): take it out of the
 		// queue before anyone can grant it the lock.
-		e.cancelWait(ctx, pid, k)
+		e.stopWait(ctx, pid, k)
 	}
 	return o
 }
@@ -463,36 +463,36 @@ func (e *engine) deadlineSlice(ctx context.Context, slice string) (string, time.
 
 // withConn runs take on a connection of the pool, checked against the
 
-// cancelAbandoned is cancelWait for a wait whose driver did not give the
+// stopAbandoned is stopWait for a wait whose driver did not give the
 // statement up in time (ErrAbandoned): the server may be cut off, or only
 // slow. It waits for the cancel no longer than the driver got
 // (abandonGrace): if nothing reaches the server, the call must still
 // return by its deadline.
-func (e *engine) cancelAbandoned(ctx context.Context, pid int64, k Key) {
+func (e *engine) stopAbandoned(ctx context.Context, pid int64, k Key) {
 	done := make(chan struct{})
-	go func() { e.cancelWait(ctx, pid, k); close(done) }()
+	go func() { e.stopWait(ctx, pid, k); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(abandonGrace):
 	}
 }
 
-// cancelWaitTimeout bounds cancelWait.
+// cancelWaitTimeout bounds stopWait.
 const cancelWaitTimeout = 2 * time.Second
 
-// cancelWait takes backend pid, whose wait for k its client abandoned, out
+// stopWait takes backend pid, whose wait for k its client abandoned, out
 // of k's queue, from another pooled connection, and waits (bounded) until
 // it has left. Some drivers (pgx) close the socket of a cancelled statement
 // without a cancel request; the backend then stays queued until it is
 // granted the lock, and holds it until it notices that its client is gone.
 // The wait statement may not even have started when the client gave up
-// (it sits in the backend's socket buffer): cancelWait then watches the
+// (it sits in the backend's socket buffer): stopWait then watches the
 // backend until it runs the statement (and cancels it), finishes it, or
 // ends. It is best effort: when no connection can be had in time, the
 // server still releases the lock as the abandoned session ends. It takes
 // at most cancelWaitTimeout, and no longer than that past the deadline of
 // the wait's ctx, if it had one: the call returns by then.
-func (e *engine) cancelWait(waitCtx context.Context, pid int64, k Key) {
+func (e *engine) stopWait(waitCtx context.Context, pid int64, k Key) {
 	if e.db == nil || pid == 0 {
 		return // the engine without a pool (LockTx), or no backend known
 	}
@@ -550,7 +550,7 @@ func (e *engine) cancelWait(waitCtx context.Context, pid int64, k Key) {
 	// Granted as the cancel came: the lock goes with the backend, before
 	// the caller, told it has nothing, returns.
 	var ended bool
-	if err := queryRow(ctx, e.abandoned, conn, sqltext.TerminateHolderSQL, sqltext.TerminateHolderArgs(pid, k), &ended); err == nil && ended {
+	if err := queryRow(ctx, e.abandoned, conn, sqltext.TerminateHolderSQL, sqltext.DiscardHolderArgs(pid, k), &ended); err == nil && ended {
 		for ctx.Err() == nil {
 			var where int64
 			if err := queryRow(ctx, e.abandoned, conn, sqltext.CancelWaitSQL, []any{pid}, &where); err != nil || where == 0 {
@@ -562,6 +562,6 @@ func (e *engine) cancelWait(waitCtx context.Context, pid int64, k Key) {
 	conn.Close()
 }
 
-// cancelWaitSettle is how long cancelWait keeps watching a backend that
+// cancelWaitSettle is how long stopWait keeps watching a backend that
 // seems done with its wait statement.
 const cancelWaitSettle = 50 * time.Millisecond

@@ -47,7 +47,7 @@ func TestEveryStatementMarked(t *testing.T) {
 			add("SemaphoreSliceSQL", first(s.SemaphoreSliceSQL(-9, 5, -5, 3, 1, "1ms", "m.1")))
 			add("SemaphoreGiveUpSQL", first(s.SemaphoreGiveUpSQL(-9, -5, "m.1")))
 			add("SessionSQL", first(s.SessionSQL("m.1")))
-			add("ResetSQL", first(s.ResetSQL(42)))
+			add("SetBackSQL", first(s.SetBackSQL(42)))
 		}
 		add("AliveSQL", first(m.AliveSQL(42)))
 		add("DoorbellSQL", first(m.DoorbellSQL(42, []int32{-9, -8}, []int32{0, 7})))

@@ -87,21 +87,21 @@ func (s Settings) Waiting() string {
 // set_config with a NULL value resets a setting to the value the session
 // started with (what RESET does).
 func (s Settings) Untune() string {
-	exprs := []string{reset(markSetting)}
+	exprs := []string{setBack(markSetting)}
 	switch {
 	case s.Local:
-		exprs = append(exprs, reset("idle_in_transaction_session_timeout"))
+		exprs = append(exprs, setBack("idle_in_transaction_session_timeout"))
 	case s.Major >= 14:
-		exprs = append(exprs, reset("idle_session_timeout"))
+		exprs = append(exprs, setBack("idle_session_timeout"))
 	}
 	if s.Idle > 0 {
-		exprs = append(exprs, reset("tcp_keepalives_idle"), reset("tcp_keepalives_interval"), reset("tcp_keepalives_count"), reset("tcp_user_timeout"))
+		exprs = append(exprs, setBack("tcp_keepalives_idle"), setBack("tcp_keepalives_interval"), setBack("tcp_keepalives_count"), setBack("tcp_user_timeout"))
 		if s.Major >= 14 {
-			exprs = append(exprs, reset("client_connection_check_interval"))
+			exprs = append(exprs, setBack("client_connection_check_interval"))
 		}
 	}
 	if s.AppName != "" {
-		exprs = append(exprs, reset("application_name"))
+		exprs = append(exprs, setBack("application_name"))
 	}
 	return concat(exprs)
 }
@@ -114,7 +114,7 @@ func setTo(name, value string, local bool) string {
 	return "set_config('" + name + "', '" + value + "', " + strconv.FormatBool(local) + ")"
 }
 
-func reset(name string) string { return "set_config('" + name + "', NULL, false)" }
+func setBack(name string) string { return "set_config('" + name + "', NULL, false)" }
 
 // concat joins text expressions into one that is never NULL.
 func concat(exprs []string) string {

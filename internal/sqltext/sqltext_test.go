@@ -195,7 +195,7 @@ func TestLineStatementsParams(t *testing.T) {
 			"DoorbellSQL":        func() stmt { q, a := mode.DoorbellSQL(42, []int32{-7, -8}, []int32{0, 9}); return stmt{q, a} },
 			"PlaceSQL":           func() stmt { q, a := mode.PlaceSQL(-7, true, 42); return stmt{q, a} },
 			"PlaceBackSQL":       func() stmt { q, a := mode.PlaceBackSQL(-7, 9, true, 42); return stmt{q, a} },
-			"TerminateHolderSQL": func() stmt { return stmt{TerminateHolderSQL, TerminateHolderArgs(42, k)} },
+			"TerminateHolderSQL": func() stmt { return stmt{TerminateHolderSQL, DiscardHolderArgs(42, k)} },
 			"SemaphorePoliteTry": func() stmt { return stmt{s.SemaphorePoliteTrySQL(-3, 4, -7), []any{"m"}} },
 		}
 		for name, f := range stmts {
@@ -290,7 +290,7 @@ func TestOwn(t *testing.T) {
 				add(s.BuildUnlockSQL(true, k, 42))
 			}
 			add(s.SessionSQL("m.1"))
-			add(s.ResetSQL(42))
+			add(s.SetBackSQL(42))
 			qs = append(qs, s.SemaphoreTrySQL(7, 64))
 		}
 		for _, b := range []Batch{BatchTry, BatchUnlock, BatchMixed} {

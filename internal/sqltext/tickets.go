@@ -316,8 +316,8 @@ func (s *Statements) SemaphorePoliteTrySQL(slots int32, n int, class int32) stri
 const TerminateHolderSQL = markCancel + `SELECT coalesce(bool_or(pg_terminate_backend(l.pid)), false) FROM pg_catalog.pg_locks l
  WHERE l.locktype = 'advisory' AND l.granted AND l.pid = $1::int4 AND ` + currentDB + ` AND l.classid::int8 = $2::int8 AND l.objid::int8 = $3::int8 AND l.objsubid = $4::int4`
 
-// TerminateHolderArgs returns TerminateHolderSQL's arguments.
-func TerminateHolderArgs(pid int64, k Key) []any {
+// DiscardHolderArgs returns TerminateHolderSQL's arguments.
+func DiscardHolderArgs(pid int64, k Key) []any {
 	c, o, sub := tagArgs(k)
 	return []any{pid, c, o, sub}
 }

@@ -1,0 +1,45 @@
+// Package core is sqllock's session core: the server sessions that hold
+// advisory locks, and everything that happens on them. A session of the
+// core is one server session: its connection, its server and backend
+// identity, its lease, the keys it holds, its statement queue (batching is
+// how every session sends), the waits on it, and one lifecycle field
+// changed in one place (session.setStateLocked).
+//
+// Outcomes. judge is the rule book for the outcome of an acquisition: it
+// turns what a lock statement answered into a verdict (granted, refused,
+// unwanted, uncertain), which its callers apply (settle for a Pool's
+// sessions, acquireShared, Owned.Lock, the transaction locks).
+// unlockVerdict is the rule book for the answer to an unlock. An uncertain
+// verdict discards the session; a certain one touches one lock only.
+//
+// Waiting. A Pool keeps one queue per key (keyqueue.go), in arrival order,
+// whose head waits on the server in the key's line (fcfs.go), which every
+// process's waiters share.
+//
+// The sqllock package's handles (Lock, Session, a semaphore's permit, an
+// election's term) are thin layers over the core's Hold and Owned, which
+// share one lifecycle (lifecycle.go): they observe their end (a Done
+// channel and a cause), and the core never calls into them. The core tells
+// its Pool's owner what happens through Hooks, one event path.
+//
+// The words for ending, each with one meaning:
+//
+//   - close: end cleanly; the thing ends holding nothing, and its
+//     connection goes back to the pool as it came (a pinned session's
+//     transaction commits).
+//   - discard: end a session the core is not sure of (or a holder's, whose
+//     backend is terminated); its connection is thrown away, and the
+//     server releases whatever it held as its session ends.
+//   - release: give a lock back, confirmed by the server; unlock is the
+//     statement that does it (and the handles' name for it).
+//   - lose: find that a lock was taken away (its session ended, or the
+//     keep-alive found it gone); the holder is told.
+//   - leave: a waiter gives up its place, in a Pool's queue or in a line;
+//     a call gives up its share of a session.
+//   - stop: end a timer, a goroutine, or a statement running on the
+//     server (a wait taken out of the server's queue).
+//
+// A few older names (end, finish, free, drop, giveUp) remain in the
+// session's and the line's code; internal/layout's TestEndingVerbs lists
+// them.
+package core
