@@ -289,16 +289,12 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold, p
 	// The runner read the answer under a context of its own, and applied
 	// what it means to the session (a certain answer touches this key
 	// only; an uncertain one ended the session): what is left is the
-	// call's. (A plain grant is granted whatever else: judge, and the
-	// key's name it formats, are spared the common case.)
+	// call's.
 	ok, oerr := o.ok, o.err
 	if spare {
 		putOp(o)
 	}
-	v, verr := granted, error(nil)
-	if oerr != nil || !ok {
-		v, verr = judge(ctx, outcome{ok: ok, err: oerr, certain: true}, what, true, 0)
-	}
+	v, verr := judgeShared(ctx, ok, oerr, what)
 	if v != granted {
 		p.share.free(k)
 		if CtxEnded(ctx) {
@@ -311,7 +307,7 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold, p
 			return nil, nil, false // the session died: a session of its own
 		}
 		return nil, verr, true
-	case v == refused && oerr != nil: // a deadlock victim, a full lock table
+	case v == stray: // a deadlock victim, a full lock table (the runner released a grant)
 		return nil, verr, true
 	case v == refused:
 		if try {

@@ -20,6 +20,8 @@ var errReleasedByClose = fmt.Errorf("%w: %w", ErrReleased, ErrClosed)
 // closing is a Pool's end: once StartClose ran, no call takes a lock, and
 // the calls that wait leave.
 type closing struct {
+	p *Pool // its Pool
+
 	started atomic.Bool
 	once    sync.Once
 	// ctx is cancelled (cause ErrClosed) by StartClose: the waits of the
@@ -34,7 +36,9 @@ func (c *closing) init() {
 }
 
 // Closed reports whether StartClose ran.
-func (p *Pool) Closed() bool { return p.closing.started.Load() }
+func (cl *closing) Closed() bool {
+	return cl.started.Load()
+}
 
 // closedError is the error of a call on a closed Pool, about the lock
 // named what.
@@ -45,9 +49,9 @@ func closedError(what string) error {
 // untilClosed returns ctx, cancelled also when the Pool starts closing,
 // for a call that is about to wait (a wait is long; a try ends by itself).
 // stop releases what it took.
-func (p *Pool) untilClosed(ctx context.Context) (context.Context, context.CancelFunc) {
+func (cl *closing) untilClosed(ctx context.Context) (context.Context, context.CancelFunc) {
 	cctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(p.closing.ctx, func() { cancel(ErrClosed) })
+	stop := context.AfterFunc(cl.ctx, func() { cancel(ErrClosed) })
 	return cctx, func() { stop(); cancel(nil) }
 }
 
@@ -69,7 +73,8 @@ func (p *Pool) waitOn(ctx context.Context, w waiter, lv level, st *statements, k
 // closedOr returns err, which a call of the Pool's returns, matching
 // ErrClosed too when the Pool closed meanwhile and err says the call
 // took nothing.
-func (p *Pool) closedOr(err error) error {
+func (cl *closing) closedOr(err error) error {
+	p := cl.p
 	switch {
 	case err == nil || !p.Closed() || errors.Is(err, ErrClosed):
 		return err
@@ -86,10 +91,10 @@ func (p *Pool) closedOr(err error) error {
 // (in its queues, in the server) leave, with an error matching
 // ErrNotAcquired and ErrClosed. What the Pool holds stays held until
 // Close.
-func (p *Pool) StartClose() {
-	p.closing.once.Do(func() {
-		p.closing.started.Store(true)
-		p.closing.cancel(ErrClosed)
+func (cl *closing) StartClose() {
+	cl.once.Do(func() {
+		cl.started.Store(true)
+		cl.cancel(ErrClosed)
 	})
 }
 
@@ -102,7 +107,8 @@ func (p *Pool) StartClose() {
 // error that ended its session, which the server then releases); its
 // spare connections go back to the pool too (see budget.go). Holds it
 // released report an error matching ErrReleased and ErrClosed.
-func (p *Pool) Close() error {
+func (cl *closing) Close() error {
+	p := cl.p
 	p.StartClose()
 	var holds []*Hold
 	var owners []*Owned

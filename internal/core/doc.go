@@ -7,10 +7,14 @@
 //
 // Outcomes. judge is the rule book for the outcome of an acquisition: it
 // turns what a lock statement answered into a verdict (granted, refused,
-// unwanted, uncertain), which its callers apply (settle for a Pool's
-// sessions, acquireShared, Owned.Lock, the transaction locks).
-// unlockVerdict is the rule book for the answer to an unlock. An uncertain
-// verdict discards the session; a certain one touches one lock only.
+// unwanted, uncertain, stray), which its callers apply and never change
+// (settle for a Pool's sessions, acquireShared through judgeShared,
+// Owned.Lock, the transaction locks). unlockVerdict is the rule book for
+// the answer to an unlock, and sendUnlocks and runMixed are the only
+// functions that render an unlock statement. An uncertain verdict
+// discards the session; a certain one touches one lock only.
+// internal/layout's TestOnePlacePromises holds these promises, and the
+// one of the lifecycle, to the code.
 //
 // Waiting. A Pool keeps one queue per key (keyqueue.go), in arrival order,
 // whose head waits on the server in the key's line (fcfs.go), which every

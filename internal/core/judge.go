@@ -30,6 +30,12 @@ const (
 	refused                  // certain: the session holds no more than before, and is intact
 	unwanted                 // granted on a standby: to be released, and refused
 	uncertain                // the session may hold the lock: it must end
+	// stray: the server refused the statement for sure (a deadlock's
+	// victim, a full lock table), but a statement that failed may have
+	// been granted its key first (the settings it applies come after the
+	// grant, and a session-level lock outlives the statement): the key is
+	// released if held, or the session ends.
+	stray
 )
 
 // judge is the one rule book for the outcome o of an acquisition of the
@@ -64,7 +70,7 @@ func judge(ctx context.Context, o outcome, what namer, standbyOK bool, pid int64
 		return uncertain, err
 	case o.err != nil:
 		if deadlocked(o.err) || lockTableFull(o.err) {
-			return refused, lockError(what.String(), o.err)
+			return stray, lockError(what.String(), o.err)
 		}
 		return uncertain, lockError(what.String(), o.err)
 	case pid != 0 && o.pid != pid:
@@ -78,6 +84,16 @@ func judge(ctx context.Context, o outcome, what namer, standbyOK bool, pid int64
 		return refused, fmt.Errorf("%w: %s %s", ErrNotAcquired, what.String(), HeldElsewhere)
 	}
 	return granted, nil
+}
+
+// judgeShared is judge for the answer to a try on a shared session,
+// which its runner read in time (certain): a plain grant is granted, and
+// judge, with the key's name it formats, is spared the common case.
+func judgeShared(ctx context.Context, ok bool, err error, what namer) (verdict, error) {
+	if err == nil && ok {
+		return granted, nil
+	}
+	return judge(ctx, outcome{ok: ok, err: err, certain: true}, what, true, 0)
 }
 
 // unlockAnswer is the one rule book for the answer to an unlock of k on
@@ -121,14 +137,6 @@ func unlockVerdict(what namer, pid int64, err error, released bool) (uncertain b
 // the call in errors.
 func (p *Pool) settle(ctx context.Context, s *session, k Key, shared bool, into *Hold, o outcome, what namer) (*Hold, error) {
 	v, err := judge(ctx, o, what, p.cfg.AllowStandby, 0)
-	if v == refused && o.err != nil && !errors.Is(o.err, errDeadline) && !errors.Is(o.err, errLeft) && !errors.Is(o.err, errRestart) {
-		// A lock statement that failed, even for a reason the server is
-		// sure of, may have taken its key first (the settings it applies
-		// come after the grant): the connection is not given back. (A
-		// wait the server ended at ctx's deadline took nothing: the
-		// engine asked the session.)
-		v = uncertain
-	}
 	switch v {
 	case refused:
 		if o.err == nil && !o.ok && !o.standby {
@@ -136,7 +144,9 @@ func (p *Pool) settle(ctx context.Context, s *session, k Key, shared bool, into 
 		}
 		s.end(nil) // confirmed: the session holds nothing; back to the pool as it came
 		return nil, err
-	case uncertain:
+	case uncertain, stray:
+		// A stray key is not looked for: the session, which holds
+		// nothing else, ends.
 		s.end(errors.New("lock statement: " + err.Error()))
 		return nil, err
 	case unwanted:

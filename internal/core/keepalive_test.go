@@ -14,7 +14,7 @@ import (
 // ended at that moment: its Release removed nothing) is not watched; a
 // held one is, until removed.
 func TestMonitorAddHeld(t *testing.T) {
-	p := &Pool{cfg: Config{KeepAlive: time.Hour}}
+	p := (&Pool{cfg: Config{KeepAlive: time.Hour}}).link()
 	m := newMonitor(p)
 	watchedNow := func() int { return len(m.watchedNow()) }
 	for _, st := range []holdState{holdReleasing, holdReleased, holdLost} {
@@ -48,7 +48,7 @@ func (w *seen) touch(context.Context) error      { return nil }
 // with adds and removes from many goroutines: everything watched is
 // looked at.
 func TestMonitorLoopNeverLost(t *testing.T) {
-	p := &Pool{cfg: Config{KeepAlive: 20 * time.Microsecond}}
+	p := (&Pool{cfg: Config{KeepAlive: 20 * time.Microsecond}}).link()
 	m := newMonitor(p)
 	var wg sync.WaitGroup
 	var looked atomic.Int64

@@ -18,7 +18,7 @@ func TestHeadLostBeforeDone(t *testing.T) {
 	sh.m = map[queueKey]*keyQueue{qk: {head: head, waiters: []*qwaiter{next}}}
 	qs.live.Store(1)
 	lost := &Hold{key: qk.k, lifecycle: lifecycle{state: holdLost}}
-	qs.headDone(&Pool{}, qk, head, lost)
+	qs.headDone((&Pool{}).link(), qk, head, lost)
 	select {
 	case <-next.ready:
 	case <-time.After(time.Second):

@@ -37,9 +37,15 @@ type lease struct {
 	off      atomic.Bool  // not leased any more: its connection was handed to the caller
 }
 
+// leasing is the part of a Pool that gives its sessions their leases.
+type leasing struct {
+	p *Pool // its Pool
+}
+
 // newLease returns the lease of a session whose last statement was sent at
 // sent (monoNow), or nil when p leases nothing.
-func (p *Pool) newLease(sent int64) *lease {
+func (lg *leasing) newLease(sent int64) *lease {
+	p := lg.p
 	b := p.leaseBound()
 	if b <= 0 {
 		return nil
@@ -52,7 +58,8 @@ func (p *Pool) newLease(sent int64) *lease {
 // leaseBound is the lease of l's sessions: the orphan bound, on servers
 // that have idle_session_timeout, when the keep-alive runs (it touches the
 // sessions); 0 otherwise.
-func (p *Pool) leaseBound() time.Duration {
+func (lg *leasing) leaseBound() time.Duration {
+	p := lg.p
 	if !p.leased.Load() {
 		return 0
 	}
@@ -158,7 +165,8 @@ func (m *monitor) leaseCheck(ws []watched) {
 // meet the library's, so nothing keeps the session from going idle any
 // more, and the server must not end it when it is. It reports whether the
 // session is fine.
-func (p *Pool) stopLease(ls *lease, run func(ctx context.Context, q string) error) error {
+func (lg *leasing) stopLease(ls *lease, run func(ctx context.Context, q string) error) error {
+	p := lg.p
 	if ls == nil || !ls.off.CompareAndSwap(false, true) {
 		return nil
 	}

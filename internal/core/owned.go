@@ -181,7 +181,7 @@ func (o *Owned) Lock(ctx context.Context, k Key) (err error) {
 	switch v, err := judge(ctx, oc, what, true, o.pid); {
 	case v == uncertain && errors.Is(oc.err, sql.ErrConnDone) && o.Err() != nil:
 		return o.Err() // lost (by the keep-alive) before the wait began
-	case v == refused && oc.err != nil && !errors.Is(oc.err, errDeadline) && !errors.Is(oc.err, errLeft):
+	case v == stray:
 		// A wait statement the server failed (a full lock table, a
 		// deadlock) may have been granted its key first (its settings
 		// come after the grant; a session-level lock outlives the

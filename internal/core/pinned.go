@@ -45,6 +45,12 @@ import (
 // cache prepares named ones, is told to use its simple protocol for them
 // (simpleMode).
 
+// pinning is the part of a Pool that makes its sessions transactions, when
+// it pins them (Config.TxPooler).
+type pinning struct {
+	p *Pool // its Pool
+}
+
 // ErrPinnedSession is Pool.Open's error on a Pool that pins its sessions:
 // a Session hands its connection to its caller, whose statements would run
 // in the transaction that holds its locks (one that fails aborts it).
@@ -57,7 +63,8 @@ var ErrPinnedSession = errors.New("sqllock: a Session is not available with With
 // discarded. A check answered once ctx had ended (it is read past ctx's
 // end) gives conn back checked, for the next call, and returns ctx's
 // error.
-func (p *Pool) checkPinned(ctx context.Context, conn *sql.Conn) (ident, error) {
+func (pn *pinning) checkPinned(ctx context.Context, conn *sql.Conn) (ident, error) {
+	p := pn.p
 	if p.cfg.TxPooler {
 		if err := p.pin(ctx, conn); err != nil {
 			unpin(conn)
@@ -84,7 +91,8 @@ func (p *Pool) checkPinned(ctx context.Context, conn *sql.Conn) (ident, error) {
 }
 
 // pin begins the transaction of a pinned session on conn.
-func (p *Pool) pin(ctx context.Context, conn *sql.Conn) error {
+func (pn *pinning) pin(ctx context.Context, conn *sql.Conn) error {
+	p := pn.p
 	var dc any
 	if err := onDriverConn(conn, func(d any) error { dc = d; return nil }); err != nil {
 		return err
@@ -101,7 +109,8 @@ func (p *Pool) pin(ctx context.Context, conn *sql.Conn) error {
 // while the Pool uses it, when the Pool is behind a transaction pooler:
 // a prepared statement would meet another server session than the one it
 // was prepared on. done undoes it.
-func (p *Pool) simpleFor(conn *sql.Conn) (done func()) {
+func (pn *pinning) simpleFor(conn *sql.Conn) (done func()) {
+	p := pn.p
 	if !p.cfg.TxPooler {
 		return func() {}
 	}
@@ -119,7 +128,8 @@ func (p *Pool) simpleFor(conn *sql.Conn) (done func()) {
 // SimpleArgs returns args, for a statement the caller runs on conn
 // through database/sql, with pgx's option for its simple protocol ahead of
 // them when the Pool is behind a transaction pooler (see simpleFor).
-func (p *Pool) SimpleArgs(conn *sql.Conn, args []any) []any {
+func (pn *pinning) SimpleArgs(conn *sql.Conn, args []any) []any {
+	p := pn.p
 	if !p.cfg.TxPooler {
 		return args
 	}
@@ -148,7 +158,8 @@ func SimpleProtocol(conn *sql.Conn) []any {
 // and scans it into dest (any types database/sql scans): for the
 // package's reads on no lock session (an election's leader), which behind
 // a transaction pooler go in pgx's simple protocol (see simpleFor).
-func (p *Pool) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
+func (pn *pinning) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	p := pn.p
 	conn, err := p.db.Conn(ctx)
 	if err != nil {
 		return err
@@ -172,7 +183,8 @@ func unpin(conn *sql.Conn) {
 
 // commitPinned ends a pinned session's transaction, which holds nothing,
 // cleanly (see closeConn).
-func (p *Pool) commitPinned(conn *sql.Conn) error {
+func (pn *pinning) commitPinned(conn *sql.Conn) error {
+	p := pn.p
 	err := txExecOn(p.UnlockContext(), p.abandoned, conn, sqltext.CommitPinnedSQL)
 	unpin(conn)
 	return err
@@ -273,7 +285,10 @@ func withOption(opt any, nv []driver.NamedValue) []driver.NamedValue {
 }
 
 // Pinned reports whether the Pool pins its sessions (Config.TxPooler).
-func (p *Pool) Pinned() bool { return p.cfg.TxPooler }
+func (pn *pinning) Pinned() bool {
+	p := pn.p
+	return p.cfg.TxPooler
+}
 
 // Token returns a fencing token for h's lock (see sqltext.TokenSQL),
 // issued while it holds it. A pinned session cannot commit the token's
@@ -315,7 +330,8 @@ func (h *Hold) Token(ctx context.Context) (int64, error) {
 // its own that pins one server session (see pin), and commits it; a
 // transaction that fails is left with its connection, which is
 // discarded.
-func (p *Pool) inTransaction(ctx context.Context, f func(conn *sql.Conn) error) error {
+func (pn *pinning) inTransaction(ctx context.Context, f func(conn *sql.Conn) error) error {
+	p := pn.p
 	conn, err := p.takeConn(ctx)
 	if err != nil {
 		return err
@@ -342,7 +358,8 @@ func (p *Pool) inTransaction(ctx context.Context, f func(conn *sql.Conn) error) 
 // no new lock from then on, and ends, with its transaction, once its
 // locks are released; a session of one lock's is logged (its transaction
 // ends with the lock).
-func (p *Pool) askWaitedOn(ctx context.Context, conn *sql.Conn) error {
+func (pn *pinning) askWaitedOn(ctx context.Context, conn *sql.Conn) error {
+	p := pn.p
 	live := p.liveSessions()
 	byPID := make(map[int64]*session, len(live))
 	var pids strings.Builder

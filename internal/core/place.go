@@ -89,26 +89,26 @@ func (qs *keyQueues) takePlace(ctx context.Context, p *Pool, class int32, shared
 	select {
 	case <-o.done:
 	case <-ctx.Done():
-		go s.placeTaken(o) // the answer settles it: a place goes back
+		go placeTaken(s, o) // the answer settles it: a place goes back
 		return nil
 	}
-	return s.placeTaken(o)
+	return placeTaken(s, o)
 }
 
-// placeTaken reads o's answer, once told, and returns the place it took
-// (nil: none; the session no longer counts it).
-func (s *session) placeTaken(o *op) *place {
+// placeTaken reads o's answer, once told, on s, and returns the place it
+// took (nil: none; s no longer counts it).
+func placeTaken(s *session, o *op) *place {
 	<-o.done
 	if o.err == nil && o.v > 0 {
 		return &place{s: s, class: o.class, id: int32(o.v), shared: o.shared}
 	}
-	s.placeGone()
+	placeGone(s)
 	return nil
 }
 
 // placeGone forgets one of s's places (given back, never taken, or gone
 // with the session).
-func (s *session) placeGone() {
+func placeGone(s *session) {
 	s.mu.Lock()
 	s.held.places--
 	s.mu.Unlock()
@@ -126,7 +126,7 @@ func (pl *place) giveBack() {
 	o.done = make(chan struct{})
 	pl.s.submitAside(o)
 	<-o.done
-	pl.s.placeGone()
+	placeGone(pl.s)
 }
 
 // runPlace runs o, an opPlace, on s: it takes a place (o.ticket 0; the
@@ -135,7 +135,7 @@ func (pl *place) giveBack() {
 // answers its ticket in o.v (0: none), or gives place o.ticket back. A
 // failure, and an answer other than a certain one, ends the session: the
 // server then gives back what it held.
-func (s *session) runPlace(o *op) {
+func runPlace(s *session, o *op) {
 	if s.dead() {
 		o.err = s.err()
 		s.finish(o)

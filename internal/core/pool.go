@@ -76,15 +76,17 @@ type Pool struct {
 	limits       // sharedLimit's last reading (share.go)
 	statementSet // its statements, and its connections' backends
 	serverState  // what its server check found (server.go)
+	pinning      // its sessions behind a transaction pooler (pinned.go)
+	leasing      // its sessions' leases (lease.go)
 	marking      // its sessions' owner marks (newMark)
 	epoch        // the unlock context (UnlockContext)
 
-	pooler  poolerGuard // what it knows of a transaction pooler (pooler.go)
-	closing closing     // its end (close.go)
-	share   sharing     // the shared sessions (share.go)
-	queue   keyQueues   // the per-key queues (keyqueue.go)
-	mon     *monitor    // the keep-alive (keepalive.go)
-	stats   poolStats   // counters (see Stats)
+	poolerGuard           // what it knows of a transaction pooler (pooler.go)
+	closing               // its end (close.go)
+	share       sharing   // the shared sessions (share.go)
+	queue       keyQueues // the per-key queues (keyqueue.go)
+	mon         *monitor  // the keep-alive (keepalive.go)
+	stats       poolStats // counters (see Stats)
 }
 
 // limits is sharedLimit's last reading, until limitUntil (monoNow).
@@ -108,6 +110,7 @@ type statementSet struct {
 
 // serverState is what a Pool's server check found.
 type serverState struct {
+	p        *Pool // its Pool
 	serverMu sync.Mutex
 	serverOK atomic.Bool  // set under serverMu: the server was checked and is supported
 	major    atomic.Int32 // set with serverOK: the server's major version
@@ -122,17 +125,31 @@ type marking struct {
 
 // epoch is the context a Pool's unlocks are bounded by (UnlockContext).
 type epoch struct {
-	epochMu    sync.Mutex
-	epochCtx   context.Context // guarded by epochMu: see UnlockContext
-	epochUntil time.Time       // guarded by epochMu
+	unlockTimeout time.Duration // the Pool's Config.UnlockTimeout
+	epochMu       sync.Mutex
+	epochCtx      context.Context // guarded by epochMu: see UnlockContext
+	epochUntil    time.Time       // guarded by epochMu
+}
+
+// link points the parts of p that keep a pointer to their Pool at p,
+// gives them the settings of p.cfg they need, and returns p.
+func (p *Pool) link() *Pool {
+	p.epoch.unlockTimeout = p.cfg.UnlockTimeout
+	p.poolerGuard.p = p
+	p.closing.p = p
+	p.serverState.p = p
+	p.pinning.p = p
+	p.leasing.p = p
+	return p
 }
 
 // NewPool returns the core of a Locker on db.
 func NewPool(db *sql.DB, cfg Config, hooks Hooks) *Pool {
 	p := &Pool{engine: engine{db: db, budget: &budget{db: db}, mode: sqltext.DetectMode(db.Driver())}, cfg: cfg, hooks: hooks}
 	p.closing.init()
+	p.link()
 	if cfg.TxPooler {
-		p.engine.simpleFor = p.simpleFor
+		p.engine.simpleFor = p.pinning.simpleFor
 	}
 	if p.mode == sqltext.Inline { // lib/pq (see sqltext.DetectMode)
 		p.abandoned = &abandonSet{budget: p.budget}
@@ -158,8 +175,8 @@ func (p *Pool) Mode() sqltext.Mode { return p.mode }
 
 // newMark returns an owner mark for a new lock session (see
 // sqltext.Statements): unique to it, among every process's.
-func (p *Pool) newMark() string {
-	return p.markBase + "." + strconv.FormatUint(p.marks.Add(1), 36)
+func (m *marking) newMark() string {
+	return m.markBase + "." + strconv.FormatUint(m.marks.Add(1), 36)
 }
 
 // name returns what errors call k.
@@ -181,17 +198,17 @@ func (p *Pool) emit(e Event) {
 // 1.25 unlock timeouts from now. Unlocks that start within the same quarter
 // of a timeout share one context and one timer, so that the hot path does
 // not pay for a timer per unlock.
-func (p *Pool) UnlockContext() context.Context {
+func (e *epoch) UnlockContext() context.Context {
 	now := time.Now()
-	p.epochMu.Lock()
-	defer p.epochMu.Unlock()
-	if p.epochCtx == nil || !now.Before(p.epochUntil) {
-		epoch := p.cfg.UnlockTimeout / 4
+	e.epochMu.Lock()
+	defer e.epochMu.Unlock()
+	if e.epochCtx == nil || !now.Before(e.epochUntil) {
+		length := e.unlockTimeout / 4
 		ctx, cancel := context.WithCancel(context.Background())
-		time.AfterFunc(p.cfg.UnlockTimeout+epoch, cancel)
-		p.epochCtx, p.epochUntil = ctx, now.Add(epoch)
+		time.AfterFunc(e.unlockTimeout+length, cancel)
+		e.epochCtx, e.epochUntil = ctx, now.Add(length)
 	}
-	return p.epochCtx
+	return e.epochCtx
 }
 
 // discard closes conn's session instead of returning it to the pool.

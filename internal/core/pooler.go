@@ -48,6 +48,8 @@ import (
 // poolerGuard is a Pool's knowledge of a transaction pooler in front of
 // its server.
 type poolerGuard struct {
+	p *Pool // its Pool
+
 	// seen is the first evidence of a pooler (nil: none seen).
 	seen atomic.Pointer[error]
 
@@ -94,8 +96,8 @@ func (e *poolerError) Is(target error) bool { return target == ErrSessionChanged
 
 // Pooled returns the error of a Pool that has seen a transaction pooler,
 // and nil for one that has not.
-func (p *Pool) Pooled() error {
-	if e := p.pooler.seen.Load(); e != nil {
+func (pg *poolerGuard) Pooled() error {
+	if e := pg.seen.Load(); e != nil {
 		return *e
 	}
 	return nil
@@ -103,7 +105,8 @@ func (p *Pool) Pooled() error {
 
 // pooledOr returns the Pool's pooler error, or err when it has none (it
 // ignores the evidence: IgnorePooler).
-func (p *Pool) pooledOr(err error) error {
+func (pg *poolerGuard) pooledOr(err error) error {
+	p := pg.p
 	if e := p.Pooled(); e != nil {
 		return e
 	}
@@ -128,12 +131,13 @@ func poolerEvidence(err error) bool {
 // counts), logs it once, and discards every session of the Pool: each
 // may carry a lock that others share, and their backends are freed as
 // they go (see session.endIf).
-func (p *Pool) sawPooler(evidence error) {
+func (pg *poolerGuard) sawPooler(evidence error) {
+	p := pg.p
 	err := evidence
 	if pe := (*poolerError)(nil); !errors.As(err, &pe) {
 		err = PoolerError(evidence.Error())
 	}
-	if p.cfg.TxPooler || p.pooler.ignore.Load() || !p.pooler.seen.CompareAndSwap(nil, &err) {
+	if p.cfg.TxPooler || pg.ignore.Load() || !pg.seen.CompareAndSwap(nil, &err) {
 		return // a Pool made for a pooler knows; its sessions end as their own evidence says
 	}
 	p.hooks.Log(context.Background(), slog.LevelWarn, "sqllock: a transaction pooler is in the way: session-level locks are refused, and every session of the Locker is discarded", Key{}, false, slog.String("evidence", evidence.Error()))
@@ -143,41 +147,42 @@ func (p *Pool) sawPooler(evidence error) {
 }
 
 // addLive and removeLive keep the Pool's sessions that have not ended.
-func (p *Pool) addLive(s *session) {
-	p.pooler.liveMu.Lock()
-	if p.pooler.live == nil {
-		p.pooler.live = map[*session]struct{}{}
+func (pg *poolerGuard) addLive(s *session) {
+	pg.liveMu.Lock()
+	if pg.live == nil {
+		pg.live = map[*session]struct{}{}
 	}
-	p.pooler.live[s] = struct{}{}
-	p.pooler.liveMu.Unlock()
+	pg.live[s] = struct{}{}
+	pg.liveMu.Unlock()
 }
 
 // liveSessions returns the Pool's sessions that have not ended.
-func (p *Pool) liveSessions() []*session {
-	p.pooler.liveMu.Lock()
-	defer p.pooler.liveMu.Unlock()
-	live := make([]*session, 0, len(p.pooler.live))
-	for s := range p.pooler.live {
+func (pg *poolerGuard) liveSessions() []*session {
+	pg.liveMu.Lock()
+	defer pg.liveMu.Unlock()
+	live := make([]*session, 0, len(pg.live))
+	for s := range pg.live {
 		live = append(live, s)
 	}
 	return live
 }
 
-func (p *Pool) removeLive(s *session) {
-	p.pooler.liveMu.Lock()
-	delete(p.pooler.live, s)
-	p.pooler.liveMu.Unlock()
+func (pg *poolerGuard) removeLive(s *session) {
+	pg.liveMu.Lock()
+	delete(pg.live, s)
+	pg.liveMu.Unlock()
 }
 
 // noteBackend records that driver connection dc runs on backend id; it
 // returns the pooler's error when another client connection ran on the
 // same backend (a backend's start tells two backends that had one pid
 // apart, so a connection closed since counts too).
-func (p *Pool) noteBackend(dc any, id ident) error {
+func (pg *poolerGuard) noteBackend(dc any, id ident) error {
+	p := pg.p
 	if id.backend == 0 || id.pid == 0 || !comparableConn(dc) {
 		return nil // not known: nothing to compare
 	}
-	g := &p.pooler
+	g := pg
 	g.backendsMu.Lock()
 	if g.backends == nil || len(g.backends) >= maxConns {
 		g.backends = map[ident]any{}
@@ -212,22 +217,25 @@ func (s *session) sameBackend(pid int64, granted bool, k Key) error {
 
 // SkipPoolerProbe turns the probe off, so that a Pool behind a pooler
 // takes locks before it sees one (for tests of what it frees then).
-func (p *Pool) SkipPoolerProbe() { p.pooler.noProbe.Store(true) }
+func (pg *poolerGuard) SkipPoolerProbe() {
+	pg.noProbe.Store(true)
+}
 
 // IgnorePooler turns the probe off and makes a Pool ignore the evidence
 // of a pooler, so that each statement's own check is what meets one (for
 // tests of those checks).
-func (p *Pool) IgnorePooler() {
-	p.pooler.noProbe.Store(true)
-	p.pooler.ignore.Store(true)
+func (pg *poolerGuard) IgnorePooler() {
+	pg.noProbe.Store(true)
+	pg.ignore.Store(true)
 }
 
 // awaitProbe runs the probe on conn, just checked (id), unless it ran
 // (or runs) already, and returns the pooler's error when there is one.
 // Calls that come while it runs wait for it, as long as their ctx lets
 // them; a probe whose ctx ended leaves the probe to the next call.
-func (p *Pool) awaitProbe(ctx context.Context, conn *sql.Conn, id ident) error {
-	g := &p.pooler
+func (pg *poolerGuard) awaitProbe(ctx context.Context, conn *sql.Conn, id ident) error {
+	p := pg.p
+	g := pg
 	for !g.probed.Load() {
 		g.probeMu.Lock()
 		if g.probed.Load() {
@@ -277,8 +285,9 @@ func (p *Pool) awaitProbe(ctx context.Context, conn *sql.Conn, id ident) error {
 // (a ctx that ended leaves it to the next call). The second connection
 // is one the pool gives at once: a Pool never makes the application wait
 // for it; without one, conn alone is asked, again and again.
-func (p *Pool) probe(ctx context.Context, conn *sql.Conn, id ident) bool {
-	if id.pid == 0 || id.backend == 0 || p.pooler.noProbe.Load() {
+func (pg *poolerGuard) probe(ctx context.Context, conn *sql.Conn, id ident) bool {
+	p := pg.p
+	if id.pid == 0 || id.backend == 0 || pg.noProbe.Load() {
 		return true // a server (or a stand-in) that does not say who runs it
 	}
 	// Its answers are read for up to abandonGrace past ctx's end, as the
@@ -348,7 +357,8 @@ const (
 // probeFailed handles a probe statement's error: evidence of a pooler, a
 // ctx that ended (the probe is left to the next call), or a failure that
 // ends the probe with nothing learnt (the lock call meets it itself).
-func (p *Pool) probeFailed(ctx context.Context, err error) bool {
+func (pg *poolerGuard) probeFailed(ctx context.Context, err error) bool {
+	p := pg.p
 	if poolerEvidence(err) {
 		p.sawPooler(PoolerError(err.Error()))
 		return true
@@ -363,23 +373,26 @@ const probeConnWait = time.Second
 // from another connection of the pool: a lock statement took k on a
 // server session that a pooler hands to others. It returns a channel
 // closed once done, or given up (within the unlock timeout).
-func (p *Pool) discardHolder(pid int64, k Key) <-chan struct{} {
+func (pg *poolerGuard) discardHolder(pid int64, k Key) <-chan struct{} {
+	p := pg.p
 	return p.freeing(pid, sqltext.StrandedSQL(true), sqltext.StrandedArgs(pid, 0, true, k))
 }
 
 // discardStranded ends backend id (pid and start) when it holds an advisory
 // lock (see sqltext.StrandedSQL): the server session of a discarded
 // session, which a pooler keeps, with whatever the session held.
-func (p *Pool) discardStranded(id ident) <-chan struct{} {
+func (pg *poolerGuard) discardStranded(id ident) <-chan struct{} {
+	p := pg.p
 	return p.freeing(id.pid, sqltext.StrandedSQL(false), sqltext.StrandedArgs(id.pid, id.backend, false, Key{}))
 }
 
 // freeing runs q, a StrandedSQL, on connections of the pool, in the
 // background, until it ended backend pid or found nothing to end,
 // bounded by the unlock timeout, and logs what it did.
-func (p *Pool) freeing(pid int64, q string, args []any) <-chan struct{} {
+func (pg *poolerGuard) freeing(pid int64, q string, args []any) <-chan struct{} {
+	p := pg.p
 	done := make(chan struct{})
-	g := &p.pooler
+	g := pg
 	g.freesMu.Lock()
 	if g.frees == nil {
 		g.frees = map[chan struct{}]struct{}{}
@@ -429,8 +442,8 @@ func (p *Pool) freeing(pid int64, q string, args []any) <-chan struct{} {
 // returns an error for a session a pooler keeps returns once what the
 // session took is freed, so that a program that closes its pool next
 // does not leave it there.
-func (p *Pool) AwaitFreed(d time.Duration) bool {
-	g := &p.pooler
+func (pg *poolerGuard) AwaitFreed(d time.Duration) bool {
+	g := pg
 	g.freesMu.Lock()
 	frees := make([]chan struct{}, 0, len(g.frees))
 	for ch := range g.frees {
@@ -453,7 +466,8 @@ func (p *Pool) AwaitFreed(d time.Duration) bool {
 // of the pool: a transaction keeps one server session behind a pooler
 // from the statement's parse to its answer, whatever the driver's
 // protocol (see inTransaction).
-func (p *Pool) strandedOnce(ctx context.Context, q string, args []any) (int64, error) {
+func (pg *poolerGuard) strandedOnce(ctx context.Context, q string, args []any) (int64, error) {
+	p := pg.p
 	var answer int64
 	err := p.inTransaction(ctx, func(conn *sql.Conn) error {
 		return queryRow(ctx, p.abandoned, conn, q, args, &answer)

@@ -27,7 +27,8 @@ type ident struct{ server, backend, pid int64 }
 // connection (one round trip, before the connection's first lock
 // statement); the server's answer is checked once for the Pool's life (a
 // failed check is retried on the next call).
-func (p *Pool) checkServer(ctx context.Context, conn *sql.Conn) (ident, error) {
+func (ss *serverState) checkServer(ctx context.Context, conn *sql.Conn) (ident, error) {
+	p := ss.p
 	if err := p.Pooled(); err != nil {
 		return ident{}, err // nothing sent: refused before any lock
 	}
@@ -121,7 +122,8 @@ func (e serverCheckUnexpected) Unwrap() error { return e.mock }
 
 // serverChecked checks version, the server's version(), once for the
 // Pool, and makes its statements for that major version.
-func (p *Pool) serverChecked(v string) error {
+func (ss *serverState) serverChecked(v string) error {
+	p := ss.p
 	p.serverMu.Lock()
 	defer p.serverMu.Unlock()
 	if p.serverOK.Load() {
@@ -141,7 +143,8 @@ func (p *Pool) serverChecked(v string) error {
 // settings returns what a lock session needs, for the server's major
 // version (0 before the server check), with application name appName
 // (forced on the session when force is true).
-func (p *Pool) settings(appName string, force bool) sqltext.Settings {
+func (ss *serverState) settings(appName string, force bool) sqltext.Settings {
+	p := ss.p
 	major := int(p.major.Load())
 	st := sessionSettings(p.cfg.OrphanBound, appName, major)
 	st.ForceAppName = force
@@ -155,7 +158,8 @@ func (p *Pool) settings(appName string, force bool) sqltext.Settings {
 // sql returns the Pool's session-level statements, made for the server's
 // major version by the server check, which every session-level call runs
 // first.
-func (p *Pool) sql() *statements {
+func (ss *serverState) sql() *statements {
+	p := ss.p
 	if s := p.stmts.Load(); s != nil {
 		return s
 	}
@@ -165,7 +169,8 @@ func (p *Pool) sql() *statements {
 // statementsFor returns the statements of a lock whose session is named
 // named (an election candidate's: set on the session while it waits and
 // while it holds the lock), or the Pool's own for "".
-func (p *Pool) statementsFor(named string) *statements {
+func (ss *serverState) statementsFor(named string) *statements {
+	p := ss.p
 	if named == "" {
 		return p.sql()
 	}

@@ -50,7 +50,7 @@ func TestGateJoinOrShut(t *testing.T) {
 // the waiter's: the countdown that ends an idle shared session, fired as
 // it was handed over, leaves it be.
 func TestLingerSparesHandedOver(t *testing.T) {
-	p := &Pool{}
+	p := (&Pool{}).link()
 	s := &session{p: p, life: life{kind: kindShared}, backend: backend{pid: 1}, connHandle: connHandle{gone: make(chan struct{})}}
 	s.linger = time.AfterFunc(time.Hour, func() {})
 	defer s.linger.Stop()
@@ -79,7 +79,7 @@ func TestSharedForNoneUsable(t *testing.T) {
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(4) // room for one shared session
-	p := &Pool{engine: engine{db: db}}
+	p := (&Pool{engine: engine{db: db}}).link()
 	s := &session{p: p, life: life{kind: kindShared}, connHandle: connHandle{gone: make(chan struct{})}}
 	s.mu.Lock()
 	s.setStateLocked(retiring, nil)
