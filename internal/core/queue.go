@@ -6,7 +6,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -28,14 +27,16 @@ const (
 	opTag                  // a statement about one lock's tag (a token, HeldSQL, the lease's touch)
 	opAlive                // a sign of life of the session (one statement for all in a batch)
 	opCheck                // statements of the caller's own on the connection (run): a pinned Pool's keep-alive
+	opPlace                // a waiter's place in a key's line: taken, or given back (see place.go)
 )
 
 // op is one operation on a session.
 type op struct {
 	kind   opKind
 	key    Key
-	shared bool   // opUnlock: of a shared-mode lock
-	class  int32  // opAlive: a ticket class whose doorbell to check; opTry: a polite try's (0: none)
+	shared bool   // opUnlock: of a shared-mode lock; opPlace: a reader's place
+	class  int32  // opAlive: a ticket class whose doorbell to check; opTry: a polite try's (0: none); opPlace: its line's
+	ticket int32  // opAlive: ask only for earlier tickets than this one (0: any); opPlace: the ticket to give back (0: take one)
 	q      string // opTag
 	args   []any  // opTag
 	state  atomic.Uint32
@@ -343,6 +344,8 @@ func (s *session) run(batch []*op) {
 		case o.kind == opCheck:
 			o.err = s.withConn(o.run)
 			s.answer(o)
+		case o.kind == opPlace:
+			runPlace(s, o)
 		case o.kind == opUnlock:
 			unlocks = append(unlocks, o)
 		case o.kind == opAlive:
@@ -373,14 +376,19 @@ func (s *session) run(batch []*op) {
 // answered, or none did), and ops get why.
 func (s *session) runAlive(ops []*op) {
 	var err error
-	rung := map[int32]bool{}
+	type line struct{ class, ticket int32 }
+	rung := map[line]bool{}
 	if s.dead() {
 		err = s.err()
 	} else {
-		var classes []int32
+		var classes, tickets []int32
 		for _, o := range ops {
-			if o.class != 0 && !slices.Contains(classes, o.class) {
-				classes = append(classes, o.class)
+			if o.class == 0 {
+				continue
+			}
+			if _, ok := rung[line{o.class, o.ticket}]; !ok {
+				rung[line{o.class, o.ticket}] = false
+				classes, tickets = append(classes, o.class), append(tickets, o.ticket)
 			}
 		}
 		if len(classes) == 0 {
@@ -389,10 +397,10 @@ func (s *session) runAlive(ops []*op) {
 			err = s.queryRow(q, args, &v)
 		} else {
 			rows := 0
-			q, args := s.p.mode.DoorbellSQL(s.pid, classes)
+			q, args := s.p.mode.DoorbellSQL(s.pid, classes, tickets)
 			err = s.queryRows(q, args, func(v []driver.Value) error {
 				rows++
-				rung[int32(pglocks.Int(v[0]))] = v[1] == true
+				rung[line{int32(pglocks.Int(v[0])), int32(pglocks.Int(v[1]))}] = v[2] == true
 				return nil
 			})
 			if err == nil && rows == 0 {
@@ -407,27 +415,7 @@ func (s *session) runAlive(ops []*op) {
 		}
 	}
 	for _, o := range ops {
-		o.ok, o.err = err == nil && !rung[o.class], err
+		o.ok, o.err = err == nil && !rung[line{o.class, o.ticket}], err
 		s.answer(o)
 	}
-}
-
-// alive reports, with a statement on s's backend (shared with the others
-// under way), that s is alive, and so holds what it held, and, for a
-// class other than 0, whether the doorbell of that ticket class rings
-// (someone waits in its line); or why not (s has then ended).
-func (s *session) alive(class int32) (rung bool, err error) {
-	o := newOp(opAlive, Key{})
-	o.class = class
-	s.submit(o)
-	if o.err != nil && s.closedCleanly() {
-		// It ended cleanly meanwhile, before or as the statement ran: a
-		// session ends so only holding nothing, after its backend
-		// confirmed its last unlock (a dedicated session's, once the key
-		// was handed on to another caller and released by it), which
-		// answers for what it held as a sign of life would. Its doorbell
-		// is not known: taken as ringing.
-		return true, nil
-	}
-	return o.err == nil && !o.ok, o.err
 }

@@ -38,7 +38,7 @@ type session struct {
 	// waited, guarded by mu: another backend waits for the end of its
 	// transaction (a pinned session's; see askWaitedOn).
 	waited bool
-	held   holdList // guarded by mu: the Holds it carries
+	held   holdList // guarded by mu: the Holds it carries, and its places in line
 	owner  *Owned   // the Owned whose keys it holds (kindOwned)
 	// gate counts the calls that picked it and have not finished (users,
 	// the low bits), and shuts (gateShut) when it takes no new call: it
@@ -308,14 +308,18 @@ func (s *session) closeOrDiscard(cause error, onlyIdle bool) {
 // idleLocked reports whether s holds nothing and nothing is under way on
 // it: it may go back to the pool. The caller holds s.mu.
 func (s *session) idleLocked() bool {
-	return s.state != ended && s.users() == 0 && s.held.n == 0 && !s.running && len(s.queue) == 0
+	return s.state != ended && s.users() == 0 && s.held.n == 0 && s.held.places == 0 && !s.running && len(s.queue) == 0
 }
 
 // holdList is a session's Holds, linked through them (no look-up, no
-// allocation per lock). Guarded by the session's mu, as are the links.
+// allocation per lock), and the count of the waiters' places in line
+// (tickets, see place.go) it holds or is taking: until each is given
+// back, the session holds something, as with a Hold. Guarded by the
+// session's mu, as are the links.
 type holdList struct {
-	head *Hold
-	n    int
+	head   *Hold
+	n      int
+	places int
 }
 
 // add links h in, and reports whether it was not linked yet.
