@@ -103,13 +103,19 @@
 // 10 ms after the server last granted it to the Locker; then the release
 // goes to the server, where a waiter of another process is served first.
 //
-// Across processes, the server's clock orders the waiters. The first
-// waiter of a Locker's queue takes a ticket in the key's line: an advisory
+// Across processes, the server's clock orders the waiters. Each waiter of
+// a Locker's queue takes a ticket in the key's line as it calls: an advisory
 // lock on a pair key of the key's own class (a 31-bit hash of the key, top
 // bit set) whose number is the server's clock in milliseconds. It rings
 // the key's doorbell (the pair key (class, 0), taken shared), then waits
 // only for the ticket just before its own, and, when none is left, for the
-// key itself: at most one waiter of all the processes waits on the key,
+// key itself. The first waiter of the queue takes its ticket on a session
+// of its own, where it waits. The callers queued behind it take theirs,
+// in queue order, on one of the Locker's shared sessions, which costs them
+// no session of their own; once first, each waits with it. With
+// [WithDedicatedSessions] or [WithTransactionPooler], or a pool too small
+// to share sessions, a queued caller takes its ticket once it is first.
+// At most one waiter of all the processes waits on the key,
 // and a release wakes exactly one. Every wait is a statement shorter than
 // half the server's deadlock_timeout, so that a holder's CREATE INDEX
 // CONCURRENTLY, which waits for older snapshots, is never held up by the
@@ -119,7 +125,9 @@
 // crashes, freezes or is cut off loses them with its session, which the
 // server ends within the orphan bound ([WithOrphanBound]). Within a
 // Locker, a release hands the key to the next goroutine only when a check
-// of the doorbell, sent after that goroutine queued, found no one in line.
+// found no waiter in line with an earlier ticket than that goroutine's (a
+// goroutine without one: a check of the doorbell, sent after it queued,
+// found no one in line).
 //
 // The line does not order waits that take no ticket: a program's own
 // pg_advisory_lock waits in PostgreSQL's queue beside the line's first

@@ -42,6 +42,10 @@ const (
 // them.
 func Queued(l *Locker, k Key) int { return l.pool.Queued(k.sqlKey()) }
 
+// SemaphoreQueued returns how many of its Locker's callers are in s's
+// queue, its head among them.
+func SemaphoreQueued(s *Semaphore) int { return s.slots.Queued(s.l.pool) }
+
 // SemaphoreSlots returns the keys of the slots of semaphore name of n slots.
 var SemaphoreSlots = semaphoreSlots
 

@@ -90,6 +90,8 @@ func helperMain(role string) int {
 		return helperLeader(db, os.Getenv("HELPER_VALUE"))
 	case "line":
 		return helperLine(db)
+	case "places":
+		return helperPlaces(db)
 	case "tx-holder":
 		return helperTxHolder(db)
 	}

@@ -24,11 +24,12 @@ import (
 // The Locker's queues: its callers that wait for one key queue inside it,
 // in arrival order, and only the first waits in the server.
 
-// waitingRows returns how many sessions wait for k: in the server for k
-// itself, or in its line (see testkit.Waiters).
+// waitingRows returns how many sessions wait in the server for k itself,
+// or for a ticket of its line (see testkit.Blocked): a shared session that
+// holds places in line for a Locker's queued callers waits for nothing.
 func waitingRows(t testing.TB, q sqllock.Querier, k sqllock.Key) int {
 	t.Helper()
-	return testkit.Waiters(t, q, k)
+	return testkit.Blocked(t, q, k)
 }
 
 // watchWaiting samples, until stop is closed, the most sessions seen
@@ -44,7 +45,7 @@ func watchWaiting(t testing.TB, q sqllock.Querier, k sqllock.Key, stop <-chan st
 				return
 			case <-time.After(5 * time.Millisecond):
 			}
-			m = max(m, testkit.Waiters(t, q, k))
+			m = max(m, waitingRows(t, q, k))
 		}
 	}()
 	return most

@@ -25,6 +25,8 @@ type Request struct {
 	// (a granted lock then allocates one thing, not two). When nothing is
 	// granted it may have been written, and nothing refers to it.
 	Into *Hold
+
+	place *place // the call's place in line, taken as it queued (nil: none)
 }
 
 // namer names a lock in errors, only when one is built: label, or the
@@ -80,7 +82,10 @@ func (p *Pool) acquire(ctx context.Context, r Request) (*Hold, error) {
 		}
 		return p.fromServer(ctx, r)
 	}
-	h, err := p.queue.acquire(ctx, p, queueKey{k: r.Key}, r, namer{p: p, k: r.Key}, func() (*Hold, error) { return p.fromServer(ctx, r) })
+	h, err := p.queue.acquire(ctx, p, queueKey{k: r.Key}, r, namer{p: p, k: r.Key}, func(pl *place) (*Hold, error) {
+		r.place = pl
+		return p.fromServer(ctx, r)
+	})
 	return h, p.timedOut(err)
 }
 
@@ -91,7 +96,7 @@ func (p *Pool) fromServer(ctx context.Context, r Request) (*Hold, error) {
 	if !r.Shared && !p.cfg.Dedicated && r.Named == "" {
 		// A wait that left its line to end its transaction (errRestart)
 		// waits on in a session of its own.
-		if h, err, handled := p.acquireShared(ctx, r.Key, r.Try, r.Into); handled && !errors.Is(err, errRestart) {
+		if h, err, handled := p.acquireShared(ctx, r.Key, r.Try, r.Into, r.place); handled && !errors.Is(err, errRestart) {
 			return h, err
 		}
 	}
@@ -173,7 +178,7 @@ func (p *Pool) acquireOn(ctx context.Context, s *session, r Request, what namer)
 			pid = o.pid
 		}
 		if known || o.err == nil && !o.ok && !(o.standby && !p.cfg.AllowStandby) {
-			o = p.waitInLine(ctx, w, s.st, keyLine(kind, r.Key), pid)
+			o = p.waitInLine(ctx, w, s.st, keyLine(kind, r.Key).at(r.place), pid)
 			if o.err == nil && !p.cfg.TxPooler {
 				p.pids.set(dc, o.pid)
 			}
@@ -220,8 +225,9 @@ func (p *Pool) triedLate(ctx context.Context, s *session, r Request, o outcome) 
 // is held or handled on a shared session, none could be had, or it died.
 // A waiting call that finds k held elsewhere waits on a session of its
 // own: the shared session it tried on, when that carries nothing else
-// (handOver), else one of the pool's.
-func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold) (h *Hold, err error, handled bool) {
+// (handOver), else one of the pool's; with its place in line pl (nil:
+// none).
+func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold, pl *place) (h *Hold, err error, handled bool) {
 	if p.sharedLimit() == 0 {
 		return nil, nil, false // a small pool: no sharing
 	}
@@ -233,7 +239,7 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold) (
 	ended := func() (*Hold, error, bool) { return nil, NotAcquired(what.String(), CtxErr(ctx)), true }
 	s, err := p.sharedFor(ctx)
 	if err != nil {
-		p.share.free(k)
+		p.share.unreserve(k)
 		if CtxEnded(ctx) {
 			return ended()
 		}
@@ -290,7 +296,7 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold) (
 	}
 	v, verr := judgeShared(ctx, ok, oerr, what)
 	if v != granted {
-		p.share.free(k)
+		p.share.unreserve(k)
 		if CtxEnded(ctx) {
 			return ended()
 		}
@@ -320,7 +326,7 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold) (
 			return nil, nil, false
 		}
 		w := p.waiterOf(s)
-		ow := p.waitInLine(ctx, w, s.st, keyLine(0, k), s.pid)
+		ow := p.waitInLine(ctx, w, s.st, keyLine(0, k).at(pl), s.pid)
 		if ow.err == nil {
 			if !p.cfg.TxPooler {
 				p.pids.set(driverConnOf(s.conn), ow.pid) // as acquireOn does: its next wait needs no try
@@ -382,9 +388,9 @@ func (s *session) release(h *Hold) error {
 	dedicated := s.detach(h, err != nil && !uncertain)
 	switch {
 	case dedicated && err == nil:
-		s.end(nil) // back to the pool: its unlock set its settings back
+		s.close() // back to the pool: its unlock set its settings back
 	case dedicated && !uncertain:
-		s.end(err) // a certain "not held": discarded all the same
+		s.discard(err) // a certain "not held": discarded all the same
 	}
 	return err
 }

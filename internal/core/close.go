@@ -147,7 +147,7 @@ func (cl *closing) Close() error {
 	}
 	wg.Wait()
 	for _, s := range shared {
-		s.endIfIdle()
+		s.closeIfIdle()
 	}
 	deadline := time.Now().Add(p.cfg.UnlockTimeout)
 	for len(p.liveSessions()) > 0 && time.Now().Before(deadline) {

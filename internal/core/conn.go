@@ -7,10 +7,12 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // connHandle is a session's connection, and how it ends.
 type connHandle struct {
+	s    *session // its session
 	conn *sql.Conn
 	// handedOut: the owner handed conn to its caller (Owned.Conn), whose
 	// statements on it run outside connMu.
@@ -22,7 +24,7 @@ type connHandle struct {
 	// driver connection gone, and panic). connDone, guarded by connMu: conn
 	// was ended; later statements fail with sql.ErrConnDone. endNext,
 	// guarded by the session's mu: how conn ends once the statement on it
-	// returns (see endConnSoon).
+	// returns (see closeConnSoon).
 	connMu   sync.Mutex
 	connDone bool
 	endNext  func()
@@ -33,8 +35,9 @@ type connHandle struct {
 // its backend, or it is discarded), or closed outright when it was handed
 // to a caller (whose statements may have changed it in ways no reset is
 // sure to undo: settings, temporary tables, prepared statements, LISTEN).
-// The caller holds connMu (see endConn).
-func (s *session) closeConn() {
+// The caller holds connMu (see closeConnBy).
+func (c *connHandle) closeConn() {
+	s := c.s
 	if !s.handedOut.Load() && s.prep.close(s.p.UnlockContext(), s.p.abandoned, s.conn) != nil {
 		s.p.discard(s.conn, "prepared statements not closed")
 		return
@@ -57,10 +60,11 @@ func (s *session) closeConn() {
 	}
 }
 
-// endConn ends conn with end (close it, reset it, discard it) once no
-// statement is on it, and only once: the first end asked for, by endConn
-// or endConnSoon, is the one that runs.
-func (s *session) endConn(end func()) {
+// closeConnBy ends conn with end (close it, reset it, discard it) once no
+// statement is on it, and only once: the first end asked for, by closeConnBy
+// or closeConnSoon, is the one that runs.
+func (c *connHandle) closeConnBy(end func()) {
+	s := c.s
 	s.connMu.Lock()
 	defer s.connMu.Unlock()
 	s.mu.Lock()
@@ -68,28 +72,30 @@ func (s *session) endConn(end func()) {
 		s.endNext = end
 	}
 	s.mu.Unlock()
-	s.endNextLocked()
+	s.closeNextLocked()
 }
 
-// endConnSoon is endConn without waiting for a statement on conn: the
+// closeConnSoon is closeConnBy without waiting for a statement on conn: the
 // statement's caller ends conn as it returns (releaseConn). An Owned's
 // wait lasts as long as its caller likes; whoever finds the session lost
 // does not wait for it.
-func (s *session) endConnSoon(end func()) {
+func (c *connHandle) closeConnSoon(end func()) {
+	s := c.s
 	s.mu.Lock()
 	if s.endNext == nil {
 		s.endNext = end
 	}
 	s.mu.Unlock()
 	if s.connMu.TryLock() {
-		s.endNextLocked()
+		s.closeNextLocked()
 		s.connMu.Unlock()
 	}
 }
 
-// endNextLocked runs endConnSoon's end, if one is due; the caller holds
+// closeNextLocked runs closeConnSoon's end, if one is due; the caller holds
 // connMu.
-func (s *session) endNextLocked() {
+func (c *connHandle) closeNextLocked() {
+	s := c.s
 	s.mu.Lock()
 	end := s.endNext
 	s.endNext = nil
@@ -103,8 +109,9 @@ func (s *session) endNextLocked() {
 
 // holdConn and releaseConn bracket a statement on conn: holdConn fails
 // with sql.ErrConnDone once conn was ended; releaseConn ends it when
-// endConnSoon asked meanwhile.
-func (s *session) holdConn() error {
+// closeConnSoon asked meanwhile.
+func (c *connHandle) holdConn() error {
+	s := c.s
 	s.connMu.Lock()
 	if s.connDone {
 		s.connMu.Unlock()
@@ -113,7 +120,8 @@ func (s *session) holdConn() error {
 	return nil
 }
 
-func (s *session) releaseConn() {
+func (c *connHandle) releaseConn() {
+	s := c.s
 	s.connMu.Unlock()
 	s.mu.Lock()
 	due := s.endNext != nil
@@ -121,14 +129,15 @@ func (s *session) releaseConn() {
 	// Whoever holds connMu now ends conn as its statement returns, if
 	// this TryLock finds it taken.
 	if due && s.connMu.TryLock() {
-		s.endNextLocked()
+		s.closeNextLocked()
 		s.connMu.Unlock()
 	}
 }
 
 // withConn runs fn, statements on conn (a query, a wait), under connMu and
 // the lease's busy mark; an answer, rows or none, is a sign of life.
-func (s *session) withConn(fn func(conn *sql.Conn) error) error {
+func (c *connHandle) withConn(fn func(conn *sql.Conn) error) error {
+	s := c.s
 	if err := s.holdConn(); err != nil {
 		return err
 	}
@@ -145,28 +154,43 @@ func (s *session) withConn(fn func(conn *sql.Conn) error) error {
 // right after) never meets a lease that still looks busy. The queue's
 // statements are bounded like an unlock (UnlockContext); an Owned's own
 // calls pass their ctx (queryRowCtx, queryRowsCtx).
-func (s *session) queryRow(q string, args []any, dest ...any) error {
+func (c *connHandle) queryRow(q string, args []any, dest ...any) error {
+	s := c.s
 	return s.queryRowCtx(s.p.UnlockContext(), q, args, dest...)
 }
 
-func (s *session) queryRows(q string, args []any, row func([]driver.Value) error) error {
+func (c *connHandle) queryRows(q string, args []any, row func([]driver.Value) error) error {
+	s := c.s
 	return s.queryRowsCtx(s.p.UnlockContext(), q, args, row)
 }
 
-func (s *session) queryRowCtx(ctx context.Context, q string, args []any, dest ...any) error {
+func (c *connHandle) queryRowCtx(ctx context.Context, q string, args []any, dest ...any) error {
+	s := c.s
 	v := via{blind: s.p.abandoned, prep: s.prep}
 	return s.withConn(func(conn *sql.Conn) error { return queryRowVia(ctx, v, conn, q, args, dest...) })
 }
 
-func (s *session) queryRowsCtx(ctx context.Context, q string, args []any, row func([]driver.Value) error) error {
+func (c *connHandle) queryRowsCtx(ctx context.Context, q string, args []any, row func([]driver.Value) error) error {
+	s := c.s
 	v := via{blind: s.p.abandoned, prep: s.prep}
 	return s.withConn(func(conn *sql.Conn) error { return queryRowsVia(ctx, v, conn, q, args, row) })
+}
+
+// connections is the part of a Pool that takes its connections into
+// sessions and ends them, and bounds its unlocks (UnlockContext).
+type connections struct {
+	p             *Pool         // its Pool
+	unlockTimeout time.Duration // the Pool's Config.UnlockTimeout
+	epochMu       sync.Mutex
+	epochCtx      context.Context // guarded by epochMu: see UnlockContext
+	epochUntil    time.Time       // guarded by epochMu
 }
 
 // closeSession sets conn's settings back (on backend pid only) and gives it
 // back to the pool; when that is not confirmed on backend pid, it discards
 // the connection instead.
-func (p *Pool) closeSession(conn *sql.Conn, pid int64) {
+func (cs *connections) closeSession(conn *sql.Conn, pid int64) {
+	p := cs.p
 	q, args := p.sql().SetBackSQL(pid)
 	if err := queryRow(p.UnlockContext(), p.abandoned, conn, q, args, skip); err != nil {
 		p.discard(conn, "session settings not reset")

@@ -43,7 +43,6 @@
 //   - stop: end a timer, a goroutine, or a statement running on the
 //     server (a wait taken out of the server's queue).
 //
-// A few older names (end, finish, free, drop, giveUp) remain in the
-// session's and the line's code; internal/layout's TestEndingVerbs lists
-// them.
+// A few older names (end, drop, giveUp) remain in the handles' and the
+// line's code; internal/layout's TestEndingVerbs lists them.
 package core

@@ -54,6 +54,8 @@ const (
 	fGiveUp       fkind = "give up"       // GiveUpSQL
 	fSlotGiveUp   fkind = "slot give up"  // SemaphoreGiveUpSQL
 	fDoorbell     fkind = "doorbell"      // DoorbellSQL
+	fPlace        fkind = "place"         // PlaceSQL
+	fPlaceBack    fkind = "place back"    // PlaceBackSQL
 	fAlive        fkind = "alive"         // AliveSQL
 	fTouch        fkind = "touch"         // TouchSQL
 	fKeepAlive    fkind = "keep-alive"    // KeepAliveSQL
@@ -905,13 +907,17 @@ func classify(q string) fkind {
 		}
 	case "sqllock: line":
 		switch {
+		case strings.Contains(body, "generate_series(0, 63)") && strings.Contains(body, " AS bell WHERE pg_backend_pid() = $2::int4"):
+			return fPlace
 		case strings.Contains(body, "generate_series(0, 63)"):
 			return fRegister
+		case strings.Contains(body, "::int4)::int8 WHERE pg_backend_pid() = $3::int4"):
+			return fPlaceBack
 		case strings.Contains(body, "coalesce(x.have, -1)"):
 			return fSlotGiveUp
 		case strings.Contains(body, "x.released"):
 			return fGiveUp
-		case strings.Contains(body, "AS u(c) WHERE pg_backend_pid() = $2::int4"):
+		case strings.Contains(body, "AS u(c, t) WHERE pg_backend_pid() = $2::int4"):
 			return fDoorbell
 		}
 	case "sqllock: keep-alive":
@@ -1046,10 +1052,40 @@ func (fs *fakeServer) run(ctx context.Context, c *fakeConn, b *fbackend, st *fak
 			return rowsOf(), nil
 		}
 		var rs [][]driver.Value
-		for _, c := range intArray(argStr(args, 0)) {
-			rs = append(rs, row(c, fs.ringsLocked(b.pid, int32(c))))
+		tickets := intArray(argStr(args, 2))
+		for i, c := range intArray(argStr(args, 0)) {
+			t := tickets[i]
+			if t == 0 {
+				rs = append(rs, row(c, t, fs.ringsLocked(b.pid, int32(c))))
+			} else {
+				rs = append(rs, row(c, t, fs.earlierLocked(int32(c), int32(t))))
+			}
 		}
 		return rowsOf(rs...), nil
+
+	case fPlace:
+		class, shared := int32(argInt(args, 0)), strings.Contains(q, "pg_try_advisory_lock_shared($1::int4, c.i::int4)")
+		if argInt(args, 1) != b.pid {
+			return rowsOf(), nil
+		}
+		if !fs.tryLocked(b.pid, pairTag(class, 0), true) {
+			return rowsOf(row(int64(0))), nil
+		}
+		fs.tickets++
+		if !fs.tryLocked(b.pid, pairTag(class, fs.tickets), shared) {
+			fs.unlockLocked(b.pid, pairTag(class, 0), true)
+			return rowsOf(row(int64(0))), nil
+		}
+		return rowsOf(row(int64(fs.tickets))), nil
+
+	case fPlaceBack:
+		class, id := int32(argInt(args, 0)), int32(argInt(args, 1))
+		if argInt(args, 2) != b.pid {
+			return rowsOf(), nil
+		}
+		n := int64(b2i(fs.unlockLocked(b.pid, pairTag(class, id), strings.Contains(q, "pg_advisory_unlock_shared($1::int4, $2::int4)"))))
+		n += int64(b2i(fs.unlockLocked(b.pid, pairTag(class, 0), true)))
+		return rowsOf(row(n)), nil
 
 	case fToken, fHeld:
 		t := ftag{uint32(argInt(args, 0)), uint32(argInt(args, 1)), int(argInt(args, 2))}
@@ -1311,6 +1347,32 @@ func (fs *fakeServer) ringsLocked(pid int64, class int32) bool {
 	for p, n := range l.shared {
 		if p != pid && n > 0 {
 			return true
+		}
+	}
+	return false
+}
+
+// earlierLocked reports whether a registered waiter (one whose backend
+// rings the doorbell) holds a ticket of class earlier than t. The caller
+// holds mu.
+func (fs *fakeServer) earlierLocked(class, t int32) bool {
+	bell := fs.locks[pairTag(class, 0)]
+	if bell == nil {
+		return false
+	}
+	for tag, l := range fs.locks {
+		if tag.sub != 2 || tag.c != uint32(class) || tag.o == 0 || int32(tag.o) >= t {
+			continue
+		}
+		for pid, n := range l.excl {
+			if n > 0 && bell.shared[pid] > 0 {
+				return true
+			}
+		}
+		for pid, n := range l.shared {
+			if n > 0 && bell.shared[pid] > 0 {
+				return true
+			}
 		}
 	}
 	return false

@@ -16,8 +16,10 @@ import (
 
 // Waiting in line: the first waiter of a Pool's queue for a key takes a
 // ticket, by the server's clock, in the key's line, which every process's
-// waiters share, and waits only for the ticket before its own; with none
-// left, for the key (see sqltext's tickets). Waiters of every process are
+// waiters share (a waiter queued behind it took one as it queued, on
+// another of the Pool's sessions: see place.go), and waits only for the
+// ticket before its own; with none left, for the key (see sqltext's
+// tickets). Waiters of every process are
 // so served in the order they arrived, while every wait stays a statement
 // shorter than half the server's deadlock_timeout, which a holder's CREATE
 // INDEX CONCURRENTLY never waits on for long.
@@ -37,6 +39,23 @@ type line struct {
 	k     Key    // the key; a semaphore's: its slots' class, for logs
 	slots *Slots // a semaphore's
 	class int32  // the line's ticket class
+	// place is the ticket of the waiter's place in line, held on another
+	// of its Pool's sessions since it queued (see place.go; 0: none): it
+	// registers without a ticket of its own, and waits with that one.
+	// tell, when set, is told once the registration is over, the ticket
+	// it took, and says whether the waiter may wait with it (see
+	// place.tell).
+	place int32
+	tell  func(ticket int32) (keep bool)
+}
+
+// at returns ln for a waiter whose place in line is pl (nil: none).
+func (ln line) at(pl *place) line {
+	ln.place = pl.ticket()
+	if pl != nil {
+		ln.tell = pl.tell
+	}
+	return ln
 }
 
 // keyLine returns the line of k, waited for in kind's mode.
@@ -104,7 +123,7 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		return o
 	}
 	var mine int64
-	ring := true
+	ring := ln.place == 0 // a waiter with a place rings its doorbell there
 	for {
 		var ok bool
 		q, args := st.RegisterSQL(class, kind.IsShared(), slice, w.mark(), ring)
@@ -137,6 +156,17 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 			return o
 		}
 		break
+	}
+	if ln.place != 0 {
+		mine = int64(ln.place)
+	}
+	if ln.tell != nil && !ln.tell(int32(mine)) {
+		// A caller queued behind it in its Pool holds an earlier ticket
+		// (it registered again, in a new session): were it to wait for
+		// that ticket, each would wait for the other. It waits for the
+		// key itself (its ticket goes with its first slice).
+		e.debug(ctx, "sqllock: waiting without a place in line: a caller queued behind holds an earlier ticket", k)
+		mine = 0
 	}
 	// final: the server ended the wait a margin before ctx's deadline, and
 	// the last slice runs until the deadline itself (see untilDeadline).

@@ -213,7 +213,7 @@ func (h *Hold) lose(cause error) {
 	if !ok {
 		return
 	}
-	h.s.end(cause)
+	h.s.discard(cause)
 	n.tell()
 }
 

@@ -142,23 +142,23 @@ func (p *Pool) settle(ctx context.Context, s *session, k Key, shared bool, into 
 		if o.err == nil && !o.ok && !o.standby {
 			p.stats.contended.Add(1)
 		}
-		s.end(nil) // confirmed: the session holds nothing; back to the pool as it came
+		s.close() // confirmed: the session holds nothing; back to the pool as it came
 		return nil, err
 	case uncertain, stray:
 		// A stray key is not looked for: the session, which holds
 		// nothing else, ends.
-		s.end(errors.New("lock statement: " + err.Error()))
+		s.discard(errors.New("lock statement: " + err.Error()))
 		return nil, err
 	case unwanted:
 		// Released as a lock on a session of its own is, then refused;
 		// no Hold was handed out, so none is told or counted.
 		if uncertain, rerr := s.unlock(k, shared); rerr != nil {
 			if !uncertain {
-				s.end(rerr)
+				s.discard(rerr)
 			}
 			return nil, errors.Join(err, rerr)
 		}
-		s.end(nil)
+		s.close()
 		return nil, err
 	}
 	s.ls.sent(o.sent)

@@ -88,7 +88,7 @@ func (m *monitor) querySession(ctx context.Context, s *session, keys []heldKey, 
 	case <-ctx.Done():
 		return checkResult{err: ctx.Err()}
 	}
-	if errors.Is(o.err, sql.ErrConnDone) || s.dead() || s.endedCleanly() {
+	if errors.Is(o.err, sql.ErrConnDone) || s.dead() || s.closedCleanly() {
 		// The session ended under the check (lost, or, holding nothing
 		// any more, closed): it says nothing of the others; the next
 		// check asks another.

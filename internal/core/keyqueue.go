@@ -23,10 +23,12 @@ import (
 // new Hold takes it over (handOff). A hand-off never passes a waiter of
 // another process that arrived first: the session that holds the key asks
 // the server, with every release it hands on and as callers queue,
-// whether anyone rings the key's doorbell (waits in its line; see
-// sqltext's tickets), and a caller is handed the key only when a check
-// sent after it queued found no one: any waiter of another process then
-// arrived after it. Hand-offs also go on for at most handoffRun after the
+// whether anyone waits in the key's line (see sqltext's tickets) before
+// the next caller: a caller that holds its place in line (a ticket; see
+// place.go) is handed the key only when a check found no registered
+// waiter with an earlier ticket; one without a place, only when a check
+// sent after it queued found the doorbell silent. Any waiter of another
+// process then arrived after it. Hand-offs also go on for at most handoffRun after the
 // key was last granted by the server; then the release goes to the
 // server, where a waiter of a program that waits with its own SQL, which
 // rings no doorbell, is served before the queue's next head. When the head is granted a shared lock (or a permit),
@@ -82,6 +84,10 @@ type keyQueue struct {
 	// under way.
 	clearAt  int64
 	checking bool
+	// clearTicket is the latest ticket that a check found no registered
+	// waiter's ticket before (0: none): a caller whose place's ticket is
+	// not later may be handed the key.
+	clearTicket int32
 }
 
 // qwaiter is one caller in a queue.
@@ -91,6 +97,24 @@ type qwaiter struct {
 	ready    chan struct{} // closed when the caller is handed the key (hold) or made head
 	state    qstate        // guarded by the shard's mu
 	hold     *Hold         // set with state handed
+	place    *place        // its place in line (nil: none); guarded by the shard's mu
+	// placed is closed once it has its ticket in line, or will have none
+	// (ticketed says which): the caller behind it takes its place only
+	// then, and only after one, so that the tickets of a queue's callers
+	// follow the queue's order (a head never waits in line for the
+	// ticket of a caller queued behind it, which waits for the head).
+	placed    chan struct{}
+	ticketed  bool // written before placed is closed
+	placeOnce sync.Once
+}
+
+// placedWith records that w has its ticket in line (ticketed), or will
+// have none; the first call counts.
+func (w *qwaiter) placedWith(ticketed bool) {
+	w.placeOnce.Do(func() {
+		w.ticketed = ticketed
+		close(w.placed)
+	})
 }
 
 type qstate uint8
@@ -134,18 +158,27 @@ func (qs *keyQueues) count(qk queueKey) int {
 // head among them): for tests that make callers arrive in a known order.
 func (p *Pool) Queued(k Key) int { return p.queue.count(queueKey{k: k}) }
 
+// Queued returns how many of p's callers are in sl's queue (its head
+// among them): for tests that make callers arrive in a known order.
+func (sl Slots) Queued(p *Pool) int {
+	return p.queue.count(queueKey{k: Key{Pair: true, Class: sl.Class}, sem: true})
+}
+
 // HandOffs returns how many keys the Pool handed from one of its callers
 // to the next without a statement: for tests of that path.
 func (p *Pool) HandOffs() int64 { return p.queue.handoffs.Load() }
 
 // acquire queues the call r for qk, and returns the Hold it is handed, or,
 // once it is the head, the outcome of fromServer, its acquisition from the
-// server. When ctx ends while it waits, it leaves the queue at once and
-// takes nothing: a key handed to it meanwhile goes back (to the next
-// caller, or the server), and the head's place to the next caller.
-func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Request, what namer, fromServer func() (*Hold, error)) (*Hold, error) {
+// server with its place in line (nil: none). A caller queued behind the
+// head takes its place in line as it queues (takePlace), and gives it back
+// before it returns, whatever the outcome. When ctx ends while it waits,
+// it leaves the queue at once and takes nothing: a key handed to it
+// meanwhile goes back (to the next caller, or the server), and the head's
+// place to the next caller.
+func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Request, what namer, fromServer func(pl *place) (*Hold, error)) (*Hold, error) {
 	sh := qs.shard(qk)
-	w := &qwaiter{r: r}
+	w := &qwaiter{r: r, placed: make(chan struct{})}
 	sh.mu.Lock()
 	if sh.m == nil {
 		sh.m = map[queueKey]*keyQueue{}
@@ -159,21 +192,31 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 	if q.head == nil && q.holder == nil && len(q.waiters) == 0 {
 		q.head, w.state = w, qhead
 		sh.mu.Unlock()
-		return qs.asHead(p, qk, w, fromServer)
+		return qs.asHead(p, qk, w, nil, fromServer)
+	}
+	// ahead is the caller just ahead of w (nil: none waits ahead of it).
+	ahead := q.head
+	if n := len(q.waiters); n > 0 {
+		ahead = q.waiters[n-1]
 	}
 	w.ready, w.queuedAt = make(chan struct{}), monoNow()
 	q.waiters = append(q.waiters, w)
-	if h := q.holder; h != nil && !q.checking && !qk.sem {
-		// Held here: a check of the doorbell, sent after w queued, lets the
-		// key be handed to w.
-		q.checking = true
-		go qs.check(h)
-	}
+	qs.checkFor(q, qk)
 	sh.mu.Unlock()
 	// A caller queued here leaves as its Pool starts closing, as when ctx
 	// ends.
 	ctx, stop := p.untilClosed(ctx)
 	defer stop()
+	pl := qs.placeBehind(ctx, p, qk, w, ahead)
+	defer pl.giveBack()
+	if pl != nil {
+		sh.mu.Lock()
+		w.place = pl
+		if w.state == qwaiting {
+			qs.checkFor(q, qk) // with its ticket, the check may let the key be handed to w
+		}
+		sh.mu.Unlock()
+	}
 	select {
 	case <-w.ready:
 	case <-ctx.Done():
@@ -182,6 +225,7 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 			q.remove(w)
 			sh.dropIfIdle(qs, qk, q)
 			sh.mu.Unlock()
+			w.placedWith(false)
 			return nil, NotAcquired(what.String(), ctx.Err())
 		}
 		sh.mu.Unlock()
@@ -189,6 +233,7 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 		// below, as for a caller told first.
 	}
 	if w.state == qhanded {
+		w.placedWith(true) // out of line: the caller behind it takes its place
 		if err := ctx.Err(); err != nil {
 			// Handed the key as ctx ended: it goes back.
 			w.hold.Release()
@@ -197,18 +242,77 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 		return w.hold, nil
 	}
 	if err := ctx.Err(); err != nil {
+		w.placedWith(false)
 		qs.headDone(p, qk, w, nil) // the next caller acquires instead
 		return nil, NotAcquired(what.String(), err)
 	}
-	return qs.asHead(p, qk, w, fromServer)
+	return qs.asHead(p, qk, w, pl, fromServer)
 }
 
-// asHead acquires for w, the head, from the server, and lets the queue
-// move on.
-func (qs *keyQueues) asHead(p *Pool, qk queueKey, w *qwaiter, fromServer func() (*Hold, error)) (*Hold, error) {
-	h, err := fromServer()
+// placeBehind takes w's place in qk's line (see takePlace) once the caller
+// ahead of it (nil: none) has its ticket: none when that one has none, or
+// when w is made the head or handed the key first (the head then takes its
+// ticket as it registers), or ctx ends. It records the outcome in w.
+func (qs *keyQueues) placeBehind(ctx context.Context, p *Pool, qk queueKey, w, ahead *qwaiter) *place {
+	if ahead != nil {
+		select {
+		case <-ahead.placed:
+			if !ahead.ticketed {
+				w.placedWith(false)
+				return nil
+			}
+		case <-w.ready:
+			return nil // the head: told as it registers (asHead)
+		case <-ctx.Done():
+			w.placedWith(false)
+			return nil
+		}
+	}
+	pl := qs.takePlace(ctx, p, placeTicketClass(qk), w.r.Shared)
+	w.placedWith(pl != nil)
+	return pl
+}
+
+// asHead acquires for w, the head, from the server, with its place in line
+// pl (nil: none), and lets the queue move on. A head with no place tells
+// the caller behind it, through pl, once its registration is over.
+func (qs *keyQueues) asHead(p *Pool, qk queueKey, w *qwaiter, pl *place, fromServer func(pl *place) (*Hold, error)) (*Hold, error) {
+	if pl == nil {
+		pl = &place{registered: func(ticket int32) bool {
+			w.placedWith(ticket != 0)
+			return ticket == 0 || !qs.placedBefore(qk, ticket)
+		}}
+	}
+	h, err := fromServer(pl)
+	w.placedWith(true) // done as head: no ticket of its own is left in line
 	qs.headDone(p, qk, w, h)
 	return h, err
+}
+
+// placedBefore reports whether a caller queued in qk's queue holds a place
+// in line earlier than ticket.
+func (qs *keyQueues) placedBefore(qk queueKey, ticket int32) bool {
+	sh := qs.shard(qk)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if q := sh.m[qk]; q != nil {
+		for _, w := range q.waiters {
+			if t := w.place.ticket(); t != 0 && t-ticket < 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// checkFor starts a check of the line of q's key (see check) when the key
+// is held here, the queue has callers, and no check is under way. The
+// caller holds the shard's mu.
+func (qs *keyQueues) checkFor(q *keyQueue, qk queueKey) {
+	if h := q.holder; h != nil && len(q.waiters) > 0 && !q.checking && !qk.sem {
+		q.checking = true
+		go qs.check(h)
+	}
 }
 
 // headDone ends w's time as head, granted h (nil: not granted): an
@@ -226,10 +330,7 @@ func (qs *keyQueues) headDone(p *Pool, qk queueKey, w *qwaiter, h *Hold) {
 	// was its holder: it is not made one.)
 	if h != nil && !h.shared && !qk.sem && h.held() {
 		q.holder, q.named, q.grantedAt = h, w.r.Named != "", time.Now()
-		if len(q.waiters) > 0 && !q.checking {
-			q.checking = true
-			go qs.check(h)
-		}
+		qs.checkFor(q, qk)
 		return
 	}
 	q.promote()
@@ -286,7 +387,7 @@ func (qs *keyQueues) handOff(p *Pool, h *Hold) bool {
 		return false
 	}
 	w := q.waiters[0]
-	if w.r.Shared || w.r.Named != "" || w.queuedAt >= q.clearAt || time.Since(q.grantedAt) >= handoffRun {
+	if w.r.Shared || w.r.Named != "" || !q.cleared(w) || time.Since(q.grantedAt) >= handoffRun {
 		sh.mu.Unlock()
 		return false
 	}
@@ -307,24 +408,75 @@ func (qs *keyQueues) handOff(p *Pool, h *Hold) bool {
 	return true
 }
 
+// cleared reports whether w, a caller of q, arrived before every waiter
+// of another process still in line: no registered waiter had a ticket
+// earlier than w's place (w has one), or the doorbell was silent at a
+// check sent after w queued. The caller holds the shard's mu.
+func (q *keyQueue) cleared(w *qwaiter) bool {
+	if t := w.place.ticket(); t != 0 {
+		return q.clearTicket != 0 && t-q.clearTicket <= 0 // (tickets wrap around)
+	}
+	return w.queuedAt < q.clearAt
+}
+
 // check asks h's session whether anyone waits in the line of h's key
-// (and whether the session is alive, which a release that handed the key
-// on waits for), and records a silent doorbell: callers queued before the
-// check was sent may be handed the key.
+// before the queue's next caller (and whether the session is alive, which
+// a release that handed the key on waits for), and records the answer
+// (see cleared): with the next caller's place, whether a registered
+// waiter has an earlier ticket; without one, whether the doorbell rings at
+// all, as callers queued before the check was sent may be handed the key
+// when it is silent.
 func (qs *keyQueues) check(h *Hold) error {
 	qk := queueKey{k: h.key}
-	sent := monoNow()
-	rung, err := h.s.alive(sqltext.TicketClass(h.key))
 	sh := qs.shard(qk)
+	var ticket int32
+	sh.mu.Lock()
+	if q := sh.m[qk]; q != nil && len(q.waiters) > 0 {
+		ticket = q.waiters[0].place.ticket()
+	}
+	sh.mu.Unlock()
+	sent := monoNow()
+	rung, err := h.s.alive(sqltext.TicketClass(h.key), ticket)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if q := sh.m[qk]; q != nil {
 		q.checking = false
-		if err == nil && !rung && sent > q.clearAt {
+		switch {
+		case err != nil || rung:
+		case ticket != 0:
+			if q.clearTicket == 0 || ticket-q.clearTicket > 0 {
+				q.clearTicket = ticket
+			}
+		case sent > q.clearAt:
 			q.clearAt = sent
+		}
+		if len(q.waiters) > 0 && q.waiters[0].place.ticket() != ticket && !q.cleared(q.waiters[0]) {
+			// The next caller, or its place, changed meanwhile: its check.
+			qs.checkFor(q, qk)
 		}
 	}
 	return err
+}
+
+// alive reports, with a statement on s's backend (shared with the others
+// under way), that s is alive, and so holds what it held, and, for a
+// class other than 0, whether the doorbell of that ticket class rings
+// (someone waits in its line): with a ticket, whether a waiter with an
+// earlier ticket rings it; or why not (s has then ended).
+func (s *session) alive(class, ticket int32) (rung bool, err error) {
+	o := newOp(opAlive, Key{})
+	o.class, o.ticket = class, ticket
+	s.submit(o)
+	if o.err != nil && s.closedCleanly() {
+		// It ended cleanly meanwhile, before or as the statement ran: a
+		// session ends so only holding nothing, after its backend
+		// confirmed its last unlock (a dedicated session's, once the key
+		// was handed on to another caller and released by it), which
+		// answers for what it held as a sign of life would. Its doorbell
+		// is not known: taken as ringing.
+		return true, nil
+	}
+	return o.err == nil && !o.ok, o.err
 }
 
 // released tells h's queue that h no longer holds its key (released, or

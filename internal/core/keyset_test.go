@@ -88,7 +88,7 @@ func TestSharingReserve(t *testing.T) {
 			t.Errorf("%v: reserved twice", k)
 		}
 	}
-	sh.free(keys[0])
+	sh.unreserve(keys[0])
 	if !sh.reserve(keys[0]) {
 		t.Errorf("%v: not reserved again after free", keys[0])
 	}

@@ -17,13 +17,14 @@ import (
 
 // runMany sends ops (all unlocks, or all tries) in statements of up to
 // BatchMax keys.
-func (s *session) runMany(ops []*op, unlock bool) {
+func (b *batcher) runMany(ops []*op, unlock bool) {
+	s := b.s
 	for len(ops) > 0 {
 		n := min(len(ops), sqltext.BatchMax)
 		if s.dead() {
 			for _, o := range ops {
 				o.err = s.err()
-				s.finish(o)
+				s.answer(o)
 			}
 			return
 		}
@@ -64,7 +65,8 @@ func b2i(b bool) int {
 //
 // sc is the session's scratch for the caller that runs its queue, nil for
 // any other caller.
-func (s *session) sendUnlocks(ctx context.Context, sc *scratch, keys []Key, shared bool) ([]bool, error) {
+func (b *batcher) sendUnlocks(ctx context.Context, sc *scratch, keys []Key, shared bool) ([]bool, error) {
+	s := b.s
 	if len(keys) == 1 {
 		dedicated := s.kind == kindDedicated
 		st := s.st
@@ -101,7 +103,8 @@ func (s *session) sendUnlocks(ctx context.Context, sc *scratch, keys []Key, shar
 
 // runUnlocks sends the unlocks ops; a failed statement ends the session
 // (the server releases what it held as it ends).
-func (s *session) runUnlocks(ops []*op) {
+func (b *batcher) runUnlocks(ops []*op) {
+	s := b.s
 	keys := s.scratch.keys[:]
 	if len(ops) > len(keys) {
 		keys = make([]Key, len(ops))
@@ -117,17 +120,18 @@ func (s *session) runUnlocks(ops []*op) {
 		o.ok, o.err = got[i], err
 	}
 	if err != nil {
-		s.end(err)
+		s.discard(err)
 	}
 	for _, o := range ops {
-		s.finish(o)
+		s.answer(o)
 	}
 }
 
 // runTry sends one try: the single-key statement, the cheapest.
-func (s *session) runTry(o *op) {
+func (b *batcher) runTry(o *op) {
+	s := b.s
 	if !o.state.CompareAndSwap(opPending, opSent) {
-		s.finish(o) // its caller left first: never sent
+		s.answer(o) // its caller left first: never sent
 		return
 	}
 	// Until a try is granted on it, the session's settings are not
@@ -185,17 +189,18 @@ func (s *session) runTry(o *op) {
 		// session-level locks outlive a failed statement): released, as in
 		// a batch, or the session goes.
 		if !serverRefused(err) || s.releaseStray([]Key{o.key}) != nil {
-			s.end(err)
+			s.discard(err)
 		}
 	}
-	s.finish(o)
+	s.answer(o)
 }
 
 // plainSQL returns the statements of a session set up already, for the
 // next one sent on s, and how they send keys: bound, to run prepared, once
 // s prepares its statements (see prepared.go), else as the Pool's do. The
 // runner of s's queue calls it, once per statement.
-func (s *session) plainSQL() (*statements, sqltext.Mode) {
+func (b *batcher) plainSQL() (*statements, sqltext.Mode) {
+	s := b.s
 	if s.prep.bound() {
 		return s.p.bindPlain, sqltext.Bind
 	}
@@ -206,7 +211,8 @@ func (s *session) plainSQL() (*statements, sqltext.Mode) {
 // backend pid (learnt from the first answer, the same in every later one),
 // whether it is a standby (refused unless AllowStandby), and, when tuned,
 // that its settings are now applied.
-func (s *session) answered(pid int64, standby, tuned bool) error {
+func (b *batcher) answered(pid int64, standby, tuned bool) error {
+	s := b.s
 	if s.pid != 0 && pid != s.pid {
 		return sessionChanged(s.pid, pid)
 	}
@@ -226,7 +232,8 @@ func (s *session) answered(pid int64, standby, tuned bool) error {
 // tune applies the lock session's settings before a batch of tries (a
 // single try applies them itself when granted); on failure the session
 // ends.
-func (s *session) tune() error {
+func (b *batcher) tune() error {
+	s := b.s
 	var pid int64
 	var standby bool
 	q, args := s.p.sql().SessionSQL(s.mark)
@@ -241,7 +248,7 @@ func (s *session) tune() error {
 		err = s.answered(pid, standby, true)
 	}
 	if err != nil {
-		s.end(err)
+		s.discard(err)
 	}
 	return err
 }
@@ -262,7 +269,8 @@ func serverRefused(err error) bool {
 // operations are reserved; an Owned tries only keys it does not hold).
 // It reads the locks of s's backend only: an answer from another is an
 // error, and the caller ends s.
-func (s *session) releaseStray(keys []Key) error {
+func (b *batcher) releaseStray(keys []Key) error {
+	s := b.s
 	stray, err := s.holding(keys)
 	for err == nil && len(stray) > 0 {
 		n := min(len(stray), sqltext.BatchMax)
@@ -278,7 +286,8 @@ func (s *session) releaseStray(keys []Key) error {
 // holding returns those of keys that s's backend holds, in exclusive mode,
 // as its server reads them now (an answer from another backend is an
 // error).
-func (s *session) holding(keys []Key) ([]Key, error) {
+func (b *batcher) holding(keys []Key) ([]Key, error) {
+	s := b.s
 	want := map[Key]bool{}
 	for _, k := range keys {
 		want[k] = true
@@ -308,7 +317,8 @@ func (s *session) holding(keys []Key) ([]Key, error) {
 }
 
 // runTries sends many tries in one statement.
-func (s *session) runTries(ops []*op) {
+func (b *batcher) runTries(ops []*op) {
+	s := b.s
 	ops = s.claim(ops)
 	if len(ops) == 0 {
 		return
@@ -332,11 +342,11 @@ func (s *session) runTries(ops []*op) {
 		// told, certainly, that they took nothing; anything less certain
 		// costs the session.
 		if !serverRefused(err) || s.releaseStray(keys) != nil {
-			s.end(err)
+			s.discard(err)
 		}
 	}
 	for _, o := range ops {
-		s.finish(o)
+		s.answer(o)
 	}
 }
 
@@ -344,7 +354,8 @@ func (s *session) runTries(ops []*op) {
 // (runMixed): both are there, the unlocks are of exclusive locks (a
 // shared-mode unlock is a dedicated session's one lock), the session's
 // settings are applied, and the keys fit in one statement.
-func (s *session) canMix(unlocks, tries []*op) bool {
+func (b *batcher) canMix(unlocks, tries []*op) bool {
+	s := b.s
 	if len(unlocks) == 0 || len(tries) == 0 || len(unlocks)+len(tries) > sqltext.BatchMax || !s.tuned || s.dead() {
 		return false
 	}
@@ -366,7 +377,8 @@ func (s *session) canMix(unlocks, tries []*op) bool {
 // stand. Any other failure ends the session (which unlocks ran is not
 // known; the server releases what the session held as it ends), and every
 // op is told why.
-func (s *session) runMixed(unlocks, tries []*op) {
+func (b *batcher) runMixed(unlocks, tries []*op) {
+	s := b.s
 	tries = s.claim(tries)
 	keys := s.scratch.batchKeys[:0]
 	for _, o := range unlocks {
@@ -397,13 +409,13 @@ func (s *session) runMixed(unlocks, tries []*op) {
 		}
 	}
 	if err != nil && (!certain || s.releaseStray(keys[len(unlocks):]) != nil) {
-		s.end(err)
+		s.discard(err)
 	}
 	for _, o := range unlocks {
-		s.finish(o)
+		s.answer(o)
 	}
 	for _, o := range tries {
-		s.finish(o)
+		s.answer(o)
 	}
 }
 
@@ -413,46 +425,50 @@ func (s *session) runMixed(unlocks, tries []*op) {
 // session), which its backend holds no more once it ran. When any is
 // still held, or the server cannot say, what the statement did is not
 // known (the caller ends s).
-func (s *session) ranUnlocks(keys []Key) bool {
+func (b *batcher) ranUnlocks(keys []Key) bool {
+	s := b.s
 	held, err := s.holding(keys)
 	return err == nil && len(held) == 0
 }
 
 // claim marks tries as sent, as they are about to be, and returns them;
 // one whose caller left first (abandoned) is told, and never sent.
-func (s *session) claim(ops []*op) []*op {
+func (b *batcher) claim(ops []*op) []*op {
+	s := b.s
 	n := 0
 	for _, o := range ops {
 		if o.state.CompareAndSwap(opPending, opSent) {
 			ops[n] = o
 			n++
 		} else {
-			s.finish(o)
+			s.answer(o)
 		}
 	}
 	return ops[:n]
 }
 
 // runTag runs a statement about one lock's tag.
-func (s *session) runTag(o *op) {
+func (b *batcher) runTag(o *op) {
+	s := b.s
 	err := s.queryRow(o.q, o.args, &o.v)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 	case err != nil:
 		o.err = err
 		if ConnectionBroken(err) || errors.Is(err, ErrAbandoned) {
-			s.end(err)
+			s.discard(err)
 		}
 	default:
 		o.ok = true
 	}
-	s.finish(o)
+	s.answer(o)
 }
 
 // unlock sends the unlock of k (in mode shared) through s's queue, and
 // returns the answer as unlockAnswer reads it. An uncertain one has ended
 // s already.
-func (s *session) unlock(k Key, shared bool) (uncertain bool, err error) {
+func (b *batcher) unlock(k Key, shared bool) (uncertain bool, err error) {
+	s := b.s
 	o := takeOp(opUnlock, k)
 	o.shared = shared
 	s.submit(o)
@@ -466,7 +482,8 @@ func (s *session) unlock(k Key, shared bool) (uncertain bool, err error) {
 // statement (a token's commit may wait long for synchronous standbys; a
 // driver that gives a statement up poisons its connection): the queue
 // runs aside.
-func (s *session) onTag(ctx context.Context, q string, args []any) (v int64, ok bool, err error) {
+func (b *batcher) onTag(ctx context.Context, q string, args []any) (v int64, ok bool, err error) {
+	s := b.s
 	o := newOp(opTag, Key{})
 	o.q, o.args = q, args
 	o.done = make(chan struct{})

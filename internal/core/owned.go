@@ -90,12 +90,12 @@ func (p *Pool) Open(ctx context.Context) (*Owned, error) {
 		// Its settings may be applied: not given back. (A statement the
 		// Pool abandoned closes its connection as it returns: the discard
 		// does not wait for it.)
-		s.end(err)
+		s.discard(err)
 		return nil, fmt.Errorf("sqllock: %s: %w", what, err)
 	}
 	s.pid, s.tuned = pid, true
 	if standby && !p.cfg.AllowStandby {
-		s.end(nil) // its settings set back, back to the pool
+		s.close() // its settings set back, back to the pool
 		return nil, StandbyError(what)
 	}
 	o := &Owned{p: p, s: s, pid: pid, id: id, ls: s.ls, calls: make(callSlot, 1)}
@@ -356,7 +356,7 @@ func (o *Owned) Close() error {
 		final = errReleasedByClose
 	}
 	o.settle(holdReleased, final)
-	o.s.end(nil)
+	o.s.close()
 	return nil
 }
 
@@ -402,10 +402,10 @@ func (o *Owned) Held() []Key {
 // its locks as the session ends. It never waits for a call in progress
 // (that call's statement discards the connection as it returns), so the
 // keep-alive and the Owned's own calls use it alike.
-func (o *Owned) lose(cause error) { o.s.end(cause) }
+func (o *Owned) lose(cause error) { o.s.discard(cause) }
 
 // markLost marks a usable Owned lost, forgets its locks and counts them
-// (its session ended: see session.end); it returns the loss to tell, and
+// (its session was discarded: see session.discard); it returns the loss to tell, and
 // false when the Owned was not usable.
 func (o *Owned) markLost(cause error) (lossNote, bool) {
 	o.mu.Lock()

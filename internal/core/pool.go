@@ -73,13 +73,13 @@ type Pool struct {
 	cfg    Config
 	hooks  Hooks
 
-	limits       // sharedLimit's last reading (share.go)
 	statementSet // its statements, and its connections' backends
 	serverState  // what its server check found (server.go)
 	pinning      // its sessions behind a transaction pooler (pinned.go)
 	leasing      // its sessions' leases (lease.go)
-	marking      // its sessions' owner marks (newMark)
-	epoch        // the unlock context (UnlockContext)
+	connections  // its connections, taken into sessions and ended (conn.go)
+	txLocks      // locks in its caller's transactions (tx.go)
+	naming       // its sessions' owner marks, its keys' names, its events
 
 	poolerGuard           // what it knows of a transaction pooler (pooler.go)
 	closing               // its end (close.go)
@@ -87,11 +87,6 @@ type Pool struct {
 	queue       keyQueues // the per-key queues (keyqueue.go)
 	mon         *monitor  // the keep-alive (keepalive.go)
 	stats       poolStats // counters (see Stats)
-}
-
-// limits is sharedLimit's last reading, until limitUntil (monoNow).
-type limits struct {
-	limit, limitUntil atomic.Int64
 }
 
 // statementSet is a Pool's session-level statements, with the settings a
@@ -117,29 +112,18 @@ type serverState struct {
 	leased   atomic.Bool  // set with serverOK: lock sessions are leased (see lease.go)
 }
 
-// marking makes the owner marks of a Pool's sessions (newMark).
-type marking struct {
-	markBase string
-	marks    atomic.Uint64
-}
-
-// epoch is the context a Pool's unlocks are bounded by (UnlockContext).
-type epoch struct {
-	unlockTimeout time.Duration // the Pool's Config.UnlockTimeout
-	epochMu       sync.Mutex
-	epochCtx      context.Context // guarded by epochMu: see UnlockContext
-	epochUntil    time.Time       // guarded by epochMu
-}
-
 // link points the parts of p that keep a pointer to their Pool at p,
 // gives them the settings of p.cfg they need, and returns p.
 func (p *Pool) link() *Pool {
-	p.epoch.unlockTimeout = p.cfg.UnlockTimeout
+	p.connections.unlockTimeout = p.cfg.UnlockTimeout
 	p.poolerGuard.p = p
 	p.closing.p = p
 	p.serverState.p = p
 	p.pinning.p = p
 	p.leasing.p = p
+	p.connections.p = p
+	p.txLocks.p = p
+	p.naming.p = p
 	return p
 }
 
@@ -175,15 +159,27 @@ func (p *Pool) Mode() sqltext.Mode { return p.mode }
 
 // newMark returns an owner mark for a new lock session (see
 // sqltext.Statements): unique to it, among every process's.
-func (m *marking) newMark() string {
-	return m.markBase + "." + strconv.FormatUint(m.marks.Add(1), 36)
+func (n *naming) newMark() string {
+	return n.markBase + "." + strconv.FormatUint(n.marks.Add(1), 36)
+}
+
+// naming is the part of a Pool that makes its sessions' owner marks
+// (newMark), names keys and tells its hooks.
+type naming struct {
+	p        *Pool // its Pool
+	markBase string
+	marks    atomic.Uint64
 }
 
 // name returns what errors call k.
-func (p *Pool) name(k Key) string { return p.hooks.Name(k) }
+func (nm *naming) name(k Key) string {
+	p := nm.p
+	return p.hooks.Name(k)
+}
 
 // emit counts e in the Pool's Stats and tells the hooks.
-func (p *Pool) emit(e Event) {
+func (nm *naming) emit(e Event) {
+	p := nm.p
 	switch e.Kind {
 	case EventLost:
 		p.stats.lostHeld(e.N)
@@ -198,7 +194,7 @@ func (p *Pool) emit(e Event) {
 // 1.25 unlock timeouts from now. Unlocks that start within the same quarter
 // of a timeout share one context and one timer, so that the hot path does
 // not pay for a timer per unlock.
-func (e *epoch) UnlockContext() context.Context {
+func (e *connections) UnlockContext() context.Context {
 	now := time.Now()
 	e.epochMu.Lock()
 	defer e.epochMu.Unlock()
@@ -212,7 +208,8 @@ func (e *epoch) UnlockContext() context.Context {
 }
 
 // discard closes conn's session instead of returning it to the pool.
-func (p *Pool) discard(conn *sql.Conn, why string) {
+func (cs *connections) discard(conn *sql.Conn, why string) {
+	p := cs.p
 	p.emit(Event{Kind: EventDiscarded, Err: errorString(why)})
 	if p.abandoned.has(conn) {
 		return // its abandoned statement closes it as it returns
@@ -225,7 +222,8 @@ func (p *Pool) discard(conn *sql.Conn, why string) {
 // pool (see budget.done); a connection whose statement was abandoned
 // closes as that statement returns (closing it now would wait for it),
 // counted until then as abandoned.
-func (p *Pool) putBack(conn *sql.Conn, spare bool) {
+func (cs *connections) putBack(conn *sql.Conn, spare bool) {
+	p := cs.p
 	if p.abandoned.has(conn) {
 		p.budget.give()
 		return
@@ -253,7 +251,8 @@ type poolStats struct {
 // timedOut counts err, the outcome of a call that waited, in
 // Stats.TimedOut when the call was not granted because its context's
 // deadline passed; it returns err.
-func (p *Pool) timedOut(err error) error {
+func (nm *naming) timedOut(err error) error {
+	p := nm.p
 	if err != nil && errors.Is(err, ErrNotAcquired) && errors.Is(err, context.DeadlineExceeded) {
 		p.stats.timedOut.Add(1)
 	}

@@ -142,7 +142,7 @@ func (pg *poolerGuard) sawPooler(evidence error) {
 	}
 	p.hooks.Log(context.Background(), slog.LevelWarn, "sqllock: a transaction pooler is in the way: session-level locks are refused, and every session of the Locker is discarded", Key{}, false, slog.String("evidence", evidence.Error()))
 	for _, s := range p.liveSessions() {
-		s.end(err)
+		s.discard(err)
 	}
 }
 

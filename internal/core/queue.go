@@ -6,7 +6,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -28,14 +27,16 @@ const (
 	opTag                  // a statement about one lock's tag (a token, HeldSQL, the lease's touch)
 	opAlive                // a sign of life of the session (one statement for all in a batch)
 	opCheck                // statements of the caller's own on the connection (run): a pinned Pool's keep-alive
+	opPlace                // a waiter's place in a key's line: taken, or given back (see place.go)
 )
 
 // op is one operation on a session.
 type op struct {
 	kind   opKind
 	key    Key
-	shared bool   // opUnlock: of a shared-mode lock
-	class  int32  // opAlive: a ticket class whose doorbell to check; opTry: a polite try's (0: none)
+	shared bool   // opUnlock: of a shared-mode lock; opPlace: a reader's place
+	class  int32  // opAlive: a ticket class whose doorbell to check; opTry: a polite try's (0: none); opPlace: its line's
+	ticket int32  // opAlive: ask only for earlier tickets than this one (0: any); opPlace: the ticket to give back (0: take one)
 	q      string // opTag
 	args   []any  // opTag
 	state  atomic.Uint32
@@ -99,7 +100,8 @@ func putOp(o *op) {
 // it, with no hand-off and no channel while nothing else waits); it
 // returns once o's outcome is known, handing what queued meanwhile to the
 // runner goroutine (see drain).
-func (s *session) submit(o *op) {
+func (b *batcher) submit(o *op) {
+	s := b.s
 	if s.enqueue(o, true) {
 		s.drain(true) // o is told by its first batch
 		return
@@ -114,7 +116,8 @@ func (s *session) submit(o *op) {
 // ctx bounds (the queue's statements are bounded by the unlock timeout,
 // and carry others' keys too, so no caller's ctx may cut them short), or
 // that does not wait. A caller that waits makes o.done first.
-func (s *session) submitAside(o *op) {
+func (b *batcher) submitAside(o *op) {
+	s := b.s
 	if s.enqueue(o, false) {
 		s.runAside()
 	}
@@ -125,7 +128,8 @@ func (s *session) submitAside(o *op) {
 // goroutine serves the session for its life rather than one per call: a
 // new goroutine grows its stack through the driver's calls every time,
 // which cost a cancellable TryLock a third of its client CPU.
-func (s *session) runAside() {
+func (b *batcher) runAside() {
+	s := b.s
 	s.mu.Lock()
 	start := !s.runnerUp
 	if start {
@@ -147,7 +151,8 @@ func (s *session) runAside() {
 
 // runner drains the queue whenever kicked, until the session's connection
 // is gone and no kick is pending.
-func (s *session) runner(kick chan struct{}) {
+func (b *batcher) runner(kick chan struct{}) {
+	s := b.s
 	for {
 		select {
 		case <-kick:
@@ -173,12 +178,13 @@ func (s *session) runner(kick chan struct{}) {
 // (drain): no runner was running. On an ended session, o fails at once.
 // For a caller that would run the queue itself (inline), o.done is made
 // only when another runner runs it.
-func (s *session) enqueue(o *op, inline bool) bool {
+func (b *batcher) enqueue(o *op, inline bool) bool {
+	s := b.s
 	s.mu.Lock()
 	if s.state == ended {
 		o.err = s.errLocked()
 		s.mu.Unlock()
-		s.finish(o)
+		s.answer(o)
 		return false
 	}
 	if s.queue == nil {
@@ -206,7 +212,8 @@ func (s *session) enqueue(o *op, inline bool) bool {
 // queued meanwhile, the session's runner goroutine takes them on, so that
 // no caller is held past its own answer by others' calls (under load the
 // queue may not run out for a long time).
-func (s *session) drain(caller bool) {
+func (b *batcher) drain(caller bool) {
+	s := b.s
 	s.mu.Lock()
 	for len(s.queue) > 0 && s.state != ended {
 		batch := s.queue
@@ -244,7 +251,7 @@ func (s *session) drain(caller bool) {
 	s.mu.Unlock()
 	for _, o := range rest {
 		o.err = why
-		s.finish(o)
+		s.answer(o)
 	}
 	s.maybeLinger()
 }
@@ -252,7 +259,8 @@ func (s *session) drain(caller bool) {
 // awaitRunner waits until no runner runs s's queue, or ctx ends first
 // (false). A runner tells an op's outcome before it stops: a caller that
 // would take the session for itself waits for it to be gone.
-func (s *session) awaitRunner(ctx context.Context) bool {
+func (b *batcher) awaitRunner(ctx context.Context) bool {
+	s := b.s
 	s.mu.Lock()
 	if !s.running {
 		s.mu.Unlock()
@@ -271,8 +279,9 @@ func (s *session) awaitRunner(ctx context.Context) bool {
 	}
 }
 
-// finish reports o's outcome.
-func (s *session) finish(o *op) {
+// answer reports o's outcome.
+func (b *batcher) answer(o *op) {
+	s := b.s
 	if o.kind == opTry {
 		if o.state.CompareAndSwap(opSent, opDecided) || o.state.CompareAndSwap(opPending, opDecided) {
 			// The caller takes the outcome.
@@ -281,7 +290,7 @@ func (s *session) finish(o *op) {
 			o.ok = false
 			s.unlockAsync(o.key)
 		} else {
-			s.p.share.free(o.key)
+			s.p.share.unreserve(o.key)
 		}
 	}
 	if o.after != nil {
@@ -301,9 +310,10 @@ func (s *session) finish(o *op) {
 // gone), and the op returned is then done. The unlock is queued before
 // unlockAsync returns, so the session never looks empty (and goes back to
 // the pool) while it holds k.
-func (s *session) unlockAsync(k Key) *op {
+func (b *batcher) unlockAsync(k Key) *op {
+	s := b.s
 	o := newOp(opUnlock, k)
-	o.after = func() { s.p.share.free(k) }
+	o.after = func() { s.p.share.unreserve(k) }
 	o.done = make(chan struct{})
 	s.submitAside(o)
 	return o
@@ -333,13 +343,15 @@ func (s *session) run(batch []*op) {
 			s.runTag(o)
 		case o.kind == opCheck:
 			o.err = s.withConn(o.run)
-			s.finish(o)
+			s.answer(o)
+		case o.kind == opPlace:
+			runPlace(s, o)
 		case o.kind == opUnlock:
 			unlocks = append(unlocks, o)
 		case o.kind == opAlive:
 			alives = append(alives, o)
 		case o.state.Load() == opAbandoned:
-			s.finish(o) // never sent
+			s.answer(o) // never sent
 		case o.class != 0:
 			s.runTry(o) // a polite try: a statement of its own
 		default:
@@ -364,14 +376,19 @@ func (s *session) run(batch []*op) {
 // answered, or none did), and ops get why.
 func (s *session) runAlive(ops []*op) {
 	var err error
-	rung := map[int32]bool{}
+	type line struct{ class, ticket int32 }
+	rung := map[line]bool{}
 	if s.dead() {
 		err = s.err()
 	} else {
-		var classes []int32
+		var classes, tickets []int32
 		for _, o := range ops {
-			if o.class != 0 && !slices.Contains(classes, o.class) {
-				classes = append(classes, o.class)
+			if o.class == 0 {
+				continue
+			}
+			if _, ok := rung[line{o.class, o.ticket}]; !ok {
+				rung[line{o.class, o.ticket}] = false
+				classes, tickets = append(classes, o.class), append(tickets, o.ticket)
 			}
 		}
 		if len(classes) == 0 {
@@ -380,10 +397,10 @@ func (s *session) runAlive(ops []*op) {
 			err = s.queryRow(q, args, &v)
 		} else {
 			rows := 0
-			q, args := s.p.mode.DoorbellSQL(s.pid, classes)
+			q, args := s.p.mode.DoorbellSQL(s.pid, classes, tickets)
 			err = s.queryRows(q, args, func(v []driver.Value) error {
 				rows++
-				rung[int32(pglocks.Int(v[0]))] = v[1] == true
+				rung[line{int32(pglocks.Int(v[0])), int32(pglocks.Int(v[1]))}] = v[2] == true
 				return nil
 			})
 			if err == nil && rows == 0 {
@@ -394,31 +411,11 @@ func (s *session) runAlive(ops []*op) {
 			err = sessionChanged(s.pid, 0)
 		}
 		if err != nil {
-			s.end(err)
+			s.discard(err)
 		}
 	}
 	for _, o := range ops {
-		o.ok, o.err = err == nil && !rung[o.class], err
-		s.finish(o)
+		o.ok, o.err = err == nil && !rung[line{o.class, o.ticket}], err
+		s.answer(o)
 	}
-}
-
-// alive reports, with a statement on s's backend (shared with the others
-// under way), that s is alive, and so holds what it held, and, for a
-// class other than 0, whether the doorbell of that ticket class rings
-// (someone waits in its line); or why not (s has then ended).
-func (s *session) alive(class int32) (rung bool, err error) {
-	o := newOp(opAlive, Key{})
-	o.class = class
-	s.submit(o)
-	if o.err != nil && s.endedCleanly() {
-		// It ended cleanly meanwhile, before or as the statement ran: a
-		// session ends so only holding nothing, after its backend
-		// confirmed its last unlock (a dedicated session's, once the key
-		// was handed on to another caller and released by it), which
-		// answers for what it held as a sign of life would. Its doorbell
-		// is not known: taken as ringing.
-		return true, nil
-	}
-	return o.err == nil && !o.ok, o.err
 }

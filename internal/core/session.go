@@ -38,7 +38,7 @@ type session struct {
 	// waited, guarded by mu: another backend waits for the end of its
 	// transaction (a pinned session's; see askWaitedOn).
 	waited bool
-	held   holdList // guarded by mu: the Holds it carries
+	held   holdList // guarded by mu: the Holds it carries, and its places in line
 	owner  *Owned   // the Owned whose keys it holds (kindOwned)
 	// gate counts the calls that picked it and have not finished (users,
 	// the low bits), and shuts (gateShut) when it takes no new call: it
@@ -86,6 +86,7 @@ type backend struct {
 // batcher is a session's statement queue, guarded by its mu but scratch
 // (see queue.go).
 type batcher struct {
+	s        *session      // its session
 	queue    []*op         // operations waiting for the runner
 	running  bool          // a runner is sending the queue
 	ranOut   chan struct{} // closed when the runner stops (made by awaitRunner)
@@ -100,6 +101,7 @@ type batcher struct {
 // idleTimer is a shared session's countdown to its end once idle,
 // guarded by its mu.
 type idleTimer struct {
+	s      *session    // its session
 	linger *time.Timer // ends it (lingered) once armed; made once
 	armed  bool        // linger is counting down
 	idleAt int64       // monoNow when it last became idle
@@ -135,13 +137,23 @@ const (
 // (id), a session of kind, marked with a new owner mark, which takes it
 // out of the budget (see budget.go); its lease starts with the statement
 // sent at sent.
-func (p *Pool) newSession(conn *sql.Conn, id ident, kind sessionKind, sent int64) *session {
-	s := &session{p: p, connHandle: connHandle{conn: conn, gone: make(chan struct{})}, id: id, ls: p.newLease(sent), marked: marked{mark: p.newMark()}, life: life{kind: kind}}
+func (cs *connections) newSession(conn *sql.Conn, id ident, kind sessionKind, sent int64) *session {
+	p := cs.p
+	s := (&session{p: p, connHandle: connHandle{conn: conn, gone: make(chan struct{})}, id: id, ls: p.newLease(sent), marked: marked{mark: p.newMark()}, life: life{kind: kind}}).link()
 	if kind == kindShared && p.abandoned != nil {
 		s.prep = newPrepared(s.mark)
 	}
 	p.addLive(s)
 	p.budget.give()
+	return s
+}
+
+// link points the parts of s that keep a pointer to their session at s,
+// and returns s.
+func (s *session) link() *session {
+	s.batcher.s = s
+	s.connHandle.s = s
+	s.idleTimer.s = s
 	return s
 }
 
@@ -177,9 +189,9 @@ func (s *session) errLocked() error {
 	return errors.New("session closed")
 }
 
-// endedCleanly reports whether s ended with no cause: back to the pool,
+// closedCleanly reports whether s ended with no cause: back to the pool,
 // holding nothing.
-func (s *session) endedCleanly() bool {
+func (s *session) closedCleanly() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.state == ended && s.cause == nil
@@ -192,23 +204,26 @@ func (s *session) dead() bool {
 	return s.state == ended && s.cause != nil
 }
 
-// end is the one way a session ends. With cause nil, s holds nothing, and
-// its connection goes back to the pool as it came (see closeConn); with a
-// cause, s is discarded (the server releases everything it held as the
-// session ends): every Hold on it (and its Owned) is marked lost with
-// cause (their Err says so), then the connection is discarded, then the
-// loss is told (the hooks, then each Done): the holders are told first,
-// and a holder that releases a lost lock as it is told finds its session
-// ended or ending. It does nothing to a session that ended already.
-func (s *session) end(cause error) { s.endIf(cause, false) }
+// close and discard are the two ways a session ends (closeOrDiscard).
+// close: s holds nothing, and its connection goes back to the pool as it
+// came (see closeConn). discard, with a cause: the server releases
+// everything s held as its session ends; every Hold on it (and its Owned)
+// is marked lost with cause (their Err says so), then the connection is
+// discarded, then the loss is told (the hooks, then each Done): the
+// holders are told first, and a holder that releases a lost lock as it is
+// told finds its session ended or ending. Neither does anything to a
+// session that ended already.
+func (s *session) close() { s.closeOrDiscard(nil, false) }
 
-// endIfIdle ends a shared session that still holds nothing, cleanly: no
+func (s *session) discard(cause error) { s.closeOrDiscard(cause, false) }
+
+// closeIfIdle ends a shared session that still holds nothing, cleanly: no
 // call picks it from the moment it is found idle.
-func (s *session) endIfIdle() { s.endIf(nil, true) }
+func (s *session) closeIfIdle() { s.closeOrDiscard(nil, true) }
 
-// endIf is end, only of an idle session when onlyIdle is set (checked in
-// the same step).
-func (s *session) endIf(cause error, onlyIdle bool) {
+// closeOrDiscard is close (cause nil) or discard, only of an idle session
+// when onlyIdle is set (checked in the same step).
+func (s *session) closeOrDiscard(cause error, onlyIdle bool) {
 	sh := &s.p.share
 	sh.mu.Lock() // a shared session leaves the shared ones in the step it ends
 	s.mu.Lock()
@@ -237,7 +252,7 @@ func (s *session) endIf(cause error, onlyIdle bool) {
 		sh.mu.Unlock()
 	}
 	if cause == nil {
-		s.endConn(s.closeConn)
+		s.closeConnBy(s.closeConn)
 		if shared {
 			sh.mu.Lock()
 			sh.remove(s)
@@ -262,7 +277,7 @@ func (s *session) endIf(cause error, onlyIdle bool) {
 		}
 	}
 	discard := func() {
-		s.endConnSoon(func() {
+		s.closeConnSoon(func() {
 			if s.p.cfg.TxPooler {
 				unpin(s.conn)
 			}
@@ -293,14 +308,18 @@ func (s *session) endIf(cause error, onlyIdle bool) {
 // idleLocked reports whether s holds nothing and nothing is under way on
 // it: it may go back to the pool. The caller holds s.mu.
 func (s *session) idleLocked() bool {
-	return s.state != ended && s.users() == 0 && s.held.n == 0 && !s.running && len(s.queue) == 0
+	return s.state != ended && s.users() == 0 && s.held.n == 0 && s.held.places == 0 && !s.running && len(s.queue) == 0
 }
 
 // holdList is a session's Holds, linked through them (no look-up, no
-// allocation per lock). Guarded by the session's mu, as are the links.
+// allocation per lock), and the count of the waiters' places in line
+// (tickets, see place.go) it holds or is taking: until each is given
+// back, the session holds something, as with a Hold. Guarded by the
+// session's mu, as are the links.
 type holdList struct {
-	head *Hold
-	n    int
+	head   *Hold
+	n      int
+	places int
 }
 
 // add links h in, and reports whether it was not linked yet.
@@ -401,7 +420,7 @@ func (s *session) detach(h *Hold, retire bool) (dedicated bool) {
 	}
 	s.mu.Unlock()
 	if shared {
-		s.p.share.free(h.key)
+		s.p.share.unreserve(h.key)
 	}
 	if ok {
 		s.maybeLinger()
@@ -421,7 +440,8 @@ func (s *session) leave() {
 // only if it has stayed idle for sessionLinger since it last became idle
 // (most are picked again at once; a timer reset per lock would cost more
 // than the lock's own bookkeeping).
-func (s *session) maybeLinger() {
+func (t *idleTimer) maybeLinger() {
+	s := t.s
 	if s.users() > 0 {
 		return // not idle: the last call to leave looks again
 	}
@@ -433,7 +453,7 @@ func (s *session) maybeLinger() {
 	if s.state == retiring {
 		// It takes no new lock: nothing to linger for.
 		s.mu.Unlock()
-		s.endIfIdle()
+		s.closeIfIdle()
 		return
 	}
 	defer s.mu.Unlock()
@@ -452,7 +472,8 @@ func (s *session) maybeLinger() {
 // lingered is the countdown's end: a session idle for sessionLinger ends;
 // one idle for less counts down the rest; one in use is left to its next
 // maybeLinger.
-func (s *session) lingered() {
+func (t *idleTimer) lingered() {
+	s := t.s
 	s.mu.Lock()
 	s.armed = false
 	// (A session handed over to a waiter meanwhile is that waiter's: it
@@ -466,12 +487,13 @@ func (s *session) lingered() {
 	}
 	s.mu.Unlock()
 	if idle {
-		s.endIfIdle()
+		s.closeIfIdle()
 	}
 }
 
 // unarmLocked stops the countdown to ending; s.mu is held.
-func (s *session) unarmLocked() {
+func (t *idleTimer) unarmLocked() {
+	s := t.s
 	if s.armed {
 		s.linger.Stop()
 		s.armed = false

@@ -66,6 +66,9 @@ const sessionLinger = time.Second
 
 // sharing is a Pool's shared sessions and the keys they hold.
 type sharing struct {
+	// limit is sharedLimit's last reading, until limitUntil (monoNow).
+	limit, limitUntil atomic.Int64
+
 	mu  sync.Mutex
 	all []*session // guarded by mu: shared sessions that take locks
 	// snap is a copy of all, made anew whenever all changes (published),
@@ -114,8 +117,8 @@ func (sh *sharing) reserve(k Key) bool {
 	return kp.set.addNew(k)
 }
 
-// free gives up the claim on k.
-func (sh *sharing) free(k Key) {
+// unreserve gives up the claim on k.
+func (sh *sharing) unreserve(k Key) {
 	kp := sh.part(k)
 	kp.mu.Lock()
 	kp.set.remove(k)
@@ -304,12 +307,12 @@ func (p *Pool) sharedRoom(n int) bool {
 // after a lock call applies within that time.
 func (p *Pool) sharedLimit() int {
 	now := monoNow()
-	if now < p.limitUntil.Load() {
-		return int(p.limit.Load())
+	if now < p.share.limitUntil.Load() {
+		return int(p.share.limit.Load())
 	}
 	n := min(sharedLimitOf(p.db.Stats()), p.maxShared())
-	p.limit.Store(int64(n))
-	p.limitUntil.Store(now + int64(sharedLimitAge))
+	p.share.limit.Store(int64(n))
+	p.share.limitUntil.Store(now + int64(sharedLimitAge))
 	return n
 }
 

@@ -15,7 +15,7 @@ import (
 // finds it open, whatever the interleaving.
 func TestGateJoinOrShut(t *testing.T) {
 	for round := range 2000 {
-		s := &session{}
+		s := (&session{}).link()
 		var joined atomic.Int64
 		var shut atomic.Bool
 		var wg sync.WaitGroup
@@ -51,7 +51,7 @@ func TestGateJoinOrShut(t *testing.T) {
 // it was handed over, leaves it be.
 func TestLingerSparesHandedOver(t *testing.T) {
 	p := (&Pool{}).link()
-	s := &session{p: p, life: life{kind: kindShared}, backend: backend{pid: 1}, connHandle: connHandle{gone: make(chan struct{})}}
+	s := (&session{p: p, life: life{kind: kindShared}, backend: backend{pid: 1}, connHandle: connHandle{gone: make(chan struct{})}}).link()
 	s.linger = time.AfterFunc(time.Hour, func() {})
 	defer s.linger.Stop()
 	s.idleAt = monoNow() - int64(2*sessionLinger) // idle long enough to end
@@ -63,7 +63,7 @@ func TestLingerSparesHandedOver(t *testing.T) {
 	if s.armed {
 		t.Error("the countdown was armed again on a session handed over")
 	}
-	s.endIfIdle()
+	s.closeIfIdle()
 	if s.state != open || s.kind != kindDedicated {
 		t.Fatalf("after its linger: state %d, kind %d; want it open and dedicated", s.state, s.kind)
 	}
@@ -80,7 +80,7 @@ func TestSharedForNoneUsable(t *testing.T) {
 	defer db.Close()
 	db.SetMaxOpenConns(4) // room for one shared session
 	p := (&Pool{engine: engine{db: db}}).link()
-	s := &session{p: p, life: life{kind: kindShared}, connHandle: connHandle{gone: make(chan struct{})}}
+	s := (&session{p: p, life: life{kind: kindShared}, connHandle: connHandle{gone: make(chan struct{})}}).link()
 	s.mu.Lock()
 	s.setStateLocked(retiring, nil)
 	s.mu.Unlock()

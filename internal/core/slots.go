@@ -72,14 +72,14 @@ func (p *Pool) AcquireSlot(ctx context.Context, sl Slots, try bool) (*Hold, erro
 
 // acquireSlot is AcquireSlot on a Pool that is not closed.
 func (p *Pool) acquireSlot(ctx context.Context, sl Slots, try bool, what namer) (*Hold, error) {
-	take := func() (*Hold, error) {
+	take := func(pl *place) (*Hold, error) {
 		return p.withSession(ctx, what, func(s *session) (*Hold, error) {
 			s.st = p.sql()
-			return p.slotOn(ctx, s, sl, try, what)
+			return p.slotOn(ctx, s, sl, try, pl, what)
 		})
 	}
 	if try {
-		return take()
+		return take(nil)
 	}
 	h, err := p.queue.acquire(ctx, p, queueKey{k: Key{Pair: true, Class: sl.Class}, sem: true}, Request{}, what, take)
 	return h, p.timedOut(err)
@@ -97,8 +97,9 @@ func SetAfterSlotTry(f func(class int32)) (restore func()) {
 }
 
 // slotOn takes a slot on s: it tries every slot in one statement, then,
-// for a waiting call, waits in the semaphore's line.
-func (p *Pool) slotOn(ctx context.Context, s *session, sl Slots, try bool, what namer) (*Hold, error) {
+// for a waiting call, waits in the semaphore's line, with its place in
+// line pl (nil: none).
+func (p *Pool) slotOn(ctx context.Context, s *session, sl Slots, try bool, pl *place, what namer) (*Hold, error) {
 	w := p.waiterOf(s)
 	var slot int64
 	o := outcome{sent: monoNow()} // the permit's lease begins with this statement
@@ -131,16 +132,16 @@ func (p *Pool) slotOn(ctx context.Context, s *session, sl Slots, try bool, what 
 			k := Key{Pair: true, Class: sl.Class, ID: o.slot}
 			if uncertain, err := s.unlock(k, false); err != nil {
 				if !uncertain {
-					s.end(err)
+					s.discard(err)
 				}
 				return nil, errors.Join(NotAcquired(what.String(), CtxErr(ctx)), err)
 			}
 		}
-		s.end(nil)
+		s.close()
 		return nil, NotAcquired(what.String(), CtxErr(ctx))
 	}
 	if !o.ok && o.err == nil && !try && !ended && !(o.standby && !p.cfg.AllowStandby) {
-		o = p.waitInLine(ctx, w, s.st, slotLine(&sl), o.pid)
+		o = p.waitInLine(ctx, w, s.st, slotLine(&sl).at(pl), o.pid)
 	}
 	k := Key{}
 	if o.ok {

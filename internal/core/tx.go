@@ -102,6 +102,12 @@ func txExec(ctx context.Context, tx TxQuerier, q string) error {
 	return nil
 }
 
+// txLocks is the part of a Pool that takes locks in its caller's
+// transactions.
+type txLocks struct {
+	p *Pool // its Pool
+}
+
 // LockInTx takes the exclusive transaction-level lock k in tx, InTx's own
 // transaction. It tries first, with the statement TxLock starts with, so
 // that a wait knows its backend's pid: when ctx ends during the wait, that
@@ -112,7 +118,8 @@ func txExec(ctx context.Context, tx TxQuerier, q string) error {
 // lock there. A try answered as ctx ended takes no wait after it, and the
 // call is not acquired: the caller's rollback releases what it took (see
 // InTxContext).
-func (p *Pool) LockInTx(ctx context.Context, tx TxQuerier, k Key) error {
+func (tl *txLocks) LockInTx(ctx context.Context, tx TxQuerier, k Key) error {
+	p := tl.p
 	if err := ctx.Err(); err != nil {
 		return NotAcquired(p.name(k), err)
 	}
@@ -148,7 +155,8 @@ func InTxContext(ctx context.Context) (context.Context, context.CancelFunc) {
 // read-write mode during recovery", 0A000), as it refuses a serializable
 // one (0A000 too) or a write (25006). Only for those codes is the server
 // asked whether it is in recovery.
-func (p *Pool) BeginRefusedByStandby(ctx context.Context, err error) bool {
+func (tl *txLocks) BeginRefusedByStandby(ctx context.Context, err error) bool {
+	p := tl.p
 	if !standbyRefusal(err) {
 		return false
 	}

@@ -102,7 +102,8 @@ type connWaiter struct {
 }
 
 // waiterOf returns s's connection as a waiter.
-func (p *Pool) waiterOf(s *session) connWaiter {
+func (cs *connections) waiterOf(s *session) connWaiter {
+	p := cs.p
 	return connWaiter{conn: s.conn, blind: p.abandoned, m: s.mark, pinned: p.cfg.TxPooler}
 }
 

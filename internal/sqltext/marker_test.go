@@ -50,7 +50,11 @@ func TestEveryStatementMarked(t *testing.T) {
 			add("SetBackSQL", first(s.SetBackSQL(42)))
 		}
 		add("AliveSQL", first(m.AliveSQL(42)))
-		add("DoorbellSQL", first(m.DoorbellSQL(42, []int32{-9, -8})))
+		add("DoorbellSQL", first(m.DoorbellSQL(42, []int32{-9, -8}, []int32{0, 7})))
+		add("PlaceSQL", first(m.PlaceSQL(-9, false, 42)))
+		add("PlaceSQL", first(m.PlaceSQL(-9, true, 42)))
+		add("PlaceBackSQL", first(m.PlaceBackSQL(-9, 7, false, 42)))
+		add("PlaceBackSQL", first(m.PlaceBackSQL(-9, 7, true, 42)))
 		for b := range Batch(BatchKinds) {
 			add("BatchSQL", first(m.BatchSQL(b, "42", []Key{k, pk}, 1)))
 		}

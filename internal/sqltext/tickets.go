@@ -112,11 +112,12 @@ func registered(c string) string {
 }
 
 // release returns the SQL with which a waiter gives back its ticket me
-// (0: it has none; in mode shared) of class c and, when it holds it
-// (bell, a boolean expression), its doorbell: true when what it holds
-// went.
-func release(shared bool, c, me, bell string) string {
-	return "(CASE WHEN " + me + " = 0 THEN true ELSE " + unlockFn(shared, c+", "+me) + " END AND CASE WHEN " + bell + " THEN " + unlockFn(true, c+", 0") + " ELSE true END)"
+// (0: it has none; in mode shared) of class c when its session holds it
+// (held, a boolean expression: a place taken on another of its Pool's
+// sessions is given back there; see PlaceSQL) and, when it holds it
+// (bell), its doorbell: true when what it holds went.
+func release(shared bool, c, me, held, bell string) string {
+	return "(CASE WHEN " + me + " = 0 OR NOT " + held + " THEN true ELSE " + unlockFn(shared, c+", "+me) + " END AND CASE WHEN " + bell + " THEN " + unlockFn(true, c+", 0") + " ELSE true END)"
 }
 
 // lockFn returns the call of the session-level lock function of kind (Try,
@@ -180,12 +181,13 @@ func (s *Statements) SliceSQL(kind Kind, k Key, class, mine int32, slice, mark s
 	if shared {
 		readerFilter = " AND l.mode = 'ExclusiveLock'"
 	}
-	release := release(shared, c, me, "x.bell")
+	release := release(shared, c, me, "x.held", "x.bell")
 	keyArgs, keyVals := s.mode.keyArgsAt(k, 8)
 	var b strings.Builder
 	s.sliceHead(&b, "CASE WHEN r.granted THEN 0 ELSE -1 END", "x.have")
 	b.WriteString(" coalesce(bool_or(l.iskey AND l.mine AND l.mode = '" + mode + "'), false) AS have,")
 	b.WriteString(" coalesce(bool_or(NOT l.iskey AND l.mine AND l.id = 0 AND l.mode = 'ShareLock'), false) AS bell,")
+	b.WriteString(" coalesce(bool_or(NOT l.iskey AND l.mine AND l.id = " + me + " AND l.id <> 0), false) AS held,")
 	b.WriteString(" count(CASE WHEN l.mode = 'ShareLock' THEN " + unlockFn(true, c+", l.id") + " ELSE " + unlockFn(false, c+", l.id") + " END)")
 	b.WriteString(" FILTER (WHERE NOT l.iskey AND l.mine AND l.id NOT IN (" + me + ", 0)) AS stale,")
 	b.WriteString(" (array_agg(l.id ORDER BY l.d DESC) FILTER (WHERE NOT l.iskey AND NOT l.mine AND l.reg AND l.id <> 0 AND " + me + " <> 0 AND l.d < 0" + readerFilter + "))[1] AS pred,")
@@ -252,11 +254,12 @@ func (s *Statements) GiveUpSQL(kind Kind, k Key, class int32, mark string) (stri
 // the slot granted, or -1 (look again).
 func (s *Statements) SemaphoreSliceSQL(class, mine, slots int32, n int, wait int32, slice, mark string) (string, []any) {
 	c, me, sc := "$1::int4", "$2::int4", "$5::int4"
-	release := release(false, c, me, "x.bell")
+	release := release(false, c, me, "x.held", "x.bell")
 	var b strings.Builder
 	s.sliceHead(&b, "r.slot", "x.have IS NOT NULL")
 	b.WriteString(" min(l.id) FILTER (WHERE l.isslot AND l.mine) AS have,")
 	b.WriteString(" coalesce(bool_or(NOT l.isslot AND l.mine AND l.id = 0 AND l.mode = 'ShareLock'), false) AS bell,")
+	b.WriteString(" coalesce(bool_or(NOT l.isslot AND l.mine AND l.id = " + me + " AND l.id <> 0), false) AS held,")
 	b.WriteString(" count(" + unlockFn(false, c+", l.id") + ") FILTER (WHERE NOT l.isslot AND l.mine AND l.id NOT IN (" + me + ", 0)) AS stale,")
 	b.WriteString(" (array_agg(l.id ORDER BY l.d DESC) FILTER (WHERE NOT l.isslot AND NOT l.mine AND l.reg AND l.id <> 0 AND " + me + " <> 0 AND l.d < 0))[1] AS pred,")
 	b.WriteString(" count(*) FILTER (WHERE NOT l.isslot AND NOT l.mine AND l.id <> 0) AS others")
@@ -359,26 +362,86 @@ func (m Mode) params(q string, vals ...any) (string, []any) {
 }
 
 // DoorbellSQL returns the statement with which the session that holds a
-// key asks, on backend pid, whether anyone waits for it (with a ticket):
-// one row per class of classes, (class, whether its doorbell rings), and
-// no row on another backend. It takes the doorbell exclusively for a
-// moment, which fails while any waiter rings it.
-func (m Mode) DoorbellSQL(pid int64, classes []int32) (string, []any) {
+// key asks, on backend pid, whether anyone waits for it (with a ticket)
+// before the next waiter of the holder's own Pool: one row per class of
+// classes, (class, ticket, whether it rings), and no row on another
+// backend. tickets, by position, are those next waiters' tickets: 0 asks
+// whether the doorbell rings at all (it takes the doorbell exclusively
+// for a moment, which fails while any waiter rings it); a ticket asks
+// whether a registered waiter holds an earlier one (see earlier).
+func (m Mode) DoorbellSQL(pid int64, classes, tickets []int32) (string, []any) {
+	q := markLine + "SELECT u.c, u.t, CASE WHEN u.t = 0 THEN NOT (" + silent("u.c") + ") ELSE " + earlier("u.c", "u.t") + " END" +
+		" FROM unnest($1::text::int4[], $3::text::int4[]) AS u(c, t) WHERE pg_backend_pid() = $2::int4"
+	cs, ts := int4Array(classes), int4Array(tickets)
+	if m == Inline {
+		q = strings.Replace(q, "$1::text", "'"+cs+"'::text", 1)
+		q = strings.Replace(q, "$3::text", "'"+ts+"'::text", 1)
+		return strings.Replace(q, "$2::int4", strconv.FormatInt(pid, 10)+"::int4", 1), nil
+	}
+	return q, []any{cs, pid, ts}
+}
+
+// int4Array is vs as the text of an int4[].
+func int4Array(vs []int32) string {
 	var b strings.Builder
 	b.WriteByte('{')
-	for i, c := range classes {
+	for i, v := range vs {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		b.WriteString(strconv.Itoa(int(c)))
+		b.WriteString(strconv.Itoa(int(v)))
 	}
 	b.WriteByte('}')
-	q := markLine + "SELECT u.c, NOT (" + silent("u.c") + ")" +
-		" FROM unnest($1::text::int4[]) AS u(c) WHERE pg_backend_pid() = $2::int4"
-	if m == Inline {
-		return strings.Replace(strings.Replace(q, "$1::text", "'"+b.String()+"'::text", 1), "$2::int4", strconv.FormatInt(pid, 10)+"::int4", 1), nil
-	}
-	return q, []any{b.String(), pid}
+	return b.String()
+}
+
+// earlier returns the SQL that reports whether a registered waiter of the
+// line of ticket class c (an int4 expression) holds a ticket earlier than
+// t (an int4 expression, compared with wrap-around): one that rings the
+// doorbell, as any waiter's session, or the session that holds its place
+// (PlaceSQL), does.
+func earlier(c, t string) string {
+	return "EXISTS (SELECT FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2" +
+		" AND l.classid::int8 = (" + c + "::int8 & 4294967295) AND l.objid <> 0 AND " + currentDB +
+		" AND " + signed32("l.objid::int8 - ("+t+"::int8 & 4294967295)") + " < 0" +
+		" AND EXISTS (SELECT FROM pg_catalog.pg_locks r WHERE r.locktype = 'advisory' AND r.granted AND r.pid = l.pid" +
+		" AND r.mode = 'ShareLock' AND r.classid = l.classid AND r.objid = 0 AND r.objsubid = 2 AND r.database = l.database))"
+}
+
+// PlaceSQL returns the statement with which a waiter queued in its Pool
+// behind the head of its queue takes its place in the line of ticket
+// class class (a reader's when shared) at once, on one of the Pool's
+// sessions (backend pid), rather than when it becomes the head: it rings
+// the doorbell and takes the first free ticket from the server's clock
+// on, as RegisterSQL does, without waiting (a doorbell held exclusively
+// is a stranger's, or, for a moment, a holder's: the waiter then has no
+// place). Its single row is the ticket (0: none was taken, the doorbell
+// given back; -1: the doorbell could not be given back); no row on
+// another backend. The waiter, once the head, slices with that ticket
+// (SliceSQL), which its own session never holds; the place is given back
+// with PlaceBackSQL.
+func (m Mode) PlaceSQL(class int32, shared bool, pid int64) (string, []any) {
+	c := "$1::int4"
+	var b strings.Builder
+	b.WriteString(markLine + "SELECT CASE WHEN t.id IS NOT NULL THEN t.id::int8 WHEN NOT d.bell THEN 0")
+	b.WriteString(" WHEN " + unlockFn(true, c+", 0") + " THEN 0 ELSE -1 END")
+	b.WriteString(" FROM (SELECT " + lockFn(Try|Shared, c+", 0") + " AS bell WHERE pg_backend_pid() = $2::int4 OFFSET 0) AS d")
+	b.WriteString(" LEFT JOIN LATERAL (SELECT " + signed32("floor(extract(epoch FROM clock_timestamp()) * 1000)::int8") + " AS base WHERE d.bell OFFSET 0) AS b ON true")
+	b.WriteString(" LEFT JOIN LATERAL (SELECT c.i::int4 AS id FROM (SELECT " + signed32("b.base + g") + " AS i FROM generate_series(0, 63) AS g OFFSET 0) AS c")
+	b.WriteString(" WHERE c.i <> 0 AND " + lockFn(Try|SharedKind(shared), c+", c.i::int4") + " LIMIT 1) AS t ON true")
+	return m.params(b.String(), int64(class), pid)
+}
+
+// PlaceBackSQL returns the statement with which a place in the line of
+// ticket class class, its ticket id (a reader's when shared), held on
+// backend pid, is given back: its ticket and one hold of the doorbell,
+// each tried whatever the other's answer. Its single row is how many of
+// the two went (2: the place was held); no row on another backend.
+func (m Mode) PlaceBackSQL(class, id int32, shared bool, pid int64) (string, []any) {
+	c := "$1::int4"
+	q := markLine + "SELECT ((" + unlockFn(shared, c+", $2::int4") + ")::int4 + (" + unlockFn(true, c+", 0") + ")::int4)::int8" +
+		" WHERE pg_backend_pid() = $3::int4"
+	return m.params(q, int64(class), int64(id), pid)
 }
 
 // PoliteTrySQL is TrySQL for a call that will wait when the key is held:

@@ -116,6 +116,34 @@ func Waiters(tb testing.TB, q sqllock.Querier, k sqllock.Key) int {
 	return len(pids)
 }
 
+// Blocked returns the sessions that wait in the server (a lock not
+// granted, as pg_locks shows it) for k itself or for a ticket of its
+// line: a session that holds its Locker's queued callers' places in line
+// (tickets; see sqltext's PlaceSQL) waits for nothing, and is not counted
+// ([sqllock.Inspect] reports a ticket as a waiter for its key).
+func Blocked(tb testing.TB, q sqllock.Querier, k sqllock.Key) int {
+	tb.Helper()
+	sk := sqlKey(k)
+	class := sqltext.TicketClass(sk)
+	kc, ko, ks := int64(uint64(sk.V)>>32), int64(uint32(sk.V)), int64(1)
+	if sk.Pair {
+		kc, ko, ks = int64(uint32(sk.Class)), int64(uint32(sk.ID)), 2
+	}
+	var n int
+	rows, err := q.QueryContext(context.Background(), `SELECT count(DISTINCT pid) FROM pg_catalog.pg_locks
+ WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+ AND ((classid::int8 = $1 AND objid::int8 = $2 AND objsubid = $3) OR (classid::int8 = ($4::int8 & 4294967295) AND objsubid = 2 AND objid <> 0))`,
+		kc, ko, ks, int64(class))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer rows.Close()
+	if !rows.Next() || rows.Scan(&n) != nil {
+		tb.Fatalf("counting the sessions that wait for %v: %v", k, rows.Err())
+	}
+	return n
+}
+
 // WaitWaiters waits until n sessions wait for k (see Waiters), and fails
 // tb after a minute: a ceiling that only ends a test whose waiters never
 // come (a loaded machine takes seconds to set a wait up).
