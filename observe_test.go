@@ -177,6 +177,23 @@ func TestObserveSlowConsumer(t *testing.T) {
 		if first := <-changes; first.PID != 0 {
 			t.Fatalf("Observe before any campaign = %v, want no leader", first)
 		}
+		// Each term, and each gap after it, lasts until a poll of the
+		// observer's ran whole within it (as pg_stat_activity shows it),
+		// however late a loaded machine runs the polls.
+		admin := pgtest.Open(t, "pgx", dsn)
+		polled := func(what string) {
+			t.Helper()
+			var since time.Time
+			if err := admin.QueryRow("SELECT clock_timestamp()").Scan(&since); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, what, func() bool {
+				var n int
+				err := admin.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+					AND query LIKE '/* sqllock: election */%' AND state = 'idle' AND query_start > $1`, since).Scan(&n)
+				return err == nil && n > 0
+			})
+		}
 		var want []string
 		for i := range 3 {
 			value := fmt.Sprintf("unread-%d", i)
@@ -185,11 +202,11 @@ func TestObserveSlowConsumer(t *testing.T) {
 				t.Fatal(err)
 			}
 			want = append(want, fmt.Sprintf("%q (backend %d)", value, term.PID()), "no leader")
-			time.Sleep(100 * time.Millisecond)
+			polled("a poll during the term")
 			if err := term.Unlock(bg()); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(200 * time.Millisecond)
+			polled("a poll after the term")
 		}
 		var got []string
 		for len(got) < len(want) {
