@@ -352,7 +352,17 @@ func (c *haClient) campaign(ctx context.Context, value string) {
 		token, tokenErr := ld.Token(qctx)
 		var inRecovery bool
 		var port int
-		probeErr := sqllock.ConnOf(ld).QueryRowContext(qctx, "SELECT pg_is_in_recovery(), inet_server_port()").Scan(&inRecovery, &port)
+		probeErr := func() (err error) {
+			// The term's own connection, which the Locker discards as it
+			// finds the term lost (a failover) from another goroutine: pgx
+			// can panic in a read cut so. That is this probe's failure.
+			defer func() {
+				if r := recover(); r != nil {
+					err = fmt.Errorf("probe of the term's connection: %v", r)
+				}
+			}()
+			return sqllock.ConnOf(ld).QueryRowContext(qctx, "SELECT pg_is_in_recovery(), inet_server_port()").Scan(&inRecovery, &port)
+		}()
 		cancel()
 		c.mu.Lock()
 		tm.probed, tm.token, tm.tokenErr, tm.inRecovery, tm.port, tm.probeErr = true, token, tokenErr, inRecovery, port, probeErr

@@ -89,7 +89,8 @@ func (qs *keyQueues) takePlace(ctx context.Context, p *Pool, class int32, shared
 	select {
 	case <-o.done:
 	case <-ctx.Done():
-		go placeTaken(s, o) // the answer settles it: a place goes back
+		// The answer settles it: a place taken goes back.
+		go func() { placeTaken(s, o).giveBack() }()
 		return nil
 	}
 	return placeTaken(s, o)
