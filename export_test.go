@@ -96,5 +96,5 @@ func EndBoundStoppedLate(lk *Lock, d time.Duration) bool {
 		cancel(cause)
 		return stopped
 	}
-	return b.end()
+	return b.taskReturned()
 }

@@ -188,7 +188,7 @@ func (lk *Lock) run(ctx context.Context, fn func(context.Context) error, c doCon
 	}
 	w := c.holdAtLeast
 	defer func() {
-		if b != nil && b.end() {
+		if b != nil && b.taskReturned() {
 			stop()
 			cancel(nil)
 			// The bound passed: the lock was released there.
@@ -270,9 +270,9 @@ func (e *boundError) Error() string {
 
 func (e *boundError) Unwrap() []error { return []error{ErrLockLost, context.DeadlineExceeded} }
 
-// end is called as the task returns, before its context is cancelled: it
+// taskReturned is called as the task returns, before its context is cancelled: it
 // reports whether the bound released the lock, and stops what remains.
-func (b *holdBound) end() (released bool) {
+func (b *holdBound) taskReturned() (released bool) {
 	if b.stop() {
 		if b.ctx.Err() == nil {
 			return false // the context has not ended: no bound passed
@@ -360,9 +360,9 @@ func (lk *Lock) UnlockAfter(d time.Duration) error {
 	return nil
 }
 
-// endWindow ends the lock's hold window, if one is open: its lock was
+// closeLostWindow ends the lock's hold window, if one is open: its lock was
 // lost.
-func (lk *Lock) endWindow() {
+func (lk *Lock) closeLostWindow() {
 	lk.mu.Lock()
 	defer lk.mu.Unlock()
 	lk.closeWindow()

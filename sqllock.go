@@ -286,7 +286,7 @@ func (h hooks) Log(ctx context.Context, level slog.Level, msg string, k core.Key
 func (h hooks) Event(e core.Event) {
 	if e.Kind == core.EventLost && e.Hold != nil {
 		if lk, ok := h.l.windows.Load(e.Hold); ok {
-			lk.(*Lock).endWindow()
+			lk.(*Lock).closeLostWindow()
 		}
 	}
 	ev := Event{PID: int(e.PID), Held: e.Held, Duration: e.Duration, Err: e.Err}

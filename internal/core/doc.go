@@ -43,6 +43,6 @@
 //   - stop: end a timer, a goroutine, or a statement running on the
 //     server (a wait taken out of the server's queue).
 //
-// A few older names (end, drop, giveUp) remain in the handles' and the
-// line's code; internal/layout's TestEndingVerbs lists them.
+// No function of the core or of the sqllock package is named with
+// another ending verb (internal/layout's TestEndingVerbs).
 package core

@@ -51,8 +51,8 @@ const (
 	fRegister     fkind = "register"      // RegisterSQL
 	fSlice        fkind = "slice"         // SliceSQL
 	fSlotSlice    fkind = "slot slice"    // SemaphoreSliceSQL
-	fGiveUp       fkind = "give up"       // GiveUpSQL
-	fSlotGiveUp   fkind = "slot give up"  // SemaphoreGiveUpSQL
+	fGiveUp       fkind = "give up"       // LeaveLineSQL
+	fSlotGiveUp   fkind = "slot give up"  // SemaphoreLeaveLineSQL
 	fDoorbell     fkind = "doorbell"      // DoorbellSQL
 	fPlace        fkind = "place"         // PlaceSQL
 	fPlaceBack    fkind = "place back"    // PlaceBackSQL
@@ -1453,7 +1453,7 @@ func (fs *fakeServer) sliceLocked(ctx context.Context, b *fbackend, st *fakeStmt
 	return rowsOf(row(int64(-1), b.pid, fs.standby, others, false)), nil
 }
 
-// giveUpLocked answers GiveUpSQL and SemaphoreGiveUpSQL. The caller holds
+// giveUpLocked answers LeaveLineSQL and SemaphoreLeaveLineSQL. The caller holds
 // mu.
 func (fs *fakeServer) giveUpLocked(b *fbackend, st *fakeStmt) (driver.Rows, error) {
 	a := st.args

@@ -78,12 +78,12 @@ func (ln line) sliceSQL(st *statements, mine int32, slice, mark string) (string,
 	return st.SliceSQL(ln.kind, ln.k, ln.class, mine, slice, mark)
 }
 
-// giveUpSQL returns the statement that takes a waiter out of ln.
-func (ln line) giveUpSQL(st *statements, mark string) (string, []any) {
+// leaveSQL returns the statement that takes a waiter out of ln.
+func (ln line) leaveSQL(st *statements, mark string) (string, []any) {
 	if ln.slots != nil {
-		return st.SemaphoreGiveUpSQL(ln.class, ln.slots.Class, mark)
+		return st.SemaphoreLeaveLineSQL(ln.class, ln.slots.Class, mark)
 	}
-	return st.GiveUpSQL(ln.kind, ln.k, ln.class, mark)
+	return st.LeaveLineSQL(ln.kind, ln.k, ln.class, mark)
 }
 
 // errLeft is the outcome of a wait that left the line as its ctx ended,
@@ -308,7 +308,7 @@ func (e *engine) leaveLine(ctx context.Context, w waiter, st *statements, ln lin
 	}
 	defer cancel()
 	var have, pid, released int64
-	q, args := ln.giveUpSQL(st, w.mark())
+	q, args := ln.leaveSQL(st, w.mark())
 	err := w.queryRow(gctx, q, args, &have, &pid, &released, skip)
 	o := outcome{pid: last.pid, sent: last.sent}
 	switch {

@@ -223,7 +223,7 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 		sh.mu.Lock()
 		if w.state == qwaiting {
 			q.remove(w)
-			sh.dropIfIdle(qs, qk, q)
+			sh.removeIfIdle(qs, qk, q)
 			sh.mu.Unlock()
 			w.placedWith(false)
 			return nil, NotAcquired(what.String(), ctx.Err())
@@ -334,7 +334,7 @@ func (qs *keyQueues) headDone(p *Pool, qk queueKey, w *qwaiter, h *Hold) {
 		return
 	}
 	q.promote()
-	sh.dropIfIdle(qs, qk, q)
+	sh.removeIfIdle(qs, qk, q)
 }
 
 // promote makes the queue's first caller its head, when it has none and no
@@ -359,9 +359,9 @@ func (q *keyQueue) remove(w *qwaiter) {
 	}
 }
 
-// dropIfIdle forgets q once nobody holds, acquires or waits for its key.
+// removeIfIdle forgets q once nobody holds, acquires or waits for its key.
 // The caller holds sh.mu.
-func (sh *queueShard) dropIfIdle(qs *keyQueues, qk queueKey, q *keyQueue) {
+func (sh *queueShard) removeIfIdle(qs *keyQueues, qk queueKey, q *keyQueue) {
 	if q.head == nil && q.holder == nil && len(q.waiters) == 0 && sh.m[qk] == q {
 		delete(sh.m, qk)
 		qs.live.Add(-1)
@@ -495,7 +495,7 @@ func (qs *keyQueues) released(h *Hold) {
 	}
 	q.holder = nil
 	q.promote()
-	sh.dropIfIdle(qs, qk, q)
+	sh.removeIfIdle(qs, qk, q)
 }
 
 // transfer replaces h, which holds its key on s, with a new Hold of the

@@ -33,7 +33,7 @@ func TestEveryStatementMarked(t *testing.T) {
 					add("GrantedSQL", first(s.GrantedSQL(kind, 1, 2, 1, "m.1")))
 					add("PoliteTrySQL", first(s.PoliteTrySQL(kind, key, -9, "m.1")))
 					add("SliceSQL", first(s.SliceSQL(kind, key, -9, 5, "1ms", "m.1")))
-					add("GiveUpSQL", first(s.GiveUpSQL(kind, key, -9, "m.1")))
+					add("LeaveLineSQL", first(s.LeaveLineSQL(kind, key, -9, "m.1")))
 					add("RegisterSQL", first(s.RegisterSQL(-9, kind.IsShared(), "1ms", "m.1", true)))
 					add("XactTrySQL", first(m.XactTrySQL(kind, key)))
 					add("BuildXactTrySQL", first(m.BuildXactTrySQL(kind, key)))
@@ -45,7 +45,7 @@ func TestEveryStatementMarked(t *testing.T) {
 			add("SemaphoreTrySQL", s.SemaphoreTrySQL(-5, 3))
 			add("SemaphorePoliteTrySQL", s.SemaphorePoliteTrySQL(-5, 3, -9))
 			add("SemaphoreSliceSQL", first(s.SemaphoreSliceSQL(-9, 5, -5, 3, 1, "1ms", "m.1")))
-			add("SemaphoreGiveUpSQL", first(s.SemaphoreGiveUpSQL(-9, -5, "m.1")))
+			add("SemaphoreLeaveLineSQL", first(s.SemaphoreLeaveLineSQL(-9, -5, "m.1")))
 			add("SessionSQL", first(s.SessionSQL("m.1")))
 			add("SetBackSQL", first(s.SetBackSQL(42)))
 		}

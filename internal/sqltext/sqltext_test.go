@@ -184,19 +184,19 @@ func TestLineStatementsParams(t *testing.T) {
 			args []any
 		}
 		var stmts = map[string]func() stmt{
-			"RegisterSQL":        func() stmt { q, a := s.RegisterSQL(-7, true, "500ms", "m'1", true); return stmt{q, a} },
-			"SliceSQL":           func() stmt { q, a := s.SliceSQL(Shared, k, -7, 3, "500ms", "m"); return stmt{q, a} },
-			"SliceSQL pair":      func() stmt { q, a := s.SliceSQL(0, pair, -7, 3, "500ms", "m"); return stmt{q, a} },
-			"GiveUpSQL":          func() stmt { q, a := s.GiveUpSQL(0, k, -7, "m"); return stmt{q, a} },
-			"SemaphoreSliceSQL":  func() stmt { q, a := s.SemaphoreSliceSQL(-7, 3, -3, 4, 2, "500ms", "m"); return stmt{q, a} },
-			"SemaphoreGiveUpSQL": func() stmt { q, a := s.SemaphoreGiveUpSQL(-7, -3, "m"); return stmt{q, a} },
-			"PoliteTrySQL":       func() stmt { q, a := s.PoliteTrySQL(Try, k, -7, "m"); return stmt{q, a} },
-			"PoliteTrySQL plain": func() stmt { q, a := Plain(mode).PoliteTrySQL(Try, pair, -7, "m"); return stmt{q, a} },
-			"DoorbellSQL":        func() stmt { q, a := mode.DoorbellSQL(42, []int32{-7, -8}, []int32{0, 9}); return stmt{q, a} },
-			"PlaceSQL":           func() stmt { q, a := mode.PlaceSQL(-7, true, 42); return stmt{q, a} },
-			"PlaceBackSQL":       func() stmt { q, a := mode.PlaceBackSQL(-7, 9, true, 42); return stmt{q, a} },
-			"TerminateHolderSQL": func() stmt { return stmt{TerminateHolderSQL, DiscardHolderArgs(42, k)} },
-			"SemaphorePoliteTry": func() stmt { return stmt{s.SemaphorePoliteTrySQL(-3, 4, -7), []any{"m"}} },
+			"RegisterSQL":           func() stmt { q, a := s.RegisterSQL(-7, true, "500ms", "m'1", true); return stmt{q, a} },
+			"SliceSQL":              func() stmt { q, a := s.SliceSQL(Shared, k, -7, 3, "500ms", "m"); return stmt{q, a} },
+			"SliceSQL pair":         func() stmt { q, a := s.SliceSQL(0, pair, -7, 3, "500ms", "m"); return stmt{q, a} },
+			"LeaveLineSQL":          func() stmt { q, a := s.LeaveLineSQL(0, k, -7, "m"); return stmt{q, a} },
+			"SemaphoreSliceSQL":     func() stmt { q, a := s.SemaphoreSliceSQL(-7, 3, -3, 4, 2, "500ms", "m"); return stmt{q, a} },
+			"SemaphoreLeaveLineSQL": func() stmt { q, a := s.SemaphoreLeaveLineSQL(-7, -3, "m"); return stmt{q, a} },
+			"PoliteTrySQL":          func() stmt { q, a := s.PoliteTrySQL(Try, k, -7, "m"); return stmt{q, a} },
+			"PoliteTrySQL plain":    func() stmt { q, a := Plain(mode).PoliteTrySQL(Try, pair, -7, "m"); return stmt{q, a} },
+			"DoorbellSQL":           func() stmt { q, a := mode.DoorbellSQL(42, []int32{-7, -8}, []int32{0, 9}); return stmt{q, a} },
+			"PlaceSQL":              func() stmt { q, a := mode.PlaceSQL(-7, true, 42); return stmt{q, a} },
+			"PlaceBackSQL":          func() stmt { q, a := mode.PlaceBackSQL(-7, 9, true, 42); return stmt{q, a} },
+			"TerminateHolderSQL":    func() stmt { return stmt{TerminateHolderSQL, DiscardHolderArgs(42, k)} },
+			"SemaphorePoliteTry":    func() stmt { return stmt{s.SemaphorePoliteTrySQL(-3, 4, -7), []any{"m"}} },
 		}
 		for name, f := range stmts {
 			st := f()

@@ -21,7 +21,7 @@ import (
 // so at most one waiter waits on the key, and no waiter holds a snapshot
 // for longer than a slice, which a holder's CREATE INDEX CONCURRENTLY
 // would wait for. Granted, it gives its ticket and its doorbell back in
-// the same statement; giving up, it gives them back (GiveUpSQL), or its
+// the same statement; giving up, it gives them back (LeaveLineSQL), or its
 // session ends, which gives back everything it held. A waiter rings the
 // doorbell for as long as it holds a ticket: a backend that holds a
 // ticket without ringing is a stranger, whose ticket is no predecessor.
@@ -135,7 +135,7 @@ func unlockFn(shared bool, args string) string { return UnlockFn(shared) + "(" +
 // first free ticket from the server's clock on, and applies the lock
 // session's settings: its name, and what bounds an orphan (a waiter whose
 // client froze or was cut off leaves the line as the server ends its
-// session). A waiter that gives up sets them back (GiveUpSQL). Its single row is
+// session). A waiter that gives up sets them back (LeaveLineSQL). Its single row is
 // (ticket, 0 when none was free; pid; in_recovery; whether the mark
 // allowed it: false means it took nothing). When ring is false it takes
 // nothing, and only applies the settings: a waiter that bypasses the line
@@ -222,14 +222,14 @@ func (s *Statements) sliceHead(b *strings.Builder, granted, late string) {
 	b.WriteString(" CROSS JOIN LATERAL (SELECT")
 }
 
-// GiveUpSQL returns the statement with which a registered waiter for k
+// LeaveLineSQL returns the statement with which a registered waiter for k
 // (its ticket class class), on a session marked mark, that gives up takes
 // itself out of the line: it gives back every ticket and doorbell of the
 // class its session holds. Its single row is (0 when the session holds k
 // in kind's mode: granted as its last slice's lock_timeout fired, else -1; pid; the
 // locks given back; the settings' text, applied when it holds k, and
 // otherwise set back).
-func (s *Statements) GiveUpSQL(kind Kind, k Key, class int32, mark string) (string, []any) {
+func (s *Statements) LeaveLineSQL(kind Kind, k Key, class int32, mark string) (string, []any) {
 	kc, ko, ks := tagArgs(k)
 	mode := "ExclusiveLock"
 	if kind.IsShared() {
@@ -282,11 +282,11 @@ func (s *Statements) SemaphoreSliceSQL(class, mine, slots int32, n int, wait int
 	return s.mode.params(b.String(), int64(class), int64(mine), slice, mark, int64(slots), int64(wait))
 }
 
-// SemaphoreGiveUpSQL is GiveUpSQL for a waiter for a permit of the
+// SemaphoreLeaveLineSQL is LeaveLineSQL for a waiter for a permit of the
 // semaphore whose slots have the pair class slots: the first column is
 // the slot its session holds (granted as its last slice's lock_timeout
 // fired), or -1.
-func (s *Statements) SemaphoreGiveUpSQL(class, slots int32, mark string) (string, []any) {
+func (s *Statements) SemaphoreLeaveLineSQL(class, slots int32, mark string) (string, []any) {
 	c, sc := "$1::int4", "$2::int4"
 	id := signed32("l.objid::int8") + "::int4"
 	isTicket := "l.classid::int8 = (" + c + "::int8 & 4294967295)"
@@ -322,7 +322,7 @@ func DiscardHolderArgs(pid int64, k Key) []any {
 	return []any{pid, c, o, sub}
 }
 
-// tagArgs returns k's lock tag as SliceSQL and GiveUpSQL take it.
+// tagArgs returns k's lock tag as SliceSQL and LeaveLineSQL take it.
 func tagArgs(k Key) (classid, objid int64, objsubid int64) {
 	if k.Pair {
 		return int64(uint32(k.Class)), int64(uint32(k.ID)), 2
