@@ -102,9 +102,19 @@ func TestCancelStress(t *testing.T) {
 		for w := 0; w < workers; w++ {
 			waitFree(t, observer, sqllock.Pair(100, int32(w)), 10*time.Second)
 		}
-		if n := advisoryCount(t, observer); n != 0 {
-			t.Fatalf("%d advisory locks left held after the stress", n)
+		// A waiter's session discarded as its ctx ended takes its place in
+		// line (a ticket and the doorbell) with it as its backend ends,
+		// which a loaded machine delays: nothing may be left once the
+		// backends have ended, within 10 s.
+		left, since := advisoryCount(t, observer), time.Now()
+		for left != 0 && time.Since(since) < 10*time.Second {
+			time.Sleep(10 * time.Millisecond)
+			left = advisoryCount(t, observer)
 		}
+		if left != 0 {
+			t.Fatalf("%d advisory locks left held 10 s after the stress", left)
+		}
+		t.Logf("no advisory lock left %v after the keys were free", time.Since(since).Round(time.Millisecond))
 		t.Logf("attempts %d: acquired %d, not acquired %d, phantoms %d, holder waited >100ms %d times, connections discarded %d",
 			workers*perWorker, acquired.Load(), notAcquired.Load(), phantoms.Load(), slowFree.Load(), waiterL.Stats().Discarded)
 		total := int64(workers * perWorker)
