@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/core/stmt"
+
 	"github.com/sqllock/sqllock/internal/core"
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -178,7 +180,7 @@ func (e *Election) Lead(ctx context.Context, value string, fn func(ctx context.C
 			}
 			// Lost: another candidate leads now, or this one's server or
 			// session is in trouble; either way, pause first.
-		case core.CtxEnded(ctx):
+		case stmt.CtxEnded(ctx):
 			return e.ended(ctx, false, err)
 		case permanent(err):
 			return err
@@ -215,7 +217,7 @@ func (e *Election) lead(ctx context.Context, ld *Lock, fn func(context.Context, 
 	returned = true
 	// What ended fn's term, as fn returned: ctx, a loss it was told of,
 	// its own Unlock, or nothing (fn is done).
-	ended := core.CtxEnded(ctx)
+	ended := stmt.CtxEnded(ctx)
 	told := errors.Is(context.Cause(tctx), ErrLockLost)
 	var rerr error
 	if !errors.Is(ld.Err(), ErrReleased) {
@@ -238,11 +240,11 @@ func (e *Election) lead(ctx context.Context, ld *Lock, fn func(context.Context, 
 // err (fn's, or the resignation's, or the last campaign's): err when it
 // matches ctx's, else one that does, and carries err.
 func (e *Election) ended(ctx context.Context, leading bool, err error) error {
-	cerr := core.CtxErr(ctx)
+	cerr := stmt.CtxErr(ctx)
 	if errors.Is(err, cerr) {
 		return err
 	}
-	end := core.NotAcquired("election "+e.l.name(e.key), cerr)
+	end := stmt.NotAcquired("election "+e.l.name(e.key), cerr)
 	if leading {
 		end = fmt.Errorf("sqllock: election %s: the term ended with the context: %w", e.l.name(e.key), cerr)
 	}
@@ -316,7 +318,7 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	q, args := e.l.pool.Mode().TagArgs(sqltext.LeaderSQL, int64(c), int64(o), sub)
 	for try := 0; ; try++ {
 		// Bounded by ctx whatever the driver does (see core.Bounded).
-		r, err := core.Bounded(ctx, func() (holderRow, error) {
+		r, err := stmt.Bounded(ctx, func() (holderRow, error) {
 			var r holderRow
 			err := e.l.pool.QueryRow(ctx, q, args, &r.pid, &r.name, &r.addr, &r.since)
 			return r, err
@@ -460,7 +462,7 @@ func (e *Election) poll(ctx context.Context, seen chan<- Leader) {
 			holder holderRow
 		}
 		// Bounded by qctx whatever the driver does (see core.Bounded).
-		a, err := core.Bounded(qctx, func() (answer, error) {
+		a, err := stmt.Bounded(qctx, func() (answer, error) {
 			var a answer
 			err := e.l.pool.QueryRow(qctx, q, args, &a.digest, &a.read, &a.holder.pid, &a.holder.name, &a.holder.addr, &a.holder.since)
 			return a, err

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/sqllock/sqllock/internal/core/stmt"
+
 	"github.com/sqllock/sqllock/internal/core"
 )
 
@@ -18,16 +20,16 @@ var (
 	// in that case the error also matches the context's error
 	// (context.Canceled or context.DeadlineExceeded). TryDo reports the
 	// first case as (false, nil).
-	ErrNotAcquired = core.ErrNotAcquired
+	ErrNotAcquired = stmt.ErrNotAcquired
 
 	// ErrReleased is returned by the methods of a Lock (or Session) that was
 	// already released, and by Unlock on a nil Lock.
-	ErrReleased = core.ErrReleased
+	ErrReleased = stmt.ErrReleased
 
 	// ErrLockLost is wrapped by Lock.Err, and by Unlock, when the lock is no
 	// longer held although it was never released: the session died, the
 	// server restarted, or the keep-alive found the lock gone.
-	ErrLockLost = core.ErrLockLost
+	ErrLockLost = stmt.ErrLockLost
 
 	// ErrStandby is returned by the acquiring calls when the server is a hot
 	// standby (pg_is_in_recovery() is true): locks taken there do not
@@ -35,32 +37,32 @@ var (
 	// lock is released before returning, a transaction-level one is never
 	// taken. WithAllowStandby turns the check off for a Locker's calls
 	// (InTx among them); LockTx and kin always refuse a standby.
-	ErrStandby = core.ErrStandby
+	ErrStandby = stmt.ErrStandby
 
 	// ErrSessionChanged is returned, or wrapped by ErrLockLost, when a
 	// statement on the pinned connection ran on a different backend than the
 	// one that was granted the lock: a transaction-mode pooler (such as
 	// PgBouncer with pool_mode=transaction) sits between the client and the
 	// server. Use the transaction-scoped locks (LockTx, InTx) there.
-	ErrSessionChanged = core.ErrSessionChanged
+	ErrSessionChanged = stmt.ErrSessionChanged
 
 	// ErrDeadlock is returned when PostgreSQL aborts a lock wait because it
 	// would deadlock (SQLSTATE 40P01).
-	ErrDeadlock = core.ErrDeadlock
+	ErrDeadlock = stmt.ErrDeadlock
 
 	// ErrLockTableFull is returned when the server's shared lock table is
 	// exhausted (SQLSTATE 53200, "out of shared memory"); raise
 	// max_locks_per_transaction or hold fewer locks at once.
-	ErrLockTableFull = core.ErrLockTableFull
+	ErrLockTableFull = stmt.ErrLockTableFull
 
 	// ErrUnsupportedServer is returned when the server does not implement
 	// PostgreSQL advisory locks (for example CockroachDB, whose advisory
 	// lock functions do not lock anything).
-	ErrUnsupportedServer = core.ErrUnsupportedServer
+	ErrUnsupportedServer = stmt.ErrUnsupportedServer
 
 	// ErrInvalidKey is returned by ParseKey for malformed text and by every
 	// call given the zero Key.
-	ErrInvalidKey = core.ErrInvalidKey
+	ErrInvalidKey = stmt.ErrInvalidKey
 
 	// ErrNotLeader is returned by Election.Proclaim when the Election does
 	// not lead: it was never elected, or its last term was resigned or
@@ -117,7 +119,7 @@ func (e *HeldError) Error() string {
 		if h.Hidden {
 			by = fmt.Sprintf("backend %d, a session of another role", h.PID)
 		}
-		if rest, ok := strings.CutSuffix(msg, core.HeldElsewhere); ok {
+		if rest, ok := strings.CutSuffix(msg, stmt.HeldElsewhere); ok {
 			return rest + "is held by " + by // a refusal: "another session" named
 		}
 		if e.Key == (Key{}) {

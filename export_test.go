@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/core/stmt"
+
 	"github.com/sqllock/sqllock/internal/core"
 )
 
@@ -12,7 +14,7 @@ import (
 // driver (lib/pq) returns, before its result is handed over; the returned
 // func takes f away.
 func SetAfterBlindStatement(f func(ctx context.Context, err error, left func() bool)) (restore func()) {
-	return core.SetAfterBlindStatement(f)
+	return stmt.SetAfterBlindStatement(f)
 }
 
 // LeaseBusy is how many statements the lease of lk's session counts in

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/core/stmt"
+
 	"github.com/sqllock/sqllock/internal/core"
 	"github.com/sqllock/sqllock/internal/pglocks"
 	"github.com/sqllock/sqllock/internal/sqltext"
@@ -81,7 +83,7 @@ func Inspect(ctx context.Context, q Querier, r *Registry, keys ...Key) ([]HeldLo
 		return nil, fmt.Errorf("sqllock: Inspect: nil Querier")
 	}
 	// Bounded by ctx whatever the driver does (see bounded).
-	out, err := core.Bounded(ctx, func() ([]HeldLock, error) { return readLocks(ctx, q, r) }, nil)
+	out, err := stmt.Bounded(ctx, func() ([]HeldLock, error) { return readLocks(ctx, q, r) }, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/core/stmt"
+
 	"github.com/sqllock/sqllock/internal/core"
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -96,11 +98,11 @@ func (lk *Lock) Token(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if core.CtxEnded(ctx) {
+	if stmt.CtxEnded(ctx) {
 		// The statement may have been cut short as its commit waited for
 		// a synchronous standby: PostgreSQL then answers all the same,
 		// with a token that the standby may not have.
-		return 0, fmt.Errorf("sqllock: token of %s: %w", lk.l.name(lk.key), core.CtxErr(ctx))
+		return 0, fmt.Errorf("sqllock: token of %s: %w", lk.l.name(lk.key), stmt.CtxErr(ctx))
 	}
 	if err := lk.h.Err(); err != nil {
 		return 0, err

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"hash/fnv"
 
+	"github.com/sqllock/sqllock/internal/core/stmt"
+
 	"github.com/sqllock/sqllock/internal/core"
 )
 
@@ -93,7 +95,7 @@ func (s *Semaphore) acquire(ctx context.Context, try bool) (lk *Lock, err error)
 	}
 	h, err := s.l.pool.AcquireSlot(ctx, s.slots, try)
 	if err != nil {
-		if s.l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, core.ErrAbandoned) {
+		if s.l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, stmt.ErrAbandoned) {
 			err = s.l.withHolders(Key{}, err, semaphoreSlots(s.name, s.n)...)
 		}
 		return nil, err

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/core/stmt"
+
 	"github.com/sqllock/sqllock/internal/core"
 )
 
@@ -229,7 +231,7 @@ func (l *Locker) acquire(ctx context.Context, k Key, shared, try bool, named str
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, core.NotAcquired(l.name(k), err) // nothing sent
+		return nil, stmt.NotAcquired(l.name(k), err) // nothing sent
 	}
 	if len(l.observers) > 0 { // nothing is built on the hot path unless someone listens
 		if end := l.startAcquire(ctx, Acquisition{Key: k, Name: l.regName(k), Wait: !try, Shared: shared}); end != nil {
@@ -239,7 +241,7 @@ func (l *Locker) acquire(ctx context.Context, k Key, shared, try bool, named str
 	lk = &Lock{l: l, key: k}
 	h, err := l.pool.Acquire(ctx, core.Request{Key: k.sqlKey(), Shared: shared, Try: try, Named: named, Into: &lk.own})
 	if err != nil {
-		if l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, core.ErrAbandoned) {
+		if l.cfg.holders && errors.Is(err, ErrNotAcquired) && !errors.Is(err, stmt.ErrAbandoned) {
 			// Also when ctx ended during the call (not before it: then
 			// nothing is sent): the holders are asked on a context of
 			// their own.

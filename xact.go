@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"reflect"
 
+	"github.com/sqllock/sqllock/internal/core/stmt"
+
 	"github.com/sqllock/sqllock/internal/core"
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -139,17 +141,17 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 	// transaction begun after the call left is rolled back.
 	txCtx, cancelTx := core.InTxContext(ctx)
 	defer cancelTx()
-	tx, err := core.Bounded(ctx, func() (T, error) { return begin(txCtx) }, func(tx T, err error) {
+	tx, err := stmt.Bounded(ctx, func() (T, error) { return begin(txCtx) }, func(tx T, err error) {
 		if err == nil && !isNil(tx) {
 			tx.Rollback()
 		}
 	})
 	if err != nil {
-		if core.CtxEnded(ctx) {
-			return core.NotAcquired(l.name(k), core.CtxErr(ctx))
+		if stmt.CtxEnded(ctx) {
+			return stmt.NotAcquired(l.name(k), stmt.CtxErr(ctx))
 		}
 		if !l.cfg.allowStandby && l.pool.BeginRefusedByStandby(ctx, err) {
-			return fmt.Errorf("%w (begin: %w)", core.StandbyError("lock "+l.name(k)), err)
+			return fmt.Errorf("%w (begin: %w)", stmt.StandbyError("lock "+l.name(k)), err)
 		}
 		return fmt.Errorf("sqllock: begin: %w", err)
 	}
@@ -158,7 +160,7 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 	}
 	committed := false
 	defer func() {
-		if !committed && errors.Is(err, core.ErrAbandoned) {
+		if !committed && errors.Is(err, stmt.ErrAbandoned) {
 			// A statement of the transaction's is still running: the
 			// rollback would wait for it. It runs once the statement
 			// returns.
@@ -167,8 +169,8 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 		}
 		if !committed {
 			// Bounded: a driver's rollback may take no context.
-			_, rerr := core.Bounded(ctx, func() (struct{}, error) { return struct{}{}, tx.Rollback() }, nil)
-			if rerr != nil && !errors.Is(rerr, sql.ErrTxDone) && !errors.Is(rerr, core.ErrAbandoned) && err != nil {
+			_, rerr := stmt.Bounded(ctx, func() (struct{}, error) { return struct{}{}, tx.Rollback() }, nil)
+			if rerr != nil && !errors.Is(rerr, sql.ErrTxDone) && !errors.Is(rerr, stmt.ErrAbandoned) && err != nil {
 				err = errors.Join(err, fmt.Errorf("sqllock: rollback: %w", rerr))
 			}
 		}

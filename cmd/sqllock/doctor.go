@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/core/stmt"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sqllock/sqllock/internal/core"
@@ -132,7 +134,7 @@ func diagnose(ctx context.Context, db *sql.DB, cfg *pgx.ConnConfig) ([]finding, 
 	// doctor can probe at all.
 	var version string
 	err := queryRow(ctx, db, sqltext.DoctorVersionSQL, &version)
-	if err != nil && (core.ConnectionBroken(err) || ctx.Err() != nil) {
+	if err != nil && (stmt.ConnectionBroken(err) || ctx.Err() != nil) {
 		return nil, fail(exitUnavailable, "doctor: the server stopped answering: %s", redact(oneLine(err)))
 	}
 	add(serverFinding(version, err))
@@ -294,7 +296,7 @@ func poolerFinding(pooled, perr error, r roundsOutcome, pp serverAnswer, ppErr e
 		f.Values["rounds_error"] = redact(oneLine(r.err))
 	}
 	if pooled != nil {
-		pe := strings.TrimPrefix(pooled.Error(), core.ErrSessionChanged.Error()+": ")
+		pe := strings.TrimPrefix(pooled.Error(), stmt.ErrSessionChanged.Error()+": ")
 		pe, _, _ = strings.Cut(pe, ": a transaction-mode pooler")
 		f.Values["probe_evidence"] = pe
 		if evidence == "" {
@@ -352,7 +354,7 @@ func preparedFinding(r roundsOutcome, pooler bool, mode pgx.QueryExecMode) findi
 		f.Values["survive"] = false
 		f.Values["error"] = redact(oneLine(r.lost))
 		what := "a statement prepared on a client connection was not there in its next transaction (SQLSTATE 26000)"
-		if core.SQLState(r.lost) == "42P05" {
+		if stmt.SQLState(r.lost) == "42P05" {
 			what = "a statement a client connection prepared afresh was there already, left by another client (SQLSTATE 42P05)"
 		}
 		f.Message = fmt.Sprintf("%s: pgx's statement cache (default_query_exec_mode=cache_statement) fails through this pooler; "+

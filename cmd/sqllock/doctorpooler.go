@@ -10,10 +10,11 @@ import (
 	"net"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/core/stmt"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/sqllock/sqllock/internal/core"
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
@@ -162,7 +163,7 @@ func poolerRounds(ctx context.Context, cfg *pgx.ConnConfig) (out roundsOutcome) 
 // lost (or found already there) is evidence; anything else ends the
 // rounds.
 func (o *roundsOutcome) fail(err error) {
-	switch core.SQLState(err) {
+	switch stmt.SQLState(err) {
 	case "26000":
 		o.lost = err
 		if o.evidence == "" {

@@ -5,6 +5,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"strconv"
 	"time"
 
@@ -57,7 +58,7 @@ const acquireAttempts = 3
 // stays held.
 func (p *Pool) Acquire(ctx context.Context, r Request) (*Hold, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, NotAcquired(p.name(r.Key), err) // nothing sent
+		return nil, stmt.NotAcquired(p.name(r.Key), err) // nothing sent
 	}
 	if p.Closed() {
 		return nil, closedError(p.name(r.Key))
@@ -78,7 +79,7 @@ func (p *Pool) acquire(ctx context.Context, r Request) (*Hold, error) {
 		if p.queue.waited(queueKey{k: r.Key}) {
 			// The Pool's own callers wait for it: a try never passes them.
 			p.stats.contended.Add(1)
-			return nil, fmt.Errorf("%w: %s %s", ErrNotAcquired, p.name(r.Key), HeldElsewhere)
+			return nil, fmt.Errorf("%w: %s %s", stmt.ErrNotAcquired, p.name(r.Key), stmt.HeldElsewhere)
 		}
 		return p.fromServer(ctx, r)
 	}
@@ -114,13 +115,13 @@ func (p *Pool) fromServer(ctx context.Context, r Request) (*Hold, error) {
 func (p *Pool) withSession(ctx context.Context, what namer, take func(s *session) (*Hold, error)) (*Hold, error) {
 	for attempt := 1; ; attempt++ {
 		if err := ctx.Err(); err != nil {
-			return nil, NotAcquired(what.String(), err)
+			return nil, stmt.NotAcquired(what.String(), err)
 		}
-		sent := monoNow()
+		sent := stmt.MonoNow()
 		conn, err := p.takeConn(ctx)
 		if err != nil {
-			if CtxEnded(ctx) {
-				return nil, NotAcquired(what.String(), CtxErr(ctx))
+			if stmt.CtxEnded(ctx) {
+				return nil, stmt.NotAcquired(what.String(), stmt.CtxErr(ctx))
 			}
 			if errors.Is(err, driver.ErrBadConn) && attempt < acquireAttempts {
 				// database/sql hands out a connection that went bad in the
@@ -128,16 +129,16 @@ func (p *Pool) withSession(ctx context.Context, what namer, take func(s *session
 				// after its own retries: another try may get a good one.
 				continue
 			}
-			if lockTableFull(err) {
+			if stmt.LockTableFull(err) {
 				// A full lock table refuses new sessions too.
-				return nil, fmt.Errorf("%w: lock %s: get connection: %w", ErrLockTableFull, what, err)
+				return nil, fmt.Errorf("%w: lock %s: get connection: %w", stmt.ErrLockTableFull, what, err)
 			}
 			return nil, fmt.Errorf("sqllock: lock %s: get connection: %w", what, err)
 		}
 		id, err := p.checkPinned(ctx, conn)
 		if err != nil {
-			if CtxEnded(ctx) {
-				return nil, NotAcquired(what.String(), CtxErr(ctx))
+			if stmt.CtxEnded(ctx) {
+				return nil, stmt.NotAcquired(what.String(), stmt.CtxErr(ctx))
 			}
 			return nil, err
 		}
@@ -149,7 +150,7 @@ func (p *Pool) withSession(ctx context.Context, what namer, take func(s *session
 			attempt--
 			continue
 		}
-		if err == nil || attempt == acquireAttempts || !ConnectionBroken(err) || CtxEnded(ctx) {
+		if err == nil || attempt == acquireAttempts || !stmt.ConnectionBroken(err) || stmt.CtxEnded(ctx) {
 			return h, err
 		}
 	}
@@ -169,8 +170,8 @@ func (p *Pool) acquireOn(ctx context.Context, s *session, r Request, what namer)
 		o = p.tryOn(ctx, w, sessionLevel, s.st, kind|sqltext.Try, r.Key)
 		o = p.triedLate(ctx, s, r, o)
 	} else {
-		dc := driverConnOf(s.conn)
-		pid, known := p.pids.get(dc)
+		dc := stmt.DriverConnOf(s.conn)
+		pid, known := p.pids.Get(dc)
 		known = known && !p.cfg.TxPooler // a pinned connection's backend is its transaction's
 		if !known {
 			o = p.tryOn(ctx, w, sessionLevel, s.st, kind, r.Key)
@@ -180,7 +181,7 @@ func (p *Pool) acquireOn(ctx context.Context, s *session, r Request, what namer)
 		if known || o.err == nil && !o.ok && !(o.standby && !p.cfg.AllowStandby) {
 			o = p.waitInLine(ctx, w, s.st, keyLine(kind, r.Key).at(r.place), pid)
 			if o.err == nil && !p.cfg.TxPooler {
-				p.pids.set(dc, o.pid)
+				p.pids.Set(dc, o.pid)
 			}
 		}
 	}
@@ -202,16 +203,16 @@ func (p *Pool) acquireOn(ctx context.Context, s *session, r Request, what namer)
 // within abandonGrace (the session ends when that is not certain), so that
 // nothing the call took outlives it.
 func (p *Pool) triedLate(ctx context.Context, s *session, r Request, o outcome) outcome {
-	if o.err != nil || !o.certain || !CtxEnded(ctx) {
+	if o.err != nil || !o.certain || !stmt.CtxEnded(ctx) {
 		return o
 	}
 	if o.ok {
 		s.pid, s.tuned = o.pid, true // s is the caller's alone until settled
-		uctx, cancel := context.WithTimeout(context.Background(), abandonGrace)
+		uctx, cancel := context.WithTimeout(context.Background(), stmt.AbandonGrace)
 		got, err := s.sendUnlocks(uctx, nil, []Key{r.Key}, r.Shared)
 		cancel()
 		if err == nil && !got[0] {
-			err = fmt.Errorf("%w: unlock of a try granted as the context ended found no such lock", ErrLockLost)
+			err = fmt.Errorf("%w: unlock of a try granted as the context ended found no such lock", stmt.ErrLockLost)
 		}
 		if err != nil {
 			return outcome{pid: o.pid, err: err} // uncertain: s ends
@@ -236,11 +237,11 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold, p
 	}
 	what := namer{p: p, k: k}
 	// ended is the outcome of a call whose ctx ended first.
-	ended := func() (*Hold, error, bool) { return nil, NotAcquired(what.String(), CtxErr(ctx)), true }
+	ended := func() (*Hold, error, bool) { return nil, stmt.NotAcquired(what.String(), stmt.CtxErr(ctx)), true }
 	s, err := p.sharedFor(ctx)
 	if err != nil {
 		p.share.unreserve(k)
-		if CtxEnded(ctx) {
+		if stmt.CtxEnded(ctx) {
 			return ended()
 		}
 		return nil, nil, false // a session of its own will say what is wrong
@@ -277,7 +278,7 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold, p
 			// Sent: its answer, a round trip away, is read for up to
 			// abandonGrace, so that a grant that comes meanwhile goes
 			// back before the call returns, rather than after.
-			if !doneWithin(o.done, abandonGrace) {
+			if !doneWithin(o.done, stmt.AbandonGrace) {
 				if o.state.CompareAndSwap(opSent, opAbandoned) {
 					// The runner undoes a grant that comes now, and frees k.
 					return ended()
@@ -297,13 +298,13 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold, p
 	v, verr := judgeShared(ctx, ok, oerr, what)
 	if v != granted {
 		p.share.unreserve(k)
-		if CtxEnded(ctx) {
+		if stmt.CtxEnded(ctx) {
 			return ended()
 		}
 	}
 	switch {
 	case v == uncertain:
-		if ConnectionBroken(oerr) {
+		if stmt.ConnectionBroken(oerr) {
 			return nil, nil, false // the session died: a session of its own
 		}
 		return nil, verr, true
@@ -329,27 +330,27 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold, p
 		ow := p.waitInLine(ctx, w, s.st, keyLine(0, k).at(pl), s.pid)
 		if ow.err == nil {
 			if !p.cfg.TxPooler {
-				p.pids.set(driverConnOf(s.conn), ow.pid) // as acquireOn does: its next wait needs no try
+				p.pids.Set(stmt.DriverConnOf(s.conn), ow.pid) // as acquireOn does: its next wait needs no try
 			}
 			s.tuned = true
 		}
 		h, err = p.settle(ctx, s, k, false, into, ow, what)
-		if err != nil && ConnectionBroken(err) && !CtxEnded(ctx) {
+		if err != nil && stmt.ConnectionBroken(err) && !stmt.CtxEnded(ctx) {
 			return nil, nil, false // it died meanwhile: another
 		}
 		return h, err, true
 	}
-	if !CtxEnded(ctx) {
+	if !stmt.CtxEnded(ctx) {
 		h = newHold(into, s, k, false)
 	}
 	if h == nil {
 		// Granted as ctx ended (or as its session ended): the key goes
 		// back before the call returns, within abandonGrace.
-		doneWithin(s.unlockAsync(k).done, abandonGrace)
-		if CtxEnded(ctx) {
+		doneWithin(s.unlockAsync(k).done, stmt.AbandonGrace)
+		if stmt.CtxEnded(ctx) {
 			return ended()
 		}
-		return nil, lockError(what.String(), s.err()), true
+		return nil, stmt.LockError(what.String(), s.err()), true
 	}
 	p.stats.took(1)
 	p.mon.addHeld(h)
@@ -367,7 +368,7 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold, p
 func (p *Pool) release(h *Hold) error {
 	if p.queue.handOff(p, h) {
 		if err := p.queue.check(h); err != nil {
-			return fmt.Errorf("%w: %s: its session (backend %d) ended before the release was confirmed: %w", ErrLockLost, p.name(h.key), h.pid, err)
+			return fmt.Errorf("%w: %s: its session (backend %d) ended before the release was confirmed: %w", stmt.ErrLockLost, p.name(h.key), h.pid, err)
 		}
 		return nil
 	}

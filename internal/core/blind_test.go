@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -38,7 +39,7 @@ func TestBoundedRawAnswerAtGraceEnd(t *testing.T) {
 	defer db.Close()
 	const calls = 200
 	db.SetMaxOpenConns(calls)
-	blind := &abandonSet{}
+	blind := &stmt.AbandonSet{}
 	var wg sync.WaitGroup
 	late := make(chan time.Duration, calls)
 	for i := range calls {
@@ -53,15 +54,15 @@ func TestBoundedRawAnswerAtGraceEnd(t *testing.T) {
 			defer cancel()
 			start := time.Now()
 			// Answers spread over ±1 ms around the grace's end.
-			answer := start.Add(20*time.Millisecond + abandonGrace + time.Duration(i%40-20)*50*time.Microsecond)
-			err := boundedRaw(ctx, blind, conn, func(any) error {
+			answer := start.Add(20*time.Millisecond + stmt.AbandonGrace + time.Duration(i%40-20)*50*time.Microsecond)
+			err := stmt.BoundedRaw(ctx, blind, conn, func(any) error {
 				time.Sleep(time.Until(answer))
 				return nil
 			})
-			if err != nil && !errors.Is(err, ErrAbandoned) {
+			if err != nil && !errors.Is(err, stmt.ErrAbandoned) {
 				t.Errorf("boundedRaw() = %v", err)
 			}
-			late <- time.Since(start) - 20*time.Millisecond - abandonGrace
+			late <- time.Since(start) - 20*time.Millisecond - stmt.AbandonGrace
 		}()
 	}
 	done := make(chan struct{})
@@ -117,7 +118,7 @@ func TestAbandonedRowsStopAtReturn(t *testing.T) {
 	var returned atomic.Bool
 	var afterReturn atomic.Int32
 	var got []int64 // written by row, read once the call returned
-	err = queryRows(ctx, &abandonSet{}, conn, "SELECT", nil, func(v []driver.Value) error {
+	err = stmt.QueryRows(ctx, &stmt.AbandonSet{}, conn, "SELECT", nil, func(v []driver.Value) error {
 		if returned.Load() {
 			afterReturn.Add(1)
 		}
@@ -125,7 +126,7 @@ func TestAbandonedRowsStopAtReturn(t *testing.T) {
 		return nil
 	})
 	returned.Store(true)
-	if !errors.Is(err, ErrAbandoned) {
+	if !errors.Is(err, stmt.ErrAbandoned) {
 		t.Fatalf("queryRows() = %v, want ErrAbandoned", err)
 	}
 	n := len(got)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"testing"
 	"time"
 )
@@ -35,28 +36,24 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // limit; takes that wait for room are served in arrival order, and one
 // whose ctx ends leaves the line, counting nothing.
 func TestBudgetTakesInOrder(t *testing.T) {
-	b := &budget{db: stubPool(t, 4)} // a limit of 1
-	if err := b.take(context.Background()); err != nil {
+	b := &stmt.Budget{DB: stubPool(t, 4)} // a limit of 1
+	if err := b.Take(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if b.tryTake() {
+	if b.TryTake() {
 		t.Fatal("tryTake with the budget's one connection counted = true, want false")
 	}
 	done := make(chan string, 3)
 	waiting := func(name string, ctx context.Context, n int) {
 		t.Helper()
 		go func() {
-			if err := b.take(ctx); err != nil {
+			if err := b.Take(ctx); err != nil {
 				done <- name + ": " + err.Error()
 				return
 			}
 			done <- name
 		}()
-		waitFor(t, name+" waits", func() bool {
-			b.mu.Lock()
-			defer b.mu.Unlock()
-			return b.waiters.Len() == n
-		})
+		waitFor(t, name+" waits", func() bool { return b.Waiting() == n })
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	waiting("first", context.Background(), 1)
@@ -67,12 +64,12 @@ func TestBudgetTakesInOrder(t *testing.T) {
 		t.Fatalf("after the second's ctx ended: %q, want it to leave", got)
 	}
 	for _, want := range []string{"first", "third"} {
-		b.give()
+		b.Give()
 		if got := <-done; got != want {
 			t.Fatalf("a connection given back went to %q, want %q", got, want)
 		}
 	}
-	if n := b.count(); n != 1 {
+	if n := b.Count(); n != 1 {
 		t.Fatalf("count() = %d, want 1", n)
 	}
 }
@@ -84,7 +81,7 @@ func TestBudgetTakesInOrder(t *testing.T) {
 // is at its limit.
 func TestBudgetSpares(t *testing.T) {
 	db := stubPool(t, 12)
-	e := &engine{db: db, budget: &budget{db: db}}
+	e := &engine{db: db, budget: &stmt.Budget{DB: db}}
 	b := e.budget
 	var conns []*sql.Conn
 	for range 3 {
@@ -94,26 +91,26 @@ func TestBudgetSpares(t *testing.T) {
 		}
 		conns = append(conns, conn)
 	}
-	if b.tryTake() {
+	if b.TryTake() {
 		t.Fatal("a 4th on a pool of 12: tryTake = true, want false (a limit of 3)")
 	}
 	for _, conn := range conns[:3] {
-		b.done(conn, true)
+		b.Done(conn, true)
 	}
-	if n, s := b.count(), b.spares(); n != 3 || s != 3 {
+	if n, s := b.Count(), b.Spares(); n != 3 || s != 3 {
 		t.Fatalf("3 given back: count() = %d, spares() = %d; want 3 and 3", n, s)
 	}
-	if got := b.takeSpare(); got != conns[2] {
+	if got := b.TakeSpare(); got != conns[2] {
 		t.Fatal("takeSpare did not return the spare kept last")
 	}
-	b.done(conns[2], false)
-	if n, s := b.count(), b.spares(); n != 2 || s != 2 {
+	b.Done(conns[2], false)
+	if n, s := b.Count(), b.Spares(); n != 2 || s != 2 {
 		t.Fatalf("one given back unhealthy: count() = %d, spares() = %d; want 2 and 2", n, s)
 	}
 	if err := conns[2].PingContext(context.Background()); !errors.Is(err, sql.ErrConnDone) {
 		t.Fatalf("the unhealthy one: Ping = %v, want sql.ErrConnDone (back to the pool)", err)
 	}
-	waitFor(t, "the spares went back to the pool", func() bool { return b.spares() == 0 && b.count() == 0 })
+	waitFor(t, "the spares went back to the pool", func() bool { return b.Spares() == 0 && b.Count() == 0 })
 	if st := db.Stats(); st.InUse != 0 {
 		t.Fatalf("with no spare: %d connections in use, want 0", st.InUse)
 	}
@@ -122,15 +119,15 @@ func TestBudgetSpares(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b.done(conn, true)
+		b.Done(conn, true)
 	}
-	b.flush() // as a Locker closes
-	if n, s, inUse := b.count(), b.spares(), db.Stats().InUse; n != 0 || s != 0 || inUse != 0 {
+	b.Flush() // as a Locker closes
+	if n, s, inUse := b.Count(), b.Spares(), db.Stats().InUse; n != 0 || s != 0 || inUse != 0 {
 		t.Fatalf("2 spares flushed: count() = %d, spares() = %d, %d connections in use; want 0, 0, 0", n, s, inUse)
 	}
 
 	full := stubPool(t, 4)
-	fb := &budget{db: full}
+	fb := &stmt.Budget{DB: full}
 	var held []*sql.Conn
 	for range 4 {
 		conn, err := full.Conn(context.Background())
@@ -139,9 +136,9 @@ func TestBudgetSpares(t *testing.T) {
 		}
 		held = append(held, conn)
 	}
-	fb.add()
-	fb.done(held[0], true)
-	if n, s := fb.count(), fb.spares(); n != 0 || s != 0 {
+	fb.Add()
+	fb.Done(held[0], true)
+	if n, s := fb.Count(), fb.Spares(); n != 0 || s != 0 {
 		t.Fatalf("given back on a pool at its limit: count() = %d, spares() = %d; want 0 and 0 (back to the pool)", n, s)
 	}
 }
@@ -150,8 +147,8 @@ func TestBudgetSpares(t *testing.T) {
 // alone keeps its connection counted until the connection is closed.
 func TestBudgetCountsAbandoned(t *testing.T) {
 	db := stubPool(t, 12)
-	b := &budget{db: db}
-	blind := &abandonSet{budget: b}
+	b := &stmt.Budget{DB: db}
+	blind := &stmt.AbandonSet{Budget: b}
 	conn, err := db.Conn(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -159,13 +156,13 @@ func TestBudgetCountsAbandoned(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
 	answer := make(chan struct{})
-	err = boundedRaw(ctx, blind, conn, func(any) error { <-answer; return nil })
-	if !errors.Is(err, ErrAbandoned) {
+	err = stmt.BoundedRaw(ctx, blind, conn, func(any) error { <-answer; return nil })
+	if !errors.Is(err, stmt.ErrAbandoned) {
 		t.Fatalf("boundedRaw = %v, want ErrAbandoned", err)
 	}
-	if n := b.count(); n != 1 {
+	if n := b.Count(); n != 1 {
 		t.Fatalf("an abandoned statement under way: count() = %d, want 1", n)
 	}
 	close(answer)
-	waitFor(t, "the abandoned statement's connection was closed and uncounted", func() bool { return b.count() == 0 && !blind.has(conn) })
+	waitFor(t, "the abandoned statement's connection was closed and uncounted", func() bool { return b.Count() == 0 && !blind.Has(conn) })
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,7 +16,7 @@ var ErrClosed = errors.New("sqllock: Locker closed")
 
 // errReleasedByClose is the error of a Hold that Close released: it matches
 // ErrReleased and ErrClosed.
-var errReleasedByClose = fmt.Errorf("%w: %w", ErrReleased, ErrClosed)
+var errReleasedByClose = fmt.Errorf("%w: %w", stmt.ErrReleased, ErrClosed)
 
 // closing is a Pool's end: once StartClose ran, no call takes a lock, and
 // the calls that wait leave.
@@ -43,7 +44,7 @@ func (cl *closing) Closed() bool {
 // closedError is the error of a call on a closed Pool, about the lock
 // named what.
 func closedError(what string) error {
-	return fmt.Errorf("%w: %s: %w", ErrNotAcquired, what, ErrClosed)
+	return fmt.Errorf("%w: %s: %w", stmt.ErrNotAcquired, what, ErrClosed)
 }
 
 // untilClosed returns ctx, cancelled also when the Pool starts closing,
@@ -78,11 +79,11 @@ func (cl *closing) closedOr(err error) error {
 	switch {
 	case err == nil || !p.Closed() || errors.Is(err, ErrClosed):
 		return err
-	case errors.Is(err, ErrNotAcquired):
+	case errors.Is(err, stmt.ErrNotAcquired):
 		return fmt.Errorf("%w (%w)", err, ErrClosed)
 	case errors.Is(err, context.Canceled):
 		// The wait's context, which the closing cancelled, ended it.
-		return fmt.Errorf("%w: %w (%w)", ErrNotAcquired, err, ErrClosed)
+		return fmt.Errorf("%w: %w (%w)", stmt.ErrNotAcquired, err, ErrClosed)
 	}
 	return err
 }
@@ -129,7 +130,7 @@ func (cl *closing) Close() error {
 	var mu sync.Mutex
 	var errs []error
 	fail := func(err error) {
-		if err != nil && !errors.Is(err, ErrReleased) {
+		if err != nil && !errors.Is(err, stmt.ErrReleased) {
 			mu.Lock()
 			errs = append(errs, err)
 			mu.Unlock()
@@ -154,6 +155,6 @@ func (cl *closing) Close() error {
 		time.Sleep(5 * time.Millisecond)
 	}
 	p.AwaitFreed(time.Until(deadline))
-	p.budget.flush()
+	p.budget.Flush()
 	return errors.Join(errs...)
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,13 +39,13 @@ type connHandle struct {
 // The caller holds connMu (see closeConnBy).
 func (c *connHandle) closeConn() {
 	s := c.s
-	if !s.handedOut.Load() && s.prep.close(s.p.UnlockContext(), s.p.abandoned, s.conn) != nil {
+	if !s.handedOut.Load() && s.prep.Close(s.p.UnlockContext(), s.p.abandoned, s.conn) != nil {
 		s.p.discard(s.conn, "prepared statements not closed")
 		return
 	}
 	switch {
 	case s.handedOut.Load():
-		discardConn(s.conn)
+		stmt.DiscardConn(s.conn)
 	case s.p.cfg.TxPooler:
 		// Its settings are local to its transaction, and end with it.
 		if err := s.p.commitPinned(s.conn); err != nil {
@@ -166,14 +167,14 @@ func (c *connHandle) queryRows(q string, args []any, row func([]driver.Value) er
 
 func (c *connHandle) queryRowCtx(ctx context.Context, q string, args []any, dest ...any) error {
 	s := c.s
-	v := via{blind: s.p.abandoned, prep: s.prep}
-	return s.withConn(func(conn *sql.Conn) error { return queryRowVia(ctx, v, conn, q, args, dest...) })
+	v := stmt.Via{Blind: s.p.abandoned, Prep: s.prep}
+	return s.withConn(func(conn *sql.Conn) error { return stmt.QueryRowVia(ctx, v, conn, q, args, dest...) })
 }
 
 func (c *connHandle) queryRowsCtx(ctx context.Context, q string, args []any, row func([]driver.Value) error) error {
 	s := c.s
-	v := via{blind: s.p.abandoned, prep: s.prep}
-	return s.withConn(func(conn *sql.Conn) error { return queryRowsVia(ctx, v, conn, q, args, row) })
+	v := stmt.Via{Blind: s.p.abandoned, Prep: s.prep}
+	return s.withConn(func(conn *sql.Conn) error { return stmt.QueryRowsVia(ctx, v, conn, q, args, row) })
 }
 
 // connections is the part of a Pool that takes its connections into
@@ -192,7 +193,7 @@ type connections struct {
 func (cs *connections) closeSession(conn *sql.Conn, pid int64) {
 	p := cs.p
 	q, args := p.sql().SetBackSQL(pid)
-	if err := queryRow(p.UnlockContext(), p.abandoned, conn, q, args, skip); err != nil {
+	if err := stmt.QueryRow(p.UnlockContext(), p.abandoned, conn, q, args, stmt.Skip); err != nil {
 		p.discard(conn, "session settings not reset")
 		return
 	}

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"slices"
 	"sync"
 	"testing"
@@ -77,7 +78,7 @@ func TestFakeBatchedTries(t *testing.T) {
 			for _, key := range keys {
 				refused := slices.Contains(held, key)
 				switch h, err := holds[key], errs[key]; {
-				case refused && (h != nil || !errors.Is(err, ErrNotAcquired)):
+				case refused && (h != nil || !errors.Is(err, stmt.ErrNotAcquired)):
 					t.Errorf("try of %s, held elsewhere: %v, %v; want ErrNotAcquired", keyString(key), h, err)
 				case !refused && (err != nil || h.PID() != first.PID() || fs.holder(key) != first.PID()):
 					t.Errorf("try of %s: %v; want it granted on backend %d (the server says %d)", keyString(key), err, first.PID(), fs.holder(key))
@@ -113,7 +114,7 @@ func TestFakeBatchOnFreshSession(t *testing.T) {
 	holds, errs, wg := tryAll(t, bg, p, keys)
 	fs.await(t, "3 tries queued", func() bool { return queuedOps(p) == 3 })
 	stall.release()
-	wantErr(t, "the try of a key held elsewhere", recv(t, done), ErrNotAcquired)
+	wantErr(t, "the try of a key held elsewhere", recv(t, done), stmt.ErrNotAcquired)
 	waitAll(t, wg)
 	if got := kinds(fs.since(n)); !slices.Equal(got, []fkind{fSession, fBatchTry}) {
 		t.Fatalf("after the refused try: %v; want the session's settings, then one batch", got)

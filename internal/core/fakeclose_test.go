@@ -2,6 +2,7 @@ package core
 
 import (
 	"errors"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"testing"
 )
 
@@ -35,15 +36,15 @@ func TestFakeClose(t *testing.T) {
 	}
 	for _, ch := range []<-chan acquired{head, queued} {
 		a := recv(t, ch)
-		wantErr(t, "a waiting call as the Pool closes", a.err, ErrNotAcquired, ErrClosed)
+		wantErr(t, "a waiting call as the Pool closes", a.err, stmt.ErrNotAcquired, ErrClosed)
 	}
 	for _, h := range []*Hold{h1, h2} {
-		wantErr(t, "Err of a lock Close released", h.Err(), ErrReleased, ErrClosed)
-		if first, err := h.Release(); first || !errors.Is(err, ErrReleased) || !errors.Is(err, ErrClosed) {
+		wantErr(t, "Err of a lock Close released", h.Err(), stmt.ErrReleased, ErrClosed)
+		if first, err := h.Release(); first || !errors.Is(err, stmt.ErrReleased) || !errors.Is(err, ErrClosed) {
 			t.Errorf("Release after Close = %v, %v", first, err)
 		}
 	}
-	wantErr(t, "Err of an Owned Close closed", o.Err(), ErrReleased, ErrClosed)
+	wantErr(t, "Err of an Owned Close closed", o.Err(), stmt.ErrReleased, ErrClosed)
 	if excl, _ := fs.holders(k(9)); fs.lockCount() != 1 || len(excl) != 1 || excl[0] != other {
 		t.Errorf("%d locks left on the server; want only the other session's", fs.lockCount())
 	}
@@ -57,9 +58,9 @@ func TestFakeClose(t *testing.T) {
 	}
 	n := len(fs.stmts())
 	_, err = p.Acquire(ctx, Request{Key: k(5), Try: true})
-	wantErr(t, "Acquire on a closed Pool", err, ErrNotAcquired, ErrClosed)
+	wantErr(t, "Acquire on a closed Pool", err, stmt.ErrNotAcquired, ErrClosed)
 	_, err = p.AcquireSlot(ctx, NewSlots(7, 2, "sem"), true)
-	wantErr(t, "AcquireSlot on a closed Pool", err, ErrNotAcquired, ErrClosed)
+	wantErr(t, "AcquireSlot on a closed Pool", err, stmt.ErrNotAcquired, ErrClosed)
 	if _, err := p.Open(ctx); !errors.Is(err, ErrClosed) {
 		t.Errorf("Open on a closed Pool = %v", err)
 	}
@@ -76,8 +77,8 @@ func TestFakeCloseUnconfirmed(t *testing.T) {
 	h := mustAcquire(t, bg, p, Request{Key: k(1), Try: true})
 	fs.steal(k(1))
 	err := p.Close()
-	wantErr(t, "Close with a lock found not held", err, ErrLockLost)
-	wantErr(t, "Err of that lock", h.Err(), ErrLockLost)
+	wantErr(t, "Close with a lock found not held", err, stmt.ErrLockLost)
+	wantErr(t, "Err of that lock", h.Err(), stmt.ErrLockLost)
 }
 
 // TestFakeSharedLinger: a shared session that holds nothing stays for the

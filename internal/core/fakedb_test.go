@@ -18,6 +18,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"io"
 	"regexp"
 	"slices"
@@ -804,7 +805,7 @@ func (fs *fakeServer) exec(ctx context.Context, c *fakeConn, q string, args []an
 		return nil, fs.fail(c, r)
 	}
 	if err != nil {
-		if code := SQLState(err); code == "57P01" {
+		if code := stmt.SQLState(err); code == "57P01" {
 			fs.mu.Lock()
 			c.broken = true
 			fs.mu.Unlock()
@@ -1083,8 +1084,8 @@ func (fs *fakeServer) run(ctx context.Context, c *fakeConn, b *fbackend, st *fak
 		if argInt(args, 2) != b.pid {
 			return rowsOf(), nil
 		}
-		n := int64(b2i(fs.unlockLocked(b.pid, pairTag(class, id), strings.Contains(q, "pg_advisory_unlock_shared($1::int4, $2::int4)"))))
-		n += int64(b2i(fs.unlockLocked(b.pid, pairTag(class, 0), true)))
+		n := int64(stmt.B2i(fs.unlockLocked(b.pid, pairTag(class, id), strings.Contains(q, "pg_advisory_unlock_shared($1::int4, $2::int4)"))))
+		n += int64(stmt.B2i(fs.unlockLocked(b.pid, pairTag(class, 0), true)))
 		return rowsOf(row(n)), nil
 
 	case fToken, fHeld:

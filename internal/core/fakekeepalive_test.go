@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"strings"
 	"testing"
 	"time"
@@ -31,19 +32,19 @@ func TestFakeKeepAlive(t *testing.T) {
 	}
 	fs.steal(k(1))
 	recv(t, h1.Done())
-	wantErr(t, "a lock released behind the Pool's back", h1.Err(), ErrLockLost)
+	wantErr(t, "a lock released behind the Pool's back", h1.Err(), stmt.ErrLockLost)
 	if !strings.Contains(h1.Err().Error(), "no longer holds it") {
 		t.Errorf("Err = %v: it does not say why", h1.Err())
 	}
 	fs.terminate(h2.PID())
 	recv(t, h2.Done())
-	wantErr(t, "a lock whose session ended", h2.Err(), ErrLockLost)
+	wantErr(t, "a lock whose session ended", h2.Err(), stmt.ErrLockLost)
 	if !strings.Contains(h2.Err().Error(), "ended") {
 		t.Errorf("Err = %v: it does not say why", h2.Err())
 	}
 	fs.steal(k(3))
 	recv(t, o.Done())
-	wantErr(t, "an Owned whose key went", o.Err(), ErrLockLost)
+	wantErr(t, "an Owned whose key went", o.Err(), stmt.ErrLockLost)
 	if got := p.Stats(); got.Lost != 3 || got.KeepAliveChecks < 2 {
 		t.Errorf("Stats() = %+v; want 3 lost, 2 checks or more", got)
 	}
@@ -67,7 +68,7 @@ func TestFakeKeepAliveFails(t *testing.T) {
 	}
 	fs.failNext(fKeepAlive, 4, "XX000")
 	recv(t, h.Done())
-	wantErr(t, "a lock the keep-alive could not confirm twice", h.Err(), ErrLockLost)
+	wantErr(t, "a lock the keep-alive could not confirm twice", h.Err(), stmt.ErrLockLost)
 	if !strings.Contains(h.Err().Error(), "could not reach the server") {
 		t.Errorf("Err = %v: it does not say why", h.Err())
 	}
@@ -128,11 +129,11 @@ func TestFakeTag(t *testing.T) {
 	}
 	fs.steal(k(1))
 	_, err = h.Tag(ctx, sqltext.HeldSQL)
-	wantErr(t, "a statement about a lock found not held", err, ErrLockLost)
-	wantErr(t, "Err of that lock", h.Err(), ErrLockLost)
+	wantErr(t, "a statement about a lock found not held", err, stmt.ErrLockLost)
+	wantErr(t, "Err of that lock", h.Err(), stmt.ErrLockLost)
 	cancelled, cancel := context.WithCancel(bg)
 	cancel()
-	if _, err := h.Tag(cancelled, sqltext.TokenSQL); !errors.Is(err, ErrLockLost) {
+	if _, err := h.Tag(cancelled, sqltext.TokenSQL); !errors.Is(err, stmt.ErrLockLost) {
 		t.Errorf("Tag of a lost lock = %v", err)
 	}
 }

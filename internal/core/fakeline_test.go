@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"testing"
 	"time"
 
@@ -99,7 +100,7 @@ func TestFakeWaitDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(bg, 300*time.Millisecond)
 	defer cancel()
 	_, err := p.Acquire(ctx, Request{Key: k(1)})
-	wantErr(t, "wait past its deadline", err, ErrNotAcquired, context.DeadlineExceeded)
+	wantErr(t, "wait past its deadline", err, stmt.ErrNotAcquired, context.DeadlineExceeded)
 	if c := fs.counts(); c[fGiveUp] != 1 {
 		t.Errorf("statements %v: want the line given up once", c)
 	}
@@ -131,7 +132,7 @@ func TestFakeWaitCancelled(t *testing.T) {
 			fs.awaitCount(t, fSlice, 2)
 			cancel()
 			a := recv(t, ch)
-			wantErr(t, "wait cancelled", a.err, ErrNotAcquired, context.Canceled)
+			wantErr(t, "wait cancelled", a.err, stmt.ErrNotAcquired, context.Canceled)
 			if c := fs.counts(); c[fCancelWait] == 0 || c[fTerminate] != 1 {
 				t.Errorf("statements %v: want the backend's wait cancelled, and its grant checked", c)
 			}
@@ -152,7 +153,7 @@ func TestFakeWaitCancelled(t *testing.T) {
 		cancel()
 		stall.release()
 		a := recv(t, ch)
-		wantErr(t, "wait cancelled", a.err, ErrNotAcquired, context.Canceled)
+		wantErr(t, "wait cancelled", a.err, stmt.ErrNotAcquired, context.Canceled)
 		if c := fs.counts(); c[fGiveUp] != 1 || c[fSlice] != 0 {
 			t.Errorf("statements %v: want the line given up, no slice", c)
 		}
@@ -191,7 +192,7 @@ func TestFakeWaitSliceErrors(t *testing.T) {
 	fs.lockAs(other, k(1), false)
 	fs.failNext(fSlice, 1, "XX000")
 	_, err := p.Acquire(testCtx(t), Request{Key: k(1)})
-	if err == nil || errors.Is(err, ErrNotAcquired) {
+	if err == nil || errors.Is(err, stmt.ErrNotAcquired) {
 		t.Errorf("a wait whose slice failed: %v; want the failure", err)
 	}
 	if got := p.Stats(); got.Discarded != 1 {
@@ -268,7 +269,7 @@ func TestFakeWaitSliceAnsweredLate(t *testing.T) {
 		slice.release()
 	}()
 	_, err := p.Acquire(ctx, Request{Key: k(1)})
-	wantErr(t, "wait whose slice answered past the deadline", err, ErrNotAcquired, context.DeadlineExceeded)
+	wantErr(t, "wait whose slice answered past the deadline", err, stmt.ErrNotAcquired, context.DeadlineExceeded)
 	if got := p.Stats(); got.Discarded != 0 {
 		t.Errorf("Stats() = %+v; want none discarded", got)
 	}

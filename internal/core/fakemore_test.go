@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"sync"
 	"testing"
 )
@@ -41,7 +42,7 @@ func TestFakeMixedBatchRefused(t *testing.T) {
 			}
 			waitAll(t, &wg)
 			waitAll(t, twg)
-			wantErr(t, "the try of the failed batch", tries[k(4)], ErrLockTableFull)
+			wantErr(t, "the try of the failed batch", tries[k(4)], stmt.ErrLockTableFull)
 			if fs.holder(k(4)) != 0 || fs.holder(k(2)) != 0 {
 				t.Errorf("after the failed batch: 4 held by %d, 2 by %d", fs.holder(k(4)), fs.holder(k(2)))
 			}
@@ -52,11 +53,11 @@ func TestFakeMixedBatchRefused(t *testing.T) {
 				mustRelease(t, h3)
 				return
 			}
-			if rerr == nil || errors.Is(rerr, ErrNotAcquired) {
+			if rerr == nil || errors.Is(rerr, stmt.ErrNotAcquired) {
 				t.Errorf("release in the uncertain batch = %v, want its failure", rerr)
 			}
 			recv(t, h3.Done())
-			wantErr(t, "the session's other lock", h3.Err(), ErrLockLost)
+			wantErr(t, "the session's other lock", h3.Err(), stmt.ErrLockLost)
 		})
 	}
 }
@@ -77,7 +78,7 @@ func TestFakeTriedLate(t *testing.T) {
 	cancel()
 	stall.release()
 	a := recv(t, ch)
-	wantErr(t, "try answered as its ctx ended", a.err, ErrNotAcquired, context.Canceled)
+	wantErr(t, "try answered as its ctx ended", a.err, stmt.ErrNotAcquired, context.Canceled)
 	fs.await(t, "the key free", func() bool { return fs.holder(k(1)) == 0 })
 	if p.Stats().Discarded == 0 && fs.count(fUnlock) != 2 {
 		t.Errorf("the session was kept, yet its grant was not unlocked (%d unlocks)", fs.count(fUnlock))
@@ -123,10 +124,10 @@ func TestFakeServerCheck(t *testing.T) {
 		code    string // the server check's error: "" none
 		want    error
 	}{
-		{version: "PostgreSQL 11.22 on x86_64", want: ErrUnsupportedServer},
-		{version: "MySQL 8.0", want: ErrUnsupportedServer},
-		{version: "PostgreSQL 13.0 CockroachDB CCL v23.1", code: "42883", want: ErrUnsupportedServer},
-		{version: "PostgreSQL 16.4", code: "53200", want: ErrLockTableFull},
+		{version: "PostgreSQL 11.22 on x86_64", want: stmt.ErrUnsupportedServer},
+		{version: "MySQL 8.0", want: stmt.ErrUnsupportedServer},
+		{version: "PostgreSQL 13.0 CockroachDB CCL v23.1", code: "42883", want: stmt.ErrUnsupportedServer},
+		{version: "PostgreSQL 16.4", code: "53200", want: stmt.ErrLockTableFull},
 	} {
 		t.Run(tc.version, func(t *testing.T) {
 			fs := newFakeServer()

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"slices"
 	"strings"
 	"testing"
@@ -91,10 +92,10 @@ func TestFakeOwnedTryLockUnlock(t *testing.T) {
 	default:
 		t.Error("Done not closed by Close")
 	}
-	if err := o.Close(); !errors.Is(err, ErrReleased) {
+	if err := o.Close(); !errors.Is(err, stmt.ErrReleased) {
 		t.Errorf("second Close = %v", err)
 	}
-	if _, err := o.TryLock(ctx, []Key{k(6)}); !errors.Is(err, ErrReleased) {
+	if _, err := o.TryLock(ctx, []Key{k(6)}); !errors.Is(err, stmt.ErrReleased) {
 		t.Errorf("TryLock after Close = %v", err)
 	}
 }
@@ -130,7 +131,7 @@ func TestFakeOwnedLock(t *testing.T) {
 	ctx, cancel := context.WithTimeout(bg, 300*time.Millisecond)
 	defer cancel()
 	err := o.Lock(ctx, k(2))
-	wantErr(t, "Lock past its deadline", err, ErrNotAcquired, context.DeadlineExceeded)
+	wantErr(t, "Lock past its deadline", err, stmt.ErrNotAcquired, context.DeadlineExceeded)
 	if o.Err() != nil || fs.holder(k(1)) != o.PID() || fs.count(fGranted) != 1 {
 		t.Errorf("after the deadline: Err %v, 1 held by %d, %d grant checks; want the Owned intact, its grant checked", o.Err(), fs.holder(k(1)), fs.count(fGranted))
 	}
@@ -142,14 +143,14 @@ func TestFakeOwnedLock(t *testing.T) {
 	go func() { done <- o.Lock(ctx, k(2)) }()
 	fs.await(t, "the wait on 2", func() bool { w, ok := fs.waitingOn(o.PID()); return ok && w == keyTag(k(2)) })
 	cancel()
-	wantErr(t, "Lock cancelled", recv(t, done), ErrNotAcquired, context.Canceled)
+	wantErr(t, "Lock cancelled", recv(t, done), stmt.ErrNotAcquired, context.Canceled)
 	recv(t, o.Done())
-	wantErr(t, "Err of the Owned", o.Err(), ErrLockLost)
+	wantErr(t, "Err of the Owned", o.Err(), stmt.ErrLockLost)
 	if lost := hooks.eventsOf(EventLost); len(lost) != 1 || !lost[0].Owned || lost[0].N != 1 {
 		t.Errorf("loss events %+v, want one of the Owned's 1 lock", lost)
 	}
 	fs.await(t, "its lock freed with its session", func() bool { return fs.holder(k(1)) == 0 })
-	if err := o.Close(); !errors.Is(err, ErrLockLost) {
+	if err := o.Close(); !errors.Is(err, stmt.ErrLockLost) {
 		t.Errorf("Close of a lost Owned = %v", err)
 	}
 }
@@ -168,7 +169,7 @@ func TestFakeOwnedFailures(t *testing.T) {
 	}
 	fs.on(&fakeRule{kind: fBatchTry, times: 1, err: sqlState("53200"), afterRun: true})
 	_, err := o.TryLock(ctx, []Key{k(2), k(3)})
-	wantErr(t, "TryLock on a full lock table", err, ErrLockTableFull)
+	wantErr(t, "TryLock on a full lock table", err, stmt.ErrLockTableFull)
 	if o.Err() != nil || fs.holder(k(2)) != 0 || fs.holder(k(3)) != 0 || fs.holder(k(1)) != o.PID() {
 		t.Errorf("after the refusal: Err %v; 2 held by %d, 3 by %d: want them released, the Owned intact", o.Err(), fs.holder(k(2)), fs.holder(k(3)))
 	}
@@ -179,8 +180,8 @@ func TestFakeOwnedFailures(t *testing.T) {
 	go func() { _, err := o.TryLock(tctx, []Key{k(4), k(5)}); done <- err }()
 	recv(t, stall.entered)
 	cancel()
-	wantErr(t, "TryLock cancelled during its statement", recv(t, done), ErrNotAcquired, context.Canceled)
-	wantErr(t, "Err of the Owned", o.Err(), ErrLockLost)
+	wantErr(t, "TryLock cancelled during its statement", recv(t, done), stmt.ErrNotAcquired, context.Canceled)
+	wantErr(t, "Err of the Owned", o.Err(), stmt.ErrLockLost)
 	fs.await(t, "its locks freed with its session", func() bool { return fs.lockCount() == 0 })
 
 	o = openOwned(t, p)
@@ -189,8 +190,8 @@ func TestFakeOwnedFailures(t *testing.T) {
 	}
 	fs.steal(k(1))
 	err = o.Unlock([]Key{k(1), k(2)})
-	wantErr(t, "Unlock of a key found not held", err, ErrLockLost)
-	wantErr(t, "Err of the Owned", o.Err(), ErrLockLost)
+	wantErr(t, "Unlock of a key found not held", err, stmt.ErrLockLost)
+	wantErr(t, "Err of the Owned", o.Err(), stmt.ErrLockLost)
 	if got := p.Stats(); got.Discarded != 2 {
 		t.Errorf("Stats() = %+v; want both sessions discarded", got)
 	}
@@ -221,7 +222,7 @@ func TestFakeOpenStandby(t *testing.T) {
 	fs.standby = true
 	p, _ := newFakePool(t, fs, Config{})
 	_, err := p.Open(bg)
-	wantErr(t, "Open on a standby", err, ErrStandby)
+	wantErr(t, "Open on a standby", err, stmt.ErrStandby)
 	if len(fs.liveMarked()) != 0 || p.Stats().Discarded != 0 {
 		t.Errorf("sessions %v still marked: want the session reset and given back", fs.liveMarked())
 	}
@@ -277,7 +278,7 @@ func TestFakeOwnedLateAnswer(t *testing.T) {
 	recv(t, r.entered)
 	fs.await(t, "the key granted on the server", func() bool { return fs.holder(k(1)) == o.PID() })
 	cancel()
-	wantErr(t, "Lock answered after its ctx ended", recv(t, done), ErrNotAcquired, context.Canceled)
-	wantErr(t, "Err of the Owned", o.Err(), ErrLockLost)
+	wantErr(t, "Lock answered after its ctx ended", recv(t, done), stmt.ErrNotAcquired, context.Canceled)
+	wantErr(t, "Err of the Owned", o.Err(), stmt.ErrLockLost)
 	fs.await(t, "the key freed with the session", func() bool { return fs.holder(k(1)) == 0 })
 }

@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"testing"
 	"time"
 
@@ -93,7 +94,7 @@ func TestFakePlaceLeave(t *testing.T) {
 	ch := acquireAsync(ctx, p, Request{Key: k(1)})
 	fs.await(t, "the caller in line", func() bool { return len(fs.ticketHolders(class)) == 1 })
 	cancel()
-	wantErr(t, "queued caller whose ctx ended", recv(t, ch).err, ErrNotAcquired, context.Canceled)
+	wantErr(t, "queued caller whose ctx ended", recv(t, ch).err, stmt.ErrNotAcquired, context.Canceled)
 	if got := fs.ticketHolders(class); len(got) != 0 || fs.count(fPlaceBack) != 1 {
 		t.Errorf("after the caller left: tickets %v, %d given back; want none left, one given back", got, fs.count(fPlaceBack))
 	}

@@ -2,6 +2,7 @@ package core
 
 import (
 	"errors"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"strings"
 	"testing"
 )
@@ -18,7 +19,7 @@ func (fs *fakeServer) behindPooler() {
 // wantPoolerError fails the test unless err is the pooler guard's.
 func wantPoolerError(t *testing.T, what string, err error) {
 	t.Helper()
-	wantErr(t, what, err, ErrSessionChanged)
+	wantErr(t, what, err, stmt.ErrSessionChanged)
 	if !strings.Contains(err.Error(), "WithTransactionPooler") {
 		t.Errorf("%s = %v: it does not say what to do", what, err)
 	}
@@ -36,7 +37,7 @@ func TestFakePoolerProbe(t *testing.T) {
 	n := len(fs.stmts())
 	_, err = p.Acquire(bg, Request{Key: k(2), Shared: true})
 	wantPoolerError(t, "the next lock", err)
-	if _, err := p.Open(bg); !errors.Is(err, ErrSessionChanged) {
+	if _, err := p.Open(bg); !errors.Is(err, stmt.ErrSessionChanged) {
 		t.Errorf("Open behind a pooler = %v", err)
 	}
 	if c := fs.counts(); c[fTry] != 0 || c[fPolite] != 0 || c[fSession] != 0 || len(fs.since(n)) != 0 {
@@ -60,7 +61,7 @@ func TestFakePoolerTwoConnections(t *testing.T) {
 	_, err := p.Acquire(bg, Request{Key: k(2), Shared: true}) // a session of its own
 	wantPoolerError(t, "lock on a second connection to the same backend", err)
 	recv(t, h1.Done())
-	wantErr(t, "the first lock", h1.Err(), ErrLockLost, ErrSessionChanged)
+	wantErr(t, "the first lock", h1.Err(), stmt.ErrLockLost, stmt.ErrSessionChanged)
 	fs.await(t, "the first lock freed on the server", func() bool { return fs.holder(k(1)) == 0 })
 	if fs.count(fStranded) == 0 {
 		t.Error("the stranded server session was not freed with StrandedSQL")
@@ -98,8 +99,8 @@ func TestFakePoolerUnlockElsewhere(t *testing.T) {
 	h2 := mustAcquire(t, bg, p, Request{Key: k(2), Try: true})
 	fs.on(&fakeRule{kind: fUnlock, times: 1, moveTo: true})
 	_, err := h1.Release()
-	wantErr(t, "release answered by another backend", err, ErrLockLost, ErrSessionChanged)
-	wantErr(t, "the session's other lock", h2.Err(), ErrLockLost)
+	wantErr(t, "release answered by another backend", err, stmt.ErrLockLost, stmt.ErrSessionChanged)
+	wantErr(t, "the session's other lock", h2.Err(), stmt.ErrLockLost)
 	if fs.holder(k(1)) != 0 || fs.holder(k(2)) != 0 || fs.alive(h1.PID()) {
 		t.Errorf("after the release: 1 held by %d, 2 by %d, backend %d alive %v; want it freed", fs.holder(k(1)), fs.holder(k(2)), h1.PID(), fs.alive(h1.PID()))
 	}

@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"testing"
 )
 
@@ -93,7 +94,7 @@ func TestFakeQueueLeave(t *testing.T) {
 	fs.await(t, "the caller queued", func() bool { return p.Queued(k(1)) == 1 })
 	cancel()
 	b := recv(t, ch)
-	wantErr(t, "queued caller whose ctx ended", b.err, ErrNotAcquired, context.Canceled)
+	wantErr(t, "queued caller whose ctx ended", b.err, stmt.ErrNotAcquired, context.Canceled)
 	if p.Queued(k(1)) != 0 {
 		t.Errorf("Queued = %d after the caller left, want 0", p.Queued(k(1)))
 	}
@@ -122,7 +123,7 @@ func TestFakeQueueHandedAsCtxEnds(t *testing.T) {
 		cancel()
 		mustRelease(t, a)
 		b := recv(t, ch)
-		wantErr(t, "caller whose ctx ended", b.err, ErrNotAcquired, context.Canceled)
+		wantErr(t, "caller whose ctx ended", b.err, stmt.ErrNotAcquired, context.Canceled)
 		fs.await(t, "the key free", func() bool { return fs.holder(k(1)) == 0 && p.Stats().Held == 0 && p.Queued(k(1)) == 0 })
 	}
 	t.Logf("%d of 20 callers were handed the key as their ctx ended", p.HandOffs())
@@ -146,7 +147,7 @@ func TestFakeQueueOneWaiter(t *testing.T) {
 	fs.awaitCount(t, fSlice, 1)
 	n := len(fs.stmts())
 	_, err := p.Acquire(ctx, Request{Key: k(1), Try: true})
-	wantErr(t, "try of a key the Pool's callers wait for", err, ErrNotAcquired)
+	wantErr(t, "try of a key the Pool's callers wait for", err, stmt.ErrNotAcquired)
 	if c := fs.counts(); c[fRegister] != 1 || c[fPolite] != 1 || countIn(fs.since(n), fTry) != 0 {
 		t.Errorf("statements %v: want one caller in the server's line, and no statement for the try", c)
 	}
@@ -187,7 +188,7 @@ func TestFakeQueueHolderLost(t *testing.T) {
 	if b.err != nil {
 		t.Fatal(b.err)
 	}
-	wantErr(t, "the holder whose session died", a.Err(), ErrLockLost)
+	wantErr(t, "the holder whose session died", a.Err(), stmt.ErrLockLost)
 	if b.h.PID() == a.PID() || fs.holder(k(1)) != b.h.PID() {
 		t.Errorf("granted on %d (the server says %d), want another backend than %d", b.h.PID(), fs.holder(k(1)), a.PID())
 	}

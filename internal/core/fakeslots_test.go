@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"strings"
 	"testing"
 	"time"
@@ -31,7 +32,7 @@ func TestFakeSlots(t *testing.T) {
 		t.Error("two permits on one session")
 	}
 	_, err := p.AcquireSlot(ctx, sl, true)
-	wantErr(t, "try with every slot held", err, ErrNotAcquired)
+	wantErr(t, "try with every slot held", err, stmt.ErrNotAcquired)
 	if !strings.Contains(err.Error(), "all 2 slots of sem are held") {
 		t.Errorf("error %q does not say every slot is held", err)
 	}
@@ -76,7 +77,7 @@ func TestFakeSlotsLeave(t *testing.T) {
 	ctx, cancel := context.WithTimeout(bg, 300*time.Millisecond)
 	defer cancel()
 	_, err = p.AcquireSlot(ctx, sl, false)
-	wantErr(t, "wait for a permit past its deadline", err, ErrNotAcquired, context.DeadlineExceeded)
+	wantErr(t, "wait for a permit past its deadline", err, stmt.ErrNotAcquired, context.DeadlineExceeded)
 	if c := fs.counts(); c[fSlotGiveUp] != 1 {
 		t.Errorf("statements %v: want the line given up", c)
 	}

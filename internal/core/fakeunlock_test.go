@@ -2,6 +2,7 @@ package core
 
 import (
 	"errors"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"testing"
 )
 
@@ -20,7 +21,7 @@ func TestFakeUnlockNotHeld(t *testing.T) {
 	if !first {
 		t.Error("Release of a lock found not held: first = false")
 	}
-	wantErr(t, "Release of a lock found not held", err, ErrLockLost)
+	wantErr(t, "Release of a lock found not held", err, stmt.ErrLockLost)
 	if lost := hooks.eventsOf(EventLost); len(lost) != 1 || lost[0].Key != k(1) || lost[0].Hold != h1 {
 		t.Errorf("loss events %+v, want one, of 1", lost)
 	}
@@ -59,12 +60,12 @@ func TestFakeUnlockUncertain(t *testing.T) {
 			h2 := mustAcquire(t, bg, p, Request{Key: k(2), Try: true})
 			fs.on(tc.rule)
 			first, err := h1.Release()
-			if !first || err == nil || errors.Is(err, ErrLockLost) != tc.lost {
+			if !first || err == nil || errors.Is(err, stmt.ErrLockLost) != tc.lost {
 				t.Fatalf("Release = %v, %v; want an error, a loss: %v", first, err, tc.lost)
 			}
 			recv(t, h2.Done())
-			wantErr(t, "Err of the session's other lock", h2.Err(), ErrLockLost)
-			if first, err := h2.Release(); first || !errors.Is(err, ErrLockLost) {
+			wantErr(t, "Err of the session's other lock", h2.Err(), stmt.ErrLockLost)
+			if first, err := h2.Release(); first || !errors.Is(err, stmt.ErrLockLost) {
 				t.Errorf("Release of the lost lock = %v, %v", first, err)
 			}
 			wantLost := 1
@@ -106,7 +107,7 @@ func TestFakeDedicatedRelease(t *testing.T) {
 	}
 	fs.steal(k(1))
 	_, err := h.Release()
-	wantErr(t, "release of a lock found not held", err, ErrLockLost)
+	wantErr(t, "release of a lock found not held", err, stmt.ErrLockLost)
 	if fs.alive(pid) || p.Stats().Discarded != 1 {
 		t.Errorf("the session of a lock found not held was given back (discarded %d)", p.Stats().Discarded)
 	}

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"strings"
 	"testing"
 )
@@ -15,9 +16,9 @@ func TestFakeRefused(t *testing.T) {
 	p, _ := newFakePool(t, fs, Config{})
 	fs.lockAs(fs.external(), k(1), false)
 	_, err := p.Acquire(bg, Request{Key: k(1), Try: true})
-	wantErr(t, "try of a key held elsewhere", err, ErrNotAcquired)
-	if !strings.Contains(err.Error(), HeldElsewhere) {
-		t.Errorf("error %q does not say the key %s", err, HeldElsewhere)
+	wantErr(t, "try of a key held elsewhere", err, stmt.ErrNotAcquired)
+	if !strings.Contains(err.Error(), stmt.HeldElsewhere) {
+		t.Errorf("error %q does not say the key %s", err, stmt.HeldElsewhere)
 	}
 	h := mustAcquire(t, bg, p, Request{Key: k(2), Try: true})
 	if c := fs.counts(); c[fVersion] != 1 || c[fTry] != 2 {
@@ -39,7 +40,7 @@ func TestFakeStandby(t *testing.T) {
 		fs.standby = true
 		p, _ := newFakePool(t, fs, Config{})
 		_, err := p.Acquire(bg, Request{Key: k(1), Try: true})
-		wantErr(t, "try on a standby", err, ErrStandby)
+		wantErr(t, "try on a standby", err, stmt.ErrStandby)
 		if fs.lockCount() != 0 {
 			t.Errorf("%d locks held on the standby, want none", fs.lockCount())
 		}
@@ -53,7 +54,7 @@ func TestFakeStandby(t *testing.T) {
 			fs.standby = true
 			p, _ := newFakePool(t, fs, Config{Dedicated: true})
 			_, err := p.Acquire(testCtx(t), r)
-			wantErr(t, "lock on a standby", err, ErrStandby)
+			wantErr(t, "lock on a standby", err, stmt.ErrStandby)
 			if fs.lockCount() != 0 || len(fs.liveMarked()) != 0 {
 				t.Errorf("%d locks held, sessions %v marked: want none", fs.lockCount(), fs.liveMarked())
 			}
@@ -83,7 +84,7 @@ func TestFakeServerRefusals(t *testing.T) {
 	for _, tc := range []struct {
 		code string
 		want error
-	}{{"40P01", ErrDeadlock}, {"53200", ErrLockTableFull}} {
+	}{{"40P01", stmt.ErrDeadlock}, {"53200", stmt.ErrLockTableFull}} {
 		for _, afterRun := range []bool{false, true} {
 			t.Run(tc.code, func(t *testing.T) {
 				fs := newFakeServer()
@@ -156,8 +157,8 @@ func TestFakeUncertainTry(t *testing.T) {
 		default:
 			t.Errorf("Done of %s not closed", keyString(h.Key()))
 		}
-		wantErr(t, "Err of a lock on the broken session", h.Err(), ErrLockLost)
-		if first, err := h.Release(); first || !errors.Is(err, ErrLockLost) {
+		wantErr(t, "Err of a lock on the broken session", h.Err(), stmt.ErrLockLost)
+		if first, err := h.Release(); first || !errors.Is(err, stmt.ErrLockLost) {
 			t.Errorf("Release of a lost lock = %v, %v", first, err)
 		}
 	}
@@ -189,7 +190,7 @@ func TestFakeTryAbandoned(t *testing.T) {
 	}()
 	recv(t, stall.entered)
 	cancel()
-	wantErr(t, "try whose ctx ended", recv(t, done), ErrNotAcquired, context.Canceled)
+	wantErr(t, "try whose ctx ended", recv(t, done), stmt.ErrNotAcquired, context.Canceled)
 	n := len(fs.stmts())
 	stall.release()
 	fs.await(t, "the late grant to be undone", func() bool { return fs.holder(k(2)) == 0 && fs.count(fUnlock) == 1 })
@@ -222,7 +223,7 @@ func TestFakeTryLeftBeforeSent(t *testing.T) {
 	}()
 	fs.await(t, "the try queued", func() bool { return queuedOps(p) == 1 })
 	cancel()
-	wantErr(t, "try whose ctx ended in the queue", recv(t, done), ErrNotAcquired, context.Canceled)
+	wantErr(t, "try whose ctx ended in the queue", recv(t, done), stmt.ErrNotAcquired, context.Canceled)
 	stall.release()
 	if err := recv(t, released); err != nil {
 		t.Fatal(err)

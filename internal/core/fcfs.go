@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
@@ -127,7 +128,7 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 	for {
 		var ok bool
 		q, args := st.RegisterSQL(class, kind.IsShared(), slice, w.mark(), ring)
-		o.sent = monoNow()
+		o.sent = stmt.MonoNow()
 		// The registration takes a moment: it runs on for up to
 		// abandonGrace past ctx's end, so that a call whose ctx ends
 		// meanwhile leaves the line for sure, rather than with a session
@@ -137,14 +138,14 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		cancel()
 		switch {
 		case o.err == nil && !ok:
-			o.err = foreignSession() // nothing was taken
-		case o.err == nil && CtxEnded(ctx):
+			o.err = stmt.ForeignSession() // nothing was taken
+		case o.err == nil && stmt.CtxEnded(ctx):
 			return e.leaveLine(ctx, w, st, ln, o, false)
 		case o.err == nil && mine == 0 && ring:
 			// Every ticket it tried is held: by a stranger (64 waiters
 			// in one millisecond are not a line's). It waits without one.
 			e.bypass(ctx, ln, "no free ticket")
-		case lockTimedOut(o.err) && ring && !CtxEnded(ctx):
+		case stmt.LockTimedOut(o.err) && ring && !stmt.CtxEnded(ctx):
 			// The doorbell was held exclusively for a whole slice: not by
 			// a holder asking whether anyone waits (a moment), but by a
 			// stranger. It waits without a ticket.
@@ -193,7 +194,7 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		var returned atomic.Bool
 		pid := o.pid // the statement writes o.pid as the cancel may read it
 		stop := context.AfterFunc(sctx, func() {
-			time.AfterFunc(abandonGrace, func() {
+			time.AfterFunc(stmt.AbandonGrace, func() {
 				if returned.CompareAndSwap(false, true) {
 					e.stopWait(ctx, pid, k)
 				}
@@ -202,14 +203,14 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		var got, others int64
 		var late bool
 		q, args := ln.sliceSQL(st, int32(mine), sl, w.mark())
-		o.sent = monoNow()
+		o.sent = stmt.MonoNow()
 		o.err = w.queryRow(sctx, q, args, &got, &o.pid, &o.standby, &others, &late)
 		o.ok, o.slot = o.err == nil && got >= 0, int32(got)
 		if errors.Is(o.err, sql.ErrNoRows) {
-			o.err = foreignSession() // nothing was waited for
+			o.err = stmt.ForeignSession() // nothing was waited for
 		}
 		o.certain = sctx != ctx && sctx.Err() == nil && !errors.Is(ctx.Err(), context.Canceled) &&
-			(o.err == nil || lockTimedOut(o.err))
+			(o.err == nil || stmt.LockTimedOut(o.err))
 		if !returned.CompareAndSwap(false, true) {
 			o.certain = false // a cancel of this backend is on its way
 		}
@@ -218,26 +219,26 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		if byDeadline && !final && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			e.observeRTT(margin) // see waitOn
 		}
-		timedOut := lockTimedOut(o.err)
-		cancelled := queryCanceled(o.err) && !CtxEnded(ctx)
+		timedOut := stmt.LockTimedOut(o.err)
+		cancelled := stmt.QueryCanceled(o.err) && !stmt.CtxEnded(ctx)
 		switch {
 		case o.err == nil && o.ok:
 			if late {
 				e.debug(ctx, lateGrant, k, slog.Int64("pid", o.pid))
 			}
 			return o // granted: its ticket and doorbell went in the same statement
-		case o.err == nil && !CtxEnded(ctx):
+		case o.err == nil && !stmt.CtxEnded(ctx):
 			continue // its predecessor left: look again
 		case o.err == nil:
 			// Its predecessor left as ctx ended: not granted, for sure.
 			return e.leaveLine(ctx, w, st, ln, o, false)
-		case timedOut && byDeadline && !final && !CtxEnded(ctx):
+		case timedOut && byDeadline && !final && !stmt.CtxEnded(ctx):
 			// The server ended the wait a margin before ctx's deadline:
 			// the call is not refused while ctx is live. Once more, until
 			// the deadline itself: a key released meanwhile is granted.
 			final = true
 			continue
-		case timedOut && (byDeadline && (o.certain || !CtxEnded(ctx)) || o.certain && CtxEnded(ctx)):
+		case timedOut && (byDeadline && (o.certain || !stmt.CtxEnded(ctx)) || o.certain && stmt.CtxEnded(ctx)):
 			// The server ended the wait at ctx's deadline (or a slice
 			// before it, answered once ctx had ended): not granted,
 			// unless granted as it ended; the line is left either way.
@@ -248,7 +249,7 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 				<-ctx.Done()
 			}
 			return o
-		case (timedOut || cancelled) && !CtxEnded(ctx):
+		case (timedOut || cancelled) && !stmt.CtxEnded(ctx):
 			// The slice ended (or a stray cancel): the next one looks
 			// again, unless the session's transaction is waited for.
 			if e.pinned() && e.waitedOnMe(ctx, w) {
@@ -260,7 +261,7 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 				return o
 			}
 			continue
-		case deadlocked(o.err) && !CtxEnded(ctx):
+		case stmt.Deadlocked(o.err) && !stmt.CtxEnded(ctx):
 			// A holder's CREATE INDEX CONCURRENTLY, should the server's
 			// deadlock_timeout have been lowered since it was read, waited
 			// for this statement's snapshot and was reported a deadlock:
@@ -278,9 +279,9 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		// (see judge), and its tickets with it. When ctx ended, the
 		// abandoned backend is first taken out of the queue, as waitOn does.
 		switch {
-		case CtxEnded(ctx) && errors.Is(o.err, ErrAbandoned):
+		case stmt.CtxEnded(ctx) && errors.Is(o.err, stmt.ErrAbandoned):
 			e.stopAbandoned(ctx, pid, k)
-		case CtxEnded(ctx) && SQLState(o.err) == "":
+		case stmt.CtxEnded(ctx) && stmt.SQLState(o.err) == "":
 			e.stopWait(ctx, pid, k)
 		}
 		return o
@@ -302,19 +303,19 @@ func (e *engine) leaveLine(ctx context.Context, w waiter, st *statements, ln lin
 	gctx := context.WithoutCancel(ctx)
 	var cancel context.CancelFunc
 	if dl, ok := ctx.Deadline(); ok {
-		gctx, cancel = context.WithDeadline(gctx, later(dl, time.Now()).Add(abandonGrace))
+		gctx, cancel = context.WithDeadline(gctx, later(dl, time.Now()).Add(stmt.AbandonGrace))
 	} else {
-		gctx, cancel = context.WithTimeout(gctx, abandonGrace)
+		gctx, cancel = context.WithTimeout(gctx, stmt.AbandonGrace)
 	}
 	defer cancel()
 	var have, pid, released int64
 	q, args := ln.leaveSQL(st, w.mark())
-	err := w.queryRow(gctx, q, args, &have, &pid, &released, skip)
+	err := w.queryRow(gctx, q, args, &have, &pid, &released, stmt.Skip)
 	o := outcome{pid: last.pid, sent: last.sent}
 	switch {
 	case err != nil || gctx.Err() != nil || pid != last.pid:
 		if err == nil {
-			err = fmt.Errorf("sqllock: leaving the line: %w", CtxErr(gctx))
+			err = fmt.Errorf("sqllock: leaving the line: %w", stmt.CtxErr(gctx))
 		}
 		o.err = err // uncertain: the session ends
 	case have >= 0:
@@ -333,7 +334,7 @@ func (e *engine) leaveLine(ctx context.Context, w waiter, st *statements, ln lin
 // certain: the call then knows what its session holds.
 func withGrace(ctx context.Context) (context.Context, context.CancelFunc) {
 	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(ctx, func() { time.AfterFunc(abandonGrace, cancel) })
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(stmt.AbandonGrace, cancel) })
 	return gctx, func() { stop(); cancel() }
 }
 

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"sync"
 	"time"
 )
@@ -126,7 +127,7 @@ func (h *Hold) Release() (first bool, err error) {
 		if p.Closed() {
 			return false, errReleasedByClose
 		}
-		return false, ErrReleased
+		return false, stmt.ErrReleased
 	case holdLost:
 		// Counted and told when it was found lost; wait for its session's
 		// end, so that Release returns with the session ended or ending.
@@ -142,11 +143,11 @@ func (h *Hold) Release() (first bool, err error) {
 	if err != nil && p.Pooled() != nil {
 		p.AwaitFreed(p.cfg.UnlockTimeout) // see discardStranded
 	}
-	final := ErrReleased
+	final := stmt.ErrReleased
 	if p.Closed() {
 		final = errReleasedByClose
 	}
-	if errors.Is(err, ErrLockLost) {
+	if errors.Is(err, stmt.ErrLockLost) {
 		final = err
 		p.emit(Event{Kind: EventLost, Key: h.key, Keyed: true, Hold: h, PID: h.pid, Held: time.Since(h.since), Err: err, N: 1})
 	} else {
@@ -182,7 +183,7 @@ func (h *Hold) Tag(ctx context.Context, q string) (int64, error) {
 		return v, nil
 	}
 	switch {
-	case errors.Is(err, ErrLockLost):
+	case errors.Is(err, stmt.ErrLockLost):
 		return 0, err // lost before the statement was sent
 	case h.releasing():
 		// Release took the session (it may have ended it) or the lock
@@ -197,7 +198,7 @@ func (h *Hold) Tag(ctx context.Context, q string) (int64, error) {
 	if e := h.Err(); e != nil {
 		return 0, e
 	}
-	return 0, ErrReleased
+	return 0, stmt.ErrReleased
 }
 
 // lose marks a held lock as lost with cause; it does nothing once Release
@@ -243,7 +244,7 @@ func (h *Hold) markLost(cause error) (lossNote, bool) {
 	}
 	h.state = holdLost
 	p := h.s.p
-	h.err = fmt.Errorf("%w: %s: %w", ErrLockLost, p.name(h.key), cause)
+	h.err = fmt.Errorf("%w: %s: %w", stmt.ErrLockLost, p.name(h.key), cause)
 	err := h.err
 	discarded := make(chan struct{})
 	h.discarded = discarded

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 )
 
 // outcome is what the server answered to an acquisition.
@@ -54,34 +55,34 @@ func judge(ctx context.Context, o outcome, what namer, standbyOK bool, pid int64
 	switch {
 	case errors.Is(o.err, errDeadline):
 		// The server ended the wait at ctx's deadline: not granted.
-		return refused, NotAcquired(what.String(), context.DeadlineExceeded)
+		return refused, stmt.NotAcquired(what.String(), context.DeadlineExceeded)
 	case errors.Is(o.err, errLeft):
 		// The wait left its line as ctx ended: not granted.
-		return refused, NotAcquired(what.String(), CtxErr(ctx))
+		return refused, stmt.NotAcquired(what.String(), stmt.CtxErr(ctx))
 	case errors.Is(o.err, errRestart):
 		// The wait left its line to end its transaction: not granted,
 		// and the call waits on in a new session.
 		return refused, errRestart
-	case CtxEnded(ctx) && !o.certain:
-		err := NotAcquired(what.String(), CtxErr(ctx))
-		if errors.Is(o.err, ErrAbandoned) {
-			err = fmt.Errorf("%w (%w)", err, ErrAbandoned)
+	case stmt.CtxEnded(ctx) && !o.certain:
+		err := stmt.NotAcquired(what.String(), stmt.CtxErr(ctx))
+		if errors.Is(o.err, stmt.ErrAbandoned) {
+			err = fmt.Errorf("%w (%w)", err, stmt.ErrAbandoned)
 		}
 		return uncertain, err
 	case o.err != nil:
-		if deadlocked(o.err) || lockTableFull(o.err) {
-			return stray, lockError(what.String(), o.err)
+		if stmt.Deadlocked(o.err) || stmt.LockTableFull(o.err) {
+			return stray, stmt.LockError(what.String(), o.err)
 		}
-		return uncertain, lockError(what.String(), o.err)
+		return uncertain, stmt.LockError(what.String(), o.err)
 	case pid != 0 && o.pid != pid:
-		return uncertain, sessionChanged(pid, o.pid)
+		return uncertain, stmt.SessionChanged(pid, o.pid)
 	case o.standby && !standbyOK:
 		if o.ok {
-			return unwanted, StandbyError("lock " + what.String())
+			return unwanted, stmt.StandbyError("lock " + what.String())
 		}
-		return refused, StandbyError("lock " + what.String())
+		return refused, stmt.StandbyError("lock " + what.String())
 	case !o.ok:
-		return refused, fmt.Errorf("%w: %s %s", ErrNotAcquired, what.String(), HeldElsewhere)
+		return refused, fmt.Errorf("%w: %s %s", stmt.ErrNotAcquired, what.String(), stmt.HeldElsewhere)
 	}
 	return granted, nil
 }
@@ -113,16 +114,16 @@ func unlockVerdict(what namer, pid int64, err error, released bool) (uncertain b
 	case err == nil && released:
 		return false, nil
 	case err == nil:
-		return false, fmt.Errorf("%w: unlock of %s on backend %d found no such lock", ErrLockLost, what.String(), pid)
-	case errors.Is(err, sql.ErrNoRows) || errors.Is(err, ErrSessionChanged):
+		return false, fmt.Errorf("%w: unlock of %s on backend %d found no such lock", stmt.ErrLockLost, what.String(), pid)
+	case errors.Is(err, sql.ErrNoRows) || errors.Is(err, stmt.ErrSessionChanged):
 		// No row: the statement ran on another backend than the one
 		// granted the lock.
-		return true, fmt.Errorf("%w: lock %s: %w", ErrLockLost, what.String(), sessionChanged(pid, 0))
-	case errors.Is(err, sql.ErrConnDone) || !errors.Is(err, ErrAbandoned) && ConnectionBroken(err):
+		return true, fmt.Errorf("%w: lock %s: %w", stmt.ErrLockLost, what.String(), stmt.SessionChanged(pid, 0))
+	case errors.Is(err, sql.ErrConnDone) || !errors.Is(err, stmt.ErrAbandoned) && stmt.ConnectionBroken(err):
 		// The session ended (terminated, restarted, cut off; database/sql
 		// closes a connection its driver found broken) before the unlock:
 		// the lock went with it, at a moment no one can tell.
-		return true, fmt.Errorf("%w: %s: its session (backend %d) ended before the unlock: %w", ErrLockLost, what.String(), pid, err)
+		return true, fmt.Errorf("%w: %s: its session (backend %d) ended before the unlock: %w", stmt.ErrLockLost, what.String(), pid, err)
 	}
 	return true, fmt.Errorf("sqllock: unlock %s: %w (the session is discarded; the server releases the lock as it ends)", what.String(), err)
 }
@@ -166,7 +167,7 @@ func (p *Pool) settle(ctx context.Context, s *session, k Key, shared bool, into 
 	if h == nil {
 		// Ended meanwhile (the keep-alive found it lost): what it took
 		// went with it.
-		return nil, lockError(what.String(), s.err())
+		return nil, stmt.LockError(what.String(), s.err())
 	}
 	p.stats.took(1)
 	p.mon.addHeld(h)

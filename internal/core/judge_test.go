@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"io"
 	"slices"
 	"strings"
@@ -30,22 +31,22 @@ func TestJudge(t *testing.T) {
 		text      string  // and contains it
 	}{
 		{name: "granted", ctx: live, o: outcome{ok: true, pid: 7}, want: granted},
-		{name: "held elsewhere", ctx: live, o: outcome{pid: 7}, want: refused, errs: []error{ErrNotAcquired}, text: HeldElsewhere},
-		{name: "granted on a standby", ctx: live, o: outcome{ok: true, standby: true}, want: unwanted, errs: []error{ErrStandby}},
-		{name: "refused on a standby", ctx: live, o: outcome{standby: true}, want: refused, errs: []error{ErrStandby}},
+		{name: "held elsewhere", ctx: live, o: outcome{pid: 7}, want: refused, errs: []error{stmt.ErrNotAcquired}, text: stmt.HeldElsewhere},
+		{name: "granted on a standby", ctx: live, o: outcome{ok: true, standby: true}, want: unwanted, errs: []error{stmt.ErrStandby}},
+		{name: "refused on a standby", ctx: live, o: outcome{standby: true}, want: refused, errs: []error{stmt.ErrStandby}},
 		{name: "granted on an allowed standby", ctx: live, o: outcome{ok: true, standby: true}, standbyOK: true, want: granted},
-		{name: "deadlock victim", ctx: live, o: outcome{err: sqlState("40P01")}, want: stray, errs: []error{ErrDeadlock}},
-		{name: "full lock table", ctx: live, o: outcome{err: sqlState("53200")}, want: stray, errs: []error{ErrLockTableFull}},
-		{name: "lock_timeout", ctx: live, o: outcome{err: sqlState("55P03")}, want: uncertain, errs: []error{ErrNotAcquired}},
+		{name: "deadlock victim", ctx: live, o: outcome{err: sqlState("40P01")}, want: stray, errs: []error{stmt.ErrDeadlock}},
+		{name: "full lock table", ctx: live, o: outcome{err: sqlState("53200")}, want: stray, errs: []error{stmt.ErrLockTableFull}},
+		{name: "lock_timeout", ctx: live, o: outcome{err: sqlState("55P03")}, want: uncertain, errs: []error{stmt.ErrNotAcquired}},
 		{name: "statement failed", ctx: live, o: outcome{err: sqlState("XX000")}, want: uncertain, text: "internal error"},
 		{name: "connection lost", ctx: live, o: outcome{err: io.ErrUnexpectedEOF}, want: uncertain, errs: []error{io.ErrUnexpectedEOF}},
-		{name: "ctx ended, answer not read in time", ctx: cancelled, o: outcome{ok: true}, want: uncertain, errs: []error{ErrNotAcquired, context.Canceled}},
+		{name: "ctx ended, answer not read in time", ctx: cancelled, o: outcome{ok: true}, want: uncertain, errs: []error{stmt.ErrNotAcquired, context.Canceled}},
 		{name: "ctx ended, answer read in time", ctx: cancelled, o: outcome{ok: true, certain: true}, want: granted},
-		{name: "ctx ended, refusal read in time", ctx: cancelled, o: outcome{certain: true}, want: refused, errs: []error{ErrNotAcquired}},
-		{name: "ctx ended, abandoned", ctx: cancelled, o: outcome{err: ErrAbandoned}, want: uncertain, errs: []error{ErrNotAcquired, ErrAbandoned}},
-		{name: "server ended the wait at the deadline", ctx: live, o: outcome{err: errDeadline}, want: refused, errs: []error{ErrNotAcquired, context.DeadlineExceeded}},
-		{name: "left the line", ctx: cancelled, o: outcome{err: errLeft}, want: refused, errs: []error{ErrNotAcquired, context.Canceled}},
-		{name: "another backend answered", ctx: live, o: outcome{ok: true, pid: 8}, pid: 7, want: uncertain, errs: []error{ErrSessionChanged}},
+		{name: "ctx ended, refusal read in time", ctx: cancelled, o: outcome{certain: true}, want: refused, errs: []error{stmt.ErrNotAcquired}},
+		{name: "ctx ended, abandoned", ctx: cancelled, o: outcome{err: stmt.ErrAbandoned}, want: uncertain, errs: []error{stmt.ErrNotAcquired, stmt.ErrAbandoned}},
+		{name: "server ended the wait at the deadline", ctx: live, o: outcome{err: errDeadline}, want: refused, errs: []error{stmt.ErrNotAcquired, context.DeadlineExceeded}},
+		{name: "left the line", ctx: cancelled, o: outcome{err: errLeft}, want: refused, errs: []error{stmt.ErrNotAcquired, context.Canceled}},
+		{name: "another backend answered", ctx: live, o: outcome{ok: true, pid: 8}, pid: 7, want: uncertain, errs: []error{stmt.ErrSessionChanged}},
 		{name: "the expected backend answered", ctx: live, o: outcome{ok: true, pid: 7}, pid: 7, want: granted},
 	}
 	for _, tt := range tests {
@@ -91,11 +92,11 @@ func TestUnlockVerdict(t *testing.T) {
 		{name: "released", released: true},
 		{name: "not held", lost: true},
 		{name: "no row: another backend", err: sql.ErrNoRows, uncertain: true, lost: true, changed: true},
-		{name: "session changed", err: sessionChanged(7, 8), uncertain: true, lost: true, changed: true},
+		{name: "session changed", err: stmt.SessionChanged(7, 8), uncertain: true, lost: true, changed: true},
 		{name: "connection done", err: sql.ErrConnDone, uncertain: true, lost: true},
 		{name: "connection broken", err: io.EOF, uncertain: true, lost: true},
 		{name: "terminated", err: sqlState("57P01"), uncertain: true, lost: true},
-		{name: "abandoned", err: ErrAbandoned, uncertain: true},
+		{name: "abandoned", err: stmt.ErrAbandoned, uncertain: true},
 		{name: "failed", err: sqlState("XX000"), uncertain: true},
 	}
 	for _, tt := range tests {
@@ -110,8 +111,8 @@ func TestUnlockVerdict(t *testing.T) {
 			if err == nil {
 				return
 			}
-			if errors.Is(err, ErrLockLost) != tt.lost || errors.Is(err, ErrSessionChanged) != tt.changed {
-				t.Errorf("error %v: lost %v, changed %v; want %v, %v", err, errors.Is(err, ErrLockLost), errors.Is(err, ErrSessionChanged), tt.lost, tt.changed)
+			if errors.Is(err, stmt.ErrLockLost) != tt.lost || errors.Is(err, stmt.ErrSessionChanged) != tt.changed {
+				t.Errorf("error %v: lost %v, changed %v; want %v, %v", err, errors.Is(err, stmt.ErrLockLost), errors.Is(err, stmt.ErrSessionChanged), tt.lost, tt.changed)
 			}
 		})
 	}
@@ -123,7 +124,7 @@ func TestUnlockVerdict(t *testing.T) {
 // grants nothing.
 func TestBatchDecode(t *testing.T) {
 	keys := []Key{{V: 1}, {Pair: true, Class: 2, ID: 3}, {V: -4}}
-	answer := func(lit string, err error) batchQuery {
+	answer := func(lit string, err error) stmt.BatchQuery {
 		return func(q string, args []any, dest ...any) error {
 			if !strings.Contains(q, "WHERE pg_backend_pid() = 42") {
 				t.Errorf("the batch runs on another backend than 42: %s", q)
@@ -149,10 +150,10 @@ func TestBatchDecode(t *testing.T) {
 		{lit: "{0}", want: []bool{false, false, false}},
 		{lit: "2", want: []bool{false, false, false}},
 		{lit: "{x}", want: []bool{false, false, false}},
-		{lit: "", err: sql.ErrNoRows, want: []bool{false, false, false}, fail: ErrSessionChanged},
+		{lit: "", err: sql.ErrNoRows, want: []bool{false, false, false}, fail: stmt.ErrSessionChanged},
 		{lit: "{}", err: sqlState("53200"), want: []bool{false, false, false}},
 	} {
-		got, err := batch(sqltext.Bind, answer(tt.lit, tt.err), sqltext.BatchMixed, 1, 42, keys, nil)
+		got, err := stmt.Batch(sqltext.Bind, answer(tt.lit, tt.err), sqltext.BatchMixed, 1, 42, keys, nil)
 		if !slices.Equal(got, tt.want) || (err == nil) != tt.ok || tt.fail != nil && !errors.Is(err, tt.fail) {
 			t.Errorf("answer %q (%v): %v, %v; want %v, ok %v", tt.lit, tt.err, got, err, tt.want, tt.ok)
 		}
@@ -171,19 +172,19 @@ func TestClassifications(t *testing.T) {
 		{sqlState("57P01"), true},
 		{errors.New("write: broken pipe"), true},
 		{sqlState("55P03"), false},
-		{NotAcquired("k", io.EOF), false}, // an answer, whatever it wraps
-		{StandbyError("k"), false},
+		{stmt.NotAcquired("k", io.EOF), false}, // an answer, whatever it wraps
+		{stmt.StandbyError("k"), false},
 		{errors.New("syntax"), false},
 	} {
-		if got := ConnectionBroken(tt.err); got != tt.broken {
+		if got := stmt.ConnectionBroken(tt.err); got != tt.broken {
 			t.Errorf("ConnectionBroken(%v) = %v, want %v", tt.err, got, tt.broken)
 		}
 	}
-	if SQLState(errors.New("ERROR: deadlock detected")) != "40P01" || SQLState(errors.New("out of shared memory")) != "53200" || SQLState(nil) != "" {
+	if stmt.SQLState(errors.New("ERROR: deadlock detected")) != "40P01" || stmt.SQLState(errors.New("out of shared memory")) != "53200" || stmt.SQLState(nil) != "" {
 		t.Error("SQLState does not read the messages of a driver that exposes no SQLSTATE")
 	}
-	for code, want := range map[string]error{"40P01": ErrDeadlock, "53200": ErrLockTableFull, "55P03": ErrNotAcquired, "57014": ErrNotAcquired} {
-		if err := lockError("k", sqlState(code)); !errors.Is(err, want) {
+	for code, want := range map[string]error{"40P01": stmt.ErrDeadlock, "53200": stmt.ErrLockTableFull, "55P03": stmt.ErrNotAcquired, "57014": stmt.ErrNotAcquired} {
+		if err := stmt.LockError("k", sqlState(code)); !errors.Is(err, want) {
 			t.Errorf("lockError(%s) = %v, want %v", code, err, want)
 		}
 	}
@@ -192,10 +193,10 @@ func TestClassifications(t *testing.T) {
 			t.Errorf("majorVersion(%q) = %d, want %d", v, got, want)
 		}
 	}
-	if err := sessionChanged(0, 5); !errors.Is(err, ErrSessionChanged) || poolerEvidence(err) {
+	if err := stmt.SessionChanged(0, 5); !errors.Is(err, stmt.ErrSessionChanged) || poolerEvidence(err) {
 		t.Errorf("sessionChanged(0, 5) = %v: want ErrSessionChanged, and no evidence of a pooler", err)
 	}
-	if err := sessionChanged(4, 5); !poolerEvidence(err) || !strings.Contains(err.Error(), "from backend 4 to 5") {
+	if err := stmt.SessionChanged(4, 5); !poolerEvidence(err) || !strings.Contains(err.Error(), "from backend 4 to 5") {
 		t.Errorf("sessionChanged(4, 5) = %v: want evidence of a pooler", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -418,9 +419,9 @@ func (m *monitor) conn(ctx context.Context) (*sql.Conn, error) {
 		return m.p.db.Conn(ctx)
 	}
 	dialing := make(chan struct{})
-	conn, err := leaveAtEnd(ctx, 0,
+	conn, err := stmt.LeaveAtEnd(ctx, 0,
 		func(func() bool) (*sql.Conn, error) {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), connectTimeout)
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stmt.ConnectTimeout)
 			defer cancel()
 			return m.p.db.Conn(cctx)
 		},
@@ -435,7 +436,7 @@ func (m *monitor) conn(ctx context.Context) (*sql.Conn, error) {
 			}
 			close(dialing)
 		})
-	if errors.Is(err, ErrAbandoned) {
+	if errors.Is(err, stmt.ErrAbandoned) {
 		return nil, ctx.Err()
 	}
 	return conn, err

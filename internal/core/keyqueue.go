@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
@@ -199,7 +200,7 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 	if n := len(q.waiters); n > 0 {
 		ahead = q.waiters[n-1]
 	}
-	w.ready, w.queuedAt = make(chan struct{}), monoNow()
+	w.ready, w.queuedAt = make(chan struct{}), stmt.MonoNow()
 	q.waiters = append(q.waiters, w)
 	qs.checkFor(q, qk)
 	sh.mu.Unlock()
@@ -226,7 +227,7 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 			sh.removeIfIdle(qs, qk, q)
 			sh.mu.Unlock()
 			w.placedWith(false)
-			return nil, NotAcquired(what.String(), ctx.Err())
+			return nil, stmt.NotAcquired(what.String(), ctx.Err())
 		}
 		sh.mu.Unlock()
 		// Handed the key, or made head, as ctx ended: the race is settled
@@ -237,14 +238,14 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 		if err := ctx.Err(); err != nil {
 			// Handed the key as ctx ended: it goes back.
 			w.hold.Release()
-			return nil, NotAcquired(what.String(), err)
+			return nil, stmt.NotAcquired(what.String(), err)
 		}
 		return w.hold, nil
 	}
 	if err := ctx.Err(); err != nil {
 		w.placedWith(false)
 		qs.headDone(p, qk, w, nil) // the next caller acquires instead
-		return nil, NotAcquired(what.String(), err)
+		return nil, stmt.NotAcquired(what.String(), err)
 	}
 	return qs.asHead(p, qk, w, pl, fromServer)
 }
@@ -435,7 +436,7 @@ func (qs *keyQueues) check(h *Hold) error {
 		ticket = q.waiters[0].place.ticket()
 	}
 	sh.mu.Unlock()
-	sent := monoNow()
+	sent := stmt.MonoNow()
 	rung, err := h.s.alive(sqltext.TicketClass(h.key), ticket)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

@@ -2,6 +2,7 @@ package core
 
 import (
 	"cmp"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"slices"
 	"testing"
 )
@@ -61,7 +62,7 @@ func TestMarkPositions(t *testing.T) {
 		{"{2", nil, false},
 	} {
 		marks := make([]bool, 3)
-		err := markPositions(tt.in, marks)
+		err := stmt.MarkPositions(tt.in, marks)
 		if (err == nil) != tt.ok {
 			t.Errorf("markPositions(%v) = %v", tt.in, err)
 			continue

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"sync/atomic"
 	"time"
 
@@ -20,12 +21,6 @@ import (
 // time since the last statement sent on the session with the bound, less
 // a margin, and report the lock lost; the server has ended the session, or
 // is about to, so the next holder may already hold the key.
-
-// monoEpoch is the origin of monoNow.
-var monoEpoch = time.Now()
-
-// monoNow is the monotonic time, in nanoseconds since monoEpoch.
-func monoNow() int64 { return int64(time.Since(monoEpoch)) }
 
 // lease is one session's idle clock, as its client knows it. A nil lease
 // (a server older than 14, no orphan bound, no keep-alive) never expires.
@@ -93,7 +88,7 @@ func (ls *lease) begin() int64 {
 	if ls != nil {
 		ls.busy.Add(1)
 	}
-	return monoNow()
+	return stmt.MonoNow()
 }
 
 func (ls *lease) done(sent int64, ok bool) {
@@ -107,7 +102,7 @@ func (ls *lease) done(sent int64, ok bool) {
 }
 
 // idle is how long ago the last statement that succeeded was sent.
-func (ls *lease) idle() time.Duration { return time.Duration(monoNow() - ls.beat.Load()) }
+func (ls *lease) idle() time.Duration { return time.Duration(stmt.MonoNow() - ls.beat.Load()) }
 
 // expired reports whether the server may have ended the session: no
 // statement in flight, and none sent for the bound less leaseMargin.

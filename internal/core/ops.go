@@ -9,6 +9,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"slices"
 
 	"github.com/sqllock/sqllock/internal/pglocks"
@@ -46,13 +47,6 @@ func (b *batcher) runMany(ops []*op, unlock bool) {
 // call allocates none.
 var answerOf = [2][]bool{{false}, {true}}
 
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // sendUnlocks sends the unlock statements that go alone (runMixed sends
 // those that go with tries: the only two that render one, as
 // internal/layout's TestOnePlacePromises checks): it releases
@@ -81,24 +75,24 @@ func (b *batcher) sendUnlocks(ctx context.Context, sc *scratch, keys []Key, shar
 		err := s.queryRowCtx(ctx, q, args, &sc.ok)
 		ok := sc.ok
 		if errors.Is(err, sql.ErrNoRows) {
-			err = sessionChanged(s.pid, 0) // another backend answered: it ran nothing
+			err = stmt.SessionChanged(s.pid, 0) // another backend answered: it ran nothing
 		}
 		if err == nil && ok && dedicated {
 			s.mu.Lock()
 			s.tuned = false
 			s.mu.Unlock()
 		}
-		return answerOf[b2i(ok)], err
+		return answerOf[stmt.B2i(ok)], err
 	}
 	query := func(q string, args []any, dest ...any) error {
 		return s.queryRowCtx(ctx, q, args, dest...)
 	}
-	var bb *batchBufs
+	var bb *stmt.BatchBufs
 	if sc != nil {
 		bb = &sc.batch
 	}
 	_, mode := s.plainSQL()
-	return many(mode, query, sqltext.BatchUnlock, s.pid, keys, bb)
+	return stmt.Many(mode, query, sqltext.BatchUnlock, s.pid, keys, bb)
 }
 
 // runUnlocks sends the unlocks ops; a failed statement ends the session
@@ -159,7 +153,7 @@ func (b *batcher) runTry(o *op) {
 		// the key, only: the mark, compared in the statement, stands for
 		// the backend, which was judged standby or not as it was set up
 		// (a backend never becomes a standby).
-		err = s.queryRow(q, args, &sc.got, skipRest)
+		err = s.queryRow(q, args, &sc.got, stmt.SkipRest)
 		sc.gotPid = s.pid
 	} else {
 		err = s.queryRow(q, args, &sc.got, &sc.gotPid, &sc.standby)
@@ -167,7 +161,7 @@ func (b *batcher) runTry(o *op) {
 	ok, pid, standby := sc.got, sc.gotPid, sc.standby
 	o.ok = ok.Bool
 	if err == nil && !ok.Valid {
-		err = foreignSession() // nothing was tried
+		err = stmt.ForeignSession() // nothing was tried
 	}
 	if err == nil {
 		err = s.sameBackend(pid, o.ok, o.key)
@@ -201,7 +195,7 @@ func (b *batcher) runTry(o *op) {
 // runner of s's queue calls it, once per statement.
 func (b *batcher) plainSQL() (*statements, sqltext.Mode) {
 	s := b.s
-	if s.prep.bound() {
+	if s.prep.Bound() {
 		return s.p.bindPlain, sqltext.Bind
 	}
 	return s.p.plain, s.p.mode
@@ -214,7 +208,7 @@ func (b *batcher) plainSQL() (*statements, sqltext.Mode) {
 func (b *batcher) answered(pid int64, standby, tuned bool) error {
 	s := b.s
 	if s.pid != 0 && pid != s.pid {
-		return sessionChanged(s.pid, pid)
+		return stmt.SessionChanged(s.pid, pid)
 	}
 	if s.pid == 0 || tuned {
 		s.mu.Lock()
@@ -224,7 +218,7 @@ func (b *batcher) answered(pid int64, standby, tuned bool) error {
 	}
 	if standby && !s.p.cfg.AllowStandby {
 		// Discarded: what it took there goes with the session.
-		return StandbyError("lock")
+		return stmt.StandbyError("lock")
 	}
 	return nil
 }
@@ -237,9 +231,9 @@ func (b *batcher) tune() error {
 	var pid int64
 	var standby bool
 	q, args := s.p.sql().SessionSQL(s.mark)
-	err := s.queryRow(q, args, &pid, &standby, skip)
+	err := s.queryRow(q, args, &pid, &standby, stmt.Skip)
 	if err == nil && pid == 0 {
-		err = foreignSession() // nothing was applied
+		err = stmt.ForeignSession() // nothing was applied
 	}
 	if err == nil {
 		err = s.sameBackend(pid, false, Key{})
@@ -259,7 +253,7 @@ func (b *batcher) tune() error {
 // touches that one call, and the session and its other locks are not
 // concerned.
 func serverRefused(err error) bool {
-	return SQLState(err) != "" && !ConnectionBroken(err) && !errors.Is(err, ErrSessionChanged)
+	return stmt.SQLState(err) != "" && !stmt.ConnectionBroken(err) && !errors.Is(err, stmt.ErrSessionChanged)
 }
 
 // releaseStray unlocks those of keys (the keys of a try statement that the
@@ -300,7 +294,7 @@ func (b *batcher) holding(keys []Key) ([]Key, error) {
 		if r.PID != s.pid {
 			// A pooler sent it to another server session: what the
 			// failed statement took on s's backend is not known.
-			return sessionChanged(s.pid, r.PID)
+			return stmt.SessionChanged(s.pid, r.PID)
 		}
 		if !r.Granted || r.Shared {
 			return nil
@@ -311,7 +305,7 @@ func (b *batcher) holding(keys []Key) ([]Key, error) {
 		return nil
 	})
 	if err == nil && rows == 0 {
-		err = sessionChanged(s.pid, 0)
+		err = stmt.SessionChanged(s.pid, 0)
 	}
 	return held, err
 }
@@ -329,7 +323,7 @@ func (b *batcher) runTries(ops []*op) {
 	}
 	s.scratch.batchKeys = keys[:0]
 	_, mode := s.plainSQL()
-	got, err := many(mode, s.queryRow, sqltext.BatchTry, s.pid, keys, &s.scratch.batch)
+	got, err := stmt.Many(mode, s.queryRow, sqltext.BatchTry, s.pid, keys, &s.scratch.batch)
 	for i, o := range ops {
 		o.ok = got[i]
 	}
@@ -389,7 +383,7 @@ func (b *batcher) runMixed(unlocks, tries []*op) {
 	}
 	s.scratch.batchKeys = keys[:0]
 	_, mode := s.plainSQL()
-	got, err := batch(mode, s.queryRow, sqltext.BatchMixed, len(unlocks), s.pid, keys, &s.scratch.batch)
+	got, err := stmt.Batch(mode, s.queryRow, sqltext.BatchMixed, len(unlocks), s.pid, keys, &s.scratch.batch)
 	s.p.share.mixed.Add(1)
 	certain := err != nil && serverRefused(err) && s.ranUnlocks(keys[:len(unlocks)])
 	for i, o := range unlocks {
@@ -455,7 +449,7 @@ func (b *batcher) runTag(o *op) {
 	case errors.Is(err, sql.ErrNoRows):
 	case err != nil:
 		o.err = err
-		if ConnectionBroken(err) || errors.Is(err, ErrAbandoned) {
+		if stmt.ConnectionBroken(err) || errors.Is(err, stmt.ErrAbandoned) {
 			s.discard(err)
 		}
 	default:

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -62,16 +63,16 @@ func (p *Pool) Open(ctx context.Context) (*Owned, error) {
 	if p.cfg.TxPooler {
 		return nil, ErrPinnedSession
 	}
-	sent := monoNow()
+	sent := stmt.MonoNow()
 	conn, err := p.takeConn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("sqllock: %s: get connection: %w", what, err)
 	}
 	id, err := p.checkServer(ctx, conn)
-	if err != nil || CtxEnded(ctx) { // (a check's answer is read past ctx's end)
+	if err != nil || stmt.CtxEnded(ctx) { // (a check's answer is read past ctx's end)
 		p.putBack(conn, err == nil)
 		if err == nil {
-			err = fmt.Errorf("sqllock: %s: %w", what, CtxErr(ctx))
+			err = fmt.Errorf("sqllock: %s: %w", what, stmt.CtxErr(ctx))
 		}
 		return nil, err
 	}
@@ -79,13 +80,13 @@ func (p *Pool) Open(ctx context.Context) (*Owned, error) {
 	var pid int64
 	var standby bool
 	q, args := p.sql().SessionSQL(s.mark)
-	err = queryRow(ctx, p.abandoned, conn, q, args, &pid, &standby, skip)
+	err = stmt.QueryRow(ctx, p.abandoned, conn, q, args, &pid, &standby, stmt.Skip)
 	if err == nil && pid != 0 {
 		err = s.sameBackend(pid, false, Key{})
 	}
 	if err != nil || pid == 0 {
 		if err == nil {
-			err = foreignSession() // nothing was applied
+			err = stmt.ForeignSession() // nothing was applied
 		}
 		// Its settings may be applied: not given back. (A statement the
 		// Pool abandoned closes its connection as it returns: the discard
@@ -96,7 +97,7 @@ func (p *Pool) Open(ctx context.Context) (*Owned, error) {
 	s.pid, s.tuned = pid, true
 	if standby && !p.cfg.AllowStandby {
 		s.close() // its settings set back, back to the pool
-		return nil, StandbyError(what)
+		return nil, stmt.StandbyError(what)
 	}
 	o := &Owned{p: p, s: s, pid: pid, id: id, ls: s.ls, calls: make(callSlot, 1)}
 	s.mu.Lock()
@@ -121,7 +122,7 @@ func (o *Owned) begin(ctx context.Context) error {
 	select {
 	case o.calls <- struct{}{}:
 	case <-ctx.Done():
-		return fmt.Errorf("%w: another call of the Session's is under way: %w", ErrNotAcquired, ctx.Err())
+		return fmt.Errorf("%w: another call of the Session's is under way: %w", stmt.ErrNotAcquired, ctx.Err())
 	}
 	if o.ls.expired() {
 		o.lose(o.ls.expiredError())
@@ -164,7 +165,7 @@ func (o *Owned) Lock(ctx context.Context, k Key) (err error) {
 	}
 	what := namer{p: o.p, k: k}
 	if err := ctx.Err(); err != nil { // nothing sent: the Owned is intact
-		return NotAcquired(what.String(), err)
+		return stmt.NotAcquired(what.String(), err)
 	}
 	defer func() { err = o.p.timedOut(err) }()
 	// The engine's wait for an Owned: one statement, visible to
@@ -195,7 +196,7 @@ func (o *Owned) Lock(ctx context.Context, k Key) (err error) {
 		return err
 	case v == uncertain:
 		o.lose(err)
-		if errors.Is(err, ErrSessionChanged) {
+		if errors.Is(err, stmt.ErrSessionChanged) {
 			return o.Err()
 		}
 		return err
@@ -223,7 +224,7 @@ func (o *Owned) TryLock(ctx context.Context, keys []Key) ([]Key, error) {
 	}
 	defer o.callDone()
 	if err := ctx.Err(); err != nil && len(keys) > 0 { // nothing sent: the Owned is intact
-		return nil, NotAcquired(o.p.name(keys[0]), err)
+		return nil, stmt.NotAcquired(o.p.name(keys[0]), err)
 	}
 	want := o.notHeld(keys)
 	if len(want) == 0 {
@@ -232,8 +233,8 @@ func (o *Owned) TryLock(ctx context.Context, keys []Key) ([]Key, error) {
 	query := func(q string, args []any, dest ...any) error {
 		return o.s.queryRowCtx(ctx, q, args, dest...)
 	}
-	took, err := many(o.p.mode, query, sqltext.BatchTry, o.pid, want, nil)
-	if CtxEnded(ctx) || err != nil {
+	took, err := stmt.Many(o.p.mode, query, sqltext.BatchTry, o.pid, want, nil)
+	if stmt.CtxEnded(ctx) || err != nil {
 		return nil, o.tryLockFailed(ctx, want, err)
 	}
 	got := make([]Key, 0, len(want))
@@ -254,22 +255,22 @@ func (o *Owned) tryLockFailed(ctx context.Context, want []Key, err error) error 
 	switch {
 	case errors.Is(err, sql.ErrConnDone) && o.Err() != nil:
 		return o.Err() // lost (by the keep-alive) before the statement
-	case CtxEnded(ctx):
-		o.lose(fmt.Errorf("TryLock was cancelled: %w", CtxErr(ctx)))
-		return NotAcquired(what.String(), CtxErr(ctx))
-	case errors.Is(err, ErrSessionChanged):
+	case stmt.CtxEnded(ctx):
+		o.lose(fmt.Errorf("TryLock was cancelled: %w", stmt.CtxErr(ctx)))
+		return stmt.NotAcquired(what.String(), stmt.CtxErr(ctx))
+	case errors.Is(err, stmt.ErrSessionChanged):
 		o.lose(err)
 		return o.Err()
-	case lockTableFull(err):
+	case stmt.LockTableFull(err):
 		// Session locks taken by the failed statement stay held: find and
 		// release them, keeping the Owned's earlier locks.
 		if rerr := o.s.releaseStray(want); rerr != nil {
 			o.lose(fmt.Errorf("after a full lock table: %w", rerr))
 		}
-		return fmt.Errorf("%w: TryLock of %d keys: %w", ErrLockTableFull, len(want), err)
+		return fmt.Errorf("%w: TryLock of %d keys: %w", stmt.ErrLockTableFull, len(want), err)
 	}
 	o.lose(fmt.Errorf("TryLock failed: %w", err))
-	return lockError(what.String(), err)
+	return stmt.LockError(what.String(), err)
 }
 
 // Unlock releases keys in one round trip; a key given twice is released
@@ -317,7 +318,7 @@ func (o *Owned) unlockKeys(keys []Key) error {
 		if o.p.Pooled() != nil {
 			o.p.AwaitFreed(o.p.cfg.UnlockTimeout) // see discardStranded
 		}
-		if errors.Is(uerr, ErrLockLost) {
+		if errors.Is(uerr, stmt.ErrLockLost) {
 			return o.Err()
 		}
 		return uerr
@@ -341,7 +342,7 @@ func (o *Owned) Close() error {
 	o.mu.Unlock()
 	switch state {
 	case holdReleased:
-		return ErrReleased
+		return stmt.ErrReleased
 	case holdLost:
 		o.settle(holdReleased, err)
 		return err
@@ -351,7 +352,7 @@ func (o *Owned) Close() error {
 		return err
 	}
 	o.p.mon.remove(o)
-	final := ErrReleased
+	final := stmt.ErrReleased
 	if o.p.Closed() {
 		final = errReleasedByClose
 	}
@@ -415,7 +416,7 @@ func (o *Owned) markLost(cause error) (lossNote, bool) {
 	}
 	n := int64(o.held.len())
 	o.state = holdLost
-	o.err = fmt.Errorf("%w: session on backend %d (%d locks): %w", ErrLockLost, o.pid, n, cause)
+	o.err = fmt.Errorf("%w: session on backend %d (%d locks): %w", stmt.ErrLockLost, o.pid, n, cause)
 	o.held = keySet{}
 	err := o.err
 	o.mu.Unlock()

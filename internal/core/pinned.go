@@ -3,15 +3,12 @@ package core
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"log/slog"
-	"reflect"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -69,21 +66,21 @@ func (pn *pinning) checkPinned(ctx context.Context, conn *sql.Conn) (ident, erro
 		if err := p.pin(ctx, conn); err != nil {
 			unpin(conn)
 			p.discard(conn, "pinned session: "+err.Error())
-			p.budget.give()
+			p.budget.Give()
 			return ident{}, fmt.Errorf("sqllock: begin the transaction of a lock session: %w", err)
 		}
 	}
 	id, err := p.checkServer(ctx, conn)
 	switch {
-	case err == nil && !p.cfg.TxPooler && CtxEnded(ctx):
+	case err == nil && !p.cfg.TxPooler && stmt.CtxEnded(ctx):
 		p.putBack(conn, true)
-		return ident{}, CtxErr(ctx)
+		return ident{}, stmt.CtxErr(ctx)
 	case err == nil:
 		return id, nil
 	case p.cfg.TxPooler:
 		unpin(conn)
 		p.discard(conn, "pinned session: "+err.Error())
-		p.budget.give()
+		p.budget.Give()
 	default:
 		p.putBack(conn, false) // no lock statement ran on it
 	}
@@ -94,12 +91,12 @@ func (pn *pinning) checkPinned(ctx context.Context, conn *sql.Conn) (ident, erro
 func (pn *pinning) pin(ctx context.Context, conn *sql.Conn) error {
 	p := pn.p
 	var dc any
-	if err := onDriverConn(conn, func(d any) error { dc = d; return nil }); err != nil {
+	if err := stmt.OnDriverConn(conn, func(d any) error { dc = d; return nil }); err != nil {
 		return err
 	}
-	if m, ok := simpleModeOf(dc); ok && comparableConn(dc) {
-		simpleConns.Store(dc, m)
-		simpleCount.Add(1)
+	if m, ok := stmt.SimpleModeOf(dc); ok && stmt.ComparableConn(dc) {
+		stmt.SimpleConns.Store(dc, m)
+		stmt.SimpleCount.Add(1)
 	}
 	return txExecOn(ctx, p.abandoned, conn, sqltext.BeginPinnedSQL)
 }
@@ -115,10 +112,10 @@ func (pn *pinning) simpleFor(conn *sql.Conn) (done func()) {
 		return func() {}
 	}
 	var dc any
-	_ = onDriverConn(conn, func(d any) error { dc = d; return nil })
-	if m, ok := simpleModeOf(dc); ok && comparableConn(dc) {
-		if _, had := simpleConns.LoadOrStore(dc, m); !had {
-			simpleCount.Add(1)
+	_ = stmt.OnDriverConn(conn, func(d any) error { dc = d; return nil })
+	if m, ok := stmt.SimpleModeOf(dc); ok && stmt.ComparableConn(dc) {
+		if _, had := stmt.SimpleConns.LoadOrStore(dc, m); !had {
+			stmt.SimpleCount.Add(1)
 			return func() { unpin(conn) }
 		}
 	}
@@ -134,8 +131,8 @@ func (pn *pinning) SimpleArgs(conn *sql.Conn, args []any) []any {
 		return args
 	}
 	var dc any
-	_ = onDriverConn(conn, func(d any) error { dc = d; return nil })
-	if m, ok := simpleModeOf(dc); ok {
+	_ = stmt.OnDriverConn(conn, func(d any) error { dc = d; return nil })
+	if m, ok := stmt.SimpleModeOf(dc); ok {
 		return append([]any{m}, args...)
 	}
 	return args
@@ -147,8 +144,8 @@ func (pn *pinning) SimpleArgs(conn *sql.Conn, args []any) []any {
 // may reach a transaction pooler.
 func SimpleProtocol(conn *sql.Conn) []any {
 	var dc any
-	_ = onDriverConn(conn, func(d any) error { dc = d; return nil })
-	if m, ok := simpleModeOf(dc); ok {
+	_ = stmt.OnDriverConn(conn, func(d any) error { dc = d; return nil })
+	if m, ok := stmt.SimpleModeOf(dc); ok {
 		return []any{m}
 	}
 	return nil
@@ -170,12 +167,12 @@ func (pn *pinning) QueryRow(ctx context.Context, q string, args []any, dest ...a
 
 // unpin forgets conn's driver connection once its pinned session ended.
 func unpin(conn *sql.Conn) {
-	_ = onDriverConn(conn, func(dc any) error {
-		if !comparableConn(dc) {
+	_ = stmt.OnDriverConn(conn, func(dc any) error {
+		if !stmt.ComparableConn(dc) {
 			return nil
 		}
-		if _, ok := simpleConns.LoadAndDelete(dc); ok {
-			simpleCount.Add(-1)
+		if _, ok := stmt.SimpleConns.LoadAndDelete(dc); ok {
+			stmt.SimpleCount.Add(-1)
 		}
 		return nil
 	})
@@ -191,97 +188,11 @@ func (pn *pinning) commitPinned(conn *sql.Conn) error {
 }
 
 // txExecOn runs q, a statement that answers no row, on conn.
-func txExecOn(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string) error {
-	if err := queryRow(ctx, blind, conn, q, nil); err != nil && !errors.Is(err, sql.ErrNoRows) {
+func txExecOn(ctx context.Context, blind *stmt.AbandonSet, conn *sql.Conn, q string) error {
+	if err := stmt.QueryRow(ctx, blind, conn, q, nil); err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return err
 	}
 	return nil
-}
-
-// simpleConns are the driver connections of pinned sessions whose driver
-// is pgx: their statements carry pgx's option for its simple protocol
-// (see driverQuery). simpleCount is how many there are, so that no other
-// statement pays for the look-up.
-var (
-	simpleConns sync.Map // driver connection → the option
-	simpleCount atomic.Int64
-)
-
-// simpleOption returns the option that makes pgx send a statement on dc in
-// its simple protocol, if dc is a pinned session's.
-func simpleOption(dc any) (any, bool) {
-	if simpleCount.Load() == 0 || !comparableConn(dc) {
-		return nil, false
-	}
-	return simpleConns.Load(dc)
-}
-
-// simpleModes caches simpleModeOf's answer by driver connection type.
-var simpleModes sync.Map // reflect.Type → any (nil: none)
-
-// simpleModeOf returns, for a pgx driver connection, the value of pgx's
-// QueryExecMode that selects its simple protocol: pgx takes it as the
-// first argument of a statement, ahead of the statement's own. The core
-// imports no driver, so the type is found through the connection's
-// Conn().Config().DefaultQueryExecMode, and the value by its name.
-func simpleModeOf(dc any) (any, bool) {
-	if dc == nil {
-		return nil, false
-	}
-	t := reflect.TypeOf(dc)
-	if m, ok := simpleModes.Load(t); ok {
-		return m, m != nil
-	}
-	m := findSimpleMode(dc)
-	simpleModes.Store(t, m)
-	return m, m != nil
-}
-
-func findSimpleMode(dc any) (mode any) {
-	defer func() {
-		if recover() != nil {
-			mode = nil
-		}
-	}()
-	conn := reflect.ValueOf(dc).MethodByName("Conn")
-	if !conn.IsValid() || conn.Type().NumIn() != 0 || conn.Type().NumOut() != 1 {
-		return nil
-	}
-	c := conn.Call(nil)[0]
-	cfg := c.MethodByName("Config")
-	if !cfg.IsValid() || cfg.Type().NumIn() != 0 || cfg.Type().NumOut() != 1 {
-		return nil
-	}
-	v := cfg.Call(nil)[0]
-	for v.Kind() == reflect.Pointer {
-		v = v.Elem()
-	}
-	if v.Kind() != reflect.Struct {
-		return nil
-	}
-	f := v.FieldByName("DefaultQueryExecMode")
-	if !f.IsValid() || !f.CanInt() {
-		return nil
-	}
-	for i := range 16 {
-		m := reflect.New(f.Type()).Elem()
-		m.SetInt(int64(i))
-		if s, ok := m.Interface().(interface{ String() string }); ok && s.String() == "simple protocol" {
-			return m.Interface()
-		}
-	}
-	return nil
-}
-
-// withOption returns nv with opt ahead of its values.
-func withOption(opt any, nv []driver.NamedValue) []driver.NamedValue {
-	out := make([]driver.NamedValue, 0, len(nv)+1)
-	out = append(out, driver.NamedValue{Ordinal: 1, Value: opt})
-	for _, v := range nv {
-		v.Ordinal++
-		out = append(out, v)
-	}
-	return out
 }
 
 // Pinned reports whether the Pool pins its sessions (Config.TxPooler).
@@ -309,7 +220,7 @@ func (h *Hold) Token(ctx context.Context) (int64, error) {
 	q, args := p.mode.TokenOfArgs(int64(c), int64(o), sub, h.pid)
 	var tok int64
 	err := p.inTransaction(ctx, func(conn *sql.Conn) error {
-		return queryRow(ctx, p.abandoned, conn, q, args, &tok)
+		return stmt.QueryRow(ctx, p.abandoned, conn, q, args, &tok)
 	})
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
@@ -336,7 +247,7 @@ func (pn *pinning) inTransaction(ctx context.Context, f func(conn *sql.Conn) err
 	if err != nil {
 		return err
 	}
-	defer p.budget.give() // once conn is back, or discarded
+	defer p.budget.Give() // once conn is back, or discarded
 	if err = p.pin(ctx, conn); err == nil {
 		if err = f(conn); err == nil || errors.Is(err, sql.ErrNoRows) {
 			ferr := err

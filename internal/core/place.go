@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -158,7 +159,7 @@ func runPlace(s *session, o *op) {
 	err := s.queryRow(q, args, &v)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		err = sessionChanged(s.pid, 0) // another backend answered: it ran nothing
+		err = stmt.SessionChanged(s.pid, 0) // another backend answered: it ran nothing
 	case err != nil:
 	case o.ticket == 0 && v < 0:
 		err = fmt.Errorf("sqllock: a place in line (ticket class %d): its doorbell was not given back", o.class)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
@@ -99,8 +100,8 @@ type statementSet struct {
 	stmts     atomic.Pointer[statements] // set by the server check
 	plain     *statements
 	bindPlain *statements
-	pids      connSet[int64]
-	idents    connSet[ident]
+	pids      stmt.ConnSet[int64]
+	idents    stmt.ConnSet[ident]
 }
 
 // serverState is what a Pool's server check found.
@@ -129,14 +130,14 @@ func (p *Pool) link() *Pool {
 
 // NewPool returns the core of a Locker on db.
 func NewPool(db *sql.DB, cfg Config, hooks Hooks) *Pool {
-	p := &Pool{engine: engine{db: db, budget: &budget{db: db}, mode: sqltext.DetectMode(db.Driver())}, cfg: cfg, hooks: hooks}
+	p := &Pool{engine: engine{db: db, budget: &stmt.Budget{DB: db}, mode: sqltext.DetectMode(db.Driver())}, cfg: cfg, hooks: hooks}
 	p.closing.init()
 	p.link()
 	if cfg.TxPooler {
 		p.engine.simpleFor = p.pinning.simpleFor
 	}
 	if p.mode == sqltext.Inline { // lib/pq (see sqltext.DetectMode)
-		p.abandoned = &abandonSet{budget: p.budget}
+		p.abandoned = &stmt.AbandonSet{Budget: p.budget}
 	}
 	p.plain = sqltext.Plain(p.mode)
 	p.bindPlain = sqltext.Plain(sqltext.Bind)
@@ -211,10 +212,10 @@ func (e *connections) UnlockContext() context.Context {
 func (cs *connections) discard(conn *sql.Conn, why string) {
 	p := cs.p
 	p.emit(Event{Kind: EventDiscarded, Err: errorString(why)})
-	if p.abandoned.has(conn) {
+	if p.abandoned.Has(conn) {
 		return // its abandoned statement closes it as it returns
 	}
-	discardConn(conn)
+	stmt.DiscardConn(conn)
 }
 
 // putBack gives conn, taken by takeConn and holding no lock, back as it
@@ -224,11 +225,11 @@ func (cs *connections) discard(conn *sql.Conn, why string) {
 // counted until then as abandoned.
 func (cs *connections) putBack(conn *sql.Conn, spare bool) {
 	p := cs.p
-	if p.abandoned.has(conn) {
-		p.budget.give()
+	if p.abandoned.Has(conn) {
+		p.budget.Give()
 		return
 	}
-	p.budget.done(conn, spare && !p.Closed())
+	p.budget.Done(conn, spare && !p.Closed())
 }
 
 // errorString is an error that is its text.
@@ -253,7 +254,7 @@ type poolStats struct {
 // deadline passed; it returns err.
 func (nm *naming) timedOut(err error) error {
 	p := nm.p
-	if err != nil && errors.Is(err, ErrNotAcquired) && errors.Is(err, context.DeadlineExceeded) {
+	if err != nil && errors.Is(err, stmt.ErrNotAcquired) && errors.Is(err, context.DeadlineExceeded) {
 		p.stats.timedOut.Add(1)
 	}
 	return err
@@ -281,3 +282,7 @@ func (p *Pool) Stats() Stats {
 		KeepAliveSkipped: p.stats.keepAliveSkipped.Load(), SnapshotWaits: p.snapshotWaits.Load(),
 		SharedSessions: p.share.sessions()}
 }
+
+// BudgetCount returns how many connections the Pool counts in its budget
+// (see budget): for tests.
+func (p *Pool) BudgetCount() int { return p.budget.Count() }

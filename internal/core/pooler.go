@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -78,22 +79,6 @@ type poolerGuard struct {
 	live   map[*session]struct{} // guarded by liveMu
 }
 
-// PoolerError is the error of a session-level lock call behind a
-// transaction pooler, for evidence that says so for certain: it matches
-// ErrSessionChanged, and says what to do.
-func PoolerError(evidence string) error { return &poolerError{evidence} }
-
-// poolerError is PoolerError's: evidence of a pooler, which poolerEvidence
-// tells from other errors that match ErrSessionChanged (an unlock that
-// found no row on a session whose backend was never known, say).
-type poolerError struct{ evidence string }
-
-func (e *poolerError) Error() string {
-	return ErrSessionChanged.Error() + ": " + e.evidence + ": a transaction-mode pooler (such as PgBouncer with pool_mode=transaction, Supavisor or a pooled endpoint) is in the way, where a session lock excludes no one; use sqllock.WithTransactionPooler(), or transaction locks (LockTx, InTx)"
-}
-
-func (e *poolerError) Is(target error) bool { return target == ErrSessionChanged }
-
 // Pooled returns the error of a Pool that has seen a transaction pooler,
 // and nil for one that has not.
 func (pg *poolerGuard) Pooled() error {
@@ -120,11 +105,11 @@ func poolerEvidence(err error) bool {
 	if err == nil {
 		return false
 	}
-	var pe *poolerError
+	var pe *stmt.PoolerError
 	if errors.As(err, &pe) {
 		return true
 	}
-	return preparedAstray(err)
+	return stmt.PreparedAstray(err)
 }
 
 // sawPooler records evidence of a transaction pooler (the first one
@@ -134,8 +119,8 @@ func poolerEvidence(err error) bool {
 func (pg *poolerGuard) sawPooler(evidence error) {
 	p := pg.p
 	err := evidence
-	if pe := (*poolerError)(nil); !errors.As(err, &pe) {
-		err = PoolerError(evidence.Error())
+	if pe := (*stmt.PoolerError)(nil); !errors.As(err, &pe) {
+		err = stmt.NewPoolerError(evidence.Error())
 	}
 	if p.cfg.TxPooler || pg.ignore.Load() || !pg.seen.CompareAndSwap(nil, &err) {
 		return // a Pool made for a pooler knows; its sessions end as their own evidence says
@@ -179,19 +164,19 @@ func (pg *poolerGuard) removeLive(s *session) {
 // apart, so a connection closed since counts too).
 func (pg *poolerGuard) noteBackend(dc any, id ident) error {
 	p := pg.p
-	if id.backend == 0 || id.pid == 0 || !comparableConn(dc) {
+	if id.backend == 0 || id.pid == 0 || !stmt.ComparableConn(dc) {
 		return nil // not known: nothing to compare
 	}
 	g := pg
 	g.backendsMu.Lock()
-	if g.backends == nil || len(g.backends) >= maxConns {
+	if g.backends == nil || len(g.backends) >= stmt.MaxConns {
 		g.backends = map[ident]any{}
 	}
 	other, seen := g.backends[id]
 	g.backends[id] = dc
 	g.backendsMu.Unlock()
 	if seen && other != dc {
-		err := PoolerError(fmt.Sprintf("two client connections ran on backend %d", id.pid))
+		err := stmt.NewPoolerError(fmt.Sprintf("two client connections ran on backend %d", id.pid))
 		p.sawPooler(err)
 		return p.pooledOr(err)
 	}
@@ -207,7 +192,7 @@ func (s *session) sameBackend(pid int64, granted bool, k Key) error {
 	if s.id.pid == 0 || pid == s.id.pid {
 		return nil
 	}
-	err := PoolerError(fmt.Sprintf("a client connection checked on backend %d ran a lock statement on backend %d", s.id.pid, pid))
+	err := stmt.NewPoolerError(fmt.Sprintf("a client connection checked on backend %d ran a lock statement on backend %d", s.id.pid, pid))
 	if granted {
 		doneWithin(s.p.discardHolder(pid, k), s.p.cfg.UnlockTimeout)
 	}
@@ -248,7 +233,7 @@ func (pg *poolerGuard) awaitProbe(ctx context.Context, conn *sql.Conn, id ident)
 			case <-ch:
 				continue // it ended, or was left to the next call
 			case <-ctx.Done():
-				return NotAcquired("the transaction pooler probe", ctx.Err())
+				return stmt.NotAcquired("the transaction pooler probe", ctx.Err())
 			}
 		}
 		ch := make(chan struct{})
@@ -264,7 +249,7 @@ func (pg *poolerGuard) awaitProbe(ctx context.Context, conn *sql.Conn, id ident)
 			if err := p.Pooled(); err != nil {
 				return err
 			}
-			return NotAcquired("the transaction pooler probe", CtxErr(ctx))
+			return stmt.NotAcquired("the transaction pooler probe", stmt.CtxErr(ctx))
 		}
 	}
 	return p.Pooled()
@@ -298,12 +283,12 @@ func (pg *poolerGuard) probe(ctx context.Context, conn *sql.Conn, id ident) bool
 	defer cancel()
 	var other *sql.Conn
 	if st := p.db.Stats(); (st.MaxOpenConnections == 0 || st.Idle > 0 || st.OpenConnections < st.MaxOpenConnections) &&
-		p.budget.tryTake() {
+		p.budget.TryTake() {
 		cctx, cancel := context.WithTimeout(ctx, probeConnWait)
 		other, _ = p.db.Conn(cctx)
 		cancel()
 		if other == nil {
-			p.budget.give()
+			p.budget.Give()
 		}
 	}
 	if other != nil {
@@ -311,7 +296,7 @@ func (pg *poolerGuard) probe(ctx context.Context, conn *sql.Conn, id ident) bool
 	}
 	ask := func(c *sql.Conn) (ident, error) {
 		b := ident{server: id.server}
-		err := queryRow(ctx, p.abandoned, c, sqltext.BackendSQL, nil, &b.pid, &b.backend)
+		err := stmt.QueryRow(ctx, p.abandoned, c, sqltext.BackendSQL, nil, &b.pid, &b.backend)
 		return b, err
 	}
 	var first ident // other's first answer
@@ -327,10 +312,10 @@ func (pg *poolerGuard) probe(ctx context.Context, conn *sql.Conn, id ident) bool
 			}
 			switch {
 			case b == id:
-				p.sawPooler(PoolerError(fmt.Sprintf("two client connections ran on backend %d", id.pid)))
+				p.sawPooler(stmt.NewPoolerError(fmt.Sprintf("two client connections ran on backend %d", id.pid)))
 				return true
 			case b != first:
-				p.sawPooler(PoolerError(fmt.Sprintf("a client connection that ran on backend %d answered from backend %d", first.pid, b.pid)))
+				p.sawPooler(stmt.NewPoolerError(fmt.Sprintf("a client connection that ran on backend %d answered from backend %d", first.pid, b.pid)))
 				return true
 			}
 		}
@@ -339,7 +324,7 @@ func (pg *poolerGuard) probe(ctx context.Context, conn *sql.Conn, id ident) bool
 			return p.probeFailed(ctx, err)
 		}
 		if a != id {
-			p.sawPooler(PoolerError(fmt.Sprintf("a client connection checked on backend %d answered from backend %d", id.pid, a.pid)))
+			p.sawPooler(stmt.NewPoolerError(fmt.Sprintf("a client connection checked on backend %d answered from backend %d", id.pid, a.pid)))
 			return true
 		}
 	}
@@ -360,10 +345,10 @@ const (
 func (pg *poolerGuard) probeFailed(ctx context.Context, err error) bool {
 	p := pg.p
 	if poolerEvidence(err) {
-		p.sawPooler(PoolerError(err.Error()))
+		p.sawPooler(stmt.NewPoolerError(err.Error()))
 		return true
 	}
-	return !CtxEnded(ctx)
+	return !stmt.CtxEnded(ctx)
 }
 
 // probeConnWait bounds the probe's wait for its second connection.
@@ -415,7 +400,7 @@ func (pg *poolerGuard) freeing(pid int64, q string, args []any) <-chan struct{} 
 				time.Sleep(5 * time.Millisecond) // busy in a transaction: asked again once idle
 				continue
 			}
-			if adminShutdown(err) {
+			if stmt.AdminShutdown(err) {
 				answer, err = 1, nil // it ended the session it ran on: the one to end
 			}
 			if err == nil {
@@ -424,7 +409,7 @@ func (pg *poolerGuard) freeing(pid int64, q string, args []any) <-chan struct{} 
 				}
 				return
 			}
-			if !ConnectionBroken(err) {
+			if !stmt.ConnectionBroken(err) {
 				break
 			}
 			time.Sleep(10 * time.Millisecond)
@@ -470,7 +455,7 @@ func (pg *poolerGuard) strandedOnce(ctx context.Context, q string, args []any) (
 	p := pg.p
 	var answer int64
 	err := p.inTransaction(ctx, func(conn *sql.Conn) error {
-		return queryRow(ctx, p.abandoned, conn, q, args, &answer)
+		return stmt.QueryRow(ctx, p.abandoned, conn, q, args, &answer)
 	})
 	return answer, err
 }

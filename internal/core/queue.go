@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -408,7 +409,7 @@ func (s *session) runAlive(ops []*op) {
 			}
 		}
 		if errors.Is(err, sql.ErrNoRows) {
-			err = sessionChanged(s.pid, 0)
+			err = stmt.SessionChanged(s.pid, 0)
 		}
 		if err != nil {
 			s.discard(err)

@@ -1,5 +1,6 @@
 package core
 
+import "github.com/sqllock/sqllock/internal/core/stmt"
 import "database/sql"
 
 // scratch is what a session's single-key statements are built from and
@@ -23,7 +24,7 @@ type scratch struct {
 	// of many (runTries, runMixed): kept for the next batch, emptied.
 	tries, unlocks, alives []*op
 	batchKeys              []Key
-	batch                  batchBufs // a batch statement's parts
+	batch                  stmt.BatchBufs // a batch statement's parts
 }
 
 // markArg returns mark (the session's, which never changes) as an

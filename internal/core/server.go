@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"strconv"
 	"strings"
 	"time"
@@ -32,10 +33,10 @@ func (ss *serverState) checkServer(ctx context.Context, conn *sql.Conn) (ident, 
 	if err := p.Pooled(); err != nil {
 		return ident{}, err // nothing sent: refused before any lock
 	}
-	dc := driverConnOf(conn)
+	dc := stmt.DriverConnOf(conn)
 	// A pinned session's connection is checked each time: its
 	// transaction names the server session the pooler gave it.
-	if id, ok := p.idents.get(dc); ok && !p.cfg.TxPooler {
+	if id, ok := p.idents.Get(dc); ok && !p.cfg.TxPooler {
 		return id, p.awaitProbe(ctx, conn, id)
 	}
 	var v string
@@ -49,26 +50,26 @@ func (ss *serverState) checkServer(ctx context.Context, conn *sql.Conn) (ident, 
 	// end; the caller gives it back checked, for the next call.
 	gctx, cancel := withGrace(ctx)
 	defer cancel()
-	if err := queryRow(gctx, p.abandoned, conn, sqltext.VersionSQL, nil, &v, &id.pid, &id.server, &id.backend); err != nil {
+	if err := stmt.QueryRow(gctx, p.abandoned, conn, sqltext.VersionSQL, nil, &v, &id.pid, &id.server, &id.backend); err != nil {
 		if unexpectedByMock(dc, err) {
 			return ident{}, serverCheckUnexpected{err}
 		}
 		if poolerEvidence(err) {
 			// pgx's statement cache meets a server session that another
 			// client connection prepared on.
-			perr := PoolerError(err.Error())
+			perr := stmt.NewPoolerError(err.Error())
 			p.sawPooler(perr)
 			return ident{}, p.pooledOr(perr)
 		}
-		if SQLState(err) != "" && queryRow(ctx, p.abandoned, conn, sqltext.PlainVersionSQL, nil, &v) == nil {
+		if stmt.SQLState(err) != "" && stmt.QueryRow(ctx, p.abandoned, conn, sqltext.PlainVersionSQL, nil, &v) == nil {
 			if err := Supported(v); err != nil {
 				return ident{}, err // a server that only looks like PostgreSQL
 			}
 		}
-		if lockTableFull(err) {
+		if stmt.LockTableFull(err) {
 			// Its catalogue reads take locks too: a lock call on a full
 			// lock table is told so, whichever statement met it first.
-			return ident{}, fmt.Errorf("%w: check server version: %w", ErrLockTableFull, err)
+			return ident{}, fmt.Errorf("%w: check server version: %w", stmt.ErrLockTableFull, err)
 		}
 		return ident{}, fmt.Errorf("sqllock: check server version: %w", err)
 	}
@@ -80,7 +81,7 @@ func (ss *serverState) checkServer(ctx context.Context, conn *sql.Conn) (ident, 
 	if p.cfg.TxPooler {
 		return id, nil // the pooler is known: nothing to probe
 	}
-	p.idents.set(dc, id)
+	p.idents.Set(dc, id)
 	if err := p.noteBackend(dc, id); err != nil {
 		return ident{}, err
 	}
@@ -197,14 +198,14 @@ func majorVersion(version string) int {
 func Supported(version string) error {
 	for _, bad := range []string{"CockroachDB", "Redshift", "Materialize", "Spanner"} {
 		if strings.Contains(version, bad) {
-			return fmt.Errorf("%w: %s", ErrUnsupportedServer, version)
+			return fmt.Errorf("%w: %s", stmt.ErrUnsupportedServer, version)
 		}
 	}
 	if !strings.HasPrefix(version, "PostgreSQL ") {
-		return fmt.Errorf("%w: version() is %q", ErrUnsupportedServer, version)
+		return fmt.Errorf("%w: version() is %q", stmt.ErrUnsupportedServer, version)
 	}
 	if major := majorVersion(version); major > 0 && major < MinServerVersion {
-		return fmt.Errorf("%w: PostgreSQL %d; sqllock needs PostgreSQL %d or later (the orphan bound's tcp_user_timeout)", ErrUnsupportedServer, major, MinServerVersion)
+		return fmt.Errorf("%w: PostgreSQL %d; sqllock needs PostgreSQL %d or later (the orphan bound's tcp_user_timeout)", stmt.ErrUnsupportedServer, major, MinServerVersion)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package core
 
 import (
 	"errors"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"testing"
 )
 
@@ -21,7 +22,7 @@ func TestSupported(t *testing.T) {
 	}
 	for _, tt := range tests {
 		err := Supported(tt.version)
-		if (err == nil) != tt.ok || err != nil && !errors.Is(err, ErrUnsupportedServer) {
+		if (err == nil) != tt.ok || err != nil && !errors.Is(err, stmt.ErrUnsupportedServer) {
 			t.Errorf("supported(%q) = %v, want ok=%v", tt.version, err, tt.ok)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,7 +54,7 @@ type session struct {
 	idleTimer // a shared session's countdown to its end once idle
 	// prep are a blind driver's shared session's prepared statements
 	// (nil: none; see prepared.go).
-	prep *prepared
+	prep *stmt.Prepared
 }
 
 // marked is a session's owner mark and the statements that carry it.
@@ -141,10 +142,10 @@ func (cs *connections) newSession(conn *sql.Conn, id ident, kind sessionKind, se
 	p := cs.p
 	s := (&session{p: p, connHandle: connHandle{conn: conn, gone: make(chan struct{})}, id: id, ls: p.newLease(sent), marked: marked{mark: p.newMark()}, life: life{kind: kind}}).link()
 	if kind == kindShared && p.abandoned != nil {
-		s.prep = newPrepared(s.mark)
+		s.prep = stmt.NewPrepared(s.mark)
 	}
 	p.addLive(s)
-	p.budget.give()
+	p.budget.Give()
 	return s
 }
 
@@ -457,7 +458,7 @@ func (t *idleTimer) maybeLinger() {
 		return
 	}
 	defer s.mu.Unlock()
-	s.idleAt = monoNow()
+	s.idleAt = stmt.MonoNow()
 	if s.armed {
 		return
 	}
@@ -479,7 +480,7 @@ func (t *idleTimer) lingered() {
 	// (A session handed over to a waiter meanwhile is that waiter's: it
 	// ends with its lock, never as it idles.)
 	idle := s.kind == kindShared && s.idleLocked()
-	if rest := sessionLinger - time.Duration(monoNow()-s.idleAt); idle && rest > 0 {
+	if rest := sessionLinger - time.Duration(stmt.MonoNow()-s.idleAt); idle && rest > 0 {
 		s.armed = true
 		s.linger.Reset(rest)
 		s.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -45,7 +46,7 @@ import (
 //   - The keep-alive checks each Hold as before (one query for all).
 
 // maxShared is the most sessions a Pool shares among its locks.
-const maxShared = 16
+const maxShared = stmt.BudgetMost
 
 // sharedSpread is how many locks a shared session takes before the Pool
 // opens another (up to its limit) rather than add to it.
@@ -62,7 +63,7 @@ const sharedQueue = 4
 // sessionLinger is how long a shared session that holds nothing stays
 // pinned for the next lock before its settings are reset and it goes back
 // to the pool.
-const sessionLinger = time.Second
+const sessionLinger = stmt.SpareLinger
 
 // sharing is a Pool's shared sessions and the keys they hold.
 type sharing struct {
@@ -292,7 +293,7 @@ func (p *Pool) sharedRoom(n int) bool {
 	}
 	st := p.db.Stats()
 	limit := min(sharedLimitOf(st), p.maxShared())
-	return n < limit && (n == 0 || st.InUse-p.budget.spares() < limit)
+	return n < limit && (n == 0 || st.InUse-p.budget.Spares() < limit)
 }
 
 // sharedLimit is maxShared, or a quarter of the pool's limit when it has
@@ -306,7 +307,7 @@ func (p *Pool) sharedRoom(n int) bool {
 // the pool's lock, which every query takes too): a pool's limit changed
 // after a lock call applies within that time.
 func (p *Pool) sharedLimit() int {
-	now := monoNow()
+	now := stmt.MonoNow()
 	if now < p.share.limitUntil.Load() {
 		return int(p.share.limit.Load())
 	}
@@ -346,7 +347,7 @@ func sharedLimitOf(st sql.DBStats) int {
 // carries one lock sends what a dedicated one would, and costs no round
 // trip of its own.
 func (p *Pool) openShared(ctx context.Context) (*session, error) {
-	sent := monoNow()
+	sent := stmt.MonoNow()
 	conn, err := p.takeConn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("sqllock: shared session: get connection: %w", err)

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"database/sql"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -54,7 +55,7 @@ func TestLingerSparesHandedOver(t *testing.T) {
 	s := (&session{p: p, life: life{kind: kindShared}, backend: backend{pid: 1}, connHandle: connHandle{gone: make(chan struct{})}}).link()
 	s.linger = time.AfterFunc(time.Hour, func() {})
 	defer s.linger.Stop()
-	s.idleAt = monoNow() - int64(2*sessionLinger) // idle long enough to end
+	s.idleAt = stmt.MonoNow() - int64(2*sessionLinger) // idle long enough to end
 	p.share.all = []*session{s}
 	if !s.handOver() {
 		t.Fatal("handOver() = false for an idle shared session")

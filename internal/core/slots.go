@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,7 +58,7 @@ func (sl Slots) trySQL(p *Pool, polite bool) string {
 func (p *Pool) AcquireSlot(ctx context.Context, sl Slots, try bool) (*Hold, error) {
 	what := namer{label: sl.Name}
 	if err := ctx.Err(); err != nil {
-		return nil, NotAcquired(what.String(), err)
+		return nil, stmt.NotAcquired(what.String(), err)
 	}
 	if p.Closed() {
 		return nil, closedError(what.String())
@@ -102,26 +103,26 @@ func SetAfterSlotTry(f func(class int32)) (restore func()) {
 func (p *Pool) slotOn(ctx context.Context, s *session, sl Slots, try bool, pl *place, what namer) (*Hold, error) {
 	w := p.waiterOf(s)
 	var slot int64
-	o := outcome{sent: monoNow()} // the permit's lease begins with this statement
+	o := outcome{sent: stmt.MonoNow()} // the permit's lease begins with this statement
 	q, args := p.mode.Arrays(sl.trySQL(p, !try), w.m)
 	// The try takes a moment: its answer, read up to abandonGrace past
 	// ctx's end, is certain (a slot taken then is given back by settle).
 	gctx, cancel := withGrace(ctx)
-	o.err = w.queryRow(gctx, q, args, &slot, &o.pid, &o.standby, skip)
+	o.err = w.queryRow(gctx, q, args, &slot, &o.pid, &o.standby, stmt.Skip)
 	cancel()
 	o.certain = o.err == nil
 	if o.err == nil && slot == -2 {
-		o.err = foreignSession() // nothing was tried
+		o.err = stmt.ForeignSession() // nothing was tried
 	}
 	if o.err == nil {
-		p.observeRTT(time.Duration(monoNow() - o.sent))
+		p.observeRTT(time.Duration(stmt.MonoNow() - o.sent))
 	}
 	o.ok = o.err == nil && slot >= 0
 	o.slot = int32(slot)
 	// ctx is read once: a ctx that ends after this is the wait's to see
 	// (it leaves its line), where a second look could find it ended and
 	// skip the wait, and the call would be told a refusal, not ctx's end.
-	ended := CtxEnded(ctx)
+	ended := stmt.CtxEnded(ctx)
 	if h := afterSlotTry.Load(); h != nil {
 		(*h)(sl.Class)
 	}
@@ -134,11 +135,11 @@ func (p *Pool) slotOn(ctx context.Context, s *session, sl Slots, try bool, pl *p
 				if !uncertain {
 					s.discard(err)
 				}
-				return nil, errors.Join(NotAcquired(what.String(), CtxErr(ctx)), err)
+				return nil, errors.Join(stmt.NotAcquired(what.String(), stmt.CtxErr(ctx)), err)
 			}
 		}
 		s.close()
-		return nil, NotAcquired(what.String(), CtxErr(ctx))
+		return nil, stmt.NotAcquired(what.String(), stmt.CtxErr(ctx))
 	}
 	if !o.ok && o.err == nil && !try && !ended && !(o.standby && !p.cfg.AllowStandby) {
 		o = p.waitInLine(ctx, w, s.st, slotLine(&sl).at(pl), o.pid)
@@ -156,8 +157,8 @@ func (p *Pool) slotOn(ctx context.Context, s *session, sl Slots, try bool, pl *p
 		s.pid, s.tuned = o.pid, true
 	}
 	h, err := p.settle(ctx, s, k, false, nil, o, what)
-	if errors.Is(err, ErrNotAcquired) && try && !CtxEnded(ctx) {
-		err = fmt.Errorf("%w: all %d slots of %s are held", ErrNotAcquired, sl.N, sl.Name)
+	if errors.Is(err, stmt.ErrNotAcquired) && try && !stmt.CtxEnded(ctx) {
+		err = fmt.Errorf("%w: all %d slots of %s are held", stmt.ErrNotAcquired, sl.N, sl.Name)
 	}
 	return h, err
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"strconv"
 	"time"
 
@@ -28,11 +29,11 @@ import (
 // The key is bound as a parameter, which every driver accepts.
 func TxLock(ctx context.Context, tx TxQuerier, k Key, kind Kind) (bool, error) {
 	if err := ctx.Err(); err != nil {
-		return false, NotAcquired(keyString(k), err)
+		return false, stmt.NotAcquired(keyString(k), err)
 	}
 	e := &engine{mode: sqltext.Bind} // no pool to cancel a wait from, no logger
 	o := e.tryOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k)
-	if !kind.IsTry() && o.err == nil && !o.ok && !o.standby && !CtxEnded(ctx) {
+	if !kind.IsTry() && o.err == nil && !o.ok && !o.standby && !stmt.CtxEnded(ctx) {
 		if _, deadline := ctx.Deadline(); !deadline && ctx.Done() != nil {
 			o = e.waitTxSliced(ctx, tx, kind, k)
 		} else {
@@ -40,9 +41,9 @@ func TxLock(ctx context.Context, tx TxQuerier, k Key, kind Kind) (bool, error) {
 		}
 	}
 	err := settleTx(ctx, namer{label: keyString(k)}, o, false)
-	if errors.Is(err, ErrStandby) {
+	if errors.Is(err, stmt.ErrStandby) {
 		// No option allows a standby here: say only what to do.
-		err = fmt.Errorf("%w (lock %s): its advisory locks do not conflict with the primary's; connect to the primary", ErrStandby, keyString(k))
+		err = fmt.Errorf("%w (lock %s): its advisory locks do not conflict with the primary's; connect to the primary", stmt.ErrStandby, keyString(k))
 	}
 	return o.ok, err
 }
@@ -80,7 +81,7 @@ func (e *engine) waitTxSliced(ctx context.Context, tx TxQuerier, kind Kind, k Ke
 			// The transaction keeps what its subtransaction took.
 			o.err = txExec(ctx, tx, sqltext.ReleaseSavepointSQL)
 			return o
-		case !lockTimedOut(o.err) || !ranInto(began, slice) || CtxEnded(ctx):
+		case !stmt.LockTimedOut(o.err) || !ranInto(began, slice) || stmt.CtxEnded(ctx):
 			// Not the slice's end (a lock_timeout of the transaction's
 			// own, a deadlock, a cancel), or ctx ended: the caller's.
 			return o
@@ -121,14 +122,14 @@ type txLocks struct {
 func (tl *txLocks) LockInTx(ctx context.Context, tx TxQuerier, k Key) error {
 	p := tl.p
 	if err := ctx.Err(); err != nil {
-		return NotAcquired(p.name(k), err)
+		return stmt.NotAcquired(p.name(k), err)
 	}
 	if p.Closed() {
 		return closedError(p.name(k))
 	}
 	w := txWaiter{tx}
 	o := p.tryOn(ctx, w, xactLevel, nil, 0, k)
-	if o.err == nil && !o.ok && (!o.standby || p.cfg.AllowStandby) && !CtxEnded(ctx) {
+	if o.err == nil && !o.ok && (!o.standby || p.cfg.AllowStandby) && !stmt.CtxEnded(ctx) {
 		o = p.waitOn(ctx, w, xactLevel, nil, 0, k, o.pid)
 	}
 	return p.closedOr(p.timedOut(settleTx(ctx, namer{p: p, k: k}, o, p.cfg.AllowStandby)))
@@ -157,7 +158,7 @@ func InTxContext(ctx context.Context) (context.Context, context.CancelFunc) {
 // asked whether it is in recovery.
 func (tl *txLocks) BeginRefusedByStandby(ctx context.Context, err error) bool {
 	p := tl.p
-	if !standbyRefusal(err) {
+	if !stmt.StandbyRefusal(err) {
 		return false
 	}
 	var r bool

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"github.com/sqllock/sqllock/internal/core/stmt"
 	"log/slog"
 	"strconv"
 	"sync/atomic"
@@ -46,12 +47,12 @@ type engine struct {
 	// nil for LockTx and kin, which have none. budget counts the
 	// connections taken from it outside sessions (see budget.go).
 	db     *sql.DB
-	budget *budget
+	budget *stmt.Budget
 	mode   sqltext.Mode
 	// abandoned is non-nil for drivers that do not give up a read when its
 	// context ends (lib/pq): their statements are bounded by boundedRaw,
 	// and it holds the connections left to finish alone.
-	abandoned *abandonSet
+	abandoned *stmt.AbandonSet
 	rtt       atomic.Int64           // recent round trip, ns (see observeRTT)
 	slice     atomic.Pointer[string] // see waitSlice
 	// snapshotWaits counts waits that a holder's CREATE INDEX
@@ -96,7 +97,7 @@ type waiter interface {
 // session's other locks.
 type connWaiter struct {
 	conn   *sql.Conn
-	blind  *abandonSet
+	blind  *stmt.AbandonSet
 	m      string
 	pinned bool
 }
@@ -111,14 +112,14 @@ func (w connWaiter) mark() string { return w.m }
 
 func (w connWaiter) queryRow(ctx context.Context, q string, args []any, dest ...any) error {
 	if !w.pinned || !sqltext.Waits(q) {
-		return queryRow(ctx, w.blind, w.conn, q, args, dest...)
+		return stmt.QueryRow(ctx, w.blind, w.conn, q, args, dest...)
 	}
 	if err := txExecOn(ctx, w.blind, w.conn, sqltext.SavepointSQL); err != nil {
 		return err
 	}
-	err := queryRow(ctx, w.blind, w.conn, q, args, dest...)
+	err := stmt.QueryRow(ctx, w.blind, w.conn, q, args, dest...)
 	end := sqltext.ReleaseSavepointSQL
-	if err != nil && SQLState(err) != "" {
+	if err != nil && stmt.SQLState(err) != "" {
 		// The server's error aborted the savepoint only. (A lock the
 		// statement was granted before its error stays: session-level
 		// locks outlive a rolled-back savepoint, as its callers know.)
@@ -127,7 +128,7 @@ func (w connWaiter) queryRow(ctx context.Context, q string, args []any, dest ...
 	// The answer is read already, whatever ctx: this runs on, bounded.
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cancelWaitTimeout)
 	defer cancel()
-	if eerr := txExecOn(ectx, w.blind, w.conn, end); eerr != nil && (err == nil || SQLState(err) != "") {
+	if eerr := txExecOn(ectx, w.blind, w.conn, end); eerr != nil && (err == nil || stmt.SQLState(err) != "") {
 		return eerr // the transaction is in doubt: so is the session
 	}
 	return err
@@ -148,7 +149,7 @@ func (txWaiter) mark() string { return "" }
 // row is read into values of its own, so that a statement left to finish
 // alone writes nothing of the caller's.
 func (w txWaiter) queryRow(ctx context.Context, q string, args []any, dest ...any) error {
-	vals, err := Bounded(ctx, func() ([]driver.Value, error) {
+	vals, err := stmt.Bounded(ctx, func() ([]driver.Value, error) {
 		raw := make([]any, len(dest))
 		ptrs := make([]any, len(dest))
 		for i := range raw {
@@ -166,7 +167,7 @@ func (w txWaiter) queryRow(ctx context.Context, q string, args []any, dest ...an
 	if err != nil {
 		return err
 	}
-	return assign(dest, vals)
+	return stmt.Assign(dest, vals)
 }
 
 // outcome is what the server answered to an acquisition.
@@ -204,15 +205,15 @@ func (e *engine) tryOn(ctx context.Context, w waiter, lv level, st *statements, 
 		// A call that will wait: it passes no one in the key's line.
 		q, args = st.PoliteTrySQL(kind, k, sqltext.TicketClass(k), w.mark())
 	}
-	o.sent = monoNow()
+	o.sent = stmt.MonoNow()
 	var ok sql.NullBool
 	o.err = w.queryRow(gctx, q, args, &ok, &o.pid, &o.standby)
 	o.ok = ok.Bool
 	if o.err == nil && !ok.Valid {
-		o.err = foreignSession() // nothing was tried
+		o.err = stmt.ForeignSession() // nothing was tried
 	}
 	if o.err == nil {
-		e.observeRTT(time.Duration(monoNow() - o.sent))
+		e.observeRTT(time.Duration(stmt.MonoNow() - o.sent))
 		o.certain = gctx.Err() == nil
 	}
 	return o
@@ -245,7 +246,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 	// and that cancel each claim the end of the statement; one wins.
 	var returned atomic.Bool
 	stop := context.AfterFunc(sctx, func() {
-		time.AfterFunc(abandonGrace, func() {
+		time.AfterFunc(stmt.AbandonGrace, func() {
 			if returned.CompareAndSwap(false, true) {
 				e.stopWait(ctx, pid, k)
 			}
@@ -263,7 +264,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		}
 		began := time.Now()
 		o.err = w.queryRow(ctx, q, args, &o.ok)
-		if byDeadline && lockTimedOut(o.err) && !CtxEnded(ctx) && ranInto(began, slice) {
+		if byDeadline && stmt.LockTimedOut(o.err) && !stmt.CtxEnded(ctx) && ranInto(began, slice) {
 			// The server ended the wait at the deadline (not at a
 			// shorter lock_timeout of the transaction's own): not
 			// granted; the transaction is aborted, and the caller
@@ -272,16 +273,16 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		}
 	} else {
 		q, args := st.WaitSQL(kind&^sqltext.Try, k, slice, w.mark())
-		o.sent = monoNow()
+		o.sent = stmt.MonoNow()
 		o.err = w.queryRow(sctx, q, args, &o.ok, &o.pid, &o.standby)
 		if errors.Is(o.err, sql.ErrNoRows) {
-			o.err = foreignSession() // nothing was waited for
+			o.err = stmt.ForeignSession() // nothing was waited for
 		}
 		// The server's own answer (granted, or its lock_timeout), read
 		// before the statement's context ended and not after a cancel
 		// of ctx, is certain, however late for ctx's deadline.
 		o.certain = sctx != ctx && sctx.Err() == nil && !errors.Is(ctx.Err(), context.Canceled) &&
-			(o.err == nil || lockTimedOut(o.err))
+			(o.err == nil || stmt.LockTimedOut(o.err))
 	}
 	if !returned.CompareAndSwap(false, true) {
 		o.certain = false // a cancel of this backend is on its way: its next statement may meet it
@@ -297,7 +298,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		// trips; this one took the whole margin and more).
 		e.observeRTT(margin)
 	}
-	if lv == sessionLevel && lockTimedOut(o.err) && (!CtxEnded(ctx) || o.certain) {
+	if lv == sessionLevel && stmt.LockTimedOut(o.err) && (!stmt.CtxEnded(ctx) || o.certain) {
 		// The statement's lock_timeout (the deadline's) can come as the
 		// lock is granted: PostgreSQL then keeps the grant and reports the
 		// error all the same. "Not granted" would leave it held by a
@@ -309,14 +310,14 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 		}
 	}
 	switch {
-	case CtxEnded(ctx) && errors.Is(o.err, ErrAbandoned):
+	case stmt.CtxEnded(ctx) && errors.Is(o.err, stmt.ErrAbandoned):
 		e.stopAbandoned(ctx, pid, k)
-	case CtxEnded(ctx) && (o.err == nil || SQLState(o.err) != "" || errors.Is(o.err, errDeadline)):
+	case stmt.CtxEnded(ctx) && (o.err == nil || stmt.SQLState(o.err) != "" || errors.Is(o.err, errDeadline)):
 		// The server answered the statement (granted, an error of its
 		// own, or the deadline's lock_timeout and "not held"): the backend
 		// is in no queue; the owner's discard ends it, or, not held for
 		// sure, it goes back to the pool.
-	case CtxEnded(ctx):
+	case stmt.CtxEnded(ctx):
 		// The abandoned backend may still be queued for k (a driver that
 		// closes the socket sends no cancel request): take it out of the
 		// queue before anyone can grant it the lock.
@@ -331,7 +332,7 @@ func (e *engine) waitOn(ctx context.Context, w waiter, lv level, st *statements,
 func (e *engine) grantedAfterTimeout(ctx context.Context, w waiter, st *statements, kind Kind, k Key, o *outcome) bool {
 	c, ob, sub := Tag(k)
 	q, args := st.GrantedSQL(kind&^sqltext.Try, int64(c), int64(ob), sub, w.mark())
-	g := outcome{pid: o.pid, sent: monoNow()}
+	g := outcome{pid: o.pid, sent: stmt.MonoNow()}
 	// After a wait the server ended at the deadline, the question comes
 	// within the deadline's margin, or, when the wait's answer was read
 	// late, past the deadline; a loaded server may answer later still. It
@@ -339,9 +340,9 @@ func (e *engine) grantedAfterTimeout(ctx context.Context, w waiter, st *statemen
 	// driver that gives a statement up poisons its connection): the call
 	// returns at most that late, with a certain answer.
 	gctx := ctx
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < abandonGrace {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < stmt.AbandonGrace {
 		var cancel context.CancelFunc
-		gctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), later(dl, time.Now()).Add(abandonGrace))
+		gctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), later(dl, time.Now()).Add(stmt.AbandonGrace))
 		defer cancel()
 	}
 	err := w.queryRow(gctx, q, args, &g.ok, &g.pid, &g.standby)
@@ -417,7 +418,7 @@ func pastDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
 // the server was to end before it is still read. On a blind driver
 // (lib/pq) whose server stopped answering, the statement is abandoned
 // abandonGrace after that.
-const answerGrace = abandonGrace
+const answerGrace = stmt.AbandonGrace
 
 // ranInto reports whether a statement that began at began ran for about
 // its lock_timeout, timeout (as deadlineSlice wrote it).
@@ -474,7 +475,7 @@ func (e *engine) stopAbandoned(ctx context.Context, pid int64, k Key) {
 	go func() { e.stopWait(ctx, pid, k); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(abandonGrace):
+	case <-time.After(stmt.AbandonGrace):
 	}
 }
 
@@ -511,24 +512,24 @@ func (e *engine) stopWait(waitCtx context.Context, pid int64, k Key) {
 	// discard ends the backend, which takes it out of the queue too, a
 	// little later).
 	cctx := ctx
-	if st := e.db.Stats(); st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections || e.budget.count() >= budgetLimit(st) {
+	if st := e.db.Stats(); st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections || e.budget.Count() >= stmt.BudgetLimit(st) {
 		var stop context.CancelFunc
-		cctx, stop = context.WithTimeout(ctx, abandonGrace)
+		cctx, stop = context.WithTimeout(ctx, stmt.AbandonGrace)
 		defer stop()
 	}
 	conn, err := e.takeConn(cctx)
 	if err != nil {
 		return
 	}
-	defer e.budget.give() // once conn is closed, or left to its statement
+	defer e.budget.Give() // once conn is closed, or left to its statement
 	if e.simpleFor != nil {
 		defer e.simpleFor(conn)()
 	}
 	var doneSince time.Time
 	for ctx.Err() == nil {
 		var where int64
-		err := queryRow(ctx, e.abandoned, conn, sqltext.CancelWaitSQL, []any{pid}, &where)
-		if errors.Is(err, ErrAbandoned) {
+		err := stmt.QueryRow(ctx, e.abandoned, conn, sqltext.CancelWaitSQL, []any{pid}, &where)
+		if errors.Is(err, stmt.ErrAbandoned) {
 			return // its connection is closed once the statement returns
 		}
 		if err != nil || where == 0 {
@@ -551,10 +552,10 @@ func (e *engine) stopWait(waitCtx context.Context, pid int64, k Key) {
 	// Granted as the cancel came: the lock goes with the backend, before
 	// the caller, told it has nothing, returns.
 	var ended bool
-	if err := queryRow(ctx, e.abandoned, conn, sqltext.TerminateHolderSQL, sqltext.DiscardHolderArgs(pid, k), &ended); err == nil && ended {
+	if err := stmt.QueryRow(ctx, e.abandoned, conn, sqltext.TerminateHolderSQL, sqltext.DiscardHolderArgs(pid, k), &ended); err == nil && ended {
 		for ctx.Err() == nil {
 			var where int64
-			if err := queryRow(ctx, e.abandoned, conn, sqltext.CancelWaitSQL, []any{pid}, &where); err != nil || where == 0 {
+			if err := stmt.QueryRow(ctx, e.abandoned, conn, sqltext.CancelWaitSQL, []any{pid}, &where); err != nil || where == 0 {
 				break
 			}
 			time.Sleep(time.Millisecond)
@@ -566,3 +567,22 @@ func (e *engine) stopWait(waitCtx context.Context, pid int64, k Key) {
 // cancelWaitSettle is how long stopWait keeps watching a backend that
 // seems done with its wait statement.
 const cancelWaitSettle = 50 * time.Millisecond
+
+// takeConn returns a spare connection of the Pool's, or counts one in its
+// budget, waiting for room with ctx, and gets it from the pool (see
+// getConn). It stays counted until its taker gives it back (putBack,
+// budget.done), or makes it a session (newSession). When ctx ends during
+// its setup, the setup goes on, counted, until the connection is a spare.
+func (e *engine) takeConn(ctx context.Context) (*sql.Conn, error) {
+	if conn := e.budget.TakeSpare(); conn != nil {
+		return conn, nil
+	}
+	if err := e.budget.Take(ctx); err != nil {
+		return nil, err
+	}
+	conn, err, left := stmt.GetConn(ctx, e.db, e.budget)
+	if err != nil && !left {
+		e.budget.Give()
+	}
+	return conn, err
+}

@@ -1,4 +1,4 @@
-package core
+package stmt
 
 import (
 	"context"
@@ -29,7 +29,7 @@ type unguarded interface {
 // noticeable part of a lock and unlock cycle; the driver's own cancellation
 // still applies. Errors that wrap driver.ErrBadConn make database/sql close
 // the connection.
-func onDriverConn(conn *sql.Conn, f func(dc any) error) error {
+func OnDriverConn(conn *sql.Conn, f func(dc any) error) error {
 	return conn.Raw(func(dc any) error {
 		if g, ok := dc.(unguarded); ok {
 			return g.WithoutGuard(func(inner driver.Conn) error { return f(inner) })
@@ -39,7 +39,7 @@ func onDriverConn(conn *sql.Conn, f func(dc any) error) error {
 }
 
 // driverConnOf returns conn's driver connection (nil once conn is closed).
-func driverConnOf(conn *sql.Conn) any {
+func DriverConnOf(conn *sql.Conn) any {
 	var d any
 	_ = conn.Raw(func(dc any) error { d = dc; return nil })
 	return d
@@ -52,7 +52,7 @@ func driverConnOf(conn *sql.Conn) any {
 // arguments and columns.
 type call struct {
 	ctx    context.Context
-	prep   *prepared // see via.prep
+	prep   *Prepared // see via.prep
 	q      string
 	args   []driver.NamedValue
 	vals   []driver.Value
@@ -119,33 +119,33 @@ var calls = sync.Pool{New: func() any {
 }}
 
 // via is how a statement reaches a connection's driver.
-type via struct {
-	blind *abandonSet // non-nil for a blind driver (see boundedRaw)
+type Via struct {
+	Blind *AbandonSet // non-nil for a blind driver (see boundedRaw)
 	// prep, when not nil, runs statements with arguments as statements
 	// prepared on the connection (see prepared.go).
-	prep *prepared
+	Prep *Prepared
 }
 
 // queryRow runs q, which returns one row, on conn and stores its columns in
 // dest (each a *bool, *int64, *string, *sql.NullBool, or skip).
-func queryRow(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string, args []any, dest ...any) error {
-	return queryRowVia(ctx, via{blind: blind}, conn, q, args, dest...)
+func QueryRow(ctx context.Context, blind *AbandonSet, conn *sql.Conn, q string, args []any, dest ...any) error {
+	return QueryRowVia(ctx, Via{Blind: blind}, conn, q, args, dest...)
 }
 
 // queryRowVia is queryRow, the statement sent as v says.
-func queryRowVia(ctx context.Context, v via, conn *sql.Conn, q string, args []any, dest ...any) error {
-	blind := v.blind
+func QueryRowVia(ctx context.Context, v Via, conn *sql.Conn, q string, args []any, dest ...any) error {
+	blind := v.Blind
 	c := calls.Get().(*call)
-	c.ctx, c.prep, c.q = ctx, v.prep, q
+	c.ctx, c.prep, c.q = ctx, v.Prep, q
 	c.args = namedValues(c.argBuf[:], args)
-	err := boundedRaw(ctx, blind, conn, c.runFn)
+	err := BoundedRaw(ctx, blind, conn, c.runFn)
 	if errors.Is(err, errNoFastPath) {
-		if n := len(dest) - 1; n >= 0 && dest[n] == any(skipRest) {
+		if n := len(dest) - 1; n >= 0 && dest[n] == any(SkipRest) {
 			dest = dest[:n] // the statement answers what is read
 		}
 		err = conn.QueryRowContext(ctx, q, args...).Scan(dest...)
 	} else if err == nil {
-		err = assign(dest, c.vals)
+		err = Assign(dest, c.vals)
 	}
 	// A blind driver's abandoned statement outlives the call (see
 	// boundedRaw): it keeps its call.
@@ -164,7 +164,7 @@ type skipColumn struct{}
 func (skipColumn) Scan(any) error { return nil }
 
 // skip is the destination of a column that is not read.
-var skip skipColumn
+var Skip skipColumn
 
 // restColumns, last among a row's destinations, reads the columns before
 // it and ignores any after them: a statement whose shorter form (on a
@@ -173,17 +173,17 @@ var skip skipColumn
 type restColumns struct{}
 
 // skipRest is the one restColumns.
-var skipRest restColumns
+var SkipRest restColumns
 
 // queryRows runs q on conn and calls row for each row's values (each an
 // int64, bool, nil, string or []byte as the driver gives them).
-func queryRows(ctx context.Context, blind *abandonSet, conn *sql.Conn, q string, args []any, row func([]driver.Value) error) error {
-	return queryRowsVia(ctx, via{blind: blind}, conn, q, args, row)
+func QueryRows(ctx context.Context, blind *AbandonSet, conn *sql.Conn, q string, args []any, row func([]driver.Value) error) error {
+	return QueryRowsVia(ctx, Via{Blind: blind}, conn, q, args, row)
 }
 
 // queryRowsVia is queryRows, the statement sent as v says.
-func queryRowsVia(ctx context.Context, v via, conn *sql.Conn, q string, args []any, row func([]driver.Value) error) error {
-	blind := v.blind
+func QueryRowsVia(ctx context.Context, v Via, conn *sql.Conn, q string, args []any, row func([]driver.Value) error) error {
+	blind := v.Blind
 	nv := namedValues(nil, args)
 	var g *rowGuard
 	if blind != nil && ctx.Done() != nil {
@@ -192,8 +192,8 @@ func queryRowsVia(ctx context.Context, v via, conn *sql.Conn, q string, args []a
 		g = &rowGuard{row: row}
 		row = g.call
 	}
-	err := boundedRaw(ctx, blind, conn, func(dc any) error {
-		rows, err := v.prep.run(ctx, dc, q, nv)
+	err := BoundedRaw(ctx, blind, conn, func(dc any) error {
+		rows, err := v.Prep.run(ctx, dc, q, nv)
 		if err != nil {
 			return err
 		}
@@ -272,8 +272,8 @@ func (g *rowGuard) leave() {
 	g.mu.Unlock()
 }
 
-func assign(dest []any, vals []driver.Value) error {
-	if n := len(dest) - 1; n >= 0 && dest[n] == any(skipRest) && len(vals) >= n {
+func Assign(dest []any, vals []driver.Value) error {
+	if n := len(dest) - 1; n >= 0 && dest[n] == any(SkipRest) && len(vals) >= n {
 		dest, vals = dest[:n], vals[:n]
 	}
 	if len(dest) != len(vals) {

@@ -1,4 +1,4 @@
-package core
+package stmt
 
 import (
 	"context"
@@ -17,20 +17,20 @@ import (
 
 // abandonGrace is how long past its context's end a statement on a blind
 // driver gets before it is abandoned.
-const abandonGrace = 250 * time.Millisecond
+const AbandonGrace = 250 * time.Millisecond
 
 // abandonSet holds the connections whose statements were abandoned (see
 // boundedRaw) until they are closed; a Locker of a blind driver has one.
 // Each is counted in budget until then: a statement left to finish
 // alone holds a connection of the pool.
-type abandonSet struct {
+type AbandonSet struct {
 	conns  sync.Map // *sql.Conn → struct{}
-	budget *budget
+	Budget *Budget
 }
 
 // has reports whether conn was abandoned and is not closed yet: it must
 // not be touched (a discard would wait for its statement).
-func (a *abandonSet) has(conn *sql.Conn) bool {
+func (a *AbandonSet) Has(conn *sql.Conn) bool {
 	if a == nil {
 		return false
 	}
@@ -43,9 +43,9 @@ func (a *abandonSet) has(conn *sql.Conn) bool {
 // shortly after ctx ends, whether f has returned or not. Then it returns
 // an error wrapping ErrAbandoned and ctx's error, records conn in blind,
 // and f's connection is discarded once f returns, whatever f answered.
-func boundedRaw(ctx context.Context, blind *abandonSet, conn *sql.Conn, f func(dc any) error) error {
+func BoundedRaw(ctx context.Context, blind *AbandonSet, conn *sql.Conn, f func(dc any) error) error {
 	if blind == nil || ctx.Done() == nil {
-		return onDriverConn(conn, f)
+		return OnDriverConn(conn, f)
 	}
 	w := takeBlindWorker()
 	w.mu.Lock()
@@ -58,7 +58,7 @@ func boundedRaw(ctx context.Context, blind *abandonSet, conn *sql.Conn, f func(d
 		return err
 	case <-ctx.Done():
 	}
-	t := time.NewTimer(abandonGrace)
+	t := time.NewTimer(AbandonGrace)
 	defer t.Stop()
 	select {
 	case err := <-w.res:
@@ -77,7 +77,7 @@ func boundedRaw(ctx context.Context, blind *abandonSet, conn *sql.Conn, f func(d
 		// the idle ones then.
 		w.gone = true
 		blind.conns.Store(conn, struct{}{})
-		blind.budget.add()
+		blind.Budget.Add()
 		w.mu.Unlock()
 		return fmt.Errorf("%w: %w", ErrAbandoned, ctx.Err())
 	}
@@ -94,7 +94,7 @@ type blindWorker struct {
 
 	mu    sync.Mutex // guards the statement's fields below
 	ctx   context.Context
-	blind *abandonSet
+	blind *AbandonSet
 	conn  *sql.Conn
 	f     func(dc any) error
 	gone  bool               // the caller left
@@ -191,7 +191,7 @@ func (w *blindWorker) run(dc any) error {
 // serve runs the statement set, and hands its result to the caller, or,
 // when the caller left, discards its connection and goes idle.
 func (w *blindWorker) serve() {
-	err := onDriverConn(w.conn, w.runFn)
+	err := OnDriverConn(w.conn, w.runFn)
 	if h := afterBlindStatement.Load(); h != nil {
 		(*h)(w.ctx, err, w.left)
 	}
@@ -206,9 +206,9 @@ func (w *blindWorker) serve() {
 	// Discarded even when f's answer came just before the caller left:
 	// the cancel of the abandoned wait may still be watching this
 	// backend, and would hit the next wait run on it.
-	discardConn(conn)
+	DiscardConn(conn)
 	blind.conns.Delete(conn)
-	blind.budget.give()
+	blind.Budget.Give()
 	idleBlindWorkers.put(w)
 }
 
@@ -228,7 +228,7 @@ var afterBlindStatement atomic.Pointer[func(ctx context.Context, err error, left
 // (lib/pq opened with sql.Open: about two minutes of SYN retries when the
 // server stopped answering). When the pool has an idle connection, it is
 // db.Conn.
-func getConn(ctx context.Context, db *sql.DB, b *budget) (conn *sql.Conn, err error, left bool) {
+func GetConn(ctx context.Context, db *sql.DB, b *Budget) (conn *sql.Conn, err error, left bool) {
 	if ctx.Done() == nil || db.Stats().Idle > 0 {
 		conn, err = db.Conn(ctx)
 		return conn, err, false
@@ -236,19 +236,19 @@ func getConn(ctx context.Context, db *sql.DB, b *budget) (conn *sql.Conn, err er
 	if err := ctx.Err(); err != nil {
 		return nil, err, false
 	}
-	conn, err = leaveAtEnd(ctx, 0,
+	conn, err = LeaveAtEnd(ctx, 0,
 		func(func() bool) (*sql.Conn, error) {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), connectTimeout)
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ConnectTimeout)
 			defer cancel()
 			return db.Conn(cctx)
 		},
 		func() {},
 		func(conn *sql.Conn, err error) {
 			if err == nil {
-				b.done(conn, true) // a spare, for the next call
+				b.Done(conn, true) // a spare, for the next call
 				return
 			}
-			b.give()
+			b.Give()
 		})
 	if errors.Is(err, ErrAbandoned) {
 		return nil, ctx.Err(), true
@@ -269,18 +269,18 @@ func Bounded[T any](ctx context.Context, f func() (T, error), cleanup func(T, er
 	if cleanup == nil {
 		cleanup = func(T, error) {}
 	}
-	return leaveAtEnd(ctx, abandonGrace, func(func() bool) (T, error) { return f() }, func() {}, cleanup)
+	return LeaveAtEnd(ctx, AbandonGrace, func(func() bool) (T, error) { return f() }, func() {}, cleanup)
 }
 
 // connectTimeout bounds the setup of a connection whose caller left.
-const connectTimeout = 30 * time.Second
+const ConnectTimeout = 30 * time.Second
 
 // leaveAtEnd runs work in a goroutine and returns its result, or, when it
 // has not returned grace after ctx ended, an error wrapping
 // ErrAbandoned and ctx's error. Leaving calls onLeave; work can ask whether
 // its caller left (left); a result that comes after the caller left goes
 // to cleanup. onLeave and cleanup never overlap the decision to leave.
-func leaveAtEnd[T any](ctx context.Context, grace time.Duration, work func(left func() bool) (T, error), onLeave func(), cleanup func(T, error)) (T, error) {
+func LeaveAtEnd[T any](ctx context.Context, grace time.Duration, work func(left func() bool) (T, error), onLeave func(), cleanup func(T, error)) (T, error) {
 	type result struct {
 		v   T
 		err error
@@ -328,7 +328,7 @@ func leaveAtEnd[T any](ctx context.Context, grace time.Duration, work func(left 
 
 // discardConn closes conn's session instead of returning it to the pool:
 // database/sql closes a connection whose Raw returns driver.ErrBadConn.
-func discardConn(conn *sql.Conn) {
+func DiscardConn(conn *sql.Conn) {
 	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 	_ = conn.Close()
 }
@@ -340,3 +340,9 @@ func SetAfterBlindStatement(f func(ctx context.Context, err error, left func() b
 	afterBlindStatement.Store(&f)
 	return func() { afterBlindStatement.Store(nil) }
 }
+
+// monoEpoch is the origin of monoNow.
+var monoEpoch = time.Now()
+
+// monoNow is the monotonic time, in nanoseconds since monoEpoch.
+func MonoNow() int64 { return int64(time.Since(monoEpoch)) }

@@ -1,4 +1,4 @@
-package core
+package stmt
 
 import (
 	"context"
@@ -40,20 +40,20 @@ const preparedAfter = 4
 // prepared is one session's prepared statements. Only the runner of the
 // session's queue uses it, its statements under connMu (see withConn); the
 // session's end deallocates them, under connMu too.
-type prepared struct {
+type Prepared struct {
 	prefix string            // of the names: the session's mark, made a name
 	sent   int               // plain statements sent so far, up to preparedAfter
 	names  map[string]string // by text: the name it was prepared as
 }
 
 // newPrepared returns the prepared statements of a session marked mark.
-func newPrepared(mark string) *prepared {
-	return &prepared{prefix: "sqllock_" + strings.NewReplacer(".", "_", "-", "_").Replace(mark)}
+func NewPrepared(mark string) *Prepared {
+	return &Prepared{prefix: "sqllock_" + strings.NewReplacer(".", "_", "-", "_").Replace(mark)}
 }
 
 // bound reports whether the next plain statement is to be sent bound and
 // prepared, and counts it.
-func (pr *prepared) bound() bool {
+func (pr *Prepared) Bound() bool {
 	if pr == nil {
 		return false
 	}
@@ -67,7 +67,7 @@ func (pr *prepared) bound() bool {
 // run runs q, with its arguments nv, on dc: when q has arguments and pr is
 // not nil, as an EXECUTE of q prepared on dc (preparing it the first time),
 // its arguments rendered into its text.
-func (pr *prepared) run(ctx context.Context, dc any, q string, nv []driver.NamedValue) (driver.Rows, error) {
+func (pr *Prepared) run(ctx context.Context, dc any, q string, nv []driver.NamedValue) (driver.Rows, error) {
 	if pr == nil || len(nv) == 0 {
 		return driverQuery(ctx, dc, q, nv)
 	}
@@ -102,7 +102,7 @@ func (pr *prepared) run(ctx context.Context, dc any, q string, nv []driver.Named
 		// Not the server session it was prepared on: nothing ran. (The
 		// driver's error is quoted, not wrapped: its SQLSTATE would read
 		// as the server's refusal of a statement that ran.)
-		return nil, PoolerError(fmt.Sprintf("a statement prepared on the lock session's server session reached another, which does not have it (%v)", err))
+		return nil, NewPoolerError(fmt.Sprintf("a statement prepared on the lock session's server session reached another, which does not have it (%v)", err))
 	}
 	return rows, err
 }
@@ -141,7 +141,7 @@ func execRows(rows driver.Rows, err error) error {
 // close deallocates the statements on conn, and reports whether the server
 // confirmed it (the connection is otherwise not as it came). ctx bounds it
 // (see boundedRaw).
-func (pr *prepared) close(ctx context.Context, blind *abandonSet, conn *sql.Conn) error {
+func (pr *Prepared) Close(ctx context.Context, blind *AbandonSet, conn *sql.Conn) error {
 	if pr == nil || len(pr.names) == 0 {
 		return nil
 	}
@@ -151,7 +151,7 @@ func (pr *prepared) close(ctx context.Context, blind *abandonSet, conn *sql.Conn
 	}
 	q := sqltext.DeallocateSQL(names)
 	pr.names = nil
-	return boundedRaw(ctx, blind, conn, func(dc any) error {
+	return BoundedRaw(ctx, blind, conn, func(dc any) error {
 		err := execRows(driverQuery(ctx, dc, q, nil))
 		if errors.Is(err, errNoFastPath) {
 			return errors.New("sqllock: driver has no QueryerContext")

@@ -1,4 +1,4 @@
-package core
+package stmt
 
 import (
 	"reflect"
@@ -9,23 +9,23 @@ import (
 // maxConns is how many driver connections a connSet remembers; past it,
 // it forgets them all (what it knew is learnt again on each connection's
 // next use, harmlessly), so that connections closed long ago are not kept.
-const maxConns = 4096
+const MaxConns = 4096
 
 // connSet remembers a value per driver connection: each one's backend pid
 // (a wait for a lock on a connection whose pid is known needs no try
 // first; see acquireOn), and each one's identity (see checkServer).
-type connSet[T comparable] struct {
+type ConnSet[T comparable] struct {
 	conn sync.Map // driver connection → T
 	n    atomic.Int64
 }
 
 // comparableConn reports whether dc can be a map key.
-func comparableConn(dc any) bool { return dc != nil && reflect.TypeOf(dc).Comparable() }
+func ComparableConn(dc any) bool { return dc != nil && reflect.TypeOf(dc).Comparable() }
 
 // get returns what the set knows of dc.
-func (t *connSet[T]) get(dc any) (T, bool) {
+func (t *ConnSet[T]) Get(dc any) (T, bool) {
 	var zero T
-	if !comparableConn(dc) {
+	if !ComparableConn(dc) {
 		return zero, false
 	}
 	v, ok := t.conn.Load(dc)
@@ -36,8 +36,8 @@ func (t *connSet[T]) get(dc any) (T, bool) {
 }
 
 // set records v for dc.
-func (t *connSet[T]) set(dc any, v T) {
-	if !comparableConn(dc) {
+func (t *ConnSet[T]) Set(dc any, v T) {
+	if !ComparableConn(dc) {
 		return
 	}
 	if old, ok := t.conn.Load(dc); ok {
@@ -46,7 +46,7 @@ func (t *connSet[T]) set(dc any, v T) {
 		}
 		return
 	}
-	if t.n.Add(1) > maxConns {
+	if t.n.Add(1) > MaxConns {
 		t.conn.Clear()
 		t.n.Store(1)
 	}

@@ -1,4 +1,4 @@
-package core
+package stmt
 
 import (
 	"context"
@@ -92,7 +92,7 @@ func NotAcquired(what string, ctxErr error) error {
 }
 
 // lockError classifies a failed lock statement.
-func lockError(what string, err error) error {
+func LockError(what string, err error) error {
 	switch SQLState(err) {
 	case "40P01":
 		return fmt.Errorf("%w: lock %s: %w", ErrDeadlock, what, err)
@@ -108,20 +108,20 @@ func lockError(what string, err error) error {
 // place outside the judge where a code is compared (a test keeps it so).
 
 // lockTimedOut: lock_not_available (55P03), a wait's lock_timeout fired.
-func lockTimedOut(err error) bool { return SQLState(err) == "55P03" }
+func LockTimedOut(err error) bool { return SQLState(err) == "55P03" }
 
 // deadlocked: deadlock_detected (40P01): the server chose this statement
 // as a deadlock's victim; it took nothing.
-func deadlocked(err error) bool { return SQLState(err) == "40P01" }
+func Deadlocked(err error) bool { return SQLState(err) == "40P01" }
 
 // lockTableFull: out_of_memory (53200), the shared lock table is full.
-func lockTableFull(err error) bool { return SQLState(err) == "53200" }
+func LockTableFull(err error) bool { return SQLState(err) == "53200" }
 
 // queryCanceled: query_canceled (57014), a cancel or a statement_timeout.
-func queryCanceled(err error) bool { return SQLState(err) == "57014" }
+func QueryCanceled(err error) bool { return SQLState(err) == "57014" }
 
 // adminShutdown: admin_shutdown (57P01), the backend was terminated.
-func adminShutdown(err error) bool { return SQLState(err) == "57P01" }
+func AdminShutdown(err error) bool { return SQLState(err) == "57P01" }
 
 // preparedMissing: invalid_sql_statement_name (26000), a prepared
 // statement that is not there.
@@ -129,7 +129,7 @@ func preparedMissing(err error) bool { return SQLState(err) == "26000" }
 
 // preparedAstray: a prepared statement missing (26000) or there already
 // (duplicate_prepared_statement, 42P05): another client's server session.
-func preparedAstray(err error) bool {
+func PreparedAstray(err error) bool {
 	switch SQLState(err) {
 	case "26000", "42P05":
 		return true
@@ -140,7 +140,7 @@ func preparedAstray(err error) bool {
 // standbyRefusal: feature_not_supported (0A000) or read_only_sql_transaction
 // (25006), as a standby refuses a read-write or serializable transaction,
 // or a write.
-func standbyRefusal(err error) bool {
+func StandbyRefusal(err error) bool {
 	switch SQLState(err) {
 	case "0A000", "25006":
 		return true
@@ -178,13 +178,13 @@ func StandbyError(what string) error {
 // session marked by another lock session (see sqltext.Statements), and
 // took nothing: a transaction-mode pooler put two clients on one server
 // session.
-func foreignSession() error {
-	return PoolerError("the server session already carries another client's lock session")
+func ForeignSession() error {
+	return NewPoolerError("the server session already carries another client's lock session")
 }
 
 // sessionChanged says what a changed backend means (now is 0 when the
 // new backend's pid is not known).
-func sessionChanged(was, now int64) error {
+func SessionChanged(was, now int64) error {
 	to := "another"
 	if now != 0 {
 		to = strconv.FormatInt(now, 10)
@@ -194,5 +194,21 @@ func sessionChanged(was, now int64) error {
 		// because a pooler is in the way.
 		return fmt.Errorf("%w: another backend than the session's answered", ErrSessionChanged)
 	}
-	return PoolerError("from backend " + strconv.FormatInt(was, 10) + " to " + to)
+	return NewPoolerError("from backend " + strconv.FormatInt(was, 10) + " to " + to)
 }
+
+// PoolerError is the error of a session-level lock call behind a
+// transaction pooler, for evidence that says so for certain: it matches
+// ErrSessionChanged, and says what to do.
+func NewPoolerError(evidence string) error { return &PoolerError{evidence} }
+
+// poolerError is PoolerError's: evidence of a pooler, which poolerEvidence
+// tells from other errors that match ErrSessionChanged (an unlock that
+// found no row on a session whose backend was never known, say).
+type PoolerError struct{ evidence string }
+
+func (e *PoolerError) Error() string {
+	return ErrSessionChanged.Error() + ": " + e.evidence + ": a transaction-mode pooler (such as PgBouncer with pool_mode=transaction, Supavisor or a pooled endpoint) is in the way, where a session lock excludes no one; use sqllock.WithTransactionPooler(), or transaction locks (LockTx, InTx)"
+}
+
+func (e *PoolerError) Is(target error) bool { return target == ErrSessionChanged }

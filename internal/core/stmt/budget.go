@@ -1,4 +1,4 @@
-package core
+package stmt
 
 import (
 	"container/list"
@@ -46,8 +46,8 @@ import (
 // budget counts a Pool's connections outside its sessions (see above).
 // A nil budget (the engine of LockTx and kin, which has no pool) counts
 // nothing. Safe for concurrent use.
-type budget struct {
-	db *sql.DB // the pool
+type Budget struct {
+	DB *sql.DB // the pool
 
 	mu sync.Mutex
 	n  int // guarded by mu: connections counted, spares among them
@@ -74,25 +74,31 @@ type spareConn struct {
 // goes back to the pool: as long as an idle shared session, which bridges
 // callers that come and go. Every sparePeriod, spares go back at once
 // when the pool is at its limit, where someone may wait for one.
+// The core's shared sessions linger as long (sessionLinger).
 const (
-	spareLinger = sessionLinger
+	SpareLinger = time.Second
 	sparePeriod = 100 * time.Millisecond
 )
+
+// budgetMost is how many connections a budget counts in a pool without a
+// limit (see budgetLimit): as many as the core's shared sessions
+// (maxShared).
+const BudgetMost = 16
 
 // maxSpare is the most spares a budget keeps.
 const maxSpare = 4
 
 // budgetLimit is how many connections a budget counts before a new one
 // waits: a quarter of the pool's limit, as its shared sessions, and at
-// least one; maxShared for a pool without a limit. What a Pool's callers
+// least one; budgetMost for a pool without a limit. What a Pool's callers
 // leave behind then takes no more than that of the pool, however
 // impatient they are: with its shared sessions (a quarter too), half of
 // the pool stays for its waits, the locks it holds, and the application.
-func budgetLimit(st sql.DBStats) int {
+func BudgetLimit(st sql.DBStats) int {
 	if n := st.MaxOpenConnections; n > 0 {
-		return max(1, min(maxShared, n/4))
+		return max(1, min(BudgetMost, n/4))
 	}
-	return maxShared
+	return BudgetMost
 }
 
 // spareLimit is how many spares a budget keeps: a quarter of the pool's
@@ -105,15 +111,22 @@ func spareLimit(st sql.DBStats) int {
 	return maxSpare
 }
 
+// waiting returns how many takes wait for room.
+func (b *Budget) Waiting() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.waiters.Len()
+}
+
 // take counts one connection, waiting while the budget's limit are
 // counted, in arrival order (as x/sync's semaphore serves its waiters),
 // for as long as ctx lets it; then it returns ctx's error, and counts
 // nothing.
-func (b *budget) take(ctx context.Context) error {
+func (b *Budget) Take(ctx context.Context) error {
 	if b == nil {
 		return nil
 	}
-	limit := budgetLimit(b.db.Stats())
+	limit := BudgetLimit(b.DB.Stats())
 	b.mu.Lock()
 	b.limit = limit
 	if b.n < limit && b.waiters.Len() == 0 {
@@ -144,7 +157,7 @@ func (b *budget) take(ctx context.Context) error {
 
 // notifyLocked counts the waiting takes, first come first, while there is
 // room. The caller holds b.mu.
-func (b *budget) notifyLocked() {
+func (b *Budget) notifyLocked() {
 	for b.n < b.limit {
 		w := b.waiters.Front()
 		if w == nil {
@@ -158,11 +171,11 @@ func (b *budget) notifyLocked() {
 
 // tryTake counts one connection when fewer than the budget's limit are
 // counted, and reports whether it did.
-func (b *budget) tryTake() bool {
+func (b *Budget) TryTake() bool {
 	if b == nil {
 		return true
 	}
-	limit := budgetLimit(b.db.Stats())
+	limit := BudgetLimit(b.DB.Stats())
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.n >= limit || b.waiters.Len() > 0 {
@@ -174,7 +187,7 @@ func (b *budget) tryTake() bool {
 
 // add counts one connection whatever the limit: a session's connection
 // left to a statement that finishes alone, which closes on its own.
-func (b *budget) add() {
+func (b *Budget) Add() {
 	if b == nil {
 		return
 	}
@@ -185,7 +198,7 @@ func (b *budget) add() {
 
 // give stops counting one connection: it is back in the pool, closed, or
 // a session.
-func (b *budget) give() {
+func (b *Budget) Give() {
 	if b == nil {
 		return
 	}
@@ -196,7 +209,7 @@ func (b *budget) give() {
 }
 
 // takeSpare returns the spare most recently kept, still counted, or nil.
-func (b *budget) takeSpare() *sql.Conn {
+func (b *Budget) TakeSpare() *sql.Conn {
 	if b == nil {
 		return nil
 	}
@@ -216,18 +229,18 @@ func (b *budget) takeSpare() *sql.Conn {
 // a spare when healthy and there is room for one (see keepLocked), else
 // given back to the pool (which drops it when its driver says it is bad)
 // and uncounted.
-func (b *budget) done(conn *sql.Conn, healthy bool) {
+func (b *Budget) Done(conn *sql.Conn, healthy bool) {
 	if b == nil {
 		conn.Close()
 		return
 	}
-	st := b.db.Stats()
+	st := b.DB.Stats()
 	b.mu.Lock()
 	kept := healthy && b.keepLocked(conn, st)
 	b.mu.Unlock()
 	if !kept {
 		conn.Close()
-		b.give()
+		b.Give()
 	}
 }
 
@@ -236,11 +249,11 @@ func (b *budget) done(conn *sql.Conn, healthy bool) {
 // takes conn from the pool), nor when the pool (statistics st, conn in
 // use among them) is at its limit, where someone may wait for a
 // connection. The caller holds b.mu.
-func (b *budget) keepLocked(conn *sql.Conn, st sql.DBStats) bool {
+func (b *Budget) keepLocked(conn *sql.Conn, st sql.DBStats) bool {
 	if len(b.spare) >= spareLimit(st) || b.waiters.Len() > 0 || st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
 		return false
 	}
-	b.spare = append(b.spare, spareConn{conn: conn, at: monoNow()})
+	b.spare = append(b.spare, spareConn{conn: conn, at: MonoNow()})
 	if !b.armed {
 		b.armed = true
 		if b.sweep == nil {
@@ -255,13 +268,13 @@ func (b *budget) keepLocked(conn *sql.Conn, st sql.DBStats) bool {
 // swept gives back to the pool the spares kept spareLinger ago or more,
 // or all of them when the pool is at its limit, and looks again in
 // sparePeriod while any is left.
-func (b *budget) swept() {
-	st := b.db.Stats()
+func (b *Budget) swept() {
+	st := b.DB.Stats()
 	full := st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections
-	now := monoNow()
+	now := MonoNow()
 	b.mu.Lock()
 	i := 0
-	for i < len(b.spare) && (full || time.Duration(now-b.spare[i].at) >= spareLinger) {
+	for i < len(b.spare) && (full || time.Duration(now-b.spare[i].at) >= SpareLinger) {
 		i++
 	}
 	old := make([]*sql.Conn, i)
@@ -278,12 +291,12 @@ func (b *budget) swept() {
 	b.mu.Unlock()
 	for _, conn := range old {
 		conn.Close()
-		b.give()
+		b.Give()
 	}
 }
 
 // flush gives every spare back to the pool now.
-func (b *budget) flush() {
+func (b *Budget) Flush() {
 	if b == nil {
 		return
 	}
@@ -297,12 +310,12 @@ func (b *budget) flush() {
 	b.mu.Unlock()
 	for _, conn := range old {
 		conn.Close()
-		b.give()
+		b.Give()
 	}
 }
 
 // spares returns how many spare connections the budget keeps.
-func (b *budget) spares() int {
+func (b *Budget) Spares() int {
 	if b == nil {
 		return 0
 	}
@@ -312,7 +325,7 @@ func (b *budget) spares() int {
 }
 
 // count returns how many connections are counted.
-func (b *budget) count() int {
+func (b *Budget) Count() int {
 	if b == nil {
 		return 0
 	}
@@ -320,26 +333,3 @@ func (b *budget) count() int {
 	defer b.mu.Unlock()
 	return b.n
 }
-
-// takeConn returns a spare connection of the Pool's, or counts one in its
-// budget, waiting for room with ctx, and gets it from the pool (see
-// getConn). It stays counted until its taker gives it back (putBack,
-// budget.done), or makes it a session (newSession). When ctx ends during
-// its setup, the setup goes on, counted, until the connection is a spare.
-func (e *engine) takeConn(ctx context.Context) (*sql.Conn, error) {
-	if conn := e.budget.takeSpare(); conn != nil {
-		return conn, nil
-	}
-	if err := e.budget.take(ctx); err != nil {
-		return nil, err
-	}
-	conn, err, left := getConn(ctx, e.db, e.budget)
-	if err != nil && !left {
-		e.budget.give()
-	}
-	return conn, err
-}
-
-// BudgetCount returns how many connections the Pool counts in its budget
-// (see budget): for tests.
-func (p *Pool) BudgetCount() int { return p.budget.count() }

@@ -1,4 +1,4 @@
-package core
+package stmt
 
 import (
 	"database/sql"
@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/sqllock/sqllock/internal/pglocks"
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
@@ -20,42 +19,10 @@ import (
 // cost two round trips, rendered into the SQL text by sqltext: keys are
 // integers it formats itself, so no caller text ever becomes SQL.
 
-// Key is an advisory lock key as the core and its statements take it.
-type Key = sqltext.Key
-
-// Kind is what a lock call asks for: one of PostgreSQL's eight advisory
-// lock functions.
-type Kind = sqltext.Kind
-
-// statements are a Pool's session-level statements (see sqltext).
-type statements = sqltext.Statements
-
-// Tag returns how PostgreSQL stores k in pg_locks: classid, objid (both
-// unsigned 32-bit) and objsubid.
-func Tag(k Key) (classid, objid uint32, objsubid int) {
-	if k.Pair {
-		return uint32(k.Class), uint32(k.ID), pglocks.Pair
-	}
-	return uint32(uint64(k.V) >> 32), uint32(k.V), pglocks.Bigint
-}
-
-// KeyOfTag is the inverse of Tag. It returns false for an objsubid that is
-// not an advisory form.
-func KeyOfTag(t pglocks.Tag) (Key, bool) {
-	switch t.Objsubid {
-	case pglocks.Bigint:
-		return Key{V: t.BigintKey()}, true
-	case pglocks.Pair:
-		c, i := t.PairKey()
-		return Key{Pair: true, Class: c, ID: i}, true
-	}
-	return Key{}, false
-}
-
 // batchQuery runs a batch statement, whose answer is one row of one
 // text column (sql.ErrNoRows when it answers none), storing it in dest: a
 // session's way to send one (its lease, its context, its driver).
-type batchQuery func(q string, args []any, dest ...any) error
+type BatchQuery func(q string, args []any, dest ...any) error
 
 // many sends batch b (sqltext.BatchTry or sqltext.BatchUnlock) of keys in
 // one statement through query, run on backend pid only, and returns, by
@@ -66,8 +33,8 @@ type batchQuery func(q string, args []any, dest ...any) error
 // it did: the server answers a batch as a whole. bb, when not nil, holds
 // the statement's parts for use again, and the answer (valid until bb's
 // next batch).
-func many(mode sqltext.Mode, query batchQuery, b sqltext.Batch, pid int64, keys []Key, bb *batchBufs) ([]bool, error) {
-	return batch(mode, query, b, 0, pid, keys, bb)
+func Many(mode sqltext.Mode, query BatchQuery, b sqltext.Batch, pid int64, keys []sqltext.Key, bb *BatchBufs) ([]bool, error) {
+	return Batch(mode, query, b, 0, pid, keys, bb)
 }
 
 // batch is many of b; for sqltext.BatchMixed, a batch of unlocks and
@@ -75,9 +42,9 @@ func many(mode sqltext.Mode, query batchQuery, b sqltext.Batch, pid int64, keys 
 // others tried.
 // It runs on backend pid only: a statement that a pooler sent to another
 // server session takes and releases nothing there.
-func batch(mode sqltext.Mode, query batchQuery, b sqltext.Batch, unlocks int, pid int64, keys []Key, bb *batchBufs) ([]bool, error) {
+func Batch(mode sqltext.Mode, query BatchQuery, b sqltext.Batch, unlocks int, pid int64, keys []sqltext.Key, bb *BatchBufs) ([]bool, error) {
 	if bb == nil {
-		bb = new(batchBufs)
+		bb = new(BatchBufs)
 	}
 	var q string
 	var args []any
@@ -94,12 +61,12 @@ func batch(mode sqltext.Mode, query batchQuery, b sqltext.Batch, unlocks int, pi
 	clear(bb.args[:])
 	bb.missed = ""
 	if errors.Is(err, sql.ErrNoRows) {
-		err = sessionChanged(pid, 0) // another backend: it ran nothing
+		err = SessionChanged(pid, 0) // another backend: it ran nothing
 	}
 	got := append(bb.got[:0], make([]bool, len(keys))...) // all false, whatever the error
 	bb.got = got
 	if err == nil {
-		err = markPositions(missed, got)
+		err = MarkPositions(missed, got)
 	}
 	if err != nil {
 		clear(got)
@@ -114,7 +81,7 @@ func batch(mode sqltext.Mode, query batchQuery, b sqltext.Batch, unlocks int, pi
 // batchBufs are the parts of a session's batch statements kept for its
 // next (used by the runner of its queue only): the texts it sent, its
 // arguments, its keys' array literal, and its answer.
-type batchBufs struct {
+type BatchBufs struct {
 	pid    int64
 	texts  [sqltext.BatchKinds][2]string // by kind, then without and with pair keys: for pid
 	args   [3]any
@@ -125,11 +92,11 @@ type batchBufs struct {
 }
 
 // text returns sqltext.BatchText of b on backend pid, made once.
-func (bb *batchBufs) text(b sqltext.Batch, pairs bool, pid int64) string {
+func (bb *BatchBufs) text(b sqltext.Batch, pairs bool, pid int64) string {
 	if bb.pid != pid {
 		bb.pid, bb.texts = pid, [sqltext.BatchKinds][2]string{}
 	}
-	t := &bb.texts[b][b2i(pairs)]
+	t := &bb.texts[b][B2i(pairs)]
 	if *t == "" {
 		*t = sqltext.BatchText(b, pairs, strconv.FormatInt(pid, 10))
 	}
@@ -139,7 +106,7 @@ func (bb *batchBufs) text(b sqltext.Batch, pairs bool, pid int64) string {
 // markPositions sets marks[i-1] for each position i (from 1) in lit, a
 // text array literal of integers such as "{2,5}"; anything else is an
 // error (an answer that is not one must not read as "every key taken").
-func markPositions(lit string, marks []bool) error {
+func MarkPositions(lit string, marks []bool) error {
 	if len(lit) < 2 || lit[0] != '{' || lit[len(lit)-1] != '}' {
 		return fmt.Errorf("sqllock: positions %q are not an array literal", lit)
 	}
@@ -154,4 +121,11 @@ func markPositions(lit string, marks []bool) error {
 		lit = rest
 	}
 	return nil
+}
+
+func B2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
