@@ -13,7 +13,6 @@ import (
 
 	"github.com/sqllock/sqllock/internal/core/stmt"
 
-	"github.com/sqllock/sqllock/internal/core"
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
 
@@ -314,8 +313,8 @@ func (ld Leader) String() string {
 // when no one does. It needs no privileges, and costs the leader nothing.
 func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	mustContext(ctx, "Election.Leader")
-	c, o, sub := core.Tag(e.key.sqlKey())
-	q, args := e.l.pool.Mode().TagArgs(sqltext.LeaderSQL, int64(c), int64(o), sub)
+	c, o, sub := stmt.Tag(e.key.sqlKey())
+	q, args := e.l.pool.Mode.TagArgs(sqltext.LeaderSQL, int64(c), int64(o), sub)
 	for try := 0; ; try++ {
 		// Bounded by ctx whatever the driver does (see core.Bounded).
 		r, err := stmt.Bounded(ctx, func() (holderRow, error) {
@@ -439,8 +438,8 @@ const maxBehind = 1000
 // digest changed, or a second passed, or the holder was granted so
 // recently that it has not named its session yet.
 func (e *Election) poll(ctx context.Context, seen chan<- Leader) {
-	c, o, sub := core.Tag(e.key.sqlKey())
-	mode := e.l.pool.Mode()
+	c, o, sub := stmt.Tag(e.key.sqlKey())
+	mode := e.l.pool.Mode
 	var last Leader
 	var digest int64
 	var read time.Time // when the leader was last read

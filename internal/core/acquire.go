@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 	"strconv"
 	"time"
 
@@ -95,9 +96,9 @@ func (p *Pool) acquire(ctx context.Context, r Request) (*Hold, error) {
 // trip), else on a session of its own.
 func (p *Pool) fromServer(ctx context.Context, r Request) (*Hold, error) {
 	if !r.Shared && !p.cfg.Dedicated && r.Named == "" {
-		// A wait that left its line to end its transaction (errRestart)
+		// A wait that left its line to end its transaction (wait.ErrRestart)
 		// waits on in a session of its own.
-		if h, err, handled := p.acquireShared(ctx, r.Key, r.Try, r.Into, r.place); handled && !errors.Is(err, errRestart) {
+		if h, err, handled := p.acquireShared(ctx, r.Key, r.Try, r.Into, r.place); handled && !errors.Is(err, wait.ErrRestart) {
 			return h, err
 		}
 	}
@@ -118,7 +119,7 @@ func (p *Pool) withSession(ctx context.Context, what namer, take func(s *session
 			return nil, stmt.NotAcquired(what.String(), err)
 		}
 		sent := stmt.MonoNow()
-		conn, err := p.takeConn(ctx)
+		conn, err := p.TakeConn(ctx)
 		if err != nil {
 			if stmt.CtxEnded(ctx) {
 				return nil, stmt.NotAcquired(what.String(), stmt.CtxErr(ctx))
@@ -143,7 +144,7 @@ func (p *Pool) withSession(ctx context.Context, what namer, take func(s *session
 			return nil, err
 		}
 		h, err := take(p.newSession(conn, id, kindDedicated, sent))
-		if errors.Is(err, errRestart) {
+		if errors.Is(err, wait.ErrRestart) {
 			// The wait left its line to end its transaction, which
 			// another backend waits for: its session closed, and the
 			// call waits on in a new one, at the end of the line.
@@ -165,49 +166,49 @@ func (p *Pool) withSession(ctx context.Context, what namer, take func(s *session
 func (p *Pool) acquireOn(ctx context.Context, s *session, r Request, what namer) (*Hold, error) {
 	w := p.waiterOf(s)
 	kind := sqltext.SharedKind(r.Shared)
-	var o outcome
+	var o wait.Outcome
 	if r.Try {
-		o = p.tryOn(ctx, w, sessionLevel, s.st, kind|sqltext.Try, r.Key)
+		o = p.TryOn(ctx, w, wait.SessionLevel, s.st, kind|sqltext.Try, r.Key)
 		o = p.triedLate(ctx, s, r, o)
 	} else {
 		dc := stmt.DriverConnOf(s.conn)
 		pid, known := p.pids.Get(dc)
 		known = known && !p.cfg.TxPooler // a pinned connection's backend is its transaction's
 		if !known {
-			o = p.tryOn(ctx, w, sessionLevel, s.st, kind, r.Key)
+			o = p.TryOn(ctx, w, wait.SessionLevel, s.st, kind, r.Key)
 			o = p.triedLate(ctx, s, r, o)
-			pid = o.pid
+			pid = o.PID
 		}
-		if known || o.err == nil && !o.ok && !(o.standby && !p.cfg.AllowStandby) {
-			o = p.waitInLine(ctx, w, s.st, keyLine(kind, r.Key).at(r.place), pid)
-			if o.err == nil && !p.cfg.TxPooler {
-				p.pids.Set(dc, o.pid)
+		if known || o.Err == nil && !o.OK && !(o.Standby && !p.cfg.AllowStandby) {
+			o = p.waitInLine(ctx, w, s.st, r.place.in(wait.KeyLine(kind, r.Key)), pid)
+			if o.Err == nil && !p.cfg.TxPooler {
+				p.pids.Set(dc, o.PID)
 			}
 		}
 	}
-	if o.err == nil {
-		if err := s.sameBackend(o.pid, o.ok, r.Key); err != nil {
-			o = outcome{pid: o.pid, err: err}
+	if o.Err == nil {
+		if err := s.sameBackend(o.PID, o.OK, r.Key); err != nil {
+			o = wait.Outcome{PID: o.PID, Err: err}
 		}
 	}
-	if o.err == nil {
-		s.pid = o.pid // s is the caller's alone until settled
-		s.tuned = o.ok
+	if o.Err == nil {
+		s.pid = o.PID // s is the caller's alone until settled
+		s.tuned = o.OK
 	}
 	return p.settle(ctx, s, r.Key, r.Shared, r.Into, o, what)
 }
 
 // triedLate returns o, the outcome of a try on s, a dedicated session,
-// unless its answer was read as ctx ended (see tryOn): the call is then
-// not acquired (errLeft), with s intact, and a grant goes back first,
-// within abandonGrace (the session ends when that is not certain), so that
+// unless its answer was read as ctx ended (see wait.TryOn): the call is then
+// not acquired (wait.ErrLeft), with s intact, and a grant goes back first,
+// within stmt.AbandonGrace (the session ends when that is not certain), so that
 // nothing the call took outlives it.
-func (p *Pool) triedLate(ctx context.Context, s *session, r Request, o outcome) outcome {
-	if o.err != nil || !o.certain || !stmt.CtxEnded(ctx) {
+func (p *Pool) triedLate(ctx context.Context, s *session, r Request, o wait.Outcome) wait.Outcome {
+	if o.Err != nil || !o.Certain || !stmt.CtxEnded(ctx) {
 		return o
 	}
-	if o.ok {
-		s.pid, s.tuned = o.pid, true // s is the caller's alone until settled
+	if o.OK {
+		s.pid, s.tuned = o.PID, true // s is the caller's alone until settled
 		uctx, cancel := context.WithTimeout(context.Background(), stmt.AbandonGrace)
 		got, err := s.sendUnlocks(uctx, nil, []Key{r.Key}, r.Shared)
 		cancel()
@@ -215,10 +216,10 @@ func (p *Pool) triedLate(ctx context.Context, s *session, r Request, o outcome) 
 			err = fmt.Errorf("%w: unlock of a try granted as the context ended found no such lock", stmt.ErrLockLost)
 		}
 		if err != nil {
-			return outcome{pid: o.pid, err: err} // uncertain: s ends
+			return wait.Outcome{PID: o.PID, Err: err} // uncertain: s ends
 		}
 	}
-	return outcome{pid: o.pid, sent: o.sent, standby: o.standby, err: errLeft}
+	return wait.Outcome{PID: o.PID, Sent: o.Sent, Standby: o.Standby, Err: wait.ErrLeft}
 }
 
 // acquireShared takes the exclusive lock k on a shared session. It reports
@@ -276,7 +277,7 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold, p
 				return ended() // never sent
 			}
 			// Sent: its answer, a round trip away, is read for up to
-			// abandonGrace, so that a grant that comes meanwhile goes
+			// stmt.AbandonGrace, so that a grant that comes meanwhile goes
 			// back before the call returns, rather than after.
 			if !doneWithin(o.done, stmt.AbandonGrace) {
 				if o.state.CompareAndSwap(opSent, opAbandoned) {
@@ -327,10 +328,10 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold, p
 			return nil, nil, false
 		}
 		w := p.waiterOf(s)
-		ow := p.waitInLine(ctx, w, s.st, keyLine(0, k).at(pl), s.pid)
-		if ow.err == nil {
+		ow := p.waitInLine(ctx, w, s.st, pl.in(wait.KeyLine(0, k)), s.pid)
+		if ow.Err == nil {
 			if !p.cfg.TxPooler {
-				p.pids.Set(stmt.DriverConnOf(s.conn), ow.pid) // as acquireOn does: its next wait needs no try
+				p.pids.Set(stmt.DriverConnOf(s.conn), ow.PID) // as acquireOn does: its next wait needs no try
 			}
 			s.tuned = true
 		}
@@ -345,7 +346,7 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold, p
 	}
 	if h == nil {
 		// Granted as ctx ended (or as its session ended): the key goes
-		// back before the call returns, within abandonGrace.
+		// back before the call returns, within stmt.AbandonGrace.
 		doneWithin(s.unlockAsync(k).done, stmt.AbandonGrace)
 		if stmt.CtxEnded(ctx) {
 			return ended()

@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// stubDriver's connections run nothing of a server's: boundedRaw's
+// stubDriver's connections run nothing of a server's: stmt.BoundedRaw's
 // statement is the function it is given, and a query's rows come 40 ms
 // apart, whatever the context (a blind driver on a slow link).
 type stubDriver struct{}
@@ -28,7 +28,7 @@ func (stubConn) Begin() (driver.Tx, error)           { return nil, errors.New("s
 func init() { sql.Register("sqllock-core-stub", stubDriver{}) }
 
 // TestBoundedRawAnswerAtGraceEnd: statements of a blind driver that answer
-// around the moment their caller's grace ends (abandonGrace past ctx's
+// around the moment their caller's grace ends (stmt.AbandonGrace past ctx's
 // end) each return to their caller, by the grace's end plus a margin,
 // answered or abandoned, and no worker is left stuck.
 func TestBoundedRawAnswerAtGraceEnd(t *testing.T) {

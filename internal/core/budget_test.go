@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 	"testing"
 	"time"
 )
@@ -77,15 +78,15 @@ func TestBudgetTakesInOrder(t *testing.T) {
 // TestBudgetSpares: a connection given back healthy is kept as a spare
 // (up to a quarter of the pool's limit), counted, for the next taker; one
 // given back unhealthy goes back to the pool; spares go back to the pool
-// after spareLinger, or at once when flushed; none is kept while the pool
+// after stmt.SpareLinger, or at once when flushed; none is kept while the pool
 // is at its limit.
 func TestBudgetSpares(t *testing.T) {
 	db := stubPool(t, 12)
-	e := &engine{db: db, budget: &stmt.Budget{DB: db}}
-	b := e.budget
+	e := &wait.Engine{DB: db, Budget: &stmt.Budget{DB: db}}
+	b := e.Budget
 	var conns []*sql.Conn
 	for range 3 {
-		conn, err := e.takeConn(context.Background())
+		conn, err := e.TakeConn(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -115,7 +116,7 @@ func TestBudgetSpares(t *testing.T) {
 		t.Fatalf("with no spare: %d connections in use, want 0", st.InUse)
 	}
 	for range 2 {
-		conn, err := e.takeConn(context.Background())
+		conn, err := e.TakeConn(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}

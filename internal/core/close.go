@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,19 +57,19 @@ func (cl *closing) untilClosed(ctx context.Context) (context.Context, context.Ca
 	return cctx, func() { stop(); cancel(nil) }
 }
 
-// waitInLine is the engine's waitInLine, left when the Pool starts
+// wait.WaitInLine is the engine's wait.WaitInLine, left when the Pool starts
 // closing.
-func (p *Pool) waitInLine(ctx context.Context, w waiter, st *statements, ln line, pid int64) outcome {
+func (p *Pool) waitInLine(ctx context.Context, w wait.Waiter, st *statements, ln wait.Line, pid int64) wait.Outcome {
 	ctx, stop := p.untilClosed(ctx)
 	defer stop()
-	return p.engine.waitInLine(ctx, w, st, ln, pid)
+	return p.Engine.WaitInLine(ctx, w, st, ln, pid)
 }
 
-// waitOn is the engine's waitOn, left when the Pool starts closing.
-func (p *Pool) waitOn(ctx context.Context, w waiter, lv level, st *statements, kind Kind, k Key, pid int64) outcome {
+// wait.WaitOn is the engine's wait.WaitOn, left when the Pool starts closing.
+func (p *Pool) waitOn(ctx context.Context, w wait.Waiter, lv wait.Level, st *statements, kind Kind, k Key, pid int64) wait.Outcome {
 	ctx, stop := p.untilClosed(ctx)
 	defer stop()
-	return p.engine.waitOn(ctx, w, lv, st, kind, k, pid)
+	return p.Engine.WaitOn(ctx, w, lv, st, kind, k, pid)
 }
 
 // closedOr returns err, which a call of the Pool's returns, matching
@@ -155,6 +156,6 @@ func (cl *closing) Close() error {
 		time.Sleep(5 * time.Millisecond)
 	}
 	p.AwaitFreed(time.Until(deadline))
-	p.budget.Flush()
+	p.Budget.Flush()
 	return errors.Join(errs...)
 }

@@ -39,7 +39,7 @@ type connHandle struct {
 // The caller holds connMu (see closeConnBy).
 func (c *connHandle) closeConn() {
 	s := c.s
-	if !s.handedOut.Load() && s.prep.Close(s.p.UnlockContext(), s.p.abandoned, s.conn) != nil {
+	if !s.handedOut.Load() && s.prep.Close(s.p.UnlockContext(), s.p.Abandoned, s.conn) != nil {
 		s.p.discard(s.conn, "prepared statements not closed")
 		return
 	}
@@ -149,7 +149,7 @@ func (c *connHandle) withConn(fn func(conn *sql.Conn) error) error {
 	return err
 }
 
-// queryRow and queryRows run one statement on the session, the lease's
+// stmt.QueryRow and stmt.QueryRows run one statement on the session, the lease's
 // busy mark around it: its outcome is recorded as a sign of life before
 // any caller hears it, so a caller that is told (and the process stopped
 // right after) never meets a lease that still looks busy. The queue's
@@ -167,13 +167,13 @@ func (c *connHandle) queryRows(q string, args []any, row func([]driver.Value) er
 
 func (c *connHandle) queryRowCtx(ctx context.Context, q string, args []any, dest ...any) error {
 	s := c.s
-	v := stmt.Via{Blind: s.p.abandoned, Prep: s.prep}
+	v := stmt.Via{Blind: s.p.Abandoned, Prep: s.prep}
 	return s.withConn(func(conn *sql.Conn) error { return stmt.QueryRowVia(ctx, v, conn, q, args, dest...) })
 }
 
 func (c *connHandle) queryRowsCtx(ctx context.Context, q string, args []any, row func([]driver.Value) error) error {
 	s := c.s
-	v := stmt.Via{Blind: s.p.abandoned, Prep: s.prep}
+	v := stmt.Via{Blind: s.p.Abandoned, Prep: s.prep}
 	return s.withConn(func(conn *sql.Conn) error { return stmt.QueryRowsVia(ctx, v, conn, q, args, row) })
 }
 
@@ -193,7 +193,7 @@ type connections struct {
 func (cs *connections) closeSession(conn *sql.Conn, pid int64) {
 	p := cs.p
 	q, args := p.sql().SetBackSQL(pid)
-	if err := stmt.QueryRow(p.UnlockContext(), p.abandoned, conn, q, args, stmt.Skip); err != nil {
+	if err := stmt.QueryRow(p.UnlockContext(), p.Abandoned, conn, q, args, stmt.Skip); err != nil {
 		p.discard(conn, "session settings not reset")
 		return
 	}

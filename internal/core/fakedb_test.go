@@ -18,7 +18,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"io"
 	"regexp"
 	"slices"
@@ -28,6 +27,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -108,7 +109,7 @@ type ftag struct {
 }
 
 func keyTag(k Key) ftag {
-	c, o, s := Tag(k)
+	c, o, s := stmt.Tag(k)
 	return ftag{c, o, s}
 }
 

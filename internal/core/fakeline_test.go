@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 	"testing"
 	"time"
 
@@ -83,8 +84,8 @@ func TestFakeWaitLateGrant(t *testing.T) {
 	if a.err != nil {
 		t.Fatal(a.err)
 	}
-	if fs.holder(k(1)) != a.h.PID() || !hooks.logged(lateGrant) {
-		t.Errorf("held by %d, want %d; the late grant logged: %v", fs.holder(k(1)), a.h.PID(), hooks.logged(lateGrant))
+	if fs.holder(k(1)) != a.h.PID() || !hooks.logged(wait.LateGrant) {
+		t.Errorf("held by %d, want %d; the late grant logged: %v", fs.holder(k(1)), a.h.PID(), hooks.logged(wait.LateGrant))
 	}
 	mustRelease(t, a.h)
 }

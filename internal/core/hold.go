@@ -5,9 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"sync"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 )
 
 // Hold is one lock held by one of a Pool's sessions for one caller: what a
@@ -173,8 +174,8 @@ func (h *Hold) Tag(ctx context.Context, q string) (int64, error) {
 		}
 		return 0, fmt.Errorf("sqllock: %s: %w", h.s.p.name(h.key), err)
 	}
-	c, o, sub := Tag(h.key)
-	q, args := h.s.p.mode.TagArgs(q, int64(c), int64(o), sub)
+	c, o, sub := stmt.Tag(h.key)
+	q, args := h.s.p.Mode.TagArgs(q, int64(c), int64(o), sub)
 	v, ok, err := h.s.onTag(ctx, q, args)
 	if err == nil && !ok {
 		err = sql.ErrNoRows

@@ -6,21 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 )
-
-// outcome is what the server answered to an acquisition.
-type outcome struct {
-	sent    int64 // monoNow when the statement that answered was sent (the lease)
-	ok      bool  // granted
-	pid     int64 // the backend
-	slot    int32 // a semaphore's slot granted
-	standby bool  // the server is a standby
-	err     error
-	// certain: the driver read the answer before the statement's context
-	// ended (a wait bounded by ctx's deadline reads it a little past it),
-	// so ctx's end does not make it uncertain.
-	certain bool
-}
 
 // verdict is what the outcome of an acquisition means for the session it
 // ran on.
@@ -51,37 +38,37 @@ const (
 // deadlock victim, a full lock table: nothing was taken). standbyOK says a
 // standby's grant counts; pid, when not 0, is the backend that must have
 // answered.
-func judge(ctx context.Context, o outcome, what namer, standbyOK bool, pid int64) (verdict, error) {
+func judge(ctx context.Context, o wait.Outcome, what namer, standbyOK bool, pid int64) (verdict, error) {
 	switch {
-	case errors.Is(o.err, errDeadline):
+	case errors.Is(o.Err, wait.ErrDeadline):
 		// The server ended the wait at ctx's deadline: not granted.
 		return refused, stmt.NotAcquired(what.String(), context.DeadlineExceeded)
-	case errors.Is(o.err, errLeft):
+	case errors.Is(o.Err, wait.ErrLeft):
 		// The wait left its line as ctx ended: not granted.
 		return refused, stmt.NotAcquired(what.String(), stmt.CtxErr(ctx))
-	case errors.Is(o.err, errRestart):
+	case errors.Is(o.Err, wait.ErrRestart):
 		// The wait left its line to end its transaction: not granted,
 		// and the call waits on in a new session.
-		return refused, errRestart
-	case stmt.CtxEnded(ctx) && !o.certain:
+		return refused, wait.ErrRestart
+	case stmt.CtxEnded(ctx) && !o.Certain:
 		err := stmt.NotAcquired(what.String(), stmt.CtxErr(ctx))
-		if errors.Is(o.err, stmt.ErrAbandoned) {
+		if errors.Is(o.Err, stmt.ErrAbandoned) {
 			err = fmt.Errorf("%w (%w)", err, stmt.ErrAbandoned)
 		}
 		return uncertain, err
-	case o.err != nil:
-		if stmt.Deadlocked(o.err) || stmt.LockTableFull(o.err) {
-			return stray, stmt.LockError(what.String(), o.err)
+	case o.Err != nil:
+		if stmt.Deadlocked(o.Err) || stmt.LockTableFull(o.Err) {
+			return stray, stmt.LockError(what.String(), o.Err)
 		}
-		return uncertain, stmt.LockError(what.String(), o.err)
-	case pid != 0 && o.pid != pid:
-		return uncertain, stmt.SessionChanged(pid, o.pid)
-	case o.standby && !standbyOK:
-		if o.ok {
+		return uncertain, stmt.LockError(what.String(), o.Err)
+	case pid != 0 && o.PID != pid:
+		return uncertain, stmt.SessionChanged(pid, o.PID)
+	case o.Standby && !standbyOK:
+		if o.OK {
 			return unwanted, stmt.StandbyError("lock " + what.String())
 		}
 		return refused, stmt.StandbyError("lock " + what.String())
-	case !o.ok:
+	case !o.OK:
 		return refused, fmt.Errorf("%w: %s %s", stmt.ErrNotAcquired, what.String(), stmt.HeldElsewhere)
 	}
 	return granted, nil
@@ -94,7 +81,7 @@ func judgeShared(ctx context.Context, ok bool, err error, what namer) (verdict, 
 	if err == nil && ok {
 		return granted, nil
 	}
-	return judge(ctx, outcome{ok: ok, err: err, certain: true}, what, true, 0)
+	return judge(ctx, wait.Outcome{OK: ok, Err: err, Certain: true}, what, true, 0)
 }
 
 // unlockAnswer is the one rule book for the answer to an unlock of k on
@@ -136,11 +123,11 @@ func unlockVerdict(what namer, pid int64, err error, released bool) (uncertain b
 // releases every lock of a session that ends); a lock granted on a
 // standby is released; a refused one gives s back to the pool. what names
 // the call in errors.
-func (p *Pool) settle(ctx context.Context, s *session, k Key, shared bool, into *Hold, o outcome, what namer) (*Hold, error) {
+func (p *Pool) settle(ctx context.Context, s *session, k Key, shared bool, into *Hold, o wait.Outcome, what namer) (*Hold, error) {
 	v, err := judge(ctx, o, what, p.cfg.AllowStandby, 0)
 	switch v {
 	case refused:
-		if o.err == nil && !o.ok && !o.standby {
+		if o.Err == nil && !o.OK && !o.Standby {
 			p.stats.contended.Add(1)
 		}
 		s.close() // confirmed: the session holds nothing; back to the pool as it came
@@ -162,7 +149,7 @@ func (p *Pool) settle(ctx context.Context, s *session, k Key, shared bool, into 
 		s.close()
 		return nil, err
 	}
-	s.ls.sent(o.sent)
+	s.ls.sent(o.Sent)
 	h := newHold(into, s, k, shared)
 	if h == nil {
 		// Ended meanwhile (the keep-alive found it lost): what it took

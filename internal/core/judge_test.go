@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 	"io"
 	"slices"
 	"strings"
@@ -23,31 +24,31 @@ func TestJudge(t *testing.T) {
 	tests := []struct {
 		name      string
 		ctx       context.Context
-		o         outcome
+		o         wait.Outcome
 		standbyOK bool
 		pid       int64
 		want      verdict
 		errs      []error // the error matches each; none: nil
 		text      string  // and contains it
 	}{
-		{name: "granted", ctx: live, o: outcome{ok: true, pid: 7}, want: granted},
-		{name: "held elsewhere", ctx: live, o: outcome{pid: 7}, want: refused, errs: []error{stmt.ErrNotAcquired}, text: stmt.HeldElsewhere},
-		{name: "granted on a standby", ctx: live, o: outcome{ok: true, standby: true}, want: unwanted, errs: []error{stmt.ErrStandby}},
-		{name: "refused on a standby", ctx: live, o: outcome{standby: true}, want: refused, errs: []error{stmt.ErrStandby}},
-		{name: "granted on an allowed standby", ctx: live, o: outcome{ok: true, standby: true}, standbyOK: true, want: granted},
-		{name: "deadlock victim", ctx: live, o: outcome{err: sqlState("40P01")}, want: stray, errs: []error{stmt.ErrDeadlock}},
-		{name: "full lock table", ctx: live, o: outcome{err: sqlState("53200")}, want: stray, errs: []error{stmt.ErrLockTableFull}},
-		{name: "lock_timeout", ctx: live, o: outcome{err: sqlState("55P03")}, want: uncertain, errs: []error{stmt.ErrNotAcquired}},
-		{name: "statement failed", ctx: live, o: outcome{err: sqlState("XX000")}, want: uncertain, text: "internal error"},
-		{name: "connection lost", ctx: live, o: outcome{err: io.ErrUnexpectedEOF}, want: uncertain, errs: []error{io.ErrUnexpectedEOF}},
-		{name: "ctx ended, answer not read in time", ctx: cancelled, o: outcome{ok: true}, want: uncertain, errs: []error{stmt.ErrNotAcquired, context.Canceled}},
-		{name: "ctx ended, answer read in time", ctx: cancelled, o: outcome{ok: true, certain: true}, want: granted},
-		{name: "ctx ended, refusal read in time", ctx: cancelled, o: outcome{certain: true}, want: refused, errs: []error{stmt.ErrNotAcquired}},
-		{name: "ctx ended, abandoned", ctx: cancelled, o: outcome{err: stmt.ErrAbandoned}, want: uncertain, errs: []error{stmt.ErrNotAcquired, stmt.ErrAbandoned}},
-		{name: "server ended the wait at the deadline", ctx: live, o: outcome{err: errDeadline}, want: refused, errs: []error{stmt.ErrNotAcquired, context.DeadlineExceeded}},
-		{name: "left the line", ctx: cancelled, o: outcome{err: errLeft}, want: refused, errs: []error{stmt.ErrNotAcquired, context.Canceled}},
-		{name: "another backend answered", ctx: live, o: outcome{ok: true, pid: 8}, pid: 7, want: uncertain, errs: []error{stmt.ErrSessionChanged}},
-		{name: "the expected backend answered", ctx: live, o: outcome{ok: true, pid: 7}, pid: 7, want: granted},
+		{name: "granted", ctx: live, o: wait.Outcome{OK: true, PID: 7}, want: granted},
+		{name: "held elsewhere", ctx: live, o: wait.Outcome{PID: 7}, want: refused, errs: []error{stmt.ErrNotAcquired}, text: stmt.HeldElsewhere},
+		{name: "granted on a standby", ctx: live, o: wait.Outcome{OK: true, Standby: true}, want: unwanted, errs: []error{stmt.ErrStandby}},
+		{name: "refused on a standby", ctx: live, o: wait.Outcome{Standby: true}, want: refused, errs: []error{stmt.ErrStandby}},
+		{name: "granted on an allowed standby", ctx: live, o: wait.Outcome{OK: true, Standby: true}, standbyOK: true, want: granted},
+		{name: "deadlock victim", ctx: live, o: wait.Outcome{Err: sqlState("40P01")}, want: stray, errs: []error{stmt.ErrDeadlock}},
+		{name: "full lock table", ctx: live, o: wait.Outcome{Err: sqlState("53200")}, want: stray, errs: []error{stmt.ErrLockTableFull}},
+		{name: "lock_timeout", ctx: live, o: wait.Outcome{Err: sqlState("55P03")}, want: uncertain, errs: []error{stmt.ErrNotAcquired}},
+		{name: "statement failed", ctx: live, o: wait.Outcome{Err: sqlState("XX000")}, want: uncertain, text: "internal error"},
+		{name: "connection lost", ctx: live, o: wait.Outcome{Err: io.ErrUnexpectedEOF}, want: uncertain, errs: []error{io.ErrUnexpectedEOF}},
+		{name: "ctx ended, answer not read in time", ctx: cancelled, o: wait.Outcome{OK: true}, want: uncertain, errs: []error{stmt.ErrNotAcquired, context.Canceled}},
+		{name: "ctx ended, answer read in time", ctx: cancelled, o: wait.Outcome{OK: true, Certain: true}, want: granted},
+		{name: "ctx ended, refusal read in time", ctx: cancelled, o: wait.Outcome{Certain: true}, want: refused, errs: []error{stmt.ErrNotAcquired}},
+		{name: "ctx ended, abandoned", ctx: cancelled, o: wait.Outcome{Err: stmt.ErrAbandoned}, want: uncertain, errs: []error{stmt.ErrNotAcquired, stmt.ErrAbandoned}},
+		{name: "server ended the wait at the deadline", ctx: live, o: wait.Outcome{Err: wait.ErrDeadline}, want: refused, errs: []error{stmt.ErrNotAcquired, context.DeadlineExceeded}},
+		{name: "left the line", ctx: cancelled, o: wait.Outcome{Err: wait.ErrLeft}, want: refused, errs: []error{stmt.ErrNotAcquired, context.Canceled}},
+		{name: "another backend answered", ctx: live, o: wait.Outcome{OK: true, PID: 8}, pid: 7, want: uncertain, errs: []error{stmt.ErrSessionChanged}},
+		{name: "the expected backend answered", ctx: live, o: wait.Outcome{OK: true, PID: 7}, pid: 7, want: granted},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

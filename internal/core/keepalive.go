@@ -6,13 +6,14 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -229,7 +230,7 @@ func (m *monitor) check(ws []watched) {
 		m.p.stats.keepAliveSkipped.Add(1)
 		if !m.starved {
 			m.starved = true
-			st := m.p.db.Stats()
+			st := m.p.DB.Stats()
 			m.p.hooks.Log(context.Background(), slog.LevelWarn,
 				"sqllock: keep-alive skipped: the pool is at its SetMaxOpenConns limit, so held locks are not being watched; leave one connection free", Key{}, false,
 				slog.Int("max_open", st.MaxOpenConnections), slog.Int("in_use", st.InUse), slog.Int("locks", len(keys)))
@@ -369,10 +370,10 @@ func (m *monitor) query(ctx context.Context, keys []heldKey, sent *atomic.Bool) 
 	for attempt := 1; ; attempt++ {
 		var conn *sql.Conn
 		err := errPoolFull
-		if !poolFull(m.p.db) {
+		if !poolFull(m.p.DB) {
 			conn, err = m.conn(ctx)
 		}
-		if err != nil && poolFull(m.p.db) {
+		if err != nil && poolFull(m.p.DB) {
 			return checkResult{skipped: true}
 		}
 		if err != nil {
@@ -394,7 +395,7 @@ func (m *monitor) query(ctx context.Context, keys []heldKey, sent *atomic.Bool) 
 
 var errPoolFull = errors.New("sqllock: pool at its limit")
 
-// conn is getConn for a check: a connection being set up when ctx ends
+// conn is stmt.GetConn for a check: a connection being set up when ctx ends
 // goes on in the background, to the pool, and the next check waits for it
 // rather than set up another. A check that aborted its own setup at its
 // timeout would never get a connection while setups take longer than that
@@ -415,15 +416,15 @@ func (m *monitor) conn(ctx context.Context) (*sql.Conn, error) {
 			return nil, ctx.Err()
 		}
 	}
-	if m.p.db.Stats().Idle > 0 {
-		return m.p.db.Conn(ctx)
+	if m.p.DB.Stats().Idle > 0 {
+		return m.p.DB.Conn(ctx)
 	}
 	dialing := make(chan struct{})
 	conn, err := stmt.LeaveAtEnd(ctx, 0,
 		func(func() bool) (*sql.Conn, error) {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stmt.ConnectTimeout)
 			defer cancel()
-			return m.p.db.Conn(cctx)
+			return m.p.DB.Conn(cctx)
 		},
 		func() {
 			m.dialMu.Lock()
@@ -497,7 +498,7 @@ func queryLost(ctx context.Context, p *Pool, conn *sql.Conn, keys []heldKey) ([]
 		if i == 0 {
 			sep = "{"
 		}
-		c, o, s := Tag(h.key)
+		c, o, s := stmt.Tag(h.key)
 		pids.WriteString(sep + strconv.FormatInt(h.pid, 10))
 		classids.WriteString(sep + strconv.FormatUint(uint64(c), 10))
 		objids.WriteString(sep + strconv.FormatUint(uint64(o), 10))
@@ -506,7 +507,7 @@ func queryLost(ctx context.Context, p *Pool, conn *sql.Conn, keys []heldKey) ([]
 		servers.WriteString(sep + strconv.FormatInt(h.id.server, 10))
 		backends.WriteString(sep + strconv.FormatInt(h.id.backend, 10))
 	}
-	q, args := p.mode.Arrays(sqltext.KeepAliveSQL, pids.String()+"}", classids.String()+"}",
+	q, args := p.Mode.Arrays(sqltext.KeepAliveSQL, pids.String()+"}", classids.String()+"}",
 		objids.String()+"}", subids.String()+"}", shared.String()+"}", servers.String()+"}", backends.String()+"}")
 	// Through database/sql, behind a transaction pooler in pgx's simple
 	// protocol (SimpleArgs): a statement its cache prepared would meet

@@ -79,7 +79,7 @@ type keyQueue struct {
 	named  bool
 	// grantedAt is when the server last granted the key to the queue.
 	grantedAt time.Time
-	// clearAt is when (monoNow) the latest check that found the key's
+	// clearAt is when (stmt.MonoNow) the latest check that found the key's
 	// doorbell silent was sent: callers queued before it arrived before
 	// any waiter of another process still in line. checking: a check is
 	// under way.
@@ -94,7 +94,7 @@ type keyQueue struct {
 // qwaiter is one caller in a queue.
 type qwaiter struct {
 	r        Request
-	queuedAt int64         // monoNow when it queued
+	queuedAt int64         // stmt.MonoNow when it queued
 	ready    chan struct{} // closed when the caller is handed the key (hold) or made head
 	state    qstate        // guarded by the shard's mu
 	hold     *Hold         // set with state handed

@@ -26,7 +26,7 @@ import (
 // (a server older than 14, no orphan bound, no keep-alive) never expires.
 type lease struct {
 	bound    time.Duration
-	beat     atomic.Int64 // monoNow when the last statement that succeeded on the session was sent
+	beat     atomic.Int64 // stmt.MonoNow when the last statement that succeeded on the session was sent
 	busy     atomic.Int32 // statements (or Session calls) in flight: the session is not idle
 	touching atomic.Bool  // a touch is in flight
 	off      atomic.Bool  // not leased any more: its connection was handed to the caller
@@ -38,7 +38,7 @@ type leasing struct {
 }
 
 // newLease returns the lease of a session whose last statement was sent at
-// sent (monoNow), or nil when p leases nothing.
+// sent (stmt.MonoNow), or nil when p leases nothing.
 func (lg *leasing) newLease(sent int64) *lease {
 	p := lg.p
 	b := p.leaseBound()
@@ -69,7 +69,7 @@ func leases(cfg Config, major int) bool {
 	return (major >= 14 || cfg.TxPooler) && cfg.OrphanBound > 0 && cfg.KeepAlive > 0
 }
 
-// sent records a statement sent at at (monoNow) that succeeded.
+// sent records a statement sent at at (stmt.MonoNow) that succeeded.
 func (ls *lease) sent(at int64) {
 	if ls == nil {
 		return

@@ -9,8 +9,9 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"slices"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 
 	"github.com/sqllock/sqllock/internal/pglocks"
 	"github.com/sqllock/sqllock/internal/sqltext"
@@ -198,7 +199,7 @@ func (b *batcher) plainSQL() (*statements, sqltext.Mode) {
 	if s.prep.Bound() {
 		return s.p.bindPlain, sqltext.Bind
 	}
-	return s.p.plain, s.p.mode
+	return s.p.plain, s.p.Mode
 }
 
 // answered records what a statement's answer says of the session: its
@@ -299,7 +300,7 @@ func (b *batcher) holding(keys []Key) ([]Key, error) {
 		if !r.Granted || r.Shared {
 			return nil
 		}
-		if k, ok := KeyOfTag(r.Tag); ok && want[k] {
+		if k, ok := stmt.KeyOfTag(r.Tag); ok && want[k] {
 			held = append(held, k)
 		}
 		return nil

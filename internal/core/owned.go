@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -64,7 +65,7 @@ func (p *Pool) Open(ctx context.Context) (*Owned, error) {
 		return nil, ErrPinnedSession
 	}
 	sent := stmt.MonoNow()
-	conn, err := p.takeConn(ctx)
+	conn, err := p.TakeConn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("sqllock: %s: get connection: %w", what, err)
 	}
@@ -80,7 +81,7 @@ func (p *Pool) Open(ctx context.Context) (*Owned, error) {
 	var pid int64
 	var standby bool
 	q, args := p.sql().SessionSQL(s.mark)
-	err = stmt.QueryRow(ctx, p.abandoned, conn, q, args, &pid, &standby, stmt.Skip)
+	err = stmt.QueryRow(ctx, p.Abandoned, conn, q, args, &pid, &standby, stmt.Skip)
 	if err == nil && pid != 0 {
 		err = s.sameBackend(pid, false, Key{})
 	}
@@ -170,17 +171,17 @@ func (o *Owned) Lock(ctx context.Context, k Key) (err error) {
 	defer func() { err = o.p.timedOut(err) }()
 	// The engine's wait for an Owned: one statement, visible to
 	// PostgreSQL's deadlock detector (the Owned holds other locks).
-	var oc outcome
+	var oc wait.Outcome
 	if err := o.s.withConn(func(conn *sql.Conn) error {
-		oc = o.p.waitOn(ctx, connWaiter{conn: conn, blind: o.p.abandoned, m: o.s.mark}, sessionLevel, o.p.sql(), 0, k, o.pid)
-		return oc.err
-	}); oc.err == nil && err != nil {
-		oc.err = err // the session was ended before the wait began
+		oc = o.p.waitOn(ctx, wait.ConnWaiter{Conn: conn, Blind: o.p.Abandoned, M: o.s.mark}, wait.SessionLevel, o.p.sql(), 0, k, o.pid)
+		return oc.Err
+	}); oc.Err == nil && err != nil {
+		oc.Err = err // the session was ended before the wait began
 	}
 	// The Owned's server was checked when it opened: a standby's answer
 	// is not asked about again.
 	switch v, err := judge(ctx, oc, what, true, o.pid); {
-	case v == uncertain && errors.Is(oc.err, sql.ErrConnDone) && o.Err() != nil:
+	case v == uncertain && errors.Is(oc.Err, sql.ErrConnDone) && o.Err() != nil:
 		return o.Err() // lost (by the keep-alive) before the wait began
 	case v == stray:
 		// A wait statement the server failed (a full lock table, a
@@ -233,7 +234,7 @@ func (o *Owned) TryLock(ctx context.Context, keys []Key) ([]Key, error) {
 	query := func(q string, args []any, dest ...any) error {
 		return o.s.queryRowCtx(ctx, q, args, dest...)
 	}
-	took, err := stmt.Many(o.p.mode, query, sqltext.BatchTry, o.pid, want, nil)
+	took, err := stmt.Many(o.p.Mode, query, sqltext.BatchTry, o.pid, want, nil)
 	if stmt.CtxEnded(ctx) || err != nil {
 		return nil, o.tryLockFailed(ctx, want, err)
 	}

@@ -5,10 +5,12 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 	"log/slog"
 	"strconv"
 	"strings"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -53,7 +55,7 @@ type pinning struct {
 // in the transaction that holds its locks (one that fails aborts it).
 var ErrPinnedSession = errors.New("sqllock: a Session is not available with WithTransactionPooler: its connection would run the caller's statements inside the transaction that holds its locks; use Locker.Lock, TryLock or Do for the locks, and InTx or LockTx to lock in a transaction of your own")
 
-// checkPinned makes conn, just taken from the pool (takeConn), a lock
+// checkPinned makes conn, just taken from the pool (wait.TakeConn), a lock
 // session's: it begins its transaction when the Pool pins its sessions
 // (pin), and checks the server (checkServer). On failure conn is given
 // back as it came, or, once a transaction may have begun on it,
@@ -66,7 +68,7 @@ func (pn *pinning) checkPinned(ctx context.Context, conn *sql.Conn) (ident, erro
 		if err := p.pin(ctx, conn); err != nil {
 			unpin(conn)
 			p.discard(conn, "pinned session: "+err.Error())
-			p.budget.Give()
+			p.Budget.Give()
 			return ident{}, fmt.Errorf("sqllock: begin the transaction of a lock session: %w", err)
 		}
 	}
@@ -80,7 +82,7 @@ func (pn *pinning) checkPinned(ctx context.Context, conn *sql.Conn) (ident, erro
 	case p.cfg.TxPooler:
 		unpin(conn)
 		p.discard(conn, "pinned session: "+err.Error())
-		p.budget.Give()
+		p.Budget.Give()
 	default:
 		p.putBack(conn, false) // no lock statement ran on it
 	}
@@ -98,10 +100,10 @@ func (pn *pinning) pin(ctx context.Context, conn *sql.Conn) error {
 		stmt.SimpleConns.Store(dc, m)
 		stmt.SimpleCount.Add(1)
 	}
-	return txExecOn(ctx, p.abandoned, conn, sqltext.BeginPinnedSQL)
+	return wait.TxExecOn(ctx, p.Abandoned, conn, sqltext.BeginPinnedSQL)
 }
 
-// simpleFor makes the statements the Pool sends on conn, a connection of
+// wait.SimpleFor makes the statements the Pool sends on conn, a connection of
 // the pool that is not a pinned session's, go in pgx's simple protocol
 // while the Pool uses it, when the Pool is behind a transaction pooler:
 // a prepared statement would meet another server session than the one it
@@ -124,7 +126,7 @@ func (pn *pinning) simpleFor(conn *sql.Conn) (done func()) {
 
 // SimpleArgs returns args, for a statement the caller runs on conn
 // through database/sql, with pgx's option for its simple protocol ahead of
-// them when the Pool is behind a transaction pooler (see simpleFor).
+// them when the Pool is behind a transaction pooler (see wait.SimpleFor).
 func (pn *pinning) SimpleArgs(conn *sql.Conn, args []any) []any {
 	p := pn.p
 	if !p.cfg.TxPooler {
@@ -154,10 +156,10 @@ func SimpleProtocol(conn *sql.Conn) []any {
 // QueryRow runs q, which answers one row, on a connection of the pool,
 // and scans it into dest (any types database/sql scans): for the
 // package's reads on no lock session (an election's leader), which behind
-// a transaction pooler go in pgx's simple protocol (see simpleFor).
+// a transaction pooler go in pgx's simple protocol (see wait.SimpleFor).
 func (pn *pinning) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
 	p := pn.p
-	conn, err := p.db.Conn(ctx)
+	conn, err := p.DB.Conn(ctx)
 	if err != nil {
 		return err
 	}
@@ -182,17 +184,9 @@ func unpin(conn *sql.Conn) {
 // cleanly (see closeConn).
 func (pn *pinning) commitPinned(conn *sql.Conn) error {
 	p := pn.p
-	err := txExecOn(p.UnlockContext(), p.abandoned, conn, sqltext.CommitPinnedSQL)
+	err := wait.TxExecOn(p.UnlockContext(), p.Abandoned, conn, sqltext.CommitPinnedSQL)
 	unpin(conn)
 	return err
-}
-
-// txExecOn runs q, a statement that answers no row, on conn.
-func txExecOn(ctx context.Context, blind *stmt.AbandonSet, conn *sql.Conn, q string) error {
-	if err := stmt.QueryRow(ctx, blind, conn, q, nil); err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return err
-	}
-	return nil
 }
 
 // Pinned reports whether the Pool pins its sessions (Config.TxPooler).
@@ -216,11 +210,11 @@ func (h *Hold) Token(ctx context.Context) (int64, error) {
 	if err := h.Err(); err != nil {
 		return 0, err
 	}
-	c, o, sub := Tag(h.key)
-	q, args := p.mode.TokenOfArgs(int64(c), int64(o), sub, h.pid)
+	c, o, sub := stmt.Tag(h.key)
+	q, args := p.Mode.TokenOfArgs(int64(c), int64(o), sub, h.pid)
 	var tok int64
 	err := p.inTransaction(ctx, func(conn *sql.Conn) error {
-		return stmt.QueryRow(ctx, p.abandoned, conn, q, args, &tok)
+		return stmt.QueryRow(ctx, p.Abandoned, conn, q, args, &tok)
 	})
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
@@ -243,11 +237,11 @@ func (h *Hold) Token(ctx context.Context) (int64, error) {
 // discarded.
 func (pn *pinning) inTransaction(ctx context.Context, f func(conn *sql.Conn) error) error {
 	p := pn.p
-	conn, err := p.takeConn(ctx)
+	conn, err := p.TakeConn(ctx)
 	if err != nil {
 		return err
 	}
-	defer p.budget.Give() // once conn is back, or discarded
+	defer p.Budget.Give() // once conn is back, or discarded
 	if err = p.pin(ctx, conn); err == nil {
 		if err = f(conn); err == nil || errors.Is(err, sql.ErrNoRows) {
 			ferr := err
@@ -290,7 +284,7 @@ func (pn *pinning) askWaitedOn(ctx context.Context, conn *sql.Conn) error {
 		return nil
 	}
 	pids.WriteByte('}')
-	q, args := p.mode.Arrays(sqltext.WaitedOnSQL, pids.String())
+	q, args := p.Mode.Arrays(sqltext.WaitedOnSQL, pids.String())
 	rows, err := conn.QueryContext(ctx, q, p.SimpleArgs(conn, args)...)
 	if err != nil {
 		return err
@@ -326,4 +320,10 @@ func (s *session) waitedOn() {
 		s.p.hooks.Log(context.Background(), slog.LevelWarn, "sqllock: a backend waits for the end of a lock session's transaction (CREATE INDEX CONCURRENTLY or its kin, behind a transaction pooler): it goes on once the session's locks are released", Key{}, false,
 			slog.Int64("pid", s.id.pid), slog.Bool("shared", shared))
 	}
+}
+
+// waiterOf returns s's connection as a waiter.
+func (cs *connections) waiterOf(s *session) wait.ConnWaiter {
+	p := cs.p
+	return wait.ConnWaiter{Conn: s.conn, Blind: p.Abandoned, M: s.mark, Pinned: p.cfg.TxPooler}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -151,9 +152,9 @@ func runPlace(s *session, o *op) {
 	var q string
 	var args []any
 	if o.ticket == 0 {
-		q, args = s.p.mode.PlaceSQL(o.class, o.shared, s.pid)
+		q, args = s.p.Mode.PlaceSQL(o.class, o.shared, s.pid)
 	} else {
-		q, args = s.p.mode.PlaceBackSQL(o.class, o.ticket, o.shared, s.pid)
+		q, args = s.p.Mode.PlaceBackSQL(o.class, o.ticket, o.shared, s.pid)
 	}
 	var v int64
 	err := s.queryRow(q, args, &v)
@@ -166,7 +167,7 @@ func runPlace(s *session, o *op) {
 	case o.ticket != 0 && v != 2:
 		// A certain answer: the place was not held (both, or one, of its
 		// locks). It concerns that place only.
-		s.p.debug(context.Background(), "sqllock: a place in line was not held as it was given back", Key{Pair: true, Class: o.class, ID: o.ticket})
+		s.p.Debug(context.Background(), "sqllock: a place in line was not held as it was given back", Key{Pair: true, Class: o.class, ID: o.ticket})
 	}
 	if err != nil {
 		s.discard(err)
@@ -181,4 +182,12 @@ func placeTicketClass(qk queueKey) int32 {
 		return sqltext.SemaphoreTicketClass(qk.k.Class)
 	}
 	return sqltext.TicketClass(qk.k)
+}
+
+// in returns ln for a waiter whose place in line is pl (nil: none).
+func (pl *place) in(ln wait.Line) wait.Line {
+	if pl == nil {
+		return ln
+	}
+	return ln.At(pl.ticket(), pl.tell)
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
@@ -70,9 +71,9 @@ type Event struct {
 // own, Owned ones), its per-key queues, its keep-alive. It is safe for
 // concurrent use.
 type Pool struct {
-	engine // db, the driver's statement mode, round trips (see wait.go)
-	cfg    Config
-	hooks  Hooks
+	wait.Engine // db, the driver's statement mode, round trips (see wait.go)
+	cfg         Config
+	hooks       Hooks
 
 	statementSet // its statements, and its connections' backends
 	serverState  // what its server check found (server.go)
@@ -130,33 +131,27 @@ func (p *Pool) link() *Pool {
 
 // NewPool returns the core of a Locker on db.
 func NewPool(db *sql.DB, cfg Config, hooks Hooks) *Pool {
-	p := &Pool{engine: engine{db: db, budget: &stmt.Budget{DB: db}, mode: sqltext.DetectMode(db.Driver())}, cfg: cfg, hooks: hooks}
+	p := &Pool{Engine: wait.Engine{DB: db, Budget: &stmt.Budget{DB: db}, Mode: sqltext.DetectMode(db.Driver())}, cfg: cfg, hooks: hooks}
 	p.closing.init()
 	p.link()
 	if cfg.TxPooler {
-		p.engine.simpleFor = p.pinning.simpleFor
+		p.Engine.SimpleFor = p.pinning.simpleFor
 	}
-	if p.mode == sqltext.Inline { // lib/pq (see sqltext.DetectMode)
-		p.abandoned = &stmt.AbandonSet{Budget: p.budget}
+	if p.Mode == sqltext.Inline { // lib/pq (see sqltext.DetectMode)
+		p.Abandoned = &stmt.AbandonSet{Budget: p.Budget}
 	}
-	p.plain = sqltext.Plain(p.mode)
+	p.plain = sqltext.Plain(p.Mode)
 	p.bindPlain = sqltext.Plain(sqltext.Bind)
 	p.markBase = strconv.FormatUint(rand.Uint64(), 36)
 	p.mon = newMonitor(p)
-	p.trace = func(ctx context.Context, msg string, k Key, attrs ...slog.Attr) {
+	p.Trace = func(ctx context.Context, msg string, k Key, attrs ...slog.Attr) {
 		hooks.Log(ctx, slog.LevelDebug, msg, k, true, attrs...)
 	}
-	p.warn = func(ctx context.Context, msg string, k Key, attrs ...slog.Attr) {
+	p.Warn = func(ctx context.Context, msg string, k Key, attrs ...slog.Attr) {
 		hooks.Log(ctx, slog.LevelWarn, msg, k, true, attrs...)
 	}
 	return p
 }
-
-// DB returns the pool of connections the Pool takes its sessions from.
-func (p *Pool) DB() *sql.DB { return p.db }
-
-// Mode returns how keys reach the server (see sqltext.Mode).
-func (p *Pool) Mode() sqltext.Mode { return p.mode }
 
 // newMark returns an owner mark for a new lock session (see
 // sqltext.Statements): unique to it, among every process's.
@@ -212,24 +207,24 @@ func (e *connections) UnlockContext() context.Context {
 func (cs *connections) discard(conn *sql.Conn, why string) {
 	p := cs.p
 	p.emit(Event{Kind: EventDiscarded, Err: errorString(why)})
-	if p.abandoned.Has(conn) {
+	if p.Abandoned.Has(conn) {
 		return // its abandoned statement closes it as it returns
 	}
 	stmt.DiscardConn(conn)
 }
 
-// putBack gives conn, taken by takeConn and holding no lock, back as it
+// putBack gives conn, taken by wait.TakeConn and holding no lock, back as it
 // is: a spare when spare is set (no statement on it failed), else to the
 // pool (see budget.done); a connection whose statement was abandoned
 // closes as that statement returns (closing it now would wait for it),
 // counted until then as abandoned.
 func (cs *connections) putBack(conn *sql.Conn, spare bool) {
 	p := cs.p
-	if p.abandoned.Has(conn) {
-		p.budget.Give()
+	if p.Abandoned.Has(conn) {
+		p.Budget.Give()
 		return
 	}
-	p.budget.Done(conn, spare && !p.Closed())
+	p.Budget.Done(conn, spare && !p.Closed())
 }
 
 // errorString is an error that is its text.
@@ -279,10 +274,10 @@ func (s *poolStats) lostHeld(n int64) {
 func (p *Pool) Stats() Stats {
 	return Stats{Held: p.stats.held.Load(), Acquired: p.stats.acquired.Load(), Contended: p.stats.contended.Load(),
 		TimedOut: p.stats.timedOut.Load(), Lost: p.stats.lost.Load(), Discarded: p.stats.discarded.Load(), KeepAliveChecks: p.stats.keepAlive.Load(),
-		KeepAliveSkipped: p.stats.keepAliveSkipped.Load(), SnapshotWaits: p.snapshotWaits.Load(),
+		KeepAliveSkipped: p.stats.keepAliveSkipped.Load(), SnapshotWaits: p.SnapshotWaits.Load(),
 		SharedSessions: p.share.sessions()}
 }
 
 // BudgetCount returns how many connections the Pool counts in its budget
 // (see budget): for tests.
-func (p *Pool) BudgetCount() int { return p.budget.Count() }
+func (p *Pool) BudgetCount() int { return p.Budget.Count() }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -275,20 +276,20 @@ func (pg *poolerGuard) probe(ctx context.Context, conn *sql.Conn, id ident) bool
 	if id.pid == 0 || id.backend == 0 || pg.noProbe.Load() {
 		return true // a server (or a stand-in) that does not say who runs it
 	}
-	// Its answers are read for up to abandonGrace past ctx's end, as the
+	// Its answers are read for up to stmt.AbandonGrace past ctx's end, as the
 	// server check's: a probe cut short costs its connections, and is
 	// left to the next call; calls whose deadlines are shorter than a
 	// probe would leave it to the next one for ever.
-	ctx, cancel := withGrace(ctx)
+	ctx, cancel := wait.WithGrace(ctx)
 	defer cancel()
 	var other *sql.Conn
-	if st := p.db.Stats(); (st.MaxOpenConnections == 0 || st.Idle > 0 || st.OpenConnections < st.MaxOpenConnections) &&
-		p.budget.TryTake() {
+	if st := p.DB.Stats(); (st.MaxOpenConnections == 0 || st.Idle > 0 || st.OpenConnections < st.MaxOpenConnections) &&
+		p.Budget.TryTake() {
 		cctx, cancel := context.WithTimeout(ctx, probeConnWait)
-		other, _ = p.db.Conn(cctx)
+		other, _ = p.DB.Conn(cctx)
 		cancel()
 		if other == nil {
-			p.budget.Give()
+			p.Budget.Give()
 		}
 	}
 	if other != nil {
@@ -296,7 +297,7 @@ func (pg *poolerGuard) probe(ctx context.Context, conn *sql.Conn, id ident) bool
 	}
 	ask := func(c *sql.Conn) (ident, error) {
 		b := ident{server: id.server}
-		err := stmt.QueryRow(ctx, p.abandoned, c, sqltext.BackendSQL, nil, &b.pid, &b.backend)
+		err := stmt.QueryRow(ctx, p.Abandoned, c, sqltext.BackendSQL, nil, &b.pid, &b.backend)
 		return b, err
 	}
 	var first ident // other's first answer
@@ -455,7 +456,7 @@ func (pg *poolerGuard) strandedOnce(ctx context.Context, q string, args []any) (
 	p := pg.p
 	var answer int64
 	err := p.inTransaction(ctx, func(conn *sql.Conn) error {
-		return stmt.QueryRow(ctx, p.abandoned, conn, q, args, &answer)
+		return stmt.QueryRow(ctx, p.Abandoned, conn, q, args, &answer)
 	})
 	return answer, err
 }
@@ -468,7 +469,7 @@ func (pg *poolerGuard) strandedOnce(ctx context.Context, q string, args []any) (
 // connections as they were. For the doctor command.
 func DetectPooler(ctx context.Context, db *sql.DB) (pooled, err error) {
 	p := NewPool(db, Config{UnlockTimeout: 5 * time.Second}, quietHooks{})
-	conn, err := p.takeConn(ctx)
+	conn, err := p.TakeConn(ctx)
 	if err != nil {
 		return nil, err
 	}

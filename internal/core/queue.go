@@ -63,7 +63,7 @@ type op struct {
 // A try's state: pending until the runner sends it (sent), and decided
 // once its outcome is known; abandoned by a caller whose ctx ended before
 // it was sent (it is then never sent), or, once sent, whose answer did not
-// come within abandonGrace (a grant is then undone by the runner).
+// come within stmt.AbandonGrace (a grant is then undone by the runner).
 const (
 	opPending uint32 = iota
 	opSent
@@ -394,11 +394,11 @@ func (s *session) runAlive(ops []*op) {
 		}
 		if len(classes) == 0 {
 			var v int64
-			q, args := s.p.mode.AliveSQL(s.pid)
+			q, args := s.p.Mode.AliveSQL(s.pid)
 			err = s.queryRow(q, args, &v)
 		} else {
 			rows := 0
-			q, args := s.p.mode.DoorbellSQL(s.pid, classes, tickets)
+			q, args := s.p.Mode.DoorbellSQL(s.pid, classes, tickets)
 			err = s.queryRows(q, args, func(v []driver.Value) error {
 				rows++
 				rung[line{int32(pglocks.Int(v[0])), int32(pglocks.Int(v[1]))}] = v[2] == true

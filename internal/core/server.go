@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 	"strconv"
 	"strings"
 	"time"
@@ -44,13 +45,13 @@ func (ss *serverState) checkServer(ctx context.Context, conn *sql.Conn) (ident, 
 	// Bounded as every statement of the Pool's: a blind driver's first
 	// statement on a connection whose server stopped answering must not
 	// hold the call past its context. Its answer is read for up to
-	// abandonGrace past ctx's end (withGrace): a check cut short costs
+	// stmt.AbandonGrace past ctx's end (wait.WithGrace): a check cut short costs
 	// its connection (the driver closes it), and calls whose deadlines
 	// are shorter than a check would open and close connections without
 	// end; the caller gives it back checked, for the next call.
-	gctx, cancel := withGrace(ctx)
+	gctx, cancel := wait.WithGrace(ctx)
 	defer cancel()
-	if err := stmt.QueryRow(gctx, p.abandoned, conn, sqltext.VersionSQL, nil, &v, &id.pid, &id.server, &id.backend); err != nil {
+	if err := stmt.QueryRow(gctx, p.Abandoned, conn, sqltext.VersionSQL, nil, &v, &id.pid, &id.server, &id.backend); err != nil {
 		if unexpectedByMock(dc, err) {
 			return ident{}, serverCheckUnexpected{err}
 		}
@@ -61,7 +62,7 @@ func (ss *serverState) checkServer(ctx context.Context, conn *sql.Conn) (ident, 
 			p.sawPooler(perr)
 			return ident{}, p.pooledOr(perr)
 		}
-		if stmt.SQLState(err) != "" && stmt.QueryRow(ctx, p.abandoned, conn, sqltext.PlainVersionSQL, nil, &v) == nil {
+		if stmt.SQLState(err) != "" && stmt.QueryRow(ctx, p.Abandoned, conn, sqltext.PlainVersionSQL, nil, &v) == nil {
 			if err := Supported(v); err != nil {
 				return ident{}, err // a server that only looks like PostgreSQL
 			}
@@ -135,7 +136,7 @@ func (ss *serverState) serverChecked(v string) error {
 	}
 	major := majorVersion(v)
 	p.major.Store(int32(major))
-	p.stmts.Store(sqltext.ForSettings(p.mode, p.settings(p.cfg.AppName, false)))
+	p.stmts.Store(sqltext.ForSettings(p.Mode, p.settings(p.cfg.AppName, false)))
 	p.leased.Store(leases(p.cfg, major))
 	p.serverOK.Store(true)
 	return nil
@@ -164,7 +165,7 @@ func (ss *serverState) sql() *statements {
 	if s := p.stmts.Load(); s != nil {
 		return s
 	}
-	return sqltext.ForSettings(p.mode, p.settings(p.cfg.AppName, false))
+	return sqltext.ForSettings(p.Mode, p.settings(p.cfg.AppName, false))
 }
 
 // statementsFor returns the statements of a lock whose session is named
@@ -175,7 +176,7 @@ func (ss *serverState) statementsFor(named string) *statements {
 	if named == "" {
 		return p.sql()
 	}
-	return sqltext.ForSettings(p.mode, p.settings(named, true))
+	return sqltext.ForSettings(p.Mode, p.settings(named, true))
 }
 
 // majorVersion returns the major version of a version() string of
@@ -214,26 +215,3 @@ func Supported(version string) error {
 // locks on: older servers are refused with [ErrUnsupportedServer]. The
 // tests run on PostgreSQL 13, 15, 17 and 18.
 const MinServerVersion = 12
-
-// waitSlice returns the lock_timeout of a wait statement (see sqltext's
-// WaitSQL and SliceSQL), as "<n>ms": half the server's deadlock_timeout, asked on w at the
-// Pool's first wait and again after a wait was reported a deadlock
-// (which says the setting was lowered since).
-func (e *engine) waitSlice(ctx context.Context, w waiter) (string, error) {
-	if s := e.slice.Load(); s != nil {
-		return *s, nil
-	}
-	var ms int64
-	// Read for up to abandonGrace past ctx's end, as the server check
-	// is: a question cut short costs its session, and a Pool whose
-	// callers' deadlines are shorter than a round trip or two would
-	// never learn the answer, and lose a session at each wait.
-	gctx, cancel := withGrace(ctx)
-	defer cancel()
-	if err := w.queryRow(gctx, sqltext.WaitSliceSQL, nil, &ms); err != nil {
-		return "", err
-	}
-	s := strconv.FormatInt(ms, 10) + "ms"
-	e.slice.Store(&s)
-	return s, nil
-}

@@ -105,7 +105,7 @@ type idleTimer struct {
 	s      *session    // its session
 	linger *time.Timer // ends it (lingered) once armed; made once
 	armed  bool        // linger is counting down
-	idleAt int64       // monoNow when it last became idle
+	idleAt int64       // stmt.MonoNow when it last became idle
 }
 
 // sessionKind is what a session is for.
@@ -134,18 +134,18 @@ const (
 	ended
 )
 
-// newSession makes conn, just taken from the pool (takeConn) and checked
+// newSession makes conn, just taken from the pool (wait.TakeConn) and checked
 // (id), a session of kind, marked with a new owner mark, which takes it
 // out of the budget (see budget.go); its lease starts with the statement
 // sent at sent.
 func (cs *connections) newSession(conn *sql.Conn, id ident, kind sessionKind, sent int64) *session {
 	p := cs.p
 	s := (&session{p: p, connHandle: connHandle{conn: conn, gone: make(chan struct{})}, id: id, ls: p.newLease(sent), marked: marked{mark: p.newMark()}, life: life{kind: kind}}).link()
-	if kind == kindShared && p.abandoned != nil {
+	if kind == kindShared && p.Abandoned != nil {
 		s.prep = stmt.NewPrepared(s.mark)
 	}
 	p.addLive(s)
-	p.budget.Give()
+	p.Budget.Give()
 	return s
 }
 

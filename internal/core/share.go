@@ -67,7 +67,7 @@ const sessionLinger = stmt.SpareLinger
 
 // sharing is a Pool's shared sessions and the keys they hold.
 type sharing struct {
-	// limit is sharedLimit's last reading, until limitUntil (monoNow).
+	// limit is sharedLimit's last reading, until limitUntil (stmt.MonoNow).
 	limit, limitUntil atomic.Int64
 
 	mu  sync.Mutex
@@ -291,9 +291,9 @@ func (p *Pool) sharedRoom(n int) bool {
 	if n >= p.maxShared() {
 		return false // the most a pool of any size shares: no need to ask it
 	}
-	st := p.db.Stats()
+	st := p.DB.Stats()
 	limit := min(sharedLimitOf(st), p.maxShared())
-	return n < limit && (n == 0 || st.InUse-p.budget.Spares() < limit)
+	return n < limit && (n == 0 || st.InUse-p.Budget.Spares() < limit)
 }
 
 // sharedLimit is maxShared, or a quarter of the pool's limit when it has
@@ -311,7 +311,7 @@ func (p *Pool) sharedLimit() int {
 	if now < p.share.limitUntil.Load() {
 		return int(p.share.limit.Load())
 	}
-	n := min(sharedLimitOf(p.db.Stats()), p.maxShared())
+	n := min(sharedLimitOf(p.DB.Stats()), p.maxShared())
 	p.share.limit.Store(int64(n))
 	p.share.limitUntil.Store(now + int64(sharedLimitAge))
 	return n
@@ -348,7 +348,7 @@ func sharedLimitOf(st sql.DBStats) int {
 // trip of its own.
 func (p *Pool) openShared(ctx context.Context) (*session, error) {
 	sent := stmt.MonoNow()
-	conn, err := p.takeConn(ctx)
+	conn, err := p.TakeConn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("sqllock: shared session: get connection: %w", err)
 	}

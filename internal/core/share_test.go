@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -80,7 +81,7 @@ func TestSharedForNoneUsable(t *testing.T) {
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(4) // room for one shared session
-	p := (&Pool{engine: engine{db: db}}).link()
+	p := (&Pool{Engine: wait.Engine{DB: db}}).link()
 	s := (&session{p: p, life: life{kind: kindShared}, connHandle: connHandle{gone: make(chan struct{})}}).link()
 	s.mu.Lock()
 	s.setStateLocked(retiring, nil)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,7 +53,7 @@ func (sl Slots) trySQL(p *Pool, polite bool) string {
 // while all are taken. A waiting call joins the Pool's queue for the
 // semaphore, in arrival order; its head takes a slot at once only when no
 // one waits in the semaphore's line, which every process's waiters share,
-// and otherwise waits in it (see waitInLine): the first waiter gets the
+// and otherwise waits in it (see wait.WaitInLine): the first waiter gets the
 // first free slot. When ctx ends first, it returns an error matching
 // ErrNotAcquired and ctx.Err(), and no slot stays held.
 func (p *Pool) AcquireSlot(ctx context.Context, sl Slots, try bool) (*Hold, error) {
@@ -103,22 +104,22 @@ func SetAfterSlotTry(f func(class int32)) (restore func()) {
 func (p *Pool) slotOn(ctx context.Context, s *session, sl Slots, try bool, pl *place, what namer) (*Hold, error) {
 	w := p.waiterOf(s)
 	var slot int64
-	o := outcome{sent: stmt.MonoNow()} // the permit's lease begins with this statement
-	q, args := p.mode.Arrays(sl.trySQL(p, !try), w.m)
-	// The try takes a moment: its answer, read up to abandonGrace past
+	o := wait.Outcome{Sent: stmt.MonoNow()} // the permit's lease begins with this statement
+	q, args := p.Mode.Arrays(sl.trySQL(p, !try), w.M)
+	// The try takes a moment: its answer, read up to stmt.AbandonGrace past
 	// ctx's end, is certain (a slot taken then is given back by settle).
-	gctx, cancel := withGrace(ctx)
-	o.err = w.queryRow(gctx, q, args, &slot, &o.pid, &o.standby, stmt.Skip)
+	gctx, cancel := wait.WithGrace(ctx)
+	o.Err = w.QueryRow(gctx, q, args, &slot, &o.PID, &o.Standby, stmt.Skip)
 	cancel()
-	o.certain = o.err == nil
-	if o.err == nil && slot == -2 {
-		o.err = stmt.ForeignSession() // nothing was tried
+	o.Certain = o.Err == nil
+	if o.Err == nil && slot == -2 {
+		o.Err = stmt.ForeignSession() // nothing was tried
 	}
-	if o.err == nil {
-		p.observeRTT(time.Duration(stmt.MonoNow() - o.sent))
+	if o.Err == nil {
+		p.ObserveRTT(time.Duration(stmt.MonoNow() - o.Sent))
 	}
-	o.ok = o.err == nil && slot >= 0
-	o.slot = int32(slot)
+	o.OK = o.Err == nil && slot >= 0
+	o.Slot = int32(slot)
 	// ctx is read once: a ctx that ends after this is the wait's to see
 	// (it leaves its line), where a second look could find it ended and
 	// skip the wait, and the call would be told a refusal, not ctx's end.
@@ -126,11 +127,11 @@ func (p *Pool) slotOn(ctx context.Context, s *session, sl Slots, try bool, pl *p
 	if h := afterSlotTry.Load(); h != nil {
 		(*h)(sl.Class)
 	}
-	if o.err == nil && ended {
+	if o.Err == nil && ended {
 		// Answered as ctx ended: the call has nothing (a slot granted
 		// goes back), and the session is intact.
-		if o.ok {
-			k := Key{Pair: true, Class: sl.Class, ID: o.slot}
+		if o.OK {
+			k := Key{Pair: true, Class: sl.Class, ID: o.Slot}
 			if uncertain, err := s.unlock(k, false); err != nil {
 				if !uncertain {
 					s.discard(err)
@@ -141,20 +142,20 @@ func (p *Pool) slotOn(ctx context.Context, s *session, sl Slots, try bool, pl *p
 		s.close()
 		return nil, stmt.NotAcquired(what.String(), stmt.CtxErr(ctx))
 	}
-	if !o.ok && o.err == nil && !try && !ended && !(o.standby && !p.cfg.AllowStandby) {
-		o = p.waitInLine(ctx, w, s.st, slotLine(&sl).at(pl), o.pid)
+	if !o.OK && o.Err == nil && !try && !ended && !(o.Standby && !p.cfg.AllowStandby) {
+		o = p.waitInLine(ctx, w, s.st, pl.in(wait.SlotLine(sl.Class, sl.N)), o.PID)
 	}
 	k := Key{}
-	if o.ok {
-		k = Key{Pair: true, Class: sl.Class, ID: o.slot}
+	if o.OK {
+		k = Key{Pair: true, Class: sl.Class, ID: o.Slot}
 	}
-	if o.err == nil {
-		if err := s.sameBackend(o.pid, o.ok, k); err != nil {
-			o = outcome{pid: o.pid, err: err}
+	if o.Err == nil {
+		if err := s.sameBackend(o.PID, o.OK, k); err != nil {
+			o = wait.Outcome{PID: o.PID, Err: err}
 		}
 	}
-	if o.ok {
-		s.pid, s.tuned = o.pid, true
+	if o.OK {
+		s.pid, s.tuned = o.PID, true
 	}
 	h, err := p.settle(ctx, s, k, false, nil, o, what)
 	if errors.Is(err, stmt.ErrNotAcquired) && try && !stmt.CtxEnded(ctx) {

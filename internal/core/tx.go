@@ -2,12 +2,11 @@ package core
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
+
 	"github.com/sqllock/sqllock/internal/core/stmt"
-	"strconv"
-	"time"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -23,21 +22,21 @@ import (
 // nothing taken there). Only a waiting call that finds the key held then
 // waits, as ctx allows: in one statement under a context that never ends
 // or has a deadline (the server keeps it), in slices under one that can
-// only be cancelled (waitTxSliced). With no pool to cancel an abandoned
+// only be cancelled (wait.WaitTxSliced). With no pool to cancel an abandoned
 // wait from, ctx ends it through the driver; the caller's rollback, which
 // is required after a ctx that ended, takes the backend out of the queue.
 // The key is bound as a parameter, which every driver accepts.
-func TxLock(ctx context.Context, tx TxQuerier, k Key, kind Kind) (bool, error) {
+func TxLock(ctx context.Context, tx wait.TxQuerier, k Key, kind Kind) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, stmt.NotAcquired(keyString(k), err)
 	}
-	e := &engine{mode: sqltext.Bind} // no pool to cancel a wait from, no logger
-	o := e.tryOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k)
-	if !kind.IsTry() && o.err == nil && !o.ok && !o.standby && !stmt.CtxEnded(ctx) {
+	e := &wait.Engine{Mode: sqltext.Bind} // no pool to cancel a wait from, no logger
+	o := e.TryOn(ctx, wait.TxWaiter{Tx: tx}, wait.XactLevel, nil, kind, k)
+	if !kind.IsTry() && o.Err == nil && !o.OK && !o.Standby && !stmt.CtxEnded(ctx) {
 		if _, deadline := ctx.Deadline(); !deadline && ctx.Done() != nil {
-			o = e.waitTxSliced(ctx, tx, kind, k)
+			o = e.WaitTxSliced(ctx, tx, kind, k)
 		} else {
-			o = e.waitOn(ctx, txWaiter{tx}, xactLevel, nil, kind, k, o.pid)
+			o = e.WaitOn(ctx, wait.TxWaiter{Tx: tx}, wait.XactLevel, nil, kind, k, o.PID)
 		}
 	}
 	err := settleTx(ctx, namer{label: keyString(k)}, o, false)
@@ -45,62 +44,7 @@ func TxLock(ctx context.Context, tx TxQuerier, k Key, kind Kind) (bool, error) {
 		// No option allows a standby here: say only what to do.
 		err = fmt.Errorf("%w (lock %s): its advisory locks do not conflict with the primary's; connect to the primary", stmt.ErrStandby, keyString(k))
 	}
-	return o.ok, err
-}
-
-// waitTxSliced is a transaction's wait under a context that can be
-// cancelled and has no deadline. The driver's cancel may never reach the
-// server (lib/pq sends it on a connection of its own, and one that arrives
-// before the statement starts is lost), and a transaction has no other
-// session to cancel its wait from, nor a deadline for the server to keep.
-// So the wait goes in slices of twice the server's deadlock_timeout (at
-// least txSliceMin), in a savepoint: the deadlock detector still sees
-// every slice, a slice that times out is rolled back to the savepoint
-// (which also undoes a grant that came as the timeout fired), and while
-// ctx goes on the wait goes on. A lost cancel then costs at most a slice.
-func (e *engine) waitTxSliced(ctx context.Context, tx TxQuerier, kind Kind, k Key) outcome {
-	var dt string
-	if err := (txWaiter{tx}).queryRow(ctx, sqltext.DeadlockTimeoutSQL, nil, &dt); err != nil {
-		return outcome{err: err}
-	}
-	d, err := time.ParseDuration(dt)
-	if err != nil {
-		d = 0 // a unit Go does not read ("1min"): the floor below
-	}
-	slice := strconv.FormatInt(max(2*d, txSliceMin).Milliseconds(), 10) + "ms"
-	if err := txExec(ctx, tx, sqltext.SavepointSQL); err != nil {
-		return outcome{err: err}
-	}
-	q, args := e.mode.XactDeadlineLockSQL(kind&^sqltext.Try, k, slice)
-	for {
-		began := time.Now()
-		var o outcome
-		o.err = txWaiter{tx}.queryRow(ctx, q, args, &o.ok)
-		switch {
-		case o.err == nil:
-			// The transaction keeps what its subtransaction took.
-			o.err = txExec(ctx, tx, sqltext.ReleaseSavepointSQL)
-			return o
-		case !stmt.LockTimedOut(o.err) || !ranInto(began, slice) || stmt.CtxEnded(ctx):
-			// Not the slice's end (a lock_timeout of the transaction's
-			// own, a deadlock, a cancel), or ctx ended: the caller's.
-			return o
-		}
-		if err := txExec(ctx, tx, sqltext.RollbackToSavepointSQL); err != nil {
-			return outcome{err: err}
-		}
-	}
-}
-
-// txSliceMin is the shortest slice of waitTxSliced.
-const txSliceMin = 2 * time.Second
-
-// txExec runs a statement that returns no row in tx.
-func txExec(ctx context.Context, tx TxQuerier, q string) error {
-	if err := (txWaiter{tx}).queryRow(ctx, q, nil); err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return err
-	}
-	return nil
+	return o.OK, err
 }
 
 // txLocks is the part of a Pool that takes locks in its caller's
@@ -119,7 +63,7 @@ type txLocks struct {
 // lock there. A try answered as ctx ended takes no wait after it, and the
 // call is not acquired: the caller's rollback releases what it took (see
 // InTxContext).
-func (tl *txLocks) LockInTx(ctx context.Context, tx TxQuerier, k Key) error {
+func (tl *txLocks) LockInTx(ctx context.Context, tx wait.TxQuerier, k Key) error {
 	p := tl.p
 	if err := ctx.Err(); err != nil {
 		return stmt.NotAcquired(p.name(k), err)
@@ -127,10 +71,10 @@ func (tl *txLocks) LockInTx(ctx context.Context, tx TxQuerier, k Key) error {
 	if p.Closed() {
 		return closedError(p.name(k))
 	}
-	w := txWaiter{tx}
-	o := p.tryOn(ctx, w, xactLevel, nil, 0, k)
-	if o.err == nil && !o.ok && (!o.standby || p.cfg.AllowStandby) && !stmt.CtxEnded(ctx) {
-		o = p.waitOn(ctx, w, xactLevel, nil, 0, k, o.pid)
+	w := wait.TxWaiter{Tx: tx}
+	o := p.TryOn(ctx, w, wait.XactLevel, nil, 0, k)
+	if o.Err == nil && !o.OK && (!o.Standby || p.cfg.AllowStandby) && !stmt.CtxEnded(ctx) {
+		o = p.waitOn(ctx, w, wait.XactLevel, nil, 0, k, o.PID)
 	}
 	return p.closedOr(p.timedOut(settleTx(ctx, namer{p: p, k: k}, o, p.cfg.AllowStandby)))
 }
@@ -162,16 +106,16 @@ func (tl *txLocks) BeginRefusedByStandby(ctx context.Context, err error) bool {
 		return false
 	}
 	var r bool
-	return p.db.QueryRowContext(ctx, sqltext.RecoverySQL).Scan(&r) == nil && r
+	return p.DB.QueryRowContext(ctx, sqltext.RecoverySQL).Scan(&r) == nil && r
 }
 
 // settleTx turns the outcome of a transaction-level acquisition into the
 // call's error: a ctx that ended is "not acquired" whatever the driver said
 // (the caller rolls the transaction back, which releases what it holds); a
 // standby is refused unless standbyOK.
-func settleTx(ctx context.Context, what namer, o outcome, standbyOK bool) error {
+func settleTx(ctx context.Context, what namer, o wait.Outcome, standbyOK bool) error {
 	v, err := judge(ctx, o, what, standbyOK, 0)
-	if v == refused && o.err == nil && !o.ok && (!o.standby || standbyOK) {
+	if v == refused && o.Err == nil && !o.OK && (!o.Standby || standbyOK) {
 		return nil // a try that found the key held: false, and no error
 	}
 	return err

@@ -19,12 +19,12 @@ import (
 // cost two round trips, rendered into the SQL text by sqltext: keys are
 // integers it formats itself, so no caller text ever becomes SQL.
 
-// batchQuery runs a batch statement, whose answer is one row of one
+// BatchQuery runs a batch statement, whose answer is one row of one
 // text column (sql.ErrNoRows when it answers none), storing it in dest: a
 // session's way to send one (its lease, its context, its driver).
 type BatchQuery func(q string, args []any, dest ...any) error
 
-// many sends batch b (sqltext.BatchTry or sqltext.BatchUnlock) of keys in
+// Many sends batch b (sqltext.BatchTry or sqltext.BatchUnlock) of keys in
 // one statement through query, run on backend pid only, and returns, by
 // position, whether the server answered true (all false with an error):
 // the one decoder of every batch (a shared session's, a Session's). An
@@ -37,7 +37,7 @@ func Many(mode sqltext.Mode, query BatchQuery, b sqltext.Batch, pid int64, keys 
 	return Batch(mode, query, b, 0, pid, keys, bb)
 }
 
-// batch is many of b; for sqltext.BatchMixed, a batch of unlocks and
+// Batch is many of b; for sqltext.BatchMixed, a batch of unlocks and
 // tries in one statement: the first unlocks keys are released, the
 // others tried.
 // It runs on backend pid only: a statement that a pooler sent to another
@@ -78,7 +78,7 @@ func Batch(mode sqltext.Mode, query BatchQuery, b sqltext.Batch, unlocks int, pi
 	return got, nil
 }
 
-// batchBufs are the parts of a session's batch statements kept for its
+// BatchBufs are the parts of a session's batch statements kept for its
 // next (used by the runner of its queue only): the texts it sent, its
 // arguments, its keys' array literal, and its answer.
 type BatchBufs struct {
@@ -103,7 +103,7 @@ func (bb *BatchBufs) text(b sqltext.Batch, pairs bool, pid int64) string {
 	return *t
 }
 
-// markPositions sets marks[i-1] for each position i (from 1) in lit, a
+// MarkPositions sets marks[i-1] for each position i (from 1) in lit, a
 // text array literal of integers such as "{2,5}"; anything else is an
 // error (an answer that is not one must not read as "every key taken").
 func MarkPositions(lit string, marks []bool) error {

@@ -15,12 +15,12 @@ import (
 // when its context ends (lib/pq), so that a call still returns by its
 // context's end when the server stopped answering.
 
-// abandonGrace is how long past its context's end a statement on a blind
+// AbandonGrace is how long past its context's end a statement on a blind
 // driver gets before it is abandoned.
 const AbandonGrace = 250 * time.Millisecond
 
-// abandonSet holds the connections whose statements were abandoned (see
-// boundedRaw) until they are closed; a Locker of a blind driver has one.
+// AbandonSet holds the connections whose statements were abandoned (see
+// BoundedRaw) until they are closed; a Locker of a blind driver has one.
 // Each is counted in budget until then: a statement left to finish
 // alone holds a connection of the pool.
 type AbandonSet struct {
@@ -28,7 +28,7 @@ type AbandonSet struct {
 	Budget *Budget
 }
 
-// has reports whether conn was abandoned and is not closed yet: it must
+// Has reports whether conn was abandoned and is not closed yet: it must
 // not be touched (a discard would wait for its statement).
 func (a *AbandonSet) Has(conn *sql.Conn) bool {
 	if a == nil {
@@ -38,7 +38,7 @@ func (a *AbandonSet) Has(conn *sql.Conn) bool {
 	return ok
 }
 
-// boundedRaw is onDriverConn, except that for a blind driver (blind is
+// BoundedRaw is OnDriverConn, except that for a blind driver (blind is
 // non-nil: one that does not give up a read when ctx ends) it returns,
 // shortly after ctx ends, whether f has returned or not. Then it returns
 // an error wrapping ErrAbandoned and ctx's error, records conn in blind,
@@ -83,7 +83,7 @@ func BoundedRaw(ctx context.Context, blind *AbandonSet, conn *sql.Conn, f func(d
 	}
 }
 
-// A blindWorker runs blind drivers' statements (boundedRaw), one at a
+// A blindWorker runs blind drivers' statements (BoundedRaw), one at a
 // time, so that the caller can leave one that does not return: a
 // goroutine that lives between statements (for blindIdle), whose stack
 // has grown through the driver's calls once, where a goroutine per
@@ -217,9 +217,9 @@ func (w *blindWorker) serve() {
 // caller may leave.
 var afterBlindStatement atomic.Pointer[func(ctx context.Context, err error, left func() bool)]
 
-// getConn is db.Conn, except that a connection being set up for the
+// GetConn is db.Conn, except that a connection being set up for the
 // caller is not thrown away when ctx ends: the setup goes on (bounded by
-// connectTimeout), in the background, and the connection goes to the pool
+// ConnectTimeout), in the background, and the connection goes to the pool
 // for the next call (a spare of b's); left is then true, and b counts
 // the connection until it is (see takeConn). Under deadlines
 // shorter than a connection's setup (password authentication on a busy
@@ -257,7 +257,7 @@ func GetConn(ctx context.Context, db *sql.DB, b *Budget) (conn *sql.Conn, err er
 }
 
 // Bounded runs f, statements on a transaction or a querier of the
-// caller's, and returns its result; when f has not returned abandonGrace
+// caller's, and returns its result; when f has not returned AbandonGrace
 // after ctx ended (a driver that does not give up a read when its context
 // ends, on a network that stopped answering), it returns an error wrapping
 // ErrAbandoned and ctx's error, and f finishes alone, its result handed to
@@ -272,10 +272,10 @@ func Bounded[T any](ctx context.Context, f func() (T, error), cleanup func(T, er
 	return LeaveAtEnd(ctx, AbandonGrace, func(func() bool) (T, error) { return f() }, func() {}, cleanup)
 }
 
-// connectTimeout bounds the setup of a connection whose caller left.
+// ConnectTimeout bounds the setup of a connection whose caller left.
 const ConnectTimeout = 30 * time.Second
 
-// leaveAtEnd runs work in a goroutine and returns its result, or, when it
+// LeaveAtEnd runs work in a goroutine and returns its result, or, when it
 // has not returned grace after ctx ended, an error wrapping
 // ErrAbandoned and ctx's error. Leaving calls onLeave; work can ask whether
 // its caller left (left); a result that comes after the caller left goes
@@ -326,7 +326,7 @@ func LeaveAtEnd[T any](ctx context.Context, grace time.Duration, work func(left 
 	}
 }
 
-// discardConn closes conn's session instead of returning it to the pool:
+// DiscardConn closes conn's session instead of returning it to the pool:
 // database/sql closes a connection whose Raw returns driver.ErrBadConn.
 func DiscardConn(conn *sql.Conn) {
 	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
@@ -335,14 +335,14 @@ func DiscardConn(conn *sql.Conn) {
 
 // SetAfterBlindStatement makes f run after each statement on a blind
 // driver (lib/pq) returns, before its result is handed over (see
-// boundedRaw); the returned func takes f away. For tests.
+// BoundedRaw); the returned func takes f away. For tests.
 func SetAfterBlindStatement(f func(ctx context.Context, err error, left func() bool)) (restore func()) {
 	afterBlindStatement.Store(&f)
 	return func() { afterBlindStatement.Store(nil) }
 }
 
-// monoEpoch is the origin of monoNow.
+// monoEpoch is the origin of MonoNow.
 var monoEpoch = time.Now()
 
-// monoNow is the monotonic time, in nanoseconds since monoEpoch.
+// MonoNow is the monotonic time, in nanoseconds since monoEpoch.
 func MonoNow() int64 { return int64(time.Since(monoEpoch)) }

@@ -23,7 +23,7 @@ import (
 // impatient callers (tiny deadlines, cancellations) leave behind them,
 // and it is bounded: a connection is counted from before it is asked of
 // the pool until it is back there, closed, or a session, and a new one is
-// asked for only while fewer than budgetLimit are counted. So the Pool
+// asked for only while fewer than BudgetLimit are counted. So the Pool
 // never holds more than that many such connections, open or closing, and
 // never opens them faster than the old ones close: the rest of the pool
 // stays the application's. (The keep-alive's one connection is not
@@ -31,7 +31,7 @@ import (
 //
 // A counted connection the Pool is done with (a setup whose caller left,
 // a check answered past its caller's deadline), as it came from the pool,
-// is kept for a moment (spareLinger) as a spare, counted, for the Pool's
+// is kept for a moment (SpareLinger) as a spare, counted, for the Pool's
 // next taker: callers that come and go would otherwise take and give back
 // connections many times a second, and each of those trips through the
 // pool could take the application's idle connection from under it, or
@@ -43,7 +43,7 @@ import (
 // while the pool is at its limit, where someone may wait for it: they go
 // back within sparePeriod once it is.
 
-// budget counts a Pool's connections outside its sessions (see above).
+// Budget counts a Pool's connections outside its sessions (see above).
 // A nil budget (the engine of LockTx and kin, which has no pool) counts
 // nothing. Safe for concurrent use.
 type Budget struct {
@@ -51,7 +51,7 @@ type Budget struct {
 
 	mu sync.Mutex
 	n  int // guarded by mu: connections counted, spares among them
-	// limit is budgetLimit as take last read it; waiters are the takes
+	// limit is BudgetLimit as take last read it; waiters are the takes
 	// that wait for room, in arrival order, each a channel closed once it
 	// is counted. Guarded by mu.
 	limit   int
@@ -64,13 +64,13 @@ type Budget struct {
 	armed bool
 }
 
-// spareConn is a spare connection, and when (monoNow) it was kept.
+// spareConn is a spare connection, and when (MonoNow) it was kept.
 type spareConn struct {
 	conn *sql.Conn
 	at   int64
 }
 
-// spareLinger is how long a spare connection waits for a taker before it
+// SpareLinger is how long a spare connection waits for a taker before it
 // goes back to the pool: as long as an idle shared session, which bridges
 // callers that come and go. Every sparePeriod, spares go back at once
 // when the pool is at its limit, where someone may wait for one.
@@ -80,17 +80,17 @@ const (
 	sparePeriod = 100 * time.Millisecond
 )
 
-// budgetMost is how many connections a budget counts in a pool without a
-// limit (see budgetLimit): as many as the core's shared sessions
+// BudgetMost is how many connections a budget counts in a pool without a
+// limit (see BudgetLimit): as many as the core's shared sessions
 // (maxShared).
 const BudgetMost = 16
 
 // maxSpare is the most spares a budget keeps.
 const maxSpare = 4
 
-// budgetLimit is how many connections a budget counts before a new one
+// BudgetLimit is how many connections a budget counts before a new one
 // waits: a quarter of the pool's limit, as its shared sessions, and at
-// least one; budgetMost for a pool without a limit. What a Pool's callers
+// least one; BudgetMost for a pool without a limit. What a Pool's callers
 // leave behind then takes no more than that of the pool, however
 // impatient they are: with its shared sessions (a quarter too), half of
 // the pool stays for its waits, the locks it holds, and the application.
@@ -111,14 +111,14 @@ func spareLimit(st sql.DBStats) int {
 	return maxSpare
 }
 
-// waiting returns how many takes wait for room.
+// Waiting returns how many takes wait for room.
 func (b *Budget) Waiting() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.waiters.Len()
 }
 
-// take counts one connection, waiting while the budget's limit are
+// Take counts one connection, waiting while the budget's limit are
 // counted, in arrival order (as x/sync's semaphore serves its waiters),
 // for as long as ctx lets it; then it returns ctx's error, and counts
 // nothing.
@@ -169,7 +169,7 @@ func (b *Budget) notifyLocked() {
 	}
 }
 
-// tryTake counts one connection when fewer than the budget's limit are
+// TryTake counts one connection when fewer than the budget's limit are
 // counted, and reports whether it did.
 func (b *Budget) TryTake() bool {
 	if b == nil {
@@ -185,7 +185,7 @@ func (b *Budget) TryTake() bool {
 	return true
 }
 
-// add counts one connection whatever the limit: a session's connection
+// Add counts one connection whatever the limit: a session's connection
 // left to a statement that finishes alone, which closes on its own.
 func (b *Budget) Add() {
 	if b == nil {
@@ -196,7 +196,7 @@ func (b *Budget) Add() {
 	b.mu.Unlock()
 }
 
-// give stops counting one connection: it is back in the pool, closed, or
+// Give stops counting one connection: it is back in the pool, closed, or
 // a session.
 func (b *Budget) Give() {
 	if b == nil {
@@ -208,7 +208,7 @@ func (b *Budget) Give() {
 	b.mu.Unlock()
 }
 
-// takeSpare returns the spare most recently kept, still counted, or nil.
+// TakeSpare returns the spare most recently kept, still counted, or nil.
 func (b *Budget) TakeSpare() *sql.Conn {
 	if b == nil {
 		return nil
@@ -225,7 +225,7 @@ func (b *Budget) TakeSpare() *sql.Conn {
 	return conn
 }
 
-// done takes back conn, a counted connection that holds nothing: kept as
+// Done takes back conn, a counted connection that holds nothing: kept as
 // a spare when healthy and there is room for one (see keepLocked), else
 // given back to the pool (which drops it when its driver says it is bad)
 // and uncounted.
@@ -265,7 +265,7 @@ func (b *Budget) keepLocked(conn *sql.Conn, st sql.DBStats) bool {
 	return true
 }
 
-// swept gives back to the pool the spares kept spareLinger ago or more,
+// swept gives back to the pool the spares kept SpareLinger ago or more,
 // or all of them when the pool is at its limit, and looks again in
 // sparePeriod while any is left.
 func (b *Budget) swept() {
@@ -295,7 +295,7 @@ func (b *Budget) swept() {
 	}
 }
 
-// flush gives every spare back to the pool now.
+// Flush gives every spare back to the pool now.
 func (b *Budget) Flush() {
 	if b == nil {
 		return
@@ -314,7 +314,7 @@ func (b *Budget) Flush() {
 	}
 }
 
-// spares returns how many spare connections the budget keeps.
+// Spares returns how many spare connections the budget keeps.
 func (b *Budget) Spares() int {
 	if b == nil {
 		return 0
@@ -324,7 +324,7 @@ func (b *Budget) Spares() int {
 	return len(b.spare)
 }
 
-// count returns how many connections are counted.
+// Count returns how many connections are counted.
 func (b *Budget) Count() int {
 	if b == nil {
 		return 0

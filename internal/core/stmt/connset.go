@@ -6,12 +6,12 @@ import (
 	"sync/atomic"
 )
 
-// maxConns is how many driver connections a connSet remembers; past it,
+// MaxConns is how many driver connections a ConnSet remembers; past it,
 // it forgets them all (what it knew is learnt again on each connection's
 // next use, harmlessly), so that connections closed long ago are not kept.
 const MaxConns = 4096
 
-// connSet remembers a value per driver connection: each one's backend pid
+// ConnSet remembers a value per driver connection: each one's backend pid
 // (a wait for a lock on a connection whose pid is known needs no try
 // first; see acquireOn), and each one's identity (see checkServer).
 type ConnSet[T comparable] struct {
@@ -19,10 +19,10 @@ type ConnSet[T comparable] struct {
 	n    atomic.Int64
 }
 
-// comparableConn reports whether dc can be a map key.
+// ComparableConn reports whether dc can be a map key.
 func ComparableConn(dc any) bool { return dc != nil && reflect.TypeOf(dc).Comparable() }
 
-// get returns what the set knows of dc.
+// Get returns what the set knows of dc.
 func (t *ConnSet[T]) Get(dc any) (T, bool) {
 	var zero T
 	if !ComparableConn(dc) {
@@ -35,7 +35,7 @@ func (t *ConnSet[T]) Get(dc any) (T, bool) {
 	return v.(T), true
 }
 
-// set records v for dc.
+// Set records v for dc.
 func (t *ConnSet[T]) Set(dc any, v T) {
 	if !ComparableConn(dc) {
 		return

@@ -91,7 +91,7 @@ func NotAcquired(what string, ctxErr error) error {
 	return fmt.Errorf("%w: %s: %w", ErrNotAcquired, what, ctxErr)
 }
 
-// lockError classifies a failed lock statement.
+// LockError classifies a failed lock statement.
 func LockError(what string, err error) error {
 	switch SQLState(err) {
 	case "40P01":
@@ -107,27 +107,27 @@ func LockError(what string, err error) error {
 // The SQLSTATE codes the core reads, each asked by one function: the only
 // place outside the judge where a code is compared (a test keeps it so).
 
-// lockTimedOut: lock_not_available (55P03), a wait's lock_timeout fired.
+// LockTimedOut: lock_not_available (55P03), a wait's lock_timeout fired.
 func LockTimedOut(err error) bool { return SQLState(err) == "55P03" }
 
 // deadlocked: deadlock_detected (40P01): the server chose this statement
 // as a deadlock's victim; it took nothing.
 func Deadlocked(err error) bool { return SQLState(err) == "40P01" }
 
-// lockTableFull: out_of_memory (53200), the shared lock table is full.
+// LockTableFull: out_of_memory (53200), the shared lock table is full.
 func LockTableFull(err error) bool { return SQLState(err) == "53200" }
 
-// queryCanceled: query_canceled (57014), a cancel or a statement_timeout.
+// QueryCanceled: query_canceled (57014), a cancel or a statement_timeout.
 func QueryCanceled(err error) bool { return SQLState(err) == "57014" }
 
-// adminShutdown: admin_shutdown (57P01), the backend was terminated.
+// AdminShutdown: admin_shutdown (57P01), the backend was terminated.
 func AdminShutdown(err error) bool { return SQLState(err) == "57P01" }
 
 // preparedMissing: invalid_sql_statement_name (26000), a prepared
 // statement that is not there.
 func preparedMissing(err error) bool { return SQLState(err) == "26000" }
 
-// preparedAstray: a prepared statement missing (26000) or there already
+// PreparedAstray: a prepared statement missing (26000) or there already
 // (duplicate_prepared_statement, 42P05): another client's server session.
 func PreparedAstray(err error) bool {
 	switch SQLState(err) {
@@ -137,7 +137,7 @@ func PreparedAstray(err error) bool {
 	return false
 }
 
-// standbyRefusal: feature_not_supported (0A000) or read_only_sql_transaction
+// StandbyRefusal: feature_not_supported (0A000) or read_only_sql_transaction
 // (25006), as a standby refuses a read-write or serializable transaction,
 // or a write.
 func StandbyRefusal(err error) bool {
@@ -174,7 +174,7 @@ func StandbyError(what string) error {
 	return fmt.Errorf("%w (%s): its advisory locks do not conflict with the primary's; connect to the primary (or use WithAllowStandby)", ErrStandby, what)
 }
 
-// foreignSession is the error of a lock statement that found its server
+// ForeignSession is the error of a lock statement that found its server
 // session marked by another lock session (see sqltext.Statements), and
 // took nothing: a transaction-mode pooler put two clients on one server
 // session.
@@ -182,7 +182,7 @@ func ForeignSession() error {
 	return NewPoolerError("the server session already carries another client's lock session")
 }
 
-// sessionChanged says what a changed backend means (now is 0 when the
+// SessionChanged says what a changed backend means (now is 0 when the
 // new backend's pid is not known).
 func SessionChanged(was, now int64) error {
 	to := "another"
@@ -202,7 +202,7 @@ func SessionChanged(was, now int64) error {
 // ErrSessionChanged, and says what to do.
 func NewPoolerError(evidence string) error { return &PoolerError{evidence} }
 
-// poolerError is PoolerError's: evidence of a pooler, which poolerEvidence
+// PoolerError is PoolerError's: evidence of a pooler, which poolerEvidence
 // tells from other errors that match ErrSessionChanged (an unlock that
 // found no row on a session whose backend was never known, say).
 type PoolerError struct{ evidence string }

@@ -37,7 +37,7 @@ import (
 // it prepares them.
 const preparedAfter = 4
 
-// prepared is one session's prepared statements. Only the runner of the
+// Prepared is one session's prepared statements. Only the runner of the
 // session's queue uses it, its statements under connMu (see withConn); the
 // session's end deallocates them, under connMu too.
 type Prepared struct {
@@ -46,12 +46,12 @@ type Prepared struct {
 	names  map[string]string // by text: the name it was prepared as
 }
 
-// newPrepared returns the prepared statements of a session marked mark.
+// NewPrepared returns the prepared statements of a session marked mark.
 func NewPrepared(mark string) *Prepared {
 	return &Prepared{prefix: "sqllock_" + strings.NewReplacer(".", "_", "-", "_").Replace(mark)}
 }
 
-// bound reports whether the next plain statement is to be sent bound and
+// Bound reports whether the next plain statement is to be sent bound and
 // prepared, and counts it.
 func (pr *Prepared) Bound() bool {
 	if pr == nil {
@@ -138,9 +138,9 @@ func execRows(rows driver.Rows, err error) error {
 	return rows.Close()
 }
 
-// close deallocates the statements on conn, and reports whether the server
+// Close deallocates the statements on conn, and reports whether the server
 // confirmed it (the connection is otherwise not as it came). ctx bounds it
-// (see boundedRaw).
+// (see BoundedRaw).
 func (pr *Prepared) Close(ctx context.Context, blind *AbandonSet, conn *sql.Conn) error {
 	if pr == nil || len(pr.names) == 0 {
 		return nil

@@ -21,7 +21,7 @@ type unguarded interface {
 	WithoutGuard(f func(driver.Conn) error) error
 }
 
-// onDriverConn runs f on conn's driver connection, inside Conn.Raw (which
+// OnDriverConn runs f on conn's driver connection, inside Conn.Raw (which
 // gives f exclusive use of it), past poolguard's wrapper if there is one.
 //
 // sqllock runs its statements on the driver connection because database/sql
@@ -38,7 +38,7 @@ func OnDriverConn(conn *sql.Conn, f func(dc any) error) error {
 	})
 }
 
-// driverConnOf returns conn's driver connection (nil once conn is closed).
+// DriverConnOf returns conn's driver connection (nil once conn is closed).
 func DriverConnOf(conn *sql.Conn) any {
 	var d any
 	_ = conn.Raw(func(dc any) error { d = dc; return nil })
@@ -118,21 +118,21 @@ var calls = sync.Pool{New: func() any {
 	return c
 }}
 
-// via is how a statement reaches a connection's driver.
+// Via is how a statement reaches a connection's driver.
 type Via struct {
-	Blind *AbandonSet // non-nil for a blind driver (see boundedRaw)
+	Blind *AbandonSet // non-nil for a blind driver (see BoundedRaw)
 	// prep, when not nil, runs statements with arguments as statements
 	// prepared on the connection (see prepared.go).
 	Prep *Prepared
 }
 
-// queryRow runs q, which returns one row, on conn and stores its columns in
+// QueryRow runs q, which returns one row, on conn and stores its columns in
 // dest (each a *bool, *int64, *string, *sql.NullBool, or skip).
 func QueryRow(ctx context.Context, blind *AbandonSet, conn *sql.Conn, q string, args []any, dest ...any) error {
 	return QueryRowVia(ctx, Via{Blind: blind}, conn, q, args, dest...)
 }
 
-// queryRowVia is queryRow, the statement sent as v says.
+// QueryRowVia is QueryRow, the statement sent as v says.
 func QueryRowVia(ctx context.Context, v Via, conn *sql.Conn, q string, args []any, dest ...any) error {
 	blind := v.Blind
 	c := calls.Get().(*call)
@@ -148,7 +148,7 @@ func QueryRowVia(ctx context.Context, v Via, conn *sql.Conn, q string, args []an
 		err = Assign(dest, c.vals)
 	}
 	// A blind driver's abandoned statement outlives the call (see
-	// boundedRaw): it keeps its call.
+	// BoundedRaw): it keeps its call.
 	if !errors.Is(err, ErrAbandoned) {
 		*c = call{runFn: c.runFn}
 		calls.Put(c)
@@ -163,7 +163,7 @@ type skipColumn struct{}
 // Scan implements sql.Scanner, for drivers without the fast path.
 func (skipColumn) Scan(any) error { return nil }
 
-// skip is the destination of a column that is not read.
+// Skip is the destination of a column that is not read.
 var Skip skipColumn
 
 // restColumns, last among a row's destinations, reads the columns before
@@ -172,22 +172,22 @@ var Skip skipColumn
 // (sqllockmock) answers every form alike.
 type restColumns struct{}
 
-// skipRest is the one restColumns.
+// SkipRest is the one restColumns.
 var SkipRest restColumns
 
-// queryRows runs q on conn and calls row for each row's values (each an
+// QueryRows runs q on conn and calls row for each row's values (each an
 // int64, bool, nil, string or []byte as the driver gives them).
 func QueryRows(ctx context.Context, blind *AbandonSet, conn *sql.Conn, q string, args []any, row func([]driver.Value) error) error {
 	return QueryRowsVia(ctx, Via{Blind: blind}, conn, q, args, row)
 }
 
-// queryRowsVia is queryRows, the statement sent as v says.
+// QueryRowsVia is QueryRows, the statement sent as v says.
 func QueryRowsVia(ctx context.Context, v Via, conn *sql.Conn, q string, args []any, row func([]driver.Value) error) error {
 	blind := v.Blind
 	nv := namedValues(nil, args)
 	var g *rowGuard
 	if blind != nil && ctx.Done() != nil {
-		// A blind driver's statement may be abandoned (see boundedRaw)
+		// A blind driver's statement may be abandoned (see BoundedRaw)
 		// and read on: its rows stop reaching row once the call returned.
 		g = &rowGuard{row: row}
 		row = g.call

@@ -10,9 +10,9 @@ import (
 // pgx's simple protocol for the statements of pinned sessions (see
 // pinned.go).
 
-// simpleConns are the driver connections of pinned sessions whose driver
+// SimpleConns are the driver connections of pinned sessions whose driver
 // is pgx: their statements carry pgx's option for its simple protocol
-// (see driverQuery). simpleCount is how many there are, so that no other
+// (see driverQuery). SimpleCount is how many there are, so that no other
 // statement pays for the look-up.
 var (
 	SimpleConns sync.Map // driver connection → the option
@@ -28,10 +28,10 @@ func simpleOption(dc any) (any, bool) {
 	return SimpleConns.Load(dc)
 }
 
-// simpleModes caches simpleModeOf's answer by driver connection type.
+// simpleModes caches SimpleModeOf's answer by driver connection type.
 var simpleModes sync.Map // reflect.Type → any (nil: none)
 
-// simpleModeOf returns, for a pgx driver connection, the value of pgx's
+// SimpleModeOf returns, for a pgx driver connection, the value of pgx's
 // QueryExecMode that selects its simple protocol: pgx takes it as the
 // first argument of a statement, ahead of the statement's own. The core
 // imports no driver, so the type is found through the connection's

@@ -1,16 +1,17 @@
-package core
+package wait
 
 import (
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -33,13 +34,13 @@ import (
 // within a slice, or finds no free ticket, waits for the key without a
 // ticket (bypass, logged once per Pool).
 
-// line is what a waiter waits for in its line: a key, in kind's mode, or
+// Line is what a waiter waits for in its line: a key, in kind's mode, or
 // any slot of a semaphore (slots).
-type line struct {
-	kind  Kind
-	k     Key    // the key; a semaphore's: its slots' class, for logs
-	slots *Slots // a semaphore's
-	class int32  // the line's ticket class
+type Line struct {
+	kind  sqltext.Kind
+	k     sqltext.Key // the key; a semaphore's: its slots' class, for logs
+	slots int         // a semaphore's number of slots (0: a key's line)
+	class int32       // the line's ticket class
 	// place is the ticket of the waiter's place in line, held on another
 	// of its Pool's sessions since it queued (see place.go; 0: none): it
 	// registers without a ticket of its own, and waits with that one.
@@ -50,77 +51,76 @@ type line struct {
 	tell  func(ticket int32) (keep bool)
 }
 
-// at returns ln for a waiter whose place in line is pl (nil: none).
-func (ln line) at(pl *place) line {
-	ln.place = pl.ticket()
-	if pl != nil {
-		ln.tell = pl.tell
-	}
+// At returns ln for a waiter whose place in line is ticket (0: none),
+// told by tell of its registration (nil: not told; see line.tell).
+func (ln Line) At(ticket int32, tell func(ticket int32) (keep bool)) Line {
+	ln.place, ln.tell = ticket, tell
 	return ln
 }
 
-// keyLine returns the line of k, waited for in kind's mode.
-func keyLine(kind Kind, k Key) line {
-	return line{kind: kind, k: k, class: sqltext.TicketClass(k)}
+// KeyLine returns the line of k, waited for in kind's mode.
+func KeyLine(kind sqltext.Kind, k sqltext.Key) Line {
+	return Line{kind: kind, k: k, class: sqltext.TicketClass(k)}
 }
 
-// slotLine returns the line of sl's permits.
-func slotLine(sl *Slots) line {
-	return line{k: Key{Pair: true, Class: sl.Class}, slots: sl, class: sqltext.SemaphoreTicketClass(sl.Class)}
+// SlotLine returns the line of the permits of a semaphore of n slots in
+// class.
+func SlotLine(class int32, n int) Line {
+	return Line{k: sqltext.Key{Pair: true, Class: class}, slots: n, class: sqltext.SemaphoreTicketClass(class)}
 }
 
 // sliceSQL returns one slice of a wait in ln (see sqltext's SliceSQL):
 // for a semaphore, one that waits for a slot picked at random when none
 // is free.
-func (ln line) sliceSQL(st *statements, mine int32, slice, mark string) (string, []any) {
-	if ln.slots != nil {
-		return st.SemaphoreSliceSQL(ln.class, mine, ln.slots.Class, ln.slots.N, int32(rand.IntN(ln.slots.N)), slice, mark)
+func (ln Line) sliceSQL(st *sqltext.Statements, mine int32, slice, mark string) (string, []any) {
+	if ln.slots > 0 {
+		return st.SemaphoreSliceSQL(ln.class, mine, ln.k.Class, ln.slots, int32(rand.IntN(ln.slots)), slice, mark)
 	}
 	return st.SliceSQL(ln.kind, ln.k, ln.class, mine, slice, mark)
 }
 
 // leaveSQL returns the statement that takes a waiter out of ln.
-func (ln line) leaveSQL(st *statements, mark string) (string, []any) {
-	if ln.slots != nil {
-		return st.SemaphoreLeaveLineSQL(ln.class, ln.slots.Class, mark)
+func (ln Line) leaveSQL(st *sqltext.Statements, mark string) (string, []any) {
+	if ln.slots > 0 {
+		return st.SemaphoreLeaveLineSQL(ln.class, ln.k.Class, mark)
 	}
 	return st.LeaveLineSQL(ln.kind, ln.k, ln.class, mark)
 }
 
-// errLeft is the outcome of a wait that left the line as its ctx ended,
+// ErrLeft is the outcome of a wait that left the line as its ctx ended,
 // not granted, for sure: its session is intact.
-var errLeft = errors.New("the wait left the line as the context ended")
+var ErrLeft = errors.New("the wait left the line as the context ended")
 
-// errRestart is the outcome of a wait on a pinned session that left its
+// ErrRestart is the outcome of a wait on a pinned session that left its
 // line, not granted, for sure, because another backend waits for the end
 // of the session's transaction (a CREATE INDEX CONCURRENTLY that began its
 // last phase as one of the wait's slices ran: it waits for the whole
 // transaction, which a waiter would keep open until granted and
 // released). The session holds nothing and closes, which ends its
 // transaction; the call waits on in a new session, at the end of the line.
-var errRestart = errors.New("sqllock: the wait left the line to end its transaction, which another backend waits for")
+var ErrRestart = errors.New("sqllock: the wait left the line to end its transaction, which another backend waits for")
 
 // waitedOnMe reports whether another backend waits for the end of w's
 // transaction (sqltext.WaitedOnMeSQL). A question that fails reports
 // false: the next slice asks again.
-func (e *engine) waitedOnMe(ctx context.Context, w waiter) bool {
+func (e *Engine) waitedOnMe(ctx context.Context, w Waiter) bool {
 	var waited bool
-	return w.queryRow(ctx, sqltext.WaitedOnMeSQL, nil, &waited) == nil && waited
+	return w.QueryRow(ctx, sqltext.WaitedOnMeSQL, nil, &waited) == nil && waited
 }
 
-// waitInLine waits for k (kind: exclusive or shared) on w, a session of
+// WaitInLine waits for k (kind: exclusive or shared) on w, a session of
 // backend pid that holds nothing of k's, in k's line: it registers, then
 // waits in slices until it is granted, a statement fails, or ctx ends (its
 // deadline is kept by the server too). Whatever it returns, the session
 // holds no ticket of the line unless the outcome is uncertain (the session
 // then ends, and with it its tickets).
-func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln line, pid int64) outcome {
-	o := outcome{pid: pid}
+func (e *Engine) WaitInLine(ctx context.Context, w Waiter, st *sqltext.Statements, ln Line, pid int64) Outcome {
+	o := Outcome{PID: pid}
 	kind, k, class := ln.kind, ln.k, ln.class
-	e.debug(ctx, "sqllock: waiting", k, slog.Bool("shared", kind.IsShared()), slog.Int64("pid", pid))
+	e.Debug(ctx, "sqllock: waiting", k, slog.Bool("shared", kind.IsShared()), slog.Int64("pid", pid))
 	slice, err := e.waitSlice(ctx, w)
 	if err != nil {
-		o.err = err
+		o.Err = err
 		return o
 	}
 	var mine int64
@@ -128,24 +128,24 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 	for {
 		var ok bool
 		q, args := st.RegisterSQL(class, kind.IsShared(), slice, w.mark(), ring)
-		o.sent = stmt.MonoNow()
+		o.Sent = stmt.MonoNow()
 		// The registration takes a moment: it runs on for up to
-		// abandonGrace past ctx's end, so that a call whose ctx ends
+		// stmt.AbandonGrace past ctx's end, so that a call whose ctx ends
 		// meanwhile leaves the line for sure, rather than with a session
 		// that may hold a ticket (which would end it).
-		rctx, cancel := withGrace(ctx)
-		o.err = w.queryRow(rctx, q, args, &mine, &o.pid, &o.standby, &ok)
+		rctx, cancel := WithGrace(ctx)
+		o.Err = w.QueryRow(rctx, q, args, &mine, &o.PID, &o.Standby, &ok)
 		cancel()
 		switch {
-		case o.err == nil && !ok:
-			o.err = stmt.ForeignSession() // nothing was taken
-		case o.err == nil && stmt.CtxEnded(ctx):
+		case o.Err == nil && !ok:
+			o.Err = stmt.ForeignSession() // nothing was taken
+		case o.Err == nil && stmt.CtxEnded(ctx):
 			return e.leaveLine(ctx, w, st, ln, o, false)
-		case o.err == nil && mine == 0 && ring:
+		case o.Err == nil && mine == 0 && ring:
 			// Every ticket it tried is held: by a stranger (64 waiters
 			// in one millisecond are not a line's). It waits without one.
 			e.bypass(ctx, ln, "no free ticket")
-		case stmt.LockTimedOut(o.err) && ring && !stmt.CtxEnded(ctx):
+		case stmt.LockTimedOut(o.Err) && ring && !stmt.CtxEnded(ctx):
 			// The doorbell was held exclusively for a whole slice: not by
 			// a holder asking whether anyone waits (a moment), but by a
 			// stranger. It waits without a ticket.
@@ -153,7 +153,7 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 			ring = false
 			continue
 		}
-		if o.err != nil {
+		if o.Err != nil {
 			return o
 		}
 		break
@@ -166,14 +166,14 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		// (it registered again, in a new session): were it to wait for
 		// that ticket, each would wait for the other. It waits for the
 		// key itself (its ticket goes with its first slice).
-		e.debug(ctx, "sqllock: waiting without a place in line: a caller queued behind holds an earlier ticket", k)
+		e.Debug(ctx, "sqllock: waiting without a place in line: a caller queued behind holds an earlier ticket", k)
 		mine = 0
 	}
 	// final: the server ended the wait a margin before ctx's deadline, and
 	// the last slice runs until the deadline itself (see untilDeadline).
 	final := false
 	for {
-		o.certain = false
+		o.Certain = false
 		sl, margin := e.deadlineSlice(ctx, slice)
 		if final {
 			sl, margin = e.untilDeadline(ctx)
@@ -189,10 +189,10 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 			sctx, cancel = pastDeadline(ctx)
 		}
 		// A cancel that reached the server before the statement started is
-		// lost: should the statement still run abandonGrace after its
-		// context ended, the backend is cancelled from here (see waitOn).
+		// lost: should the statement still run stmt.AbandonGrace after its
+		// context ended, the backend is cancelled from here (see WaitOn).
 		var returned atomic.Bool
-		pid := o.pid // the statement writes o.pid as the cancel may read it
+		pid := o.PID // the statement writes o.pid as the cancel may read it
 		stop := context.AfterFunc(sctx, func() {
 			time.AfterFunc(stmt.AbandonGrace, func() {
 				if returned.CompareAndSwap(false, true) {
@@ -203,33 +203,33 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 		var got, others int64
 		var late bool
 		q, args := ln.sliceSQL(st, int32(mine), sl, w.mark())
-		o.sent = stmt.MonoNow()
-		o.err = w.queryRow(sctx, q, args, &got, &o.pid, &o.standby, &others, &late)
-		o.ok, o.slot = o.err == nil && got >= 0, int32(got)
-		if errors.Is(o.err, sql.ErrNoRows) {
-			o.err = stmt.ForeignSession() // nothing was waited for
+		o.Sent = stmt.MonoNow()
+		o.Err = w.QueryRow(sctx, q, args, &got, &o.PID, &o.Standby, &others, &late)
+		o.OK, o.Slot = o.Err == nil && got >= 0, int32(got)
+		if errors.Is(o.Err, sql.ErrNoRows) {
+			o.Err = stmt.ForeignSession() // nothing was waited for
 		}
-		o.certain = sctx != ctx && sctx.Err() == nil && !errors.Is(ctx.Err(), context.Canceled) &&
-			(o.err == nil || stmt.LockTimedOut(o.err))
+		o.Certain = sctx != ctx && sctx.Err() == nil && !errors.Is(ctx.Err(), context.Canceled) &&
+			(o.Err == nil || stmt.LockTimedOut(o.Err))
 		if !returned.CompareAndSwap(false, true) {
-			o.certain = false // a cancel of this backend is on its way
+			o.Certain = false // a cancel of this backend is on its way
 		}
 		stop()
 		cancel()
 		if byDeadline && !final && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			e.observeRTT(margin) // see waitOn
+			e.ObserveRTT(margin) // see WaitOn
 		}
-		timedOut := stmt.LockTimedOut(o.err)
-		cancelled := stmt.QueryCanceled(o.err) && !stmt.CtxEnded(ctx)
+		timedOut := stmt.LockTimedOut(o.Err)
+		cancelled := stmt.QueryCanceled(o.Err) && !stmt.CtxEnded(ctx)
 		switch {
-		case o.err == nil && o.ok:
+		case o.Err == nil && o.OK:
 			if late {
-				e.debug(ctx, lateGrant, k, slog.Int64("pid", o.pid))
+				e.Debug(ctx, LateGrant, k, slog.Int64("pid", o.PID))
 			}
 			return o // granted: its ticket and doorbell went in the same statement
-		case o.err == nil && !stmt.CtxEnded(ctx):
+		case o.Err == nil && !stmt.CtxEnded(ctx):
 			continue // its predecessor left: look again
-		case o.err == nil:
+		case o.Err == nil:
 			// Its predecessor left as ctx ended: not granted, for sure.
 			return e.leaveLine(ctx, w, st, ln, o, false)
 		case timedOut && byDeadline && !final && !stmt.CtxEnded(ctx):
@@ -238,12 +238,12 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 			// the deadline itself: a key released meanwhile is granted.
 			final = true
 			continue
-		case timedOut && (byDeadline && (o.certain || !stmt.CtxEnded(ctx)) || o.certain && stmt.CtxEnded(ctx)):
+		case timedOut && (byDeadline && (o.Certain || !stmt.CtxEnded(ctx)) || o.Certain && stmt.CtxEnded(ctx)):
 			// The server ended the wait at ctx's deadline (or a slice
 			// before it, answered once ctx had ended): not granted,
 			// unless granted as it ended; the line is left either way.
 			o = e.leaveLine(ctx, w, st, ln, o, true)
-			if errors.Is(o.err, errDeadline) && final {
+			if errors.Is(o.Err, ErrDeadline) && final {
 				// The server's clock ended it a moment before the
 				// client's: no refusal before the deadline.
 				<-ctx.Done()
@@ -254,34 +254,34 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 			// again, unless the session's transaction is waited for.
 			if e.pinned() && e.waitedOnMe(ctx, w) {
 				o = e.leaveLine(ctx, w, st, ln, o, false)
-				if errors.Is(o.err, errLeft) {
-					e.debug(ctx, "sqllock: a backend waits for the end of the waiting session's transaction: the wait goes on in a new one", k, slog.Int64("pid", o.pid))
-					o.err = errRestart
+				if errors.Is(o.Err, ErrLeft) {
+					e.Debug(ctx, "sqllock: a backend waits for the end of the waiting session's transaction: the wait goes on in a new one", k, slog.Int64("pid", o.PID))
+					o.Err = ErrRestart
 				}
 				return o
 			}
 			continue
-		case stmt.Deadlocked(o.err) && !stmt.CtxEnded(ctx):
+		case stmt.Deadlocked(o.Err) && !stmt.CtxEnded(ctx):
 			// A holder's CREATE INDEX CONCURRENTLY, should the server's
 			// deadlock_timeout have been lowered since it was read, waited
 			// for this statement's snapshot and was reported a deadlock:
 			// this session holds nothing but its wait. Read the slice
 			// again, and wait on.
-			e.snapshotWaits.Add(1)
+			e.SnapshotWaits.Add(1)
 			e.slice.Store(nil)
 			if slice, err = e.waitSlice(ctx, w); err != nil {
-				o.err = err
+				o.Err = err
 				return o
 			}
 			continue
 		}
 		// A failure, or ctx's end with no certain answer: the session ends
 		// (see judge), and its tickets with it. When ctx ended, the
-		// abandoned backend is first taken out of the queue, as waitOn does.
+		// abandoned backend is first taken out of the queue, as WaitOn does.
 		switch {
-		case stmt.CtxEnded(ctx) && errors.Is(o.err, stmt.ErrAbandoned):
+		case stmt.CtxEnded(ctx) && errors.Is(o.Err, stmt.ErrAbandoned):
 			e.stopAbandoned(ctx, pid, k)
-		case stmt.CtxEnded(ctx) && stmt.SQLState(o.err) == "":
+		case stmt.CtxEnded(ctx) && stmt.SQLState(o.Err) == "":
 			e.stopWait(ctx, pid, k)
 		}
 		return o
@@ -293,12 +293,12 @@ func (e *engine) waitInLine(ctx context.Context, w waiter, st *statements, ln li
 // and its doorbell, and reports whether the session holds k after all
 // (granted as the last slice's lock_timeout fired: then the outcome is
 // that grant). deadline says the server ended the wait at ctx's deadline:
-// not granted, for sure (errDeadline), when the session does not hold k.
+// not granted, for sure (ErrDeadline), when the session does not hold k.
 // When the question cannot be answered, the outcome is uncertain (the
 // session ends).
-func (e *engine) leaveLine(ctx context.Context, w waiter, st *statements, ln line, last outcome, deadline bool) outcome {
+func (e *Engine) leaveLine(ctx context.Context, w Waiter, st *sqltext.Statements, ln Line, last Outcome, deadline bool) Outcome {
 	// After a wait the server ended at the deadline, the question comes
-	// within the deadline's margin, or past it; it gets abandonGrace from
+	// within the deadline's margin, or past it; it gets stmt.AbandonGrace from
 	// whichever is later (see grantedAfterTimeout).
 	gctx := context.WithoutCancel(ctx)
 	var cancel context.CancelFunc
@@ -310,47 +310,47 @@ func (e *engine) leaveLine(ctx context.Context, w waiter, st *statements, ln lin
 	defer cancel()
 	var have, pid, released int64
 	q, args := ln.leaveSQL(st, w.mark())
-	err := w.queryRow(gctx, q, args, &have, &pid, &released, stmt.Skip)
-	o := outcome{pid: last.pid, sent: last.sent}
+	err := w.QueryRow(gctx, q, args, &have, &pid, &released, stmt.Skip)
+	o := Outcome{PID: last.PID, Sent: last.Sent}
 	switch {
-	case err != nil || gctx.Err() != nil || pid != last.pid:
+	case err != nil || gctx.Err() != nil || pid != last.PID:
 		if err == nil {
 			err = fmt.Errorf("sqllock: leaving the line: %w", stmt.CtxErr(gctx))
 		}
-		o.err = err // uncertain: the session ends
+		o.Err = err // uncertain: the session ends
 	case have >= 0:
-		e.debug(ctx, lateGrant, ln.k, slog.Int64("pid", pid))
-		o.ok, o.certain, o.slot = true, true, int32(have)
+		e.Debug(ctx, LateGrant, ln.k, slog.Int64("pid", pid))
+		o.OK, o.Certain, o.Slot = true, true, int32(have)
 	case deadline:
-		o.err = errDeadline
+		o.Err = ErrDeadline
 	default:
-		o.err = errLeft
+		o.Err = ErrLeft
 	}
 	return o
 }
 
-// withGrace returns a context that ends abandonGrace after ctx does, for a
+// WithGrace returns a context that ends stmt.AbandonGrace after ctx does, for a
 // statement that takes a moment and whose answer, read past ctx's end, is
 // certain: the call then knows what its session holds.
-func withGrace(ctx context.Context) (context.Context, context.CancelFunc) {
+func WithGrace(ctx context.Context) (context.Context, context.CancelFunc) {
 	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, func() { time.AfterFunc(stmt.AbandonGrace, cancel) })
 	return gctx, func() { stop(); cancel() }
 }
 
-// lateGrant is the debug message of a wait granted as its statement's
+// LateGrant is the debug message of a wait granted as its statement's
 // lock_timeout fired: the statement failed, and the session holds the key.
-const lateGrant = "sqllock: granted as the wait's lock_timeout fired"
+const LateGrant = "sqllock: granted as the wait's lock_timeout fired"
 
 // bypass records that a waiter in ln waits without its place in line, as
 // a stranger holds the line's tags (why says which): the first time in
 // the Pool, it is logged, as a warning.
-func (e *engine) bypass(ctx context.Context, ln line, why string) {
-	e.debug(ctx, "sqllock: waiting without a place in line", ln.k, slog.String("why", why))
-	if e.warn == nil || !e.bypassed.CompareAndSwap(false, true) {
+func (e *Engine) bypass(ctx context.Context, ln Line, why string) {
+	e.Debug(ctx, "sqllock: waiting without a place in line", ln.k, slog.String("why", why))
+	if e.Warn == nil || !e.bypassed.CompareAndSwap(false, true) {
 		return
 	}
-	e.warn(ctx, "sqllock: another program holds advisory locks in a line's ticket class (negative pair keys): its waiters are served without their order in line", ln.k,
+	e.Warn(ctx, "sqllock: another program holds advisory locks in a line's ticket class (negative pair keys): its waiters are served without their order in line", ln.k,
 		slog.String("why", why), slog.Int("ticket_class", int(ln.class)))
 }
 
@@ -358,7 +358,7 @@ func (e *engine) bypass(ctx context.Context, ln line, why string) {
 // the server ends at ctx's deadline itself, not a margin before it (at
 // least a millisecond on), and whose answer is read a little past it
 // (pastDeadline). It returns the lock_timeout, and a margin above 0.
-func (e *engine) untilDeadline(ctx context.Context) (string, time.Duration) {
+func (e *Engine) untilDeadline(ctx context.Context) (string, time.Duration) {
 	dl, _ := ctx.Deadline()
 	ms := (time.Until(dl) + time.Millisecond - 1) / time.Millisecond
 	return strconv.FormatInt(max(int64(ms), 1), 10) + "ms", max(time.Duration(e.rtt.Load()), time.Millisecond)
