@@ -210,7 +210,7 @@ func (p *Pool) triedLate(ctx context.Context, s *session, r Request, o wait.Outc
 	if o.OK {
 		s.pid, s.tuned = o.PID, true // s is the caller's alone until settled
 		uctx, cancel := context.WithTimeout(context.Background(), stmt.AbandonGrace)
-		got, err := s.sendUnlocks(uctx, nil, []Key{r.Key}, r.Shared)
+		got, err := s.sendUnlocks(uctx, nil, []Key{r.Key}, 1, r.Shared)
 		cancel()
 		if err == nil && !got[0] {
 			err = fmt.Errorf("%w: unlock of a try granted as the context ended found no such lock", stmt.ErrLockLost)

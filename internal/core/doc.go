@@ -10,15 +10,27 @@
 // unwanted, uncertain, stray), which its callers apply and never change
 // (settle for a Pool's sessions, acquireShared through judgeShared,
 // Owned.Lock, the transaction locks). unlockVerdict is the rule book for
-// the answer to an unlock, and sendUnlocks and runMixed are the only
-// functions that render an unlock statement. An uncertain verdict
+// the answer to an unlock, and sendUnlocks is the only function that
+// renders an unlock statement (alone, or with tries: runMixed). An uncertain verdict
 // discards the session; a certain one touches one lock only.
 // internal/layout's TestOnePlacePromises holds these promises, and the
 // one of the lifecycle, to the code.
 //
+// Layers. The core is three packages, each importing only those below
+// it, as the compiler keeps:
+//
+//   - stmt, the leaf: one statement on one connection (bounded, prepared),
+//     the batch statements, the sets of connections, the errors and every
+//     SQLSTATE comparison;
+//   - wait: tries and waits on a connection or in a transaction, the
+//     line, deadlines; it knows no session, Hold or Pool, and returns
+//     what the server answered (wait.Outcome) for the judge to read;
+//   - core (this package): sessions, the Pool, Hold and Owned, the judge,
+//     the queues of a Pool's callers.
+//
 // Waiting. A Pool keeps one queue per key (keyqueue.go), in arrival order,
-// whose head waits on the server in the key's line (fcfs.go), which every
-// process's waiters share.
+// whose head waits on the server in the key's line (wait's fcfs.go), which
+// every process's waiters share.
 //
 // The sqllock package's handles (Lock, Session, a semaphore's permit, an
 // election's term) are thin layers over the core's Hold and Owned, which

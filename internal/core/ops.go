@@ -48,21 +48,22 @@ func (b *batcher) runMany(ops []*op, unlock bool) {
 // call allocates none.
 var answerOf = [2][]bool{{false}, {true}}
 
-// sendUnlocks sends the unlock statements that go alone (runMixed sends
-// those that go with tries: the only two that render one, as
-// internal/layout's TestOnePlacePromises checks): it releases
-// keys (in mode shared) on s's backend, and returns, by position, whether
-// the server released each (a slice its callers only read, and, when sc
-// is given, only until sc's next batch: see many). One key goes
-// in the single-key statement (which also sets a dedicated session's
-// settings back: the session is then no longer tuned); more in one batch,
-// run on the backend only. ctx bounds the statement.
+// sendUnlocks renders and sends every unlock statement of the core (as
+// internal/layout's TestOnePlacePromises checks): it releases keys[:n] (in
+// mode shared) on s's backend, and tries keys[n:], if any, in the same
+// statement, after them (exclusive, on a shared session: see runMixed).
+// It returns, by position, whether the server released, or granted, each
+// (a slice its callers only read, and, when sc is given, only until sc's
+// next batch: see stmt.Many). One unlock alone goes in the single-key
+// statement (which also sets a dedicated session's settings back: the
+// session is then no longer tuned); more, or unlocks with tries, in one
+// batch, run on the backend only. ctx bounds the statement.
 //
 // sc is the session's scratch for the caller that runs its queue, nil for
 // any other caller.
-func (b *batcher) sendUnlocks(ctx context.Context, sc *scratch, keys []Key, shared bool) ([]bool, error) {
+func (b *batcher) sendUnlocks(ctx context.Context, sc *scratch, keys []Key, n int, shared bool) ([]bool, error) {
 	s := b.s
-	if len(keys) == 1 {
+	if len(keys) == 1 && n == 1 {
 		dedicated := s.kind == kindDedicated
 		st := s.st
 		if !dedicated {
@@ -93,6 +94,9 @@ func (b *batcher) sendUnlocks(ctx context.Context, sc *scratch, keys []Key, shar
 		bb = &sc.batch
 	}
 	_, mode := s.plainSQL()
+	if n < len(keys) {
+		return stmt.Batch(mode, query, sqltext.BatchMixed, n, s.pid, keys, bb)
+	}
 	return stmt.Many(mode, query, sqltext.BatchUnlock, s.pid, keys, bb)
 }
 
@@ -110,7 +114,7 @@ func (b *batcher) runUnlocks(ops []*op) {
 		keys[i] = o.key
 		shared = o.shared // a shared-mode unlock comes alone (a dedicated session's one lock)
 	}
-	got, err := s.sendUnlocks(s.p.UnlockContext(), &s.scratch, keys, shared)
+	got, err := s.sendUnlocks(s.p.UnlockContext(), &s.scratch, keys, len(keys), shared)
 	for i, o := range ops {
 		o.ok, o.err = got[i], err
 	}
@@ -174,7 +178,7 @@ func (b *batcher) runTry(o *op) {
 		// Granted on a standby that is refused: released here, before
 		// the call returns, not left to the discard (the server frees a
 		// discarded session's locks a moment after the call).
-		s.sendUnlocks(s.p.UnlockContext(), sc, []Key{o.key}, false)
+		s.sendUnlocks(s.p.UnlockContext(), sc, []Key{o.key}, 1, false)
 	}
 	if err != nil {
 		o.ok = false
@@ -270,7 +274,7 @@ func (b *batcher) releaseStray(keys []Key) error {
 	for err == nil && len(stray) > 0 {
 		n := min(len(stray), sqltext.BatchMax)
 		var released []bool
-		if released, err = s.sendUnlocks(s.p.UnlockContext(), nil, stray[:n], false); err == nil && slices.Contains(released, false) {
+		if released, err = s.sendUnlocks(s.p.UnlockContext(), nil, stray[:n], n, false); err == nil && slices.Contains(released, false) {
 			err = errors.New("sqllock: a key the failed statement took was not held")
 		}
 		stray = stray[n:]
@@ -383,8 +387,7 @@ func (b *batcher) runMixed(unlocks, tries []*op) {
 		keys = append(keys, o.key)
 	}
 	s.scratch.batchKeys = keys[:0]
-	_, mode := s.plainSQL()
-	got, err := stmt.Batch(mode, s.queryRow, sqltext.BatchMixed, len(unlocks), s.pid, keys, &s.scratch.batch)
+	got, err := s.sendUnlocks(s.p.UnlockContext(), &s.scratch, keys, len(unlocks), false)
 	s.p.share.mixed.Add(1)
 	certain := err != nil && serverRefused(err) && s.ranUnlocks(keys[:len(unlocks)])
 	for i, o := range unlocks {

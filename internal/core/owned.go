@@ -302,7 +302,7 @@ func (o *Owned) unlockKeys(keys []Key) error {
 	o.markReleasing(keys)
 	released := false
 	defer func() { o.releaseDone(keys, released) }()
-	answers, err := o.s.sendUnlocks(o.p.UnlockContext(), nil, keys, false)
+	answers, err := o.s.sendUnlocks(o.p.UnlockContext(), nil, keys, len(keys), false)
 	what, all := namer{p: o.p, k: keys[0]}, err == nil
 	for i, ok := range answers {
 		if !ok && all {

@@ -66,8 +66,8 @@ func eachFunc(files []*ast.File, f func(name string, fd *ast.FuncDecl)) {
 //   - only judge (and judgeShared, its fast path for a shared session's
 //     try) decides a verdict: the verdicts (granted, refused, unwanted,
 //     uncertain, stray) are returned or assigned nowhere else;
-//   - unlock statements are rendered only by batcher.sendUnlocks (alone)
-//     and batcher.runMixed (with tries), through stmt.go's many and batch.
+//   - unlock statements are rendered only by batcher.sendUnlocks (alone,
+//     or with tries), which stmt.Many and stmt.Batch send.
 func TestOnePlacePromises(t *testing.T) {
 	_, files, info := corePackage(t)
 	var stateWriters, verdictMakers, unlockRenderers []string
@@ -130,5 +130,5 @@ func TestOnePlacePromises(t *testing.T) {
 	}
 	check("a session's state changes", stateWriters, []string{"session.setStateLocked"})
 	check("a verdict is decided", verdictMakers, []string{"judge", "judgeShared"})
-	check("an unlock statement is rendered", unlockRenderers, []string{"batcher.sendUnlocks", "batcher.runMixed", "many", "batch"})
+	check("an unlock statement is rendered", unlockRenderers, []string{"batcher.sendUnlocks"})
 }
