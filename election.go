@@ -316,7 +316,7 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	c, o, sub := stmt.Tag(e.key.sqlKey())
 	q, args := e.l.pool.Mode.TagArgs(sqltext.LeaderSQL, int64(c), int64(o), sub)
 	for try := 0; ; try++ {
-		// Bounded by ctx whatever the driver does (see core.Bounded).
+		// Bounded by ctx whatever the driver does (see stmt.Bounded).
 		r, err := stmt.Bounded(ctx, func() (holderRow, error) {
 			var r holderRow
 			err := e.l.pool.QueryRow(ctx, q, args, &r.pid, &r.name, &r.addr, &r.since)
@@ -460,7 +460,7 @@ func (e *Election) poll(ctx context.Context, seen chan<- Leader) {
 			read   bool
 			holder holderRow
 		}
-		// Bounded by qctx whatever the driver does (see core.Bounded).
+		// Bounded by qctx whatever the driver does (see stmt.Bounded).
 		a, err := stmt.Bounded(qctx, func() (answer, error) {
 			var a answer
 			err := e.l.pool.QueryRow(qctx, q, args, &a.digest, &a.read, &a.holder.pid, &a.holder.name, &a.holder.addr, &a.holder.since)

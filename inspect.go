@@ -82,7 +82,7 @@ func Inspect(ctx context.Context, q Querier, r *Registry, keys ...Key) ([]HeldLo
 	if isNil(q) {
 		return nil, fmt.Errorf("sqllock: Inspect: nil Querier")
 	}
-	// Bounded by ctx whatever the driver does (see bounded).
+	// Bounded by ctx whatever the driver does (see stmt.Bounded).
 	out, err := stmt.Bounded(ctx, func() ([]HeldLock, error) { return readLocks(ctx, q, r) }, nil)
 	if err != nil {
 		return nil, err

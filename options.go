@@ -53,7 +53,7 @@ const (
 	maxKeepAlive = core.MaxKeepAlive
 	// maxUnlockTimeout is the longest unlock timeout: an unlock that a
 	// server has not answered within an hour will not be answered, and
-	// the unlock's context must stay representable (see unlockContext).
+	// the unlock's context must stay representable (see the core's Pool.UnlockContext).
 	maxUnlockTimeout = time.Hour
 	// minOrphanBound and maxOrphanBound bound the orphan bound (see
 	// core.MinOrphanBound).

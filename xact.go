@@ -137,7 +137,7 @@ func InTxWith[T Tx](ctx context.Context, l *Locker, k Key, begin func(context.Co
 	// (see core.InTxContext): until then, a key granted as ctx ended is
 	// released by the rollback below, which the call waits for, rather
 	// than by database/sql's, in the background, after the call returned.
-	// Bounded by ctx whatever the driver does (see core.Bounded): a
+	// Bounded by ctx whatever the driver does (see stmt.Bounded): a
 	// transaction begun after the call left is rolled back.
 	txCtx, cancelTx := core.InTxContext(ctx)
 	defer cancelTx()

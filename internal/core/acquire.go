@@ -55,7 +55,7 @@ const acquireAttempts = 3
 // for its key, in arrival order, and only the head of that queue acquires
 // from the server (see keyqueue.go); a try never waits, and is refused at
 // once while the Pool's own callers wait for the key. When ctx ends first,
-// it returns an error matching ErrNotAcquired and ctx.Err(), and no lock
+// it returns an error matching stmt.ErrNotAcquired and ctx.Err(), and no lock
 // stays held.
 func (p *Pool) Acquire(ctx context.Context, r Request) (*Hold, error) {
 	if err := ctx.Err(); err != nil {
@@ -158,7 +158,7 @@ func (p *Pool) withSession(ctx context.Context, what namer, take func(s *session
 }
 
 // acquireOn takes r's lock on s, a dedicated session. A wait must know its
-// backend's pid, which settles a cancelled wait (see stopWait). On a
+// backend's pid, which settles a cancelled wait (see wait.Engine.WaitOn). On a
 // connection that waited before (its pid is known), a waiting call goes
 // straight to waiting; otherwise every call starts with the non-waiting
 // function, which returns the pid: an uncontended lock costs one round
@@ -199,7 +199,7 @@ func (p *Pool) acquireOn(ctx context.Context, s *session, r Request, what namer)
 }
 
 // triedLate returns o, the outcome of a try on s, a dedicated session,
-// unless its answer was read as ctx ended (see wait.TryOn): the call is then
+// unless its answer was read as ctx ended (see wait.Engine.TryOn): the call is then
 // not acquired (wait.ErrLeft), with s intact, and a grant goes back first,
 // within stmt.AbandonGrace (the session ends when that is not certain), so that
 // nothing the call took outlives it.
@@ -379,7 +379,7 @@ func (p *Pool) release(h *Hold) error {
 }
 
 // release unlocks h's key on s: nil when the server confirmed it, an error
-// wrapping ErrLockLost when the server says s did not hold it (that Hold
+// wrapping stmt.ErrLockLost when the server says s did not hold it (that Hold
 // only), or the error that ended s. A dedicated session ends with its
 // lock.
 func (s *session) release(h *Hold) error {

@@ -16,7 +16,7 @@ import (
 var ErrClosed = errors.New("sqllock: Locker closed")
 
 // errReleasedByClose is the error of a Hold that Close released: it matches
-// ErrReleased and ErrClosed.
+// stmt.ErrReleased and ErrClosed.
 var errReleasedByClose = fmt.Errorf("%w: %w", stmt.ErrReleased, ErrClosed)
 
 // closing is a Pool's end: once StartClose ran, no call takes a lock, and
@@ -57,15 +57,16 @@ func (cl *closing) untilClosed(ctx context.Context) (context.Context, context.Ca
 	return cctx, func() { stop(); cancel(nil) }
 }
 
-// wait.WaitInLine is the engine's wait.WaitInLine, left when the Pool starts
-// closing.
+// waitInLine is the engine's WaitInLine (wait.Engine.WaitInLine), left
+// when the Pool starts closing.
 func (p *Pool) waitInLine(ctx context.Context, w wait.Waiter, st *statements, ln wait.Line, pid int64) wait.Outcome {
 	ctx, stop := p.untilClosed(ctx)
 	defer stop()
 	return p.Engine.WaitInLine(ctx, w, st, ln, pid)
 }
 
-// wait.WaitOn is the engine's wait.WaitOn, left when the Pool starts closing.
+// waitOn is the engine's WaitOn (wait.Engine.WaitOn), left when the Pool
+// starts closing.
 func (p *Pool) waitOn(ctx context.Context, w wait.Waiter, lv wait.Level, st *statements, kind Kind, k Key, pid int64) wait.Outcome {
 	ctx, stop := p.untilClosed(ctx)
 	defer stop()
@@ -91,7 +92,7 @@ func (cl *closing) closedOr(err error) error {
 
 // StartClose makes the Pool take no new lock, and its calls that wait
 // (in its queues, in the server) leave, with an error matching
-// ErrNotAcquired and ErrClosed. What the Pool holds stays held until
+// stmt.ErrNotAcquired and ErrClosed. What the Pool holds stays held until
 // Close.
 func (cl *closing) StartClose() {
 	cl.once.Do(func() {
@@ -105,10 +106,10 @@ func (cl *closing) StartClose() {
 // does, and ends its shared sessions that hold nothing, so that their
 // connections go back to the pool now. It returns once every session of
 // the Pool has ended, or the unlock timeout has passed, with the errors
-// of the releases that were not confirmed (each wraps ErrLockLost, or the
+// of the releases that were not confirmed (each wraps stmt.ErrLockLost, or the
 // error that ended its session, which the server then releases); its
-// spare connections go back to the pool too (see budget.go). Holds it
-// released report an error matching ErrReleased and ErrClosed.
+// spare connections go back to the pool too (see stmt's budget.go). Holds it
+// released report an error matching stmt.ErrReleased and ErrClosed.
 func (cl *closing) Close() error {
 	p := cl.p
 	p.StartClose()

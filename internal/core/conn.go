@@ -149,7 +149,7 @@ func (c *connHandle) withConn(fn func(conn *sql.Conn) error) error {
 	return err
 }
 
-// stmt.QueryRow and stmt.QueryRows run one statement on the session, the lease's
+// queryRow and queryRows run one statement on the session, the lease's
 // busy mark around it: its outcome is recorded as a sign of life before
 // any caller hears it, so a caller that is told (and the process stopped
 // right after) never meets a lease that still looks busy. The queue's

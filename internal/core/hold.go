@@ -79,8 +79,8 @@ func (h *Hold) PID() int64 { return h.pid }
 // Since returns when the lock was granted to this Hold.
 func (h *Hold) Since() time.Time { return h.since }
 
-// Err returns nil while the lock is held, ErrReleased after Release, and
-// an error wrapping ErrLockLost once it is lost (a lease that expired
+// Err returns nil while the lock is held, stmt.ErrReleased after Release, and
+// an error wrapping stmt.ErrLockLost once it is lost (a lease that expired
 // while the process was stopped is found here first).
 func (h *Hold) Err() error {
 	if h.ls.expired() {
@@ -106,12 +106,12 @@ func (h *Hold) releasing() bool {
 
 // Release releases the lock: nil once the server confirmed the unlock on
 // the backend that was granted it (or the key went to the next caller in
-// line, see the Pool's queues); otherwise an error wrapping ErrLockLost
+// line, see the Pool's queues); otherwise an error wrapping stmt.ErrLockLost
 // when the lock turned out not to be held, or the error that ended its
 // session (the server then releases the lock as the session ends). It
 // is bounded by the unlock timeout, whatever its caller's context. first
 // reports whether this call ended the Hold: false for a Hold released
-// before (err is ErrReleased) or lost before (err is the loss, told when
+// before (err is stmt.ErrReleased) or lost before (err is the loss, told when
 // it was found).
 func (h *Hold) Release() (first bool, err error) {
 	h.releaseMu.Lock()
@@ -163,8 +163,8 @@ func (h *Hold) Release() (first bool, err error) {
 // lock's session, through its queue (ctx bounds the wait for the answer,
 // not the statement). No row is the server's word that the lock is lost,
 // and so is a session that ended under the statement: the lock is then
-// marked lost at once, and the error wraps ErrLockLost. Once Release has
-// begun, it returns ErrReleased or the loss, never a value it did not get.
+// marked lost at once, and the error wraps stmt.ErrLockLost. Once Release has
+// begun, it returns stmt.ErrReleased or the loss, never a value it did not get.
 // what names the lock in errors.
 func (h *Hold) Tag(ctx context.Context, q string) (int64, error) {
 	if err := ctx.Err(); err != nil {

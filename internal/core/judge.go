@@ -32,7 +32,7 @@ const (
 // caller applies the verdict: a session of the Pool's is kept, given back
 // or ended (settle), an Owned keeps its locks or is lost, a transaction
 // is rolled back by its caller. A ctx that ended makes any answer
-// uncertain but one read in time (o.certain: a cancelled wait can still be
+// uncertain but one read in time (o.Certain: a cancelled wait can still be
 // granted, and a driver can report a cancelled statement as a success); a
 // failed statement is uncertain, but for the server's certain refusals (a
 // deadlock victim, a full lock table: nothing was taken). standbyOK says a
@@ -89,7 +89,7 @@ func judgeShared(ctx context.Context, ok bool, err error, what namer) (verdict, 
 // server confirmed it there, and otherwise the call's error and whether the
 // session is in doubt (it may still hold the lock, or ended at a moment no
 // one can tell) and must end. A certain "not held" (false, on that
-// backend) is an error wrapping ErrLockLost that touches that one lock:
+// backend) is an error wrapping stmt.ErrLockLost that touches that one lock:
 // the critical section may not have been exclusive.
 func unlockAnswer(p *Pool, k Key, pid int64, err error, released bool) (uncertain bool, _ error) {
 	return unlockVerdict(namer{p: p, k: k}, pid, err, released)

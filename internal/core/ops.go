@@ -196,7 +196,7 @@ func (b *batcher) runTry(o *op) {
 
 // plainSQL returns the statements of a session set up already, for the
 // next one sent on s, and how they send keys: bound, to run prepared, once
-// s prepares its statements (see prepared.go), else as the Pool's do. The
+// s prepares its statements (see stmt's prepared.go), else as the Pool's do. The
 // runner of s's queue calls it, once per statement.
 func (b *batcher) plainSQL() (*statements, sqltext.Mode) {
 	s := b.s

@@ -116,7 +116,7 @@ func (p *Pool) Open(ctx context.Context) (*Owned, error) {
 func (o *Owned) PID() int64 { return o.pid }
 
 // begin starts a call: it takes calls, or returns an error matching
-// ErrNotAcquired and ctx's error when ctx ends first (a call of the
+// stmt.ErrNotAcquired and ctx's error when ctx ends first (a call of the
 // Owned's waits, as long as its caller lets it), and checks that the
 // Owned is usable. end must follow when begin returns nil.
 func (o *Owned) begin(ctx context.Context) error {
@@ -153,7 +153,7 @@ func (o *Owned) callDone() {
 // Lock takes k, waiting while another session holds it; a key the Owned
 // already holds is not taken twice. A ctx with a deadline bounds the wait
 // in the server, which ends it just before the deadline: Lock then
-// returns an error matching ErrNotAcquired and context.DeadlineExceeded,
+// returns an error matching stmt.ErrNotAcquired and context.DeadlineExceeded,
 // and the Owned keeps its locks. A ctx cancelled during the wait (or a
 // deadline too close to call) ends the whole Owned, with the same error.
 func (o *Owned) Lock(ctx context.Context, k Key) (err error) {
@@ -215,8 +215,8 @@ func (o *Owned) Lock(ctx context.Context, k Key) (err error) {
 // one round trip, and returns those the Owned holds once it returns, in
 // the order given: a key it already held is not taken twice, and is
 // returned; a repeated key is returned once. When the server's lock table
-// is full it returns ErrLockTableFull and releases whatever this call
-// took. A ctx already done returns an error matching ErrNotAcquired and
+// is full it returns stmt.ErrLockTableFull and releases whatever this call
+// took. A ctx already done returns an error matching stmt.ErrNotAcquired and
 // leaves the Owned as it was; a ctx that ends during the statement ends
 // the Owned, since what it took is then unknown.
 func (o *Owned) TryLock(ctx context.Context, keys []Key) ([]Key, error) {
@@ -278,7 +278,7 @@ func (o *Owned) tryLockFailed(ctx context.Context, want []Key, err error) error 
 // once. Each must be held by the Owned: unlocking a key it does not hold
 // is an error, and nothing happens on the server. When PostgreSQL does not
 // confirm every unlock on the Owned's backend, the Owned is lost (and its
-// connection discarded) and the error wraps ErrLockLost. It is bounded by
+// connection discarded) and the error wraps stmt.ErrLockLost. It is bounded by
 // the unlock timeout.
 func (o *Owned) Unlock(keys []Key) error {
 	if err := o.begin(context.Background()); err != nil {
@@ -331,7 +331,7 @@ func (o *Owned) unlockKeys(keys []Key) error {
 // Close releases every lock the Owned holds, confirming each unlock, and
 // gives its session back to the pool as it came (see session.closeConn);
 // when an unlock is not confirmed, the session is discarded and the error
-// wraps ErrLockLost. Close on a closed Owned returns ErrReleased; on a
+// wraps stmt.ErrLockLost. Close on a closed Owned returns stmt.ErrReleased; on a
 // lost one, its Err.
 func (o *Owned) Close() error {
 	o.calls.lock()
@@ -382,8 +382,8 @@ func (o *Owned) Conn() *sql.Conn {
 	return o.s.conn
 }
 
-// Err returns nil while the Owned is usable, ErrReleased after Close, and
-// an error wrapping ErrLockLost once it is lost.
+// Err returns nil while the Owned is usable, stmt.ErrReleased after Close, and
+// an error wrapping stmt.ErrLockLost once it is lost.
 func (o *Owned) Err() error {
 	if o.ls.expired() {
 		o.lose(o.ls.expiredError())

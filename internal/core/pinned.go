@@ -42,7 +42,7 @@ import (
 // The statements of a pinned session never leave a prepared statement on
 // the server session: lib/pq sends them unnamed, and pgx, whose statement
 // cache prepares named ones, is told to use its simple protocol for them
-// (simpleMode).
+// (stmt.SimpleModeOf).
 
 // pinning is the part of a Pool that makes its sessions transactions, when
 // it pins them (Config.TxPooler).
@@ -55,7 +55,7 @@ type pinning struct {
 // in the transaction that holds its locks (one that fails aborts it).
 var ErrPinnedSession = errors.New("sqllock: a Session is not available with WithTransactionPooler: its connection would run the caller's statements inside the transaction that holds its locks; use Locker.Lock, TryLock or Do for the locks, and InTx or LockTx to lock in a transaction of your own")
 
-// checkPinned makes conn, just taken from the pool (wait.TakeConn), a lock
+// checkPinned makes conn, just taken from the pool (wait.Engine.TakeConn), a lock
 // session's: it begins its transaction when the Pool pins its sessions
 // (pin), and checks the server (checkServer). On failure conn is given
 // back as it came, or, once a transaction may have begun on it,
@@ -103,7 +103,7 @@ func (pn *pinning) pin(ctx context.Context, conn *sql.Conn) error {
 	return wait.TxExecOn(ctx, p.Abandoned, conn, sqltext.BeginPinnedSQL)
 }
 
-// wait.SimpleFor makes the statements the Pool sends on conn, a connection of
+// simpleFor makes the statements the Pool sends on conn, a connection of
 // the pool that is not a pinned session's, go in pgx's simple protocol
 // while the Pool uses it, when the Pool is behind a transaction pooler:
 // a prepared statement would meet another server session than the one it
@@ -126,7 +126,7 @@ func (pn *pinning) simpleFor(conn *sql.Conn) (done func()) {
 
 // SimpleArgs returns args, for a statement the caller runs on conn
 // through database/sql, with pgx's option for its simple protocol ahead of
-// them when the Pool is behind a transaction pooler (see wait.SimpleFor).
+// them when the Pool is behind a transaction pooler (see simpleFor).
 func (pn *pinning) SimpleArgs(conn *sql.Conn, args []any) []any {
 	p := pn.p
 	if !p.cfg.TxPooler {
@@ -156,7 +156,7 @@ func SimpleProtocol(conn *sql.Conn) []any {
 // QueryRow runs q, which answers one row, on a connection of the pool,
 // and scans it into dest (any types database/sql scans): for the
 // package's reads on no lock session (an election's leader), which behind
-// a transaction pooler go in pgx's simple protocol (see wait.SimpleFor).
+// a transaction pooler go in pgx's simple protocol (see simpleFor).
 func (pn *pinning) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
 	p := pn.p
 	conn, err := p.DB.Conn(ctx)

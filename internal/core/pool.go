@@ -71,7 +71,7 @@ type Event struct {
 // own, Owned ones), its per-key queues, its keep-alive. It is safe for
 // concurrent use.
 type Pool struct {
-	wait.Engine // db, the driver's statement mode, round trips (see wait.go)
+	wait.Engine // db, the driver's statement mode, round trips (see wait's wait.go)
 	cfg         Config
 	hooks       Hooks
 
@@ -94,7 +94,7 @@ type Pool struct {
 // statementSet is a Pool's session-level statements, with the settings a
 // lock session needs (see sessionSettings), plain those of a session set
 // up already, and bindPlain plain's with keys bound, for a blind driver's
-// prepared statements (see prepared.go); and pids, each connection's
+// prepared statements (see stmt's prepared.go); and pids, each connection's
 // backend pid as last seen, and idents, each connection's identity (see
 // checkServer).
 type statementSet struct {
@@ -213,9 +213,9 @@ func (cs *connections) discard(conn *sql.Conn, why string) {
 	stmt.DiscardConn(conn)
 }
 
-// putBack gives conn, taken by wait.TakeConn and holding no lock, back as it
+// putBack gives conn, taken by wait.Engine.TakeConn and holding no lock, back as it
 // is: a spare when spare is set (no statement on it failed), else to the
-// pool (see budget.done); a connection whose statement was abandoned
+// pool (see stmt.Budget.Done); a connection whose statement was abandoned
 // closes as that statement returns (closing it now would wait for it),
 // counted until then as abandoned.
 func (cs *connections) putBack(conn *sql.Conn, spare bool) {
@@ -279,5 +279,5 @@ func (p *Pool) Stats() Stats {
 }
 
 // BudgetCount returns how many connections the Pool counts in its budget
-// (see budget): for tests.
+// (see stmt.Budget): for tests.
 func (p *Pool) BudgetCount() int { return p.Budget.Count() }

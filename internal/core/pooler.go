@@ -41,7 +41,7 @@ import (
 //     PgBouncer does) puts the second on the first's backend, or the
 //     first on the second's.
 //   - Once a Pool has seen a pooler, every session-level call is refused
-//     before it sends a lock statement (ErrSessionChanged, naming
+//     before it sends a lock statement (stmt.ErrSessionChanged, naming
 //     WithTransactionPooler), every session it has is discarded, and the
 //     backend of every discarded session that held or may hold a lock is
 //     terminated when it still holds one (discardStranded): discarding a
@@ -116,7 +116,7 @@ func poolerEvidence(err error) bool {
 // sawPooler records evidence of a transaction pooler (the first one
 // counts), logs it once, and discards every session of the Pool: each
 // may carry a lock that others share, and their backends are freed as
-// they go (see session.endIf).
+// they go (see session.closeOrDiscard).
 func (pg *poolerGuard) sawPooler(evidence error) {
 	p := pg.p
 	err := evidence
@@ -464,7 +464,7 @@ func (pg *poolerGuard) strandedOnce(ctx context.Context, q string, args []any) (
 // DetectPooler tells whether a transaction pooler is in front of db's
 // server, as a Pool does before its first session-level lock (the probe,
 // and the evidence of its statements): it returns the pooler's error
-// (matching ErrSessionChanged) when it saw one, nil when it did not, or
+// (matching stmt.ErrSessionChanged) when it saw one, nil when it did not, or
 // the error that kept it from asking. It takes nothing, and leaves db's
 // connections as they were. For the doctor command.
 func DetectPooler(ctx context.Context, db *sql.DB) (pooled, err error) {

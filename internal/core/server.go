@@ -14,7 +14,7 @@ import (
 )
 
 // The server guard: advisory locks only mean something on PostgreSQL
-// itself (and on its primary; see ErrStandby).
+// itself (and on its primary; see stmt.ErrStandby).
 
 // ident is who answers on a connection: the server's start and its
 // backend's start, in microseconds since the epoch (0: unknown). Every
@@ -194,8 +194,9 @@ func majorVersion(version string) int {
 	return n
 }
 
-// Supported returns ErrUnsupportedServer for a version() string of a server
-// whose advisory lock functions are not PostgreSQL's.
+// Supported returns an error matching stmt.ErrUnsupportedServer for a
+// version() string of a server whose advisory lock functions are not
+// PostgreSQL's, or of a PostgreSQL older than MinServerVersion.
 func Supported(version string) error {
 	for _, bad := range []string{"CockroachDB", "Redshift", "Materialize", "Spanner"} {
 		if strings.Contains(version, bad) {

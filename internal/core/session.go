@@ -53,7 +53,7 @@ type session struct {
 	batcher   // its statement queue and runner (queue.go)
 	idleTimer // a shared session's countdown to its end once idle
 	// prep are a blind driver's shared session's prepared statements
-	// (nil: none; see prepared.go).
+	// (nil: none; see stmt's prepared.go).
 	prep *stmt.Prepared
 }
 
@@ -69,7 +69,7 @@ type life struct {
 	// when the session is made, and changed once, by handOver, from shared
 	// to dedicated.
 	kind sessionKind
-	// state and cause are its lifecycle, changed only by setState (see its
+	// state and cause are its lifecycle, changed only by setStateLocked (see its
 	// rule).
 	state sessState
 	cause error
@@ -134,9 +134,9 @@ const (
 	ended
 )
 
-// newSession makes conn, just taken from the pool (wait.TakeConn) and checked
+// newSession makes conn, just taken from the pool (wait.Engine.TakeConn) and checked
 // (id), a session of kind, marked with a new owner mark, which takes it
-// out of the budget (see budget.go); its lease starts with the statement
+// out of the budget (see stmt's budget.go); its lease starts with the statement
 // sent at sent.
 func (cs *connections) newSession(conn *sql.Conn, id ident, kind sessionKind, sent int64) *session {
 	p := cs.p
@@ -158,7 +158,7 @@ func (s *session) link() *session {
 	return s
 }
 
-// setState moves s to state to, with cause when to is ended: the one
+// setStateLocked moves s to state to, with cause when to is ended: the one
 // place its lifecycle changes. The rule: a state only moves forward, and
 // an ended session never changes again. It reports whether it moved. The
 // caller holds s.mu.

@@ -243,7 +243,7 @@ func (p *Pool) sharedFor(ctx context.Context) (*session, error) {
 }
 
 // closingLocked reports whether one of all is closing: it ended idle, and
-// leaves the shared sessions once its settings are reset (see endIf). The
+// leaves the shared sessions once its settings are reset (see closeOrDiscard). The
 // caller holds sh.mu.
 func closingLocked(all []*session) bool {
 	for _, s := range all {

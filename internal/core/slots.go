@@ -53,9 +53,9 @@ func (sl Slots) trySQL(p *Pool, polite bool) string {
 // while all are taken. A waiting call joins the Pool's queue for the
 // semaphore, in arrival order; its head takes a slot at once only when no
 // one waits in the semaphore's line, which every process's waiters share,
-// and otherwise waits in it (see wait.WaitInLine): the first waiter gets the
+// and otherwise waits in it (see wait.Engine.WaitInLine): the first waiter gets the
 // first free slot. When ctx ends first, it returns an error matching
-// ErrNotAcquired and ctx.Err(), and no slot stays held.
+// stmt.ErrNotAcquired and ctx.Err(), and no slot stays held.
 func (p *Pool) AcquireSlot(ctx context.Context, sl Slots, try bool) (*Hold, error) {
 	what := namer{label: sl.Name}
 	if err := ctx.Err(); err != nil {

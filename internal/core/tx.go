@@ -22,7 +22,7 @@ import (
 // nothing taken there). Only a waiting call that finds the key held then
 // waits, as ctx allows: in one statement under a context that never ends
 // or has a deadline (the server keeps it), in slices under one that can
-// only be cancelled (wait.WaitTxSliced). With no pool to cancel an abandoned
+// only be cancelled (wait.Engine.WaitTxSliced). With no pool to cancel an abandoned
 // wait from, ctx ends it through the driver; the caller's rollback, which
 // is required after a ctx that ended, takes the backend out of the queue.
 // The key is bound as a parameter, which every driver accepts.
@@ -56,7 +56,7 @@ type txLocks struct {
 // LockInTx takes the exclusive transaction-level lock k in tx, InTx's own
 // transaction. It tries first, with the statement TxLock starts with, so
 // that a wait knows its backend's pid: when ctx ends during the wait, that
-// backend is taken out of k's queue (see stopWait) rather than left to
+// backend is taken out of k's queue (see wait.Engine.WaitOn) rather than left to
 // be granted the lock and sit idle in its transaction until it notices its
 // client left. On a standby the try takes nothing, and the call is
 // refused, unless the Pool allows standbys: then it waits, which takes the
@@ -86,7 +86,7 @@ func (tl *txLocks) LockInTx(ctx context.Context, tx wait.TxQuerier, k Key) error
 // as ctx ended was lost, and a key it was granted released after InTx
 // returned. InTx ties the transaction to ctx again once it holds the lock
 // (context.AfterFunc), and otherwise rolls it back itself, bounded by ctx
-// (see Bounded), before it returns.
+// (see stmt.Bounded), before it returns.
 func InTxContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if ctx.Done() == nil {
 		return ctx, func() {}

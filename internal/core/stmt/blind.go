@@ -21,7 +21,7 @@ const AbandonGrace = 250 * time.Millisecond
 
 // AbandonSet holds the connections whose statements were abandoned (see
 // BoundedRaw) until they are closed; a Locker of a blind driver has one.
-// Each is counted in budget until then: a statement left to finish
+// Each is counted in Budget until then: a statement left to finish
 // alone holds a connection of the pool.
 type AbandonSet struct {
 	conns  sync.Map // *sql.Conn → struct{}
@@ -221,7 +221,7 @@ var afterBlindStatement atomic.Pointer[func(ctx context.Context, err error, left
 // caller is not thrown away when ctx ends: the setup goes on (bounded by
 // ConnectTimeout), in the background, and the connection goes to the pool
 // for the next call (a spare of b's); left is then true, and b counts
-// the connection until it is (see takeConn). Under deadlines
+// the connection until it is (see wait.Engine.TakeConn). Under deadlines
 // shorter than a connection's setup (password authentication on a busy
 // server), calls that abort their own setups would otherwise never get a
 // connection at all. It also bounds a driver that dials with no context

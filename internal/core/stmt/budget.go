@@ -13,11 +13,11 @@ import (
 // A Pool takes connections from its pool for two kinds of work. Sessions
 // carry what a live caller asked for: a held lock, the wait of a key's
 // queue's head, the shared sessions, an Owned; they are bounded by what
-// the application asks (one waiting session per key, sharedLimit shared
+// the application asks (one waiting session per key, the core's sharedLimit shared
 // ones) and end with it. Everything else is the budget's: a connection
 // being set up and checked before it becomes a session (its setup goes on
 // when its caller left, so that no setup is wasted), the cancel of an
-// abandoned wait (stopWait), a blind driver's statement left to finish
+// abandoned wait (wait's stopWait), a blind driver's statement left to finish
 // alone until its connection is closed, the pooler probe's second
 // connection, the freeing of a pooled server session. That is what
 // impatient callers (tiny deadlines, cancellations) leave behind them,
@@ -51,7 +51,7 @@ type Budget struct {
 
 	mu sync.Mutex
 	n  int // guarded by mu: connections counted, spares among them
-	// limit is BudgetLimit as take last read it; waiters are the takes
+	// limit is BudgetLimit as Take last read it; waiters are the Takes
 	// that wait for room, in arrival order, each a channel closed once it
 	// is counted. Guarded by mu.
 	limit   int
@@ -74,7 +74,7 @@ type spareConn struct {
 // goes back to the pool: as long as an idle shared session, which bridges
 // callers that come and go. Every sparePeriod, spares go back at once
 // when the pool is at its limit, where someone may wait for one.
-// The core's shared sessions linger as long (sessionLinger).
+// The core's shared sessions linger as long (the core's sessionLinger).
 const (
 	SpareLinger = time.Second
 	sparePeriod = 100 * time.Millisecond
@@ -82,7 +82,7 @@ const (
 
 // BudgetMost is how many connections a budget counts in a pool without a
 // limit (see BudgetLimit): as many as the core's shared sessions
-// (maxShared).
+// (the core's maxShared).
 const BudgetMost = 16
 
 // maxSpare is the most spares a budget keeps.

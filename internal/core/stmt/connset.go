@@ -13,7 +13,7 @@ const MaxConns = 4096
 
 // ConnSet remembers a value per driver connection: each one's backend pid
 // (a wait for a lock on a connection whose pid is known needs no try
-// first; see acquireOn), and each one's identity (see checkServer).
+// first; see the core's acquireOn), and each one's identity (see the core's checkServer).
 type ConnSet[T comparable] struct {
 	conn sync.Map // driver connection → T
 	n    atomic.Int64

@@ -35,7 +35,7 @@ var (
 var ErrAbandoned = errors.New("sqllock: no answer from the server by the end of the context; the connection is discarded when the statement returns")
 
 // HeldElsewhere ends the error of a lock refused because another session
-// holds it (see judge), which the package's HeldError replaces with the
+// holds it (see the core's judge), which the sqllock package's HeldError replaces with the
 // holder.
 const HeldElsewhere = "is held by another session"
 
@@ -110,7 +110,7 @@ func LockError(what string, err error) error {
 // LockTimedOut: lock_not_available (55P03), a wait's lock_timeout fired.
 func LockTimedOut(err error) bool { return SQLState(err) == "55P03" }
 
-// deadlocked: deadlock_detected (40P01): the server chose this statement
+// Deadlocked: deadlock_detected (40P01): the server chose this statement
 // as a deadlock's victim; it took nothing.
 func Deadlocked(err error) bool { return SQLState(err) == "40P01" }
 
@@ -197,12 +197,13 @@ func SessionChanged(was, now int64) error {
 	return NewPoolerError("from backend " + strconv.FormatInt(was, 10) + " to " + to)
 }
 
-// PoolerError is the error of a session-level lock call behind a
+// NewPoolerError returns the error of a session-level lock call behind a
 // transaction pooler, for evidence that says so for certain: it matches
 // ErrSessionChanged, and says what to do.
 func NewPoolerError(evidence string) error { return &PoolerError{evidence} }
 
-// PoolerError is PoolerError's: evidence of a pooler, which poolerEvidence
+// PoolerError is NewPoolerError's: evidence of a pooler, which the core's
+// poolerEvidence
 // tells from other errors that match ErrSessionChanged (an unlock that
 // found no row on a session whose backend was never known, say).
 type PoolerError struct{ evidence string }

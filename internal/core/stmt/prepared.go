@@ -38,7 +38,7 @@ import (
 const preparedAfter = 4
 
 // Prepared is one session's prepared statements. Only the runner of the
-// session's queue uses it, its statements under connMu (see withConn); the
+// session's queue uses it, its statements under the core session's connMu (see its withConn); the
 // session's end deallocates them, under connMu too.
 type Prepared struct {
 	prefix string            // of the names: the session's mark, made a name

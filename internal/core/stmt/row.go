@@ -52,7 +52,7 @@ func DriverConnOf(conn *sql.Conn) any {
 // arguments and columns.
 type call struct {
 	ctx    context.Context
-	prep   *Prepared // see via.prep
+	prep   *Prepared // see Via.Prep
 	q      string
 	args   []driver.NamedValue
 	vals   []driver.Value
@@ -69,7 +69,7 @@ func driverQuery(ctx context.Context, dc any, q string, nv []driver.NamedValue) 
 		return nil, errNoFastPath
 	}
 	if opt, ok := simpleOption(dc); ok {
-		nv = withOption(opt, nv) // a pinned session's, on pgx (see pinned.go)
+		nv = withOption(opt, nv) // a pinned session's, on pgx (see the core's pinned.go)
 	}
 	rows, err := qc.QueryContext(ctx, q, nv)
 	if errors.Is(err, driver.ErrSkip) {
@@ -121,7 +121,7 @@ var calls = sync.Pool{New: func() any {
 // Via is how a statement reaches a connection's driver.
 type Via struct {
 	Blind *AbandonSet // non-nil for a blind driver (see BoundedRaw)
-	// prep, when not nil, runs statements with arguments as statements
+	// Prep, when not nil, runs statements with arguments as statements
 	// prepared on the connection (see prepared.go).
 	Prep *Prepared
 }

@@ -8,7 +8,7 @@ import (
 )
 
 // pgx's simple protocol for the statements of pinned sessions (see
-// pinned.go).
+// the core's pinned.go).
 
 // SimpleConns are the driver connections of pinned sessions whose driver
 // is pgx: their statements carry pgx's option for its simple protocol

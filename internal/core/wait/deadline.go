@@ -66,7 +66,7 @@ func pastDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
 // stmt.AbandonGrace after that.
 const answerGrace = stmt.AbandonGrace
 
-// RanInto reports whether a statement that began at began ran for about
+// ranInto reports whether a statement that began at began ran for about
 // its lock_timeout, timeout (as deadlineSlice wrote it).
 func ranInto(began time.Time, timeout string) bool {
 	d, err := time.ParseDuration(timeout)

@@ -19,7 +19,7 @@ import (
 // Waiting in line: the first waiter of a Pool's queue for a key takes a
 // ticket, by the server's clock, in the key's line, which every process's
 // waiters share (a waiter queued behind it took one as it queued, on
-// another of the Pool's sessions: see place.go), and waits only for the
+// another of the Pool's sessions: see the core's place.go), and waits only for the
 // ticket before its own; with none left, for the key (see sqltext's
 // tickets). Waiters of every process are
 // so served in the order they arrived, while every wait stays a statement
@@ -42,17 +42,17 @@ type Line struct {
 	slots int         // a semaphore's number of slots (0: a key's line)
 	class int32       // the line's ticket class
 	// place is the ticket of the waiter's place in line, held on another
-	// of its Pool's sessions since it queued (see place.go; 0: none): it
+	// of its Pool's sessions since it queued (see the core's place.go; 0: none): it
 	// registers without a ticket of its own, and waits with that one.
 	// tell, when set, is told once the registration is over, the ticket
 	// it took, and says whether the waiter may wait with it (see
-	// place.tell).
+	// the core's place.tell).
 	place int32
 	tell  func(ticket int32) (keep bool)
 }
 
 // At returns ln for a waiter whose place in line is ticket (0: none),
-// told by tell of its registration (nil: not told; see line.tell).
+// told by tell of its registration (nil: not told; see Line.tell).
 func (ln Line) At(ticket int32, tell func(ticket int32) (keep bool)) Line {
 	ln.place, ln.tell = ticket, tell
 	return ln
@@ -192,7 +192,7 @@ func (e *Engine) WaitInLine(ctx context.Context, w Waiter, st *sqltext.Statement
 		// lost: should the statement still run stmt.AbandonGrace after its
 		// context ended, the backend is cancelled from here (see WaitOn).
 		var returned atomic.Bool
-		pid := o.PID // the statement writes o.pid as the cancel may read it
+		pid := o.PID // the statement writes o.PID as the cancel may read it
 		stop := context.AfterFunc(sctx, func() {
 			time.AfterFunc(stmt.AbandonGrace, func() {
 				if returned.CompareAndSwap(false, true) {
@@ -276,7 +276,7 @@ func (e *Engine) WaitInLine(ctx context.Context, w Waiter, st *sqltext.Statement
 			continue
 		}
 		// A failure, or ctx's end with no certain answer: the session ends
-		// (see judge), and its tickets with it. When ctx ended, the
+		// (see the core's judge), and its tickets with it. When ctx ended, the
 		// abandoned backend is first taken out of the queue, as WaitOn does.
 		switch {
 		case stmt.CtxEnded(ctx) && errors.Is(o.Err, stmt.ErrAbandoned):

@@ -14,7 +14,7 @@ import (
 // server's queue from another connection of the pool.
 
 // stopAbandoned is stopWait for a wait whose driver did not give the
-// statement up in time (ErrAbandoned): the server may be cut off, or only
+// statement up in time (stmt.ErrAbandoned): the server may be cut off, or only
 // slow. It waits for the cancel no longer than the driver got
 // (stmt.AbandonGrace): if nothing reaches the server, the call must still
 // return by its deadline.
@@ -54,7 +54,7 @@ func (e *Engine) stopWait(waitCtx context.Context, pid int64, k sqltext.Key) {
 	defer cancel()
 	// A connection and statements bounded like the lock's own: a server
 	// that stopped answering cannot hold this past its timeout. A pool at
-	// its limit, or a budget spent (see budget.go), may have no connection
+	// its limit, or a budget spent (see stmt's budget.go), may have no connection
 	// to give until the caller's own, abandoned one is discarded, after
 	// this returns: wait for one no longer than stmt.AbandonGrace then (that
 	// discard ends the backend, which takes it out of the queue too, a
@@ -118,8 +118,8 @@ const cancelWaitSettle = 50 * time.Millisecond
 
 // TakeConn returns a spare connection of the Pool's, or counts one in its
 // budget, waiting for room with ctx, and gets it from the pool (see
-// stmt.GetConn). It stays counted until its taker gives it back (putBack,
-// budget.done), or makes it a session (newSession). When ctx ends during
+// stmt.GetConn). It stays counted until its taker gives it back (the core's putBack,
+// stmt.Budget.Done), or makes it a session (the core's newSession). When ctx ends during
 // its setup, the setup goes on, counted, until the connection is a spare.
 func (e *Engine) TakeConn(ctx context.Context) (*sql.Conn, error) {
 	if conn := e.Budget.TakeSpare(); conn != nil {

@@ -25,7 +25,7 @@ type TxWaiter struct{ Tx TxQuerier }
 
 func (TxWaiter) mark() string { return "" }
 
-// QueryRow runs q in the transaction, bounded by ctx (see bounded): the
+// QueryRow runs q in the transaction, bounded by ctx (see stmt.Bounded): the
 // row is read into values of its own, so that a statement left to finish
 // alone writes nothing of the caller's.
 func (w TxWaiter) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {

@@ -15,7 +15,7 @@ import (
 )
 
 // The waiting engine. Every lock call that may wait goes through it (a
-// Pool's exclusive tries are first sent on a shared session, share.go,
+// Pool's exclusive tries are first sent on a shared session, the core's share.go,
 // and come here only to wait), on one of three kinds of session:
 //
 //   - a session of the Pool's (a lock's, a permit's): try, then wait in
@@ -36,16 +36,16 @@ import (
 // In every case a wait knows its backend's pid, and when ctx ends during
 // it, the backend is taken out of the queue (stopWait); the owner then
 // applies the one rule for an uncertain outcome: ctx ended means the
-// session is discarded (settle, Owned.lose) or the transaction
+// session is discarded (the core's settle, Owned.lose) or the transaction
 // rolled back (InTx).
 
 // Engine is the acquisition engine: a value, which a Pool holds (and
 // feeds with its statements and keys), and which the transaction locks
 // (LockTx and kin) use with no Pool at all.
 type Engine struct {
-	// db is the pool an abandoned wait is cancelled from (stopWait);
-	// nil for LockTx and kin, which have none. budget counts the
-	// connections taken from it outside sessions (see budget.go).
+	// DB is the pool an abandoned wait is cancelled from (stopWait);
+	// nil for LockTx and kin, which have none. Budget counts the
+	// connections taken from it outside sessions (see stmt's budget.go).
 	DB     *sql.DB
 	Budget *stmt.Budget
 	Mode   sqltext.Mode
@@ -59,7 +59,7 @@ type Engine struct {
 	// CONCURRENTLY found (Stats.SnapshotWaits).
 	SnapshotWaits atomic.Int64
 	// SimpleFor, when set, prepares a connection of db for the engine's
-	// statements behind a transaction pooler (see Pool.simpleFor).
+	// statements behind a transaction pooler (see the core's Pool.simpleFor).
 	SimpleFor func(conn *sql.Conn) (done func())
 	// Trace receives the engine's debug messages (nil: none), warn its
 	// warnings.
@@ -71,10 +71,10 @@ type Engine struct {
 }
 
 // pinned reports whether the engine's sessions are transactions kept open
-// behind a transaction pooler (see Pool.simpleFor).
+// behind a transaction pooler (see the core's Pool.simpleFor).
 func (e *Engine) pinned() bool { return e.SimpleFor != nil }
 
-// Debug hands a debug message to trace.
+// Debug hands a debug message to Trace.
 func (e *Engine) Debug(ctx context.Context, msg string, k sqltext.Key, attrs ...slog.Attr) {
 	if e.Trace != nil {
 		e.Trace(ctx, msg, k, attrs...)
@@ -91,7 +91,7 @@ type Waiter interface {
 
 // ConnWaiter is a connection of the Pool's, marked m: statements run on
 // the driver connection, bounded for drivers that ignore their context
-// (lib/pq). On a pinned session (pinned: see pinned.go) each statement of
+// (lib/pq). On a pinned session (pinned: see the core's pinned.go) each statement of
 // a wait runs in a savepoint, which its error rolls back: a lock_timeout,
 // a deadlock or a cancel must not abort the transaction that holds the
 // session's other locks.
@@ -128,7 +128,7 @@ func (w ConnWaiter) QueryRow(ctx context.Context, q string, args []any, dest ...
 	return err
 }
 
-// Outcome is what the server answered to an acquisition.
+// Level is where an advisory lock lives: a session or a transaction.
 type Level uint8
 
 const (
@@ -141,8 +141,8 @@ const (
 // stmt.AbandonGrace past ctx's end (see WithGrace): a backend that runs the
 // statement late, on a loaded machine, still tells the call whether it
 // was granted, rather than taking the key after the call returned. An
-// answer read so is certain (o.certain) on a session: the caller judges
-// it; a transaction's is not (see settleTx).
+// answer read so is certain (o.Certain) on a session: the caller judges
+// it; a transaction's is not (see the core's settleTx).
 func (e *Engine) TryOn(ctx context.Context, w Waiter, lv Level, st *sqltext.Statements, kind sqltext.Kind, k sqltext.Key) Outcome {
 	var o Outcome
 	gctx := ctx
@@ -333,7 +333,7 @@ type Outcome struct {
 	Slot    int32 // a semaphore's slot granted
 	Standby bool  // the server is a standby
 	Err     error
-	// certain: the driver read the answer before the statement's context
+	// Certain: the driver read the answer before the statement's context
 	// ended (a wait bounded by ctx's deadline reads it a little past it),
 	// so ctx's end does not make it uncertain.
 	Certain bool
