@@ -173,7 +173,7 @@ func (o *Owned) Lock(ctx context.Context, k Key) (err error) {
 	// PostgreSQL's deadlock detector (the Owned holds other locks).
 	var oc wait.Outcome
 	if err := o.s.withConn(func(conn *sql.Conn) error {
-		oc = o.p.waitOn(ctx, wait.ConnWaiter{Conn: conn, Blind: o.p.Abandoned, M: o.s.mark}, wait.SessionLevel, o.p.sql(), 0, k, o.pid)
+		oc = o.p.waitOn(ctx, wait.ConnWaiter{Conn: conn, Blind: o.p.Abandoned, Mark: o.s.mark}, wait.SessionLevel, o.p.sql(), 0, k, o.pid)
 		return oc.Err
 	}); oc.Err == nil && err != nil {
 		oc.Err = err // the session was ended before the wait began

@@ -325,5 +325,5 @@ func (s *session) waitedOn() {
 // waiterOf returns s's connection as a waiter.
 func (cs *connections) waiterOf(s *session) wait.ConnWaiter {
 	p := cs.p
-	return wait.ConnWaiter{Conn: s.conn, Blind: p.Abandoned, M: s.mark, Pinned: p.cfg.TxPooler}
+	return wait.ConnWaiter{Conn: s.conn, Blind: p.Abandoned, Mark: s.mark, Pinned: p.cfg.TxPooler}
 }

@@ -105,7 +105,7 @@ func (p *Pool) slotOn(ctx context.Context, s *session, sl Slots, try bool, pl *p
 	w := p.waiterOf(s)
 	var slot int64
 	o := wait.Outcome{Sent: stmt.MonoNow()} // the permit's lease begins with this statement
-	q, args := p.Mode.Arrays(sl.trySQL(p, !try), w.M)
+	q, args := p.Mode.Arrays(sl.trySQL(p, !try), w.Mark)
 	// The try takes a moment: its answer, read up to stmt.AbandonGrace past
 	// ctx's end, is certain (a slot taken then is given back by settle).
 	gctx, cancel := wait.WithGrace(ctx)

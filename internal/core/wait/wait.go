@@ -98,11 +98,11 @@ type Waiter interface {
 type ConnWaiter struct {
 	Conn   *sql.Conn
 	Blind  *stmt.AbandonSet
-	M      string
+	Mark   string
 	Pinned bool
 }
 
-func (w ConnWaiter) mark() string { return w.M }
+func (w ConnWaiter) mark() string { return w.Mark }
 
 func (w ConnWaiter) QueryRow(ctx context.Context, q string, args []any, dest ...any) error {
 	if !w.Pinned || !sqltext.Waits(q) {
