@@ -98,7 +98,7 @@ func TestCancelStress(t *testing.T) {
 				}
 			}()
 		}
-		wg.Wait()
+		waitGroup(t, &wg, hangCeiling)
 		for w := 0; w < workers; w++ {
 			waitFree(t, observer, sqllock.Pair(100, int32(w)), 10*time.Second)
 		}

@@ -170,7 +170,7 @@ func TestChaos(t *testing.T) {
 			}
 			ran := time.Since(began)
 			close(stop)
-			wg.Wait()
+			waitGroup(t, &wg, hangCeiling)
 			<-chaosDone
 
 			confirmed := 0

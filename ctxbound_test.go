@@ -143,7 +143,7 @@ func lockTxAlwaysReturns(t *testing.T, cancelled bool) {
 				}
 			}
 		}()
-		wg.Wait()
+		waitGroup(t, &wg, hangCeiling)
 		<-watch
 		t.Logf("%d calls: %d not acquired at the deadline, %d returned more than %v (and four round trips) past it, %d stuck over %v, slowest %v",
 			goroutines*calls, notAcquired.Load(), late.Load(), bound, stuck.Load(), stuckAfter, time.Duration(slowest.Load()))
@@ -294,7 +294,7 @@ func TestEndedContextSendsNothing(t *testing.T) {
 					lk.Unlock(bg())
 				}
 				close(stop)
-				wg.Wait()
+				waitGroup(t, &wg, hangCeiling)
 				if sent.Load() > 0 {
 					t.Errorf("%d lock calls with an ended ctx took the lock", sent.Load())
 				}

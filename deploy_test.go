@@ -325,7 +325,7 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 				}
 			}()
 		}
-		wg.Wait()
+		waitGroup(t, &wg, hangCeiling)
 		t.Logf("through PgBouncer (transaction mode): %d confirmed unlocks, %d swaps detected, %d other errors", ok.Load(), detected.Load(), other.Load())
 		if detected.Load() == 0 {
 			t.Fatal("no session swap detected under concurrent load: the pooler's swaps went unnoticed")
@@ -365,7 +365,7 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 				}
 			})
 		}
-		wg.Wait()
+		waitGroup(t, &wg, hangCeiling)
 		t.Logf("through PgBouncer (transaction mode), shared sessions: %d confirmed unlocks, %d swaps detected", ok.Load(), detected.Load())
 		if detected.Load() == 0 {
 			t.Fatal("no session swap detected under concurrent load: the pooler's swaps went unnoticed")
@@ -410,7 +410,7 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 					}
 				}()
 			}
-			wg.Wait()
+			waitGroup(t, &wg, hangCeiling)
 			if maxInside.Load() != 1 || runs.Load() != 80 {
 				t.Fatalf("max inside %d, runs %d; want 1 and 80", maxInside.Load(), runs.Load())
 			}

@@ -1000,7 +1000,7 @@ func TestLeadExactlyOne(t *testing.T) {
 				}
 			})
 		}
-		wg.Wait()
+		waitGroup(t, &wg, hangCeiling)
 		if done.Load() < terms {
 			t.Fatalf("%d terms, want %d", done.Load(), terms)
 		}

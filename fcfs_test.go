@@ -510,7 +510,7 @@ func TestLineReaders(t *testing.T) {
 		if err := hl.Unlock(bg()); err != nil {
 			t.Fatal(err)
 		}
-		wg.Wait()
+		waitGroup(t, &wg, hangCeiling)
 		close(events)
 		var got []string
 		for e := range events {

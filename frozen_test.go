@@ -219,7 +219,7 @@ func runFrozenCalls(t *testing.T, f *frozenSetup) (late []string) {
 	}
 	for i, c := range frozenCalls {
 		if i == 1 {
-			wg.Wait()
+			waitGroup(t, &wg, hangCeiling)
 		}
 		wg.Add(1)
 		go func() {
@@ -244,7 +244,7 @@ func runFrozenCalls(t *testing.T, f *frozenSetup) (late []string) {
 			}
 		}()
 	}
-	wg.Wait()
+	waitGroup(t, &wg, hangCeiling)
 	sort.Strings(lines)
 	t.Logf("every call with a %v context:\n  %s", ctxFor, strings.Join(lines, "\n  "))
 	return late

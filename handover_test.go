@@ -187,7 +187,7 @@ func TestHandoverLeavesAsItCame(t *testing.T) {
 			wg.Add(1)
 			go func() { defer wg.Done(); time.Sleep(300 * time.Millisecond); held.Unlock(bg()) }()
 			lk = <-got
-			wg.Wait()
+			waitGroup(t, &wg, hangCeiling)
 			if lk != nil {
 				lk.Unlock(bg())
 			}
@@ -240,7 +240,7 @@ func TestHandoverRefusedThenGranted(t *testing.T) {
 					mu.Unlock()
 				}()
 			}
-			wg.Wait()
+			waitGroup(t, &wg, hangCeiling)
 			locks = append(locks, first)
 			all, _ := sqllock.Inspect(bg(), odb, nil)
 			for _, h := range all {

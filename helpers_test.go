@@ -89,6 +89,12 @@ func waitFree(t testing.TB, q sqllock.Querier, k sqllock.Key, d time.Duration) {
 
 func bg() context.Context { return context.Background() }
 
+// hangCeiling bounds a test's wait for calls that must return (see
+// waitGroup): far past what any of them takes on a loaded machine, and
+// well within the run's timeout, so that a call that never returns fails
+// its own test, with every goroutine's stack, instead of the whole run.
+const hangCeiling = 5 * time.Minute
+
 // waitGroup waits for wg, for at most ceiling (far longer than what it
 // waits for takes on a loaded machine); then it fails t with every
 // goroutine's stack, so that calls that never return fail their test

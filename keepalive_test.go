@@ -189,7 +189,7 @@ func TestKeepAliveBusyPoolIsNotLoss(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Do() = %v: the holder was told its lock was lost while the pool was busy", err)
 			}
-			wg.Wait()
+			waitGroup(t, &wg, hangCeiling)
 			waitErrs.Range(func(k, v any) bool {
 				t.Errorf("waiter %v: %v", k, v)
 				return true

@@ -93,7 +93,7 @@ func watch(t *testing.T, ts []*trial, observer *sql.DB, start time.Time, limit t
 			}
 		}()
 	}
-	wg.Wait()
+	waitGroup(t, &wg, hangCeiling)
 }
 
 // report logs every trial and returns how many broke the rule (the server

@@ -205,7 +205,7 @@ func haFault(t *testing.T, ctx context.Context, p *pgtest.Patroni, w *haWriter, 
 			wg.Go(func() { late[i], _ = c.takeLocks(sctx, sc.locks, sc.late) })
 			wg.Go(func() { churns[i] = c.churn(sctx, int32(sc.locks+sc.late)) })
 		}
-		wg.Wait()
+		waitGroup(t, &wg, hangCeiling)
 		cancel()
 		t.Logf("replication stalled for %v before the fault", time.Since(stalled).Round(time.Millisecond))
 		for i := range clients {
@@ -245,7 +245,7 @@ func haFault(t *testing.T, ctx context.Context, p *pgtest.Patroni, w *haWriter, 
 	for i, c := range clients {
 		wg.Go(func() { results[i] = c.observe(wctx, prep, at, np, leaders[i], held[i], churns[i]) })
 	}
-	wg.Wait()
+	waitGroup(t, &wg, hangCeiling)
 	for i, c := range clients {
 		r := results[i]
 		t.Run(c.drv, func(t *testing.T) {

@@ -42,7 +42,7 @@ func TestPoolRule(t *testing.T) {
 					mu.Unlock()
 				})
 			}
-			wg.Wait()
+			waitGroup(t, &wg, hangCeiling)
 			if t.Failed() {
 				t.FailNow()
 			}

@@ -102,7 +102,7 @@ func TestQueueArrivalOrder(t *testing.T) {
 		if err := holder.Unlock(bg()); err != nil {
 			t.Fatal(err)
 		}
-		wg.Wait()
+		waitGroup(t, &wg, hangCeiling)
 		close(stop)
 		want := make([]int, n)
 		for i := range want {
@@ -177,7 +177,7 @@ func TestQueueManyWaitersFewSessions(t *testing.T) {
 		for _, lk := range held {
 			lk.Unlock(bg())
 		}
-		wg.Wait()
+		waitGroup(t, &wg, hangCeiling)
 		if got := served.Load(); got != waiters {
 			t.Errorf("%d of %d waiters served", got, waiters)
 		}
@@ -386,7 +386,7 @@ func TestQueueRemoteWaiterServed(t *testing.T) {
 				passed = append(passed, n)
 			}
 			cancel()
-			wg.Wait()
+			waitGroup(t, &wg, hangCeiling)
 			t.Logf("%s: %d local cycles; a waiter in another process was granted after %v, with %v local grants in its wait", drv, cycles.Load(), waits, passed)
 			for i, n := range passed {
 				if n > 64+16 {

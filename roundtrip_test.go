@@ -196,7 +196,7 @@ func TestRoundTrips(t *testing.T) {
 							}
 						})
 					}
-					wg.Wait()
+					waitGroup(t, &wg, hangCeiling)
 					for _, lk := range locks {
 						wg.Go(func() {
 							if err := lk.Unlock(bg()); err != nil {
@@ -204,7 +204,7 @@ func TestRoundTrips(t *testing.T) {
 							}
 						})
 					}
-					wg.Wait()
+					waitGroup(t, &wg, hangCeiling)
 					close(errs)
 					for err := range errs {
 						t.Fatalf("%d concurrent callers: %v", n, err)

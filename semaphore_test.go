@@ -146,7 +146,7 @@ func TestSemaphoreProcesses(t *testing.T) {
 				most = max(most, held)
 				time.Sleep(20 * time.Millisecond)
 			}
-			wg.Wait()
+			waitGroup(t, &wg, hangCeiling)
 			for i, err := range errs {
 				t.Logf("process %d: %s", i, bytes.TrimSpace(outs[i].Bytes()))
 				if err != nil {
@@ -290,7 +290,7 @@ func TestSemaphoreCancelRace(t *testing.T) {
 				}
 			}()
 		}
-		wg.Wait()
+		waitGroup(t, &wg, hangCeiling)
 		for _, k := range slots {
 			waitFree(t, observer, k, 10*time.Second)
 		}

@@ -319,7 +319,7 @@ func TestBatchKeyForms(t *testing.T) {
 			for i, k := range cur {
 				wg.Go(func() { try(k, &locks[i]) })
 			}
-			wg.Wait()
+			waitGroup(t, &wg, hangCeiling)
 			if trips := slow.RoundTrips(); trips >= int64(len(cur)) {
 				t.Errorf("%d round trips for %d tries at once: they did not meet in batches", trips, len(cur))
 			}
@@ -338,7 +338,7 @@ func TestBatchKeyForms(t *testing.T) {
 					wg.Go(func() { unlock(lk) })
 					wg.Go(func() { try(next[i], &took[i]) })
 				}
-				wg.Wait()
+				waitGroup(t, &wg, hangCeiling)
 				want(next, 0, fmt.Sprintf("round %d: unlocks and tries that met", round))
 				if sqllock.MixedBatches(l) == mixed {
 					t.Fatalf("round %d: no statement carried unlocks and tries together", round)
@@ -348,7 +348,7 @@ func TestBatchKeyForms(t *testing.T) {
 			for _, lk := range locks {
 				wg.Go(func() { unlock(lk) })
 			}
-			wg.Wait()
+			waitGroup(t, &wg, hangCeiling)
 			want(nil, 0, "after the unlocks that met")
 		})
 	}

@@ -302,7 +302,7 @@ func TestWaitingSessionsNamed(t *testing.T) {
 					}
 					lk.Unlock(bg())
 				}
-				wg.Wait()
+				waitGroup(t, &wg, hangCeiling)
 			})
 		}
 	})

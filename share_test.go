@@ -97,7 +97,7 @@ func TestManyLocksFewSessions(t *testing.T) {
 					}
 				})
 			}
-			wg.Wait()
+			waitGroup(t, &wg, hangCeiling)
 			took := time.Since(start)
 			close(errs)
 			for err := range errs {
@@ -129,7 +129,7 @@ func TestManyLocksFewSessions(t *testing.T) {
 					}
 				})
 			}
-			wg.Wait()
+			waitGroup(t, &wg, hangCeiling)
 			waitNoLocks(t, observer, 10*time.Second)
 			if st := l.Stats(); st.Held != 0 || st.Lost != 0 || st.Discarded != 0 {
 				t.Errorf("after every Unlock: %+v", st)
@@ -162,7 +162,7 @@ func sessionPerLockRefused(t *testing.T, drv, dsn string) {
 			mu.Unlock()
 		})
 	}
-	wg.Wait()
+	waitGroup(t, &wg, hangCeiling)
 	t.Logf("a session per lock: %d of 30 locks held, %d refused", len(held), refused.Load())
 	if refused.Load() == 0 {
 		t.Errorf("a session per lock: all 30 locks held in a database that admits 20 connections")
@@ -242,7 +242,7 @@ func TestSharedExclusive(t *testing.T) {
 				}
 			})
 		}
-		wg.Wait()
+		waitGroup(t, &wg, hangCeiling)
 		t.Logf("%d entries, at most %d inside at once, %d shared sessions", entries.Load(), most.Load(), l.Stats().SharedSessions)
 		if most.Load() != 1 {
 			t.Errorf("at most %d inside at once, want 1", most.Load())

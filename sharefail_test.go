@@ -65,7 +65,7 @@ func TestSharedTryFailureTouchesOneLock(t *testing.T) {
 					errs[i] = err
 				}()
 			}
-			wg.Wait()
+			waitGroup(t, &wg, hangCeiling)
 			for i, err := range errs {
 				if err != nil && !errors.Is(err, sqllock.ErrLockTableFull) {
 					t.Errorf("concurrent TryLock %d on a full lock table = %v, want ErrLockTableFull", i, err)
@@ -102,7 +102,7 @@ func TestSharedTryFailureTouchesOneLock(t *testing.T) {
 					}()
 				}
 				close(start)
-				wg.Wait()
+				waitGroup(t, &wg, hangCeiling)
 				for i, err := range unlockErrs {
 					if err != nil {
 						t.Errorf("round %d: Unlock %d beside tries on a full lock table = %v", round, i, err)

@@ -35,7 +35,7 @@ func TestSharedColdStartSpreads(t *testing.T) {
 				locks[i] = lk
 			}()
 		}
-		wg.Wait()
+		waitGroup(t, &wg, hangCeiling)
 		per := map[int]int{}
 		most := 0
 		for _, lk := range locks {
@@ -96,7 +96,7 @@ func TestSharedAgainAfterContention(t *testing.T) {
 				locks[i] = lk
 			}()
 		}
-		wg.Wait()
+		waitGroup(t, &wg, hangCeiling)
 		pids := map[int]bool{}
 		for _, lk := range locks {
 			pids[lk.PID()] = true
@@ -163,7 +163,7 @@ func TestSmallPoolNotStarved(t *testing.T) {
 		}
 		during := churned.Load() - before
 		stop()
-		wg.Wait()
+		waitGroup(t, &wg, hangCeiling)
 		t.Logf("pool of 1 under churning TryLocks (%d meanwhile): 5 waiting Locks and 5 queries of the application's own in %v (slowest %v)",
 			during, time.Since(began).Round(time.Millisecond), slowest.Round(time.Millisecond))
 		if during == 0 {
@@ -206,7 +206,7 @@ func TestSeveralLockersOnOnePool(t *testing.T) {
 						}
 					})
 				}
-				wg.Wait()
+				waitGroup(t, &wg, hangCeiling)
 			}
 			t.Logf("6 Lockers × 200 calls on one pool: %d failed; %d connections open at the end", failed.Load(), db.Stats().OpenConnections)
 			if failed.Load() != 0 {

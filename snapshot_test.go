@@ -129,7 +129,7 @@ func testConcurrentIndexBuilds(t *testing.T, srv *pgtest.Server, deadlockTimeout
 			if err := lk.Unlock(bg()); err != nil {
 				t.Fatal(err)
 			}
-			wg.Wait()
+			waitGroup(t, &wg, hangCeiling)
 			close(errs)
 			for err := range errs {
 				t.Errorf("%s: waiter failed: %v", ddl, err)

@@ -276,7 +276,7 @@ func TestMutualExclusion(t *testing.T) {
 				}
 			}()
 		}
-		wg.Wait()
+		waitGroup(t, &wg, hangCeiling)
 		if maxInside.Load() != 1 || runs.Load() != 16*15 {
 			t.Fatalf("max inside = %d, runs = %d; want 1 and %d", maxInside.Load(), runs.Load(), 16*15)
 		}
@@ -323,7 +323,7 @@ func TestTryDoExactlyOne(t *testing.T) {
 				}()
 			}
 			close(start)
-			wg.Wait()
+			waitGroup(t, &wg, hangCeiling)
 			if ran.Load() != 1 {
 				t.Fatalf("round %d: %d callers ran, want exactly 1", round, ran.Load())
 			}

@@ -182,7 +182,7 @@ func TestPoolStarvation(t *testing.T) {
 			}
 		}
 		close(stop)
-		wg.Wait()
+		waitGroup(t, &wg, hangCeiling)
 		aside.Wait()
 		during := db.Stats()
 		appDials := opened.app.Load() - appDialsBefore

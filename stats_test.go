@@ -71,7 +71,7 @@ func TestStatsTimedOut(t *testing.T) {
 		for range 2 {
 			wg.Go(func() { timedOut("a queued Lock", lock) })
 		}
-		wg.Wait()
+		waitGroup(t, &wg, hangCeiling)
 		want += 2
 		check("two Locks, one queued behind the other")
 

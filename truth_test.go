@@ -47,7 +47,7 @@ func TestTokenRacingUnlock(t *testing.T) {
 					wg.Add(1)
 					go func() { defer wg.Done(); tok, terr = lk.Token(bg()) }()
 					uerr := lk.Unlock(bg())
-					wg.Wait()
+					waitGroup(t, &wg, hangCeiling)
 					if uerr != nil {
 						t.Fatalf("Unlock() = %v", uerr)
 					}

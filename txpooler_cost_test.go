@@ -190,7 +190,7 @@ func TestTxPoolerCICWhileBusy(t *testing.T) {
 				return func() {}
 			})
 			cancel()
-			wg.Wait()
+			waitGroup(t, &wg, hangCeiling)
 			t.Logf("10 index builds while 16 goroutines took and released keys (%d sections): %d failed, the longest took %v", sections.Load(), failed, worst.Round(time.Millisecond))
 			if failed > 0 {
 				t.Errorf("%d of 10 index builds failed while shared sessions were busy", failed)

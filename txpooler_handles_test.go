@@ -194,7 +194,7 @@ func TestTxPoolerSemaphore(t *testing.T) {
 				time.Sleep(5 * time.Millisecond)
 			}
 		}()
-		wg.Wait()
+		waitGroup(t, &wg, hangCeiling)
 		<-sampled
 		var total int64
 		var per []int64

@@ -306,7 +306,7 @@ func TestTxPoolerMixedLoad(t *testing.T) {
 				})
 			}
 		}
-		wg.Wait()
+		waitGroup(t, &wg, hangCeiling)
 		var total, over int64
 		var per []string
 		for i := range keys {

@@ -115,7 +115,7 @@ func TestWaitOrder(t *testing.T) {
 				if err := hl.Unlock(bg()); err != nil {
 					t.Fatal(err)
 				}
-				wg.Wait()
+				waitGroup(t, &wg, hangCeiling)
 				if t.Failed() {
 					t.FailNow()
 				}

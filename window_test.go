@@ -59,7 +59,7 @@ func runTicks(t *testing.T, drv, dsn string, offsets []time.Duration, period tim
 			}
 		}()
 	}
-	wg.Wait()
+	waitGroup(t, &wg, hangCeiling)
 	return runs
 }
 
