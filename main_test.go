@@ -21,12 +21,16 @@ func TestMain(m *testing.M) {
 		os.Exit(helperMain(role))
 	}
 	flag.Parse()
-	if testing.Short() && !flagGiven("test.parallel") {
-		// The quick run's tests wait on the server far more than they
-		// compute (each has a database of its own): run more of them at
-		// once than there are cores. The full run keeps Go's default, one
-		// per core, for its timing-heavy trials.
-		flag.Set("test.parallel", strconv.Itoa(8*runtime.GOMAXPROCS(0)))
+	if !flagGiven("test.parallel") {
+		// The tests wait on the server far more than they compute (each
+		// has a database of its own): run more of them at once than there
+		// are cores. The quick run's, eight per core; the full run's, whose
+		// parallel tests include timing-heavy trials, two per core.
+		per := 2
+		if testing.Short() {
+			per = 8
+		}
+		flag.Set("test.parallel", strconv.Itoa(per*runtime.GOMAXPROCS(0)))
 	}
 	os.Exit(pgtest.Run(m))
 }

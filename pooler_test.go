@@ -66,6 +66,9 @@ func startPoolerTraffic(t *testing.T, bdsn string, k sqllock.Key, clients int) *
 // call. Each run is a new Locker (a new pool of client connections)
 // making 20 lock and unlock calls; pgx keeps its default statement cache.
 func TestPoolerLeavesNothing(t *testing.T) {
+	// A bouncer and a database of its own, a key per driver: most of it
+	// is the 3 s waits, which run beside other tests' work.
+	t.Parallel()
 	dsn, bdsn := behindPgBouncer(t, "transaction", 2)
 	observer := pgtest.Open(t, "pgx", dsn)
 	runs := 10
@@ -74,6 +77,7 @@ func TestPoolerLeavesNothing(t *testing.T) {
 	}
 	for _, drv := range drivers {
 		t.Run(drv, func(t *testing.T) {
+			t.Parallel()
 			k := sqllock.Int64(7100 + int64(len(drv)))
 			tr := startPoolerTraffic(t, bdsn, k, 3)
 			var granted, refused int
