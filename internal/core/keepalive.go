@@ -486,7 +486,10 @@ func (lk lostKey) cause(h heldKey) error {
 	case 4:
 		return fmt.Errorf("keep-alive: its session (backend %d) ended (terminated, or its connection closed)", h.pid)
 	}
-	return fmt.Errorf("keep-alive: backend %d no longer holds it (released behind the Locker's back, or its session swapped by a pooler)", h.pid)
+	// A backend that was told to end (pg_terminate_backend) releases its
+	// locks as it exits, a moment before it leaves pg_stat_activity: a
+	// check in that moment finds it alive without the lock.
+	return fmt.Errorf("keep-alive: backend %d no longer holds it (its session ending, the lock released behind the Locker's back, or its session swapped by a pooler)", h.pid)
 }
 
 // queryLost returns the keys that the server does not show as granted to
