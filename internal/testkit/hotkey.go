@@ -176,7 +176,14 @@ func ServerCPU(ctx context.Context, db *sql.DB) (func() (time.Duration, error), 
 				continue
 			}
 			if s, err := procStat(p); err == nil && s.ppid == master {
-				total += s.cpu
+				// In nanoseconds where the kernel says (schedstat): a
+				// backend's few milliseconds of a short phase on a loaded
+				// machine may be charged no clock tick at all.
+				if c, err := ProcessCPUOf(p); err == nil {
+					total += c
+				} else {
+					total += s.cpu
+				}
 			}
 		}
 		return total, nil
