@@ -100,8 +100,14 @@ func TestLockerClose(t *testing.T) {
 		if n != 1 {
 			t.Errorf("%d advisory locks 30 s after Close, want 1 (the other Locker's)", n)
 		}
-		if st := db.Stats(); st.InUse != 0 {
-			t.Errorf("%d connections of the pool in use after Close, want 0", st.InUse)
+		// A discarded waiter's connection goes back as its cancelled
+		// statement returns, which a loaded machine delays a moment.
+		inUse := db.Stats().InUse
+		for start := time.Now(); inUse != 0 && time.Since(start) < 30*time.Second; inUse = db.Stats().InUse {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if inUse != 0 {
+			t.Errorf("%d connections of the pool in use 30 s after Close, want 0", inUse)
 		}
 		if _, err := l.TryLock(bg(), sqllock.Int64(5)); !errors.Is(err, sqllock.ErrClosed) || !errors.Is(err, sqllock.ErrNotAcquired) {
 			t.Errorf("TryLock() after Close = %v, want ErrNotAcquired and ErrClosed", err)

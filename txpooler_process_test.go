@@ -260,7 +260,7 @@ func TestTxPoolerHolderStopped(t *testing.T) {
 }
 
 // TestTxPoolerArrivalOrder: five waiter processes, each with a Locker
-// WithTransactionPooler, arriving 300 ms apart on a key held by this
+// WithTransactionPooler, arriving 600 ms apart on a key held by this
 // process through the bouncer, are served in the order they arrived (two
 // trials per driver), with a pool of 8: every waiter finds a server
 // connection and joins the key's line in the server as it arrives. With
@@ -279,7 +279,11 @@ func TestTxPoolerArrivalOrder(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			tr := startLine(t, drv, p.bdsn, "lock", key, apart(5, 300*time.Millisecond), 20*time.Millisecond, "HELPER_TXPOOLER=1")
+			// 600 ms apart: behind the bouncer a waiter's call takes a
+			// client connection, a server connection and its transaction
+			// before it joins the line, which a loaded machine (CI, with
+			// other modules' tests beside) stretched past 300 ms once.
+			tr := startLine(t, drv, p.bdsn, "lock", key, apart(5, 600*time.Millisecond), 20*time.Millisecond, "HELPER_TXPOOLER=1")
 			tr.arrived()
 			// The server connections the holder leaves (the traffic takes
 			// one at times).
