@@ -27,6 +27,18 @@ import (
 type poolerTraffic struct {
 	grants, grantedWhileHeld atomic.Int64
 	held                     atomic.Bool
+	// Each statement runs under a read lock of pause: while it is locked
+	// (paused), no client runs one, and none holds the key.
+	pause sync.RWMutex
+}
+
+// paused runs f while no plain client runs a statement: a key a backend
+// holds then is not a plain client's transaction lock (held for the
+// length of its statement), but a session-level lock left behind.
+func (tr *poolerTraffic) paused(f func()) {
+	tr.pause.Lock()
+	defer tr.pause.Unlock()
+	f()
 }
 
 func startPoolerTraffic(t *testing.T, bdsn string, k sqllock.Key, clients int) *poolerTraffic {
@@ -42,7 +54,10 @@ func startPoolerTraffic(t *testing.T, bdsn string, k sqllock.Key, clients int) *
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				var got bool
-				if err := db.QueryRowContext(ctx, "SELECT pg_try_advisory_xact_lock($1)", v).Scan(&got); err != nil {
+				tr.pause.RLock()
+				err := db.QueryRowContext(ctx, "SELECT pg_try_advisory_xact_lock($1)", v).Scan(&got)
+				tr.pause.RUnlock()
+				if err != nil {
 					time.Sleep(time.Millisecond) // a terminated server session, or the end
 					continue
 				}
@@ -109,9 +124,13 @@ func TestPoolerLeavesNothing(t *testing.T) {
 				}
 				db.Close()
 				time.Sleep(3 * time.Second)
-				if h := holders(t, observer, k); len(h) != 0 {
-					t.Errorf("run %d: %v held by backends %v 3 s after the Locker's last call", run, k, h)
-				}
+				// The plain clients hold k for the length of each of their
+				// statements: looked for between them.
+				tr.paused(func() {
+					if h := holders(t, observer, k); len(h) != 0 {
+						t.Errorf("run %d: %v held by backends %v 3 s after the Locker's last call", run, k, h)
+					}
+				})
 			}
 			t.Logf("%d runs of 20 Lock calls: %d granted, %d refused; errors: %v; plain clients' grants: %d, %d of them while a Locker reported the key held",
 				runs, granted, refused, errs, tr.grants.Load(), tr.grantedWhileHeld.Load())
@@ -273,4 +292,62 @@ func poolerEvidence(err error) string {
 		}
 	}
 	return err.Error()
+}
+
+// TestPoolerFreedBeforeReturn: a call refused for a pooler it just found
+// returns once the sessions it discarded are freed on the server, so that
+// a program that closes its pool at once leaves no lock behind. A
+// Locker with no probe holds a key in a Session on the bouncer's only
+// server session; a second Session lands on that server session too,
+// which is the evidence: every session of the Locker is discarded, the
+// call fails, and the pool is closed at once.
+func TestPoolerFreedBeforeReturn(t *testing.T) {
+	t.Parallel() // a bouncer of its own; mostly the 3 s waits
+	dsn, bdsn := behindPgBouncer(t, "transaction", 1)
+	observer := pgtest.Open(t, "pgx", dsn)
+	runs := 3
+	if testing.Short() {
+		runs = 1
+	}
+	for _, drv := range drivers {
+		t.Run(drv, func(t *testing.T) {
+			k := sqllock.Int64(7400 + int64(len(drv)))
+			for run := range runs {
+				db := pgtest.Open(t, drv, bdsn)
+				l := sqllock.New(db)
+				sqllock.SkipPoolerProbe(l)
+				ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+				s, err := l.Session(ctx)
+				if err == nil {
+					err = s.Lock(ctx, k)
+				}
+				if err != nil {
+					cancel()
+					t.Fatalf("run %d: the first Session's Lock: %v", run, err)
+				}
+				if len(holders(t, observer, k)) != 1 {
+					cancel()
+					t.Fatalf("run %d: %v not held after Lock", run, k)
+				}
+				s2, err := l.Session(ctx)
+				cancel()
+				if !errors.Is(err, sqllock.ErrSessionChanged) {
+					if s2 != nil {
+						s2.Close(bg())
+					}
+					t.Fatalf("run %d: a second Session on the bouncer's only server session: %v, want ErrSessionChanged", run, err)
+				}
+				db.Close()
+				// The call returned once the termination was done; the
+				// server ends the backend a moment later.
+				held := holders(t, observer, k)
+				for end := time.Now().Add(3 * time.Second); len(held) != 0 && time.Now().Before(end); held = holders(t, observer, k) {
+					time.Sleep(50 * time.Millisecond)
+				}
+				if len(held) != 0 {
+					t.Errorf("run %d: %v held by backends %v 3 s after the pool was closed", run, k, held)
+				}
+			}
+		})
+	}
 }

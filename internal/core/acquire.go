@@ -65,6 +65,7 @@ func (p *Pool) Acquire(ctx context.Context, r Request) (*Hold, error) {
 		return nil, closedError(p.name(r.Key))
 	}
 	h, err := p.acquire(ctx, r)
+	err = p.freedFirst(err)
 	if err == nil && p.Closed() {
 		// Granted as the Pool started closing: Close may have looked for
 		// its Holds before this one was made.

@@ -57,6 +57,12 @@ func (c callSlot) tryLock() bool {
 // backend pid and applies the lock session's settings. ctx bounds only
 // this call.
 func (p *Pool) Open(ctx context.Context) (*Owned, error) {
+	o, err := p.open(ctx)
+	return o, p.freedFirst(err)
+}
+
+// open is Open, without waiting for what a pooler's evidence frees.
+func (p *Pool) open(ctx context.Context) (*Owned, error) {
 	const what = "session"
 	if p.Closed() {
 		return nil, closedError(what)
@@ -168,7 +174,7 @@ func (o *Owned) Lock(ctx context.Context, k Key) (err error) {
 	if err := ctx.Err(); err != nil { // nothing sent: the Owned is intact
 		return stmt.NotAcquired(what.String(), err)
 	}
-	defer func() { err = o.p.timedOut(err) }()
+	defer func() { err = o.p.freedFirst(o.p.timedOut(err)) }()
 	// The engine's wait for an Owned: one statement, visible to
 	// PostgreSQL's deadlock detector (the Owned holds other locks).
 	var oc wait.Outcome
@@ -219,11 +225,12 @@ func (o *Owned) Lock(ctx context.Context, k Key) (err error) {
 // took. A ctx already done returns an error matching stmt.ErrNotAcquired and
 // leaves the Owned as it was; a ctx that ends during the statement ends
 // the Owned, since what it took is then unknown.
-func (o *Owned) TryLock(ctx context.Context, keys []Key) ([]Key, error) {
+func (o *Owned) TryLock(ctx context.Context, keys []Key) (_ []Key, err error) {
 	if err := o.begin(ctx); err != nil {
 		return nil, err
 	}
 	defer o.callDone()
+	defer func() { err = o.p.freedFirst(err) }()
 	if err := ctx.Err(); err != nil && len(keys) > 0 { // nothing sent: the Owned is intact
 		return nil, stmt.NotAcquired(o.p.name(keys[0]), err)
 	}

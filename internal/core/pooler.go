@@ -45,7 +45,9 @@ import (
 //     WithTransactionPooler), every session it has is discarded, and the
 //     backend of every discarded session that held or may hold a lock is
 //     terminated when it still holds one (discardStranded): discarding a
-//     client connection does not end a pooled server session.
+//     client connection does not end a pooled server session. A call
+//     that fails there returns once those terminations are done
+//     (freedFirst), so that a program may close its pool next.
 
 // poolerGuard is a Pool's knowledge of a transaction pooler in front of
 // its server.
@@ -446,6 +448,18 @@ func (pg *poolerGuard) AwaitFreed(d time.Duration) bool {
 		}
 	}
 	return true
+}
+
+// freedFirst returns err, a call's error, once the terminations under
+// way are done (bounded by the unlock timeout) when the Pool has seen a
+// pooler: a call refused there returns after what its sessions took is
+// freed, so that a program that closes its pool next (which ends the
+// terminations' connections) does not leave it there.
+func (pg *poolerGuard) freedFirst(err error) error {
+	if err != nil && pg.Pooled() != nil {
+		pg.AwaitFreed(pg.p.cfg.UnlockTimeout)
+	}
+	return err
 }
 
 // strandedOnce runs q once, in a transaction of its own on a connection

@@ -65,6 +65,7 @@ func (p *Pool) AcquireSlot(ctx context.Context, sl Slots, try bool) (*Hold, erro
 		return nil, closedError(what.String())
 	}
 	h, err := p.acquireSlot(ctx, sl, try, what)
+	err = p.freedFirst(err)
 	if err == nil && p.Closed() {
 		h.Release() // granted as the Pool started closing (see Acquire)
 		return nil, closedError(what.String())
