@@ -157,6 +157,15 @@ func (cl *closing) Close() error {
 		time.Sleep(5 * time.Millisecond)
 	}
 	p.AwaitFreed(time.Until(deadline))
-	p.Budget.Flush()
+	// The connections go back to the pool before Close returns: an ended
+	// session's, once the statement on it returned (a discarded waiter's
+	// cancelled wait, say), and the budget's (spares, a cancel under way).
+	for {
+		p.Budget.Flush()
+		if p.unended.Load() == 0 && p.Budget.Count() == 0 || !time.Now().Before(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	return errors.Join(errs...)
 }

@@ -105,6 +105,7 @@ func (c *connHandle) closeNextLocked() {
 		s.connDone = true
 		end()
 		close(s.gone)
+		s.p.unended.Add(-1)
 	}
 }
 
@@ -185,6 +186,10 @@ type connections struct {
 	epochMu       sync.Mutex
 	epochCtx      context.Context // guarded by epochMu: see UnlockContext
 	epochUntil    time.Time       // guarded by epochMu
+	// unended counts the sessions whose connections are not ended yet
+	// (made by newSession, ended by closeNextLocked): Close waits for
+	// them.
+	unended atomic.Int64
 }
 
 // closeSession sets conn's settings back (on backend pid only) and gives it

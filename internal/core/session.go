@@ -144,6 +144,7 @@ func (cs *connections) newSession(conn *sql.Conn, id ident, kind sessionKind, se
 	if kind == kindShared && p.Abandoned != nil {
 		s.prep = stmt.NewPrepared(s.mark)
 	}
+	p.unended.Add(1)
 	p.addLive(s)
 	p.Budget.Give()
 	return s
