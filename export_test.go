@@ -5,7 +5,7 @@ import (
 	"database/sql"
 	"time"
 
-	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/seams"
 
 	"github.com/sqllock/sqllock/internal/core"
 )
@@ -14,16 +14,16 @@ import (
 // driver (lib/pq) returns, before its result is handed over; the returned
 // func takes f away.
 func SetAfterBlindStatement(f func(ctx context.Context, err error, left func() bool)) (restore func()) {
-	return stmt.SetAfterBlindStatement(f)
+	return seams.Set(seams.Hooks{AfterBlindStatement: f})
 }
 
 // LeaseBusy is how many statements the lease of lk's session counts in
 // flight; -1 when the session is not leased.
-func LeaseBusy(lk *Lock) int32 { return lk.h.LeaseBusy() }
+func LeaseBusy(lk *Lock) int32 { return core.Probe{}.LeaseBusy(lk.h) }
 
 // ConnOf is the connection that holds lk when it has a session of its own
 // (nil on a shared session): for tests that look at that session.
-func ConnOf(lk *Lock) *sql.Conn { return lk.h.Conn() }
+func ConnOf(lk *Lock) *sql.Conn { return core.Probe{}.Conn(lk.h) }
 
 // The limits and defaults the tests check against.
 const (
@@ -42,11 +42,11 @@ const (
 
 // Queued returns how many of l's callers are in k's queue, its head among
 // them.
-func Queued(l *Locker, k Key) int { return l.pool.Queued(k.sqlKey()) }
+func Queued(l *Locker, k Key) int { return l.pool.Probe().Queued(k.sqlKey()) }
 
 // SemaphoreQueued returns how many of its Locker's callers are in s's
 // queue, its head among them.
-func SemaphoreQueued(s *Semaphore) int { return s.slots.Queued(s.l.pool) }
+func SemaphoreQueued(s *Semaphore) int { return s.l.pool.Probe().SlotsQueued(s.slots) }
 
 // SemaphoreSlots returns the keys of the slots of semaphore name of n slots.
 var SemaphoreSlots = semaphoreSlots
@@ -56,20 +56,22 @@ func SharedOf(lk *Lock) bool { return lk != nil && lk.h.Shared() }
 
 // LoseSession reports s lost, as the keep-alive does when it finds one of
 // its keys gone.
-func LoseSession(s *Session, cause error) { s.o.Lose(cause) }
+func LoseSession(s *Session, cause error) { core.Probe{}.Lose(s.o, cause) }
 
 // HandOffs returns how many keys l handed from one of its callers to the
 // next without a statement.
-func HandOffs(l *Locker) int64 { return l.pool.HandOffs() }
+func HandOffs(l *Locker) int64 { return l.pool.Probe().HandOffs() }
 
 // SetAfterSlotTry makes f run after each try of a semaphore's slots is
 // answered, with the class of its slots' keys; the returned func takes f
 // away.
-func SetAfterSlotTry(f func(class int32)) (restore func()) { return core.SetAfterSlotTry(f) }
+func SetAfterSlotTry(f func(class int32)) (restore func()) {
+	return seams.Set(seams.Hooks{AfterSlotTry: f})
+}
 
 // MixedBatches returns how many statements of l's shared sessions carried
 // unlocks and tries together.
-func MixedBatches(l *Locker) int64 { return l.pool.MixedBatches() }
+func MixedBatches(l *Locker) int64 { return l.pool.Probe().MixedBatches() }
 
 // OwnHold reports whether lk's Hold was made in lk itself (one allocation
 // per lock; see core.Request.Into).
@@ -77,11 +79,11 @@ func OwnHold(lk *Lock) bool { return lk != nil && lk.h == &lk.own }
 
 // SkipPoolerProbe makes l take its first lock without probing for a
 // transaction pooler first.
-func SkipPoolerProbe(l *Locker) { l.pool.SkipPoolerProbe() }
+func SkipPoolerProbe(l *Locker) { l.pool.Probe().SkipPoolerProbe() }
 
 // IgnorePooler makes l take no notice of a transaction pooler: each
 // statement's own check is what meets one.
-func IgnorePooler(l *Locker) { l.pool.IgnorePooler() }
+func IgnorePooler(l *Locker) { l.pool.Probe().IgnorePooler() }
 
 // EndBoundStoppedLate runs the end of a task's bound (WithHoldAtMost) on
 // lk as a task that returned at the bound's moment does: the task's

@@ -5,10 +5,11 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"github.com/sqllock/sqllock/internal/core/stmt"
-	"github.com/sqllock/sqllock/internal/core/wait"
 	"strconv"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )

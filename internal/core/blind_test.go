@@ -5,12 +5,13 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"io"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 )
 
 // stubDriver's connections run nothing of a server's: stmt.BoundedRaw's

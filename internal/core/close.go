@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/sqllock/sqllock/internal/core/stmt"
-	"github.com/sqllock/sqllock/internal/core/wait"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 )
 
 // ErrClosed is the error of a call on a Pool that is closing or closed

@@ -17,7 +17,8 @@
 // one of the lifecycle, to the code.
 //
 // Layers. The core is three packages, each importing only those below
-// it, as the compiler keeps:
+// it, as the compiler keeps, and seams, the test hooks, which any of them
+// may read:
 //
 //   - stmt, the leaf: one statement on one connection (bounded, prepared),
 //     the batch statements, the sets of connections, the errors and every
@@ -57,4 +58,9 @@
 //
 // No function of the core or of the sqllock package is named with
 // another ending verb (internal/layout's TestEndingVerbs).
+//
+// Test seams, in two places only: what a test may read of a Pool, a Hold
+// or an Owned, or make them do, is Probe's (probe.go); the hooks a test
+// may set to run at a point of the core's work are package seams'
+// (internal/layout's TestSeamsInOnePlace).
 package core

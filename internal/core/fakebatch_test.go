@@ -3,10 +3,11 @@ package core
 import (
 	"context"
 	"errors"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"slices"
 	"sync"
 	"testing"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 )
 
 // tryAll tries keys at once from a goroutine each, and returns their
@@ -173,7 +174,7 @@ func TestFakeBatchedUnlocks(t *testing.T) {
 	go func() { _, err := hs[6].Release(); done <- err }()
 	recv(t, stall.entered)
 	n = len(fs.stmts())
-	mixed := p.MixedBatches()
+	mixed := p.Probe().MixedBatches()
 	for i := 7; i <= 9; i++ {
 		wg.Go(func() { _, errs[i-6] = hs[i].Release() })
 	}
@@ -186,8 +187,8 @@ func TestFakeBatchedUnlocks(t *testing.T) {
 	waitAll(t, &wg)
 	waitAll(t, twg)
 	sent = fs.since(n)
-	if got := kinds(sent); !slices.Equal(got, []fkind{fBatchMixed}) || sent[0].keys != 5 || p.MixedBatches() != mixed+1 {
-		t.Fatalf("after the stalled unlock: %v (mixed batches %d → %d); want one mixed batch of 5 keys", got, mixed, p.MixedBatches())
+	if got := kinds(sent); !slices.Equal(got, []fkind{fBatchMixed}) || sent[0].keys != 5 || p.Probe().MixedBatches() != mixed+1 {
+		t.Fatalf("after the stalled unlock: %v (mixed batches %d → %d); want one mixed batch of 5 keys", got, mixed, p.Probe().MixedBatches())
 	}
 	for i := 7; i <= 9; i++ {
 		if errs[i-6] != nil || fs.holder(k(int64(i))) != 0 {

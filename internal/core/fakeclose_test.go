@@ -2,8 +2,9 @@ package core
 
 import (
 	"errors"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"testing"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 )
 
 // TestFakeClose: Close makes the callers that wait leave (in the server's
@@ -29,7 +30,7 @@ func TestFakeClose(t *testing.T) {
 	head := acquireAsync(ctx, p, Request{Key: k(9)})
 	queued := acquireAsync(ctx, p, Request{Key: k(9)})
 	fs.await(t, "a caller in the server's line, one queued behind it", func() bool {
-		return p.Queued(k(9)) == 2 && fs.count(fSlice) > 0
+		return p.Probe().Queued(k(9)) == 2 && fs.count(fSlice) > 0
 	})
 	if err := p.Close(); err != nil {
 		t.Fatalf("Close = %v", err)
@@ -125,7 +126,7 @@ func TestFakeNoHandOver(t *testing.T) {
 	if a.err != nil {
 		t.Fatal(a.err)
 	}
-	if a.h.PID() == h1.PID() || a.h.Conn() == nil || p.Stats().SharedSessions != 1 {
+	if a.h.PID() == h1.PID() || p.Probe().Conn(a.h) == nil || p.Stats().SharedSessions != 1 {
 		t.Errorf("waited on backend %d (the shared one is %d, %d shared sessions): want a session of its own", a.h.PID(), h1.PID(), p.Stats().SharedSessions)
 	}
 	if fs.count(fVersion) != 2 {

@@ -3,10 +3,11 @@ package core
 import (
 	"context"
 	"errors"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -83,7 +84,7 @@ func TestFakeLease(t *testing.T) {
 	ctx := testCtx(t)
 	h := mustAcquire(t, ctx, p, Request{Key: k(1), Try: true})
 	o := openOwned(t, p)
-	if h.LeaseBusy() < 0 {
+	if p.Probe().LeaseBusy(h) < 0 {
 		t.Fatal("the lock's session is not leased")
 	}
 	fs.await(t, "both sessions touched", func() bool {

@@ -3,10 +3,11 @@ package core
 import (
 	"context"
 	"errors"
-	"github.com/sqllock/sqllock/internal/core/stmt"
-	"github.com/sqllock/sqllock/internal/core/wait"
 	"testing"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -57,7 +58,7 @@ func TestFakeWaitGranted(t *testing.T) {
 	if got := fs.heldBy(a.h.PID()); len(got) != 1 || got[0] != keyTag(k(1)) {
 		t.Errorf("backend %d holds %v, want the key only (no ticket, no doorbell)", a.h.PID(), got)
 	}
-	if a.h.Conn() == nil || p.Stats().SharedSessions != 0 {
+	if p.Probe().Conn(a.h) == nil || p.Stats().SharedSessions != 0 {
 		t.Errorf("the lock is not on a session of its own (%d shared sessions)", p.Stats().SharedSessions)
 	}
 	mustRelease(t, a.h)

@@ -3,9 +3,10 @@ package core
 import (
 	"context"
 	"errors"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"sync"
 	"testing"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 )
 
 // TestFakeMixedBatchRefused: a mixed batch the server failed with a

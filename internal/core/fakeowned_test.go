@@ -3,11 +3,12 @@ package core
 import (
 	"context"
 	"errors"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 )
 
 // openOwned opens an Owned on p, or fails the test.

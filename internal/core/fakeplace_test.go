@@ -2,9 +2,10 @@ package core
 
 import (
 	"context"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"testing"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )

@@ -2,9 +2,10 @@ package core
 
 import (
 	"errors"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"strings"
 	"testing"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 )
 
 // behindPooler makes every new connection of fs land on one server
@@ -56,7 +57,7 @@ func TestFakePoolerTwoConnections(t *testing.T) {
 	fs := newFakeServer()
 	fs.behindPooler()
 	p, _ := newFakePool(t, fs, Config{})
-	p.SkipPoolerProbe()
+	p.Probe().SkipPoolerProbe()
 	h1 := mustAcquire(t, bg, p, Request{Key: k(1), Try: true})
 	_, err := p.Acquire(bg, Request{Key: k(2), Shared: true}) // a session of its own
 	wantPoolerError(t, "lock on a second connection to the same backend", err)
@@ -74,7 +75,7 @@ func TestFakePoolerTwoConnections(t *testing.T) {
 func TestFakePoolerOtherPID(t *testing.T) {
 	fs := newFakeServer()
 	p, _ := newFakePool(t, fs, Config{})
-	p.SkipPoolerProbe()
+	p.Probe().SkipPoolerProbe()
 	fs.on(&fakeRule{kind: fTry, times: 1, moveTo: true})
 	_, err := p.Acquire(bg, Request{Key: k(1), Try: true})
 	wantPoolerError(t, "lock answered by another backend", err)
@@ -120,7 +121,7 @@ func TestFakePoolerEvidence(t *testing.T) {
 	t.Run("foreign mark", func(t *testing.T) {
 		fs := newFakeServer()
 		p, _ := newFakePool(t, fs, Config{})
-		p.SkipPoolerProbe()
+		p.Probe().SkipPoolerProbe()
 		fs.on(&fakeRule{kind: fTry, times: 1, when: func(st *fakeStmt) bool {
 			fs.backends[st.pid].mark = "another.locker" // under fs.mu
 			return true

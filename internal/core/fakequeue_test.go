@@ -2,8 +2,9 @@ package core
 
 import (
 	"context"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"testing"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 )
 
 // TestFakeQueueHandOff: a release with a caller queued for its key hands
@@ -21,11 +22,11 @@ func TestFakeQueueHandOff(t *testing.T) {
 	handed := false
 	for attempt := 0; attempt < 100 && !handed; attempt++ {
 		a := mustAcquire(t, ctx, p, Request{Key: k(1)})
-		handoffs := p.HandOffs()
+		handoffs := p.Probe().HandOffs()
 		bells := fs.count(fDoorbell)
 		ch := acquireAsync(ctx, p, Request{Key: k(1)})
 		fs.await(t, "the caller queued, and the doorbell checked", func() bool {
-			return p.Queued(k(1)) == 1 && fs.count(fDoorbell) > bells
+			return p.Probe().Queued(k(1)) == 1 && fs.count(fDoorbell) > bells
 		})
 		n := len(fs.stmts())
 		mustRelease(t, a)
@@ -34,7 +35,7 @@ func TestFakeQueueHandOff(t *testing.T) {
 			t.Fatal(b.err)
 		}
 		sent := fs.since(n)
-		if p.HandOffs() == handoffs+1 {
+		if p.Probe().HandOffs() == handoffs+1 {
 			handed = true
 			if b.h.PID() != a.PID() || fs.holder(k(1)) != a.PID() {
 				t.Errorf("handed on backend %d, the server says %d; want %d", b.h.PID(), fs.holder(k(1)), a.PID())
@@ -71,14 +72,14 @@ func TestFakeQueueNoHandOff(t *testing.T) {
 	ctx := testCtx(t)
 	a := mustAcquire(t, ctx, p, Request{Key: k(1)})
 	ch := acquireAsync(ctx, p, Request{Key: k(1), Shared: true})
-	fs.await(t, "the reader queued", func() bool { return p.Queued(k(1)) == 1 })
+	fs.await(t, "the reader queued", func() bool { return p.Probe().Queued(k(1)) == 1 })
 	mustRelease(t, a)
 	b := recv(t, ch)
 	if b.err != nil {
 		t.Fatal(b.err)
 	}
-	if _, shared := fs.holders(k(1)); p.HandOffs() != 0 || !b.h.Shared() || len(shared) != 1 {
-		t.Errorf("%d hand-offs, shared %v (holders %v): want the reader served by the server", p.HandOffs(), b.h.Shared(), shared)
+	if _, shared := fs.holders(k(1)); p.Probe().HandOffs() != 0 || !b.h.Shared() || len(shared) != 1 {
+		t.Errorf("%d hand-offs, shared %v (holders %v): want the reader served by the server", p.Probe().HandOffs(), b.h.Shared(), shared)
 	}
 	mustRelease(t, b.h)
 }
@@ -91,17 +92,17 @@ func TestFakeQueueLeave(t *testing.T) {
 	a := mustAcquire(t, testCtx(t), p, Request{Key: k(1)})
 	ctx, cancel := context.WithCancel(bg)
 	ch := acquireAsync(ctx, p, Request{Key: k(1)})
-	fs.await(t, "the caller queued", func() bool { return p.Queued(k(1)) == 1 })
+	fs.await(t, "the caller queued", func() bool { return p.Probe().Queued(k(1)) == 1 })
 	cancel()
 	b := recv(t, ch)
 	wantErr(t, "queued caller whose ctx ended", b.err, stmt.ErrNotAcquired, context.Canceled)
-	if p.Queued(k(1)) != 0 {
-		t.Errorf("Queued = %d after the caller left, want 0", p.Queued(k(1)))
+	if p.Probe().Queued(k(1)) != 0 {
+		t.Errorf("Queued = %d after the caller left, want 0", p.Probe().Queued(k(1)))
 	}
 	n := len(fs.stmts())
 	mustRelease(t, a)
-	if got := kinds(fs.since(n)); countIn(fs.since(n), fUnlock) != 1 || p.HandOffs() != 0 {
-		t.Errorf("the release sent %v with %d hand-offs: want an unlock", got, p.HandOffs())
+	if got := kinds(fs.since(n)); countIn(fs.since(n), fUnlock) != 1 || p.Probe().HandOffs() != 0 {
+		t.Errorf("the release sent %v with %d hand-offs: want an unlock", got, p.Probe().HandOffs())
 	}
 }
 
@@ -118,15 +119,15 @@ func TestFakeQueueHandedAsCtxEnds(t *testing.T) {
 		ctx, cancel := context.WithCancel(bg)
 		ch := acquireAsync(ctx, p, Request{Key: k(1)})
 		fs.await(t, "the caller queued, and the doorbell checked", func() bool {
-			return p.Queued(k(1)) == 1 && fs.count(fDoorbell) > bells
+			return p.Probe().Queued(k(1)) == 1 && fs.count(fDoorbell) > bells
 		})
 		cancel()
 		mustRelease(t, a)
 		b := recv(t, ch)
 		wantErr(t, "caller whose ctx ended", b.err, stmt.ErrNotAcquired, context.Canceled)
-		fs.await(t, "the key free", func() bool { return fs.holder(k(1)) == 0 && p.Stats().Held == 0 && p.Queued(k(1)) == 0 })
+		fs.await(t, "the key free", func() bool { return fs.holder(k(1)) == 0 && p.Stats().Held == 0 && p.Probe().Queued(k(1)) == 0 })
 	}
-	t.Logf("%d of 20 callers were handed the key as their ctx ended", p.HandOffs())
+	t.Logf("%d of 20 callers were handed the key as their ctx ended", p.Probe().HandOffs())
 }
 
 // TestFakeQueueOneWaiter: callers of one Pool that wait for one key hold
@@ -143,7 +144,7 @@ func TestFakeQueueOneWaiter(t *testing.T) {
 	for range 5 {
 		chs = append(chs, acquireAsync(ctx, p, Request{Key: k(1)}))
 	}
-	fs.await(t, "5 callers queued", func() bool { return p.Queued(k(1)) == 5 })
+	fs.await(t, "5 callers queued", func() bool { return p.Probe().Queued(k(1)) == 5 })
 	fs.awaitCount(t, fSlice, 1)
 	n := len(fs.stmts())
 	_, err := p.Acquire(ctx, Request{Key: k(1), Try: true})
@@ -210,11 +211,11 @@ func TestFakeQueueNoPassing(t *testing.T) {
 	bells := fs.count(fDoorbell)
 	mine := acquireAsync(ctx, p, Request{Key: k(1)})
 	fs.await(t, "the caller queued, and the doorbell checked", func() bool {
-		return p.Queued(k(1)) == 1 && fs.count(fDoorbell) > bells
+		return p.Probe().Queued(k(1)) == 1 && fs.count(fDoorbell) > bells
 	})
 	mustRelease(t, a)
-	if p.HandOffs() != 0 {
-		t.Fatalf("%d hand-offs past a waiter of another process", p.HandOffs())
+	if p.Probe().HandOffs() != 0 {
+		t.Fatalf("%d hand-offs past a waiter of another process", p.Probe().HandOffs())
 	}
 	var e acquired
 	select {

@@ -2,10 +2,11 @@ package core
 
 import (
 	"context"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 )
 
 // TestFakeSlots: a semaphore's try takes the first free slot in one

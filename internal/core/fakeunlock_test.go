@@ -2,8 +2,9 @@ package core
 
 import (
 	"errors"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"testing"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 )
 
 // TestFakeUnlockNotHeld: an unlock the server certainly answers "not
@@ -93,7 +94,7 @@ func TestFakeDedicatedRelease(t *testing.T) {
 	p, _ := newFakePool(t, fs, Config{Dedicated: true})
 	h := mustAcquire(t, bg, p, Request{Key: k(1), Try: true})
 	pid := h.PID()
-	if h.Conn() == nil || fs.markOf(pid) == "" {
+	if p.Probe().Conn(h) == nil || fs.markOf(pid) == "" {
 		t.Fatal("a dedicated lock has no connection of its own, or no settings applied")
 	}
 	n := len(fs.stmts())

@@ -3,9 +3,10 @@ package core
 import (
 	"context"
 	"errors"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"strings"
 	"testing"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 )
 
 // TestFakeRefused: a try of a key another session holds is refused, the

@@ -282,23 +282,3 @@ func (h *Hold) touch(ctx context.Context) error {
 	}
 	return err
 }
-
-// LeaseBusy is how many statements the lease of h's session counts in
-// flight; -1 when the session is not leased (for tests).
-func (h *Hold) LeaseBusy() int32 {
-	if h.ls == nil {
-		return -1
-	}
-	return h.ls.busy.Load()
-}
-
-// Conn is the connection that holds h when it is its session's only lock
-// (a dedicated session), and nil on a shared one (for tests).
-func (h *Hold) Conn() *sql.Conn {
-	h.s.mu.Lock()
-	defer h.s.mu.Unlock()
-	if h.s.kind == kindDedicated {
-		return h.s.conn
-	}
-	return nil
-}

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/core/seams"
+
 	"github.com/sqllock/sqllock/internal/core/stmt"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
@@ -80,10 +82,6 @@ type heldKey struct {
 // are reported lost: one failure may be a blip; two intervals without any
 // confirmation mean the holder can no longer claim the lock.
 const FailedChecksBeforeLost = 2
-
-// monitorFoundNone, when set (by tests), runs as a loop finds nothing to
-// watch, before it stops.
-var monitorFoundNone atomic.Pointer[func()]
 
 // watchParts is how many parts a monitor's watched are kept in.
 const watchParts = 16
@@ -189,8 +187,8 @@ func (m *monitor) loop() {
 	for range t.C {
 		ws := m.watchedNow()
 		if len(ws) == 0 {
-			if f := monitorFoundNone.Load(); f != nil {
-				(*f)()
+			if h := seams.Get(); h != nil && h.MonitorFoundNone != nil {
+				h.MonitorFoundNone()
 			}
 			// Nothing left: it stops, unless something was added as it
 			// found none (whoever adds after this finds it stopped, and

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/seams"
 )
 
 // TestMonitorAddHeld: a Hold released or found lost before the
@@ -82,8 +84,8 @@ func TestMonitorLoopNeverLost(t *testing.T) {
 	late := &seen{}
 	var once sync.Once
 	f := func() { once.Do(func() { m.add(late) }) }
-	monitorFoundNone.Store(&f)
-	defer monitorFoundNone.Store(nil)
+	restore := seams.Set(seams.Hooks{MonitorFoundNone: f})
+	defer restore()
 	kick := &seen{}
 	m.add(kick) // the loop runs again, if it had stopped
 	m.remove(kick)
@@ -95,7 +97,7 @@ func TestMonitorLoopNeverLost(t *testing.T) {
 		time.Sleep(100 * time.Microsecond)
 	}
 	m.remove(late)
-	monitorFoundNone.Store(nil)
+	restore()
 	deadline = time.Now().Add(2 * time.Second)
 	for m.running.Load() {
 		if time.Now().After(deadline) {

@@ -2,11 +2,12 @@ package core
 
 import (
 	"context"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -154,20 +155,6 @@ func (qs *keyQueues) count(qk queueKey) int {
 	}
 	return n
 }
-
-// Queued returns how many of the Pool's callers are in k's queue (its
-// head among them): for tests that make callers arrive in a known order.
-func (p *Pool) Queued(k Key) int { return p.queue.count(queueKey{k: k}) }
-
-// Queued returns how many of p's callers are in sl's queue (its head
-// among them): for tests that make callers arrive in a known order.
-func (sl Slots) Queued(p *Pool) int {
-	return p.queue.count(queueKey{k: Key{Pair: true, Class: sl.Class}, sem: true})
-}
-
-// HandOffs returns how many keys the Pool handed from one of its callers
-// to the next without a statement: for tests of that path.
-func (p *Pool) HandOffs() int64 { return p.queue.handoffs.Load() }
 
 // acquire queues the call r for qk, and returns the Hold it is handed, or,
 // once it is the head, the outcome of fromServer, its acquisition from the

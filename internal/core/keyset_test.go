@@ -2,9 +2,10 @@ package core
 
 import (
 	"cmp"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"slices"
 	"testing"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 )
 
 func TestKeySet(t *testing.T) {

@@ -3,9 +3,10 @@ package core
 import (
 	"context"
 	"fmt"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+
 	"github.com/sqllock/sqllock/internal/core/stmt"
 	"github.com/sqllock/sqllock/internal/core/wait"
 
@@ -578,7 +579,3 @@ func (o *Owned) touchLocked(ctx context.Context) error {
 	var v int64
 	return o.s.queryRowCtx(ctx, touchSQL, nil, &v) // a sign of life when it answers
 }
-
-// Lose loses the Owned with cause, as the keep-alive does when it finds
-// one of its keys gone (for tests).
-func (o *Owned) Lose(cause error) { o.lose(cause) }

@@ -5,10 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/sqllock/sqllock/internal/core/wait"
 	"log/slog"
 	"strconv"
 	"strings"
+
+	"github.com/sqllock/sqllock/internal/core/wait"
 
 	"github.com/sqllock/sqllock/internal/core/stmt"
 

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+
 	"github.com/sqllock/sqllock/internal/core/stmt"
 	"github.com/sqllock/sqllock/internal/core/wait"
 

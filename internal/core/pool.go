@@ -4,14 +4,15 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"github.com/sqllock/sqllock/internal/core/stmt"
-	"github.com/sqllock/sqllock/internal/core/wait"
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -277,7 +278,3 @@ func (p *Pool) Stats() Stats {
 		KeepAliveSkipped: p.stats.keepAliveSkipped.Load(), SnapshotWaits: p.SnapshotWaits.Load(),
 		SharedSessions: p.share.sessions()}
 }
-
-// BudgetCount returns how many connections the Pool counts in its budget
-// (see stmt.Budget): for tests.
-func (p *Pool) BudgetCount() int { return p.Budget.Count() }

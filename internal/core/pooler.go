@@ -5,12 +5,13 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/sqllock/sqllock/internal/core/stmt"
-	"github.com/sqllock/sqllock/internal/core/wait"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -67,8 +68,8 @@ type poolerGuard struct {
 	probeMu sync.Mutex
 	probing chan struct{}
 	probed  atomic.Bool
-	// noProbe turns the probe off (SkipPoolerProbe); ignore, evidence
-	// too (IgnorePooler).
+	// noProbe turns the probe off (Probe.SkipPoolerProbe); ignore,
+	// evidence too (Probe.IgnorePooler).
 	noProbe, ignore atomic.Bool
 
 	// frees are the terminations under way (freeing), each closed when
@@ -92,7 +93,7 @@ func (pg *poolerGuard) Pooled() error {
 }
 
 // pooledOr returns the Pool's pooler error, or err when it has none (it
-// ignores the evidence: IgnorePooler).
+// ignores the evidence: Probe.IgnorePooler).
 func (pg *poolerGuard) pooledOr(err error) error {
 	p := pg.p
 	if e := p.Pooled(); e != nil {
@@ -201,20 +202,6 @@ func (s *session) sameBackend(pid int64, granted bool, k Key) error {
 	}
 	s.p.sawPooler(err)
 	return s.p.pooledOr(err)
-}
-
-// SkipPoolerProbe turns the probe off, so that a Pool behind a pooler
-// takes locks before it sees one (for tests of what it frees then).
-func (pg *poolerGuard) SkipPoolerProbe() {
-	pg.noProbe.Store(true)
-}
-
-// IgnorePooler turns the probe off and makes a Pool ignore the evidence
-// of a pooler, so that each statement's own check is what meets one (for
-// tests of those checks).
-func (pg *poolerGuard) IgnorePooler() {
-	pg.noProbe.Store(true)
-	pg.ignore.Store(true)
 }
 
 // awaitProbe runs the probe on conn, just checked (id), unless it ran

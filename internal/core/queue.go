@@ -5,10 +5,11 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 
 	"github.com/sqllock/sqllock/internal/pglocks"
 )

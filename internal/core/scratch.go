@@ -1,7 +1,10 @@
 package core
 
-import "github.com/sqllock/sqllock/internal/core/stmt"
-import "database/sql"
+import (
+	"database/sql"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
+)
 
 // scratch is what a session's single-key statements are built from and
 // read into, made once per session, so that such a statement allocates

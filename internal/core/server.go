@@ -4,11 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"github.com/sqllock/sqllock/internal/core/stmt"
-	"github.com/sqllock/sqllock/internal/core/wait"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )

@@ -2,8 +2,9 @@ package core
 
 import (
 	"errors"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"testing"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 )
 
 func TestSupported(t *testing.T) {

@@ -4,10 +4,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 )
 
 // session is one server session of a Pool's, that holds locks (or waits

@@ -5,12 +5,13 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/sqllock/sqllock/internal/core/stmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
 )
 
 // Shared sessions. A Pool takes its exclusive locks on a few sessions of
@@ -84,13 +85,9 @@ type sharing struct {
 	keys [keyParts]keyPart
 
 	// mixed counts the statements that carried unlocks and tries
-	// together (runMixed): for tests of that path.
+	// together (runMixed; see Probe.MixedBatches).
 	mixed atomic.Int64
 }
-
-// MixedBatches returns how many statements of the Pool's shared sessions
-// carried unlocks and tries together: for tests of that path.
-func (p *Pool) MixedBatches() int64 { return p.share.mixed.Load() }
 
 // keyParts is how many parts sharing.keys is split in.
 const (

@@ -3,12 +3,13 @@ package core
 import (
 	"context"
 	"database/sql"
-	"github.com/sqllock/sqllock/internal/core/stmt"
-	"github.com/sqllock/sqllock/internal/core/wait"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/stmt"
+	"github.com/sqllock/sqllock/internal/core/wait"
 )
 
 // TestGateJoinOrShut: calls that join a shared session without the

@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sqllock/sqllock/internal/core/seams"
 	"github.com/sqllock/sqllock/internal/core/stmt"
 	"github.com/sqllock/sqllock/internal/core/wait"
-	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
 )
@@ -88,17 +89,6 @@ func (p *Pool) acquireSlot(ctx context.Context, sl Slots, try bool, what namer) 
 	return h, p.timedOut(err)
 }
 
-// afterSlotTry, when set (by tests), runs once a slot's try has been
-// answered and ctx read, with the semaphore's class.
-var afterSlotTry atomic.Pointer[func(class int32)]
-
-// SetAfterSlotTry makes f run after each try of a semaphore's slots is
-// answered (see afterSlotTry); the returned func takes f away.
-func SetAfterSlotTry(f func(class int32)) (restore func()) {
-	afterSlotTry.Store(&f)
-	return func() { afterSlotTry.Store(nil) }
-}
-
 // slotOn takes a slot on s: it tries every slot in one statement, then,
 // for a waiting call, waits in the semaphore's line, with its place in
 // line pl (nil: none).
@@ -125,8 +115,8 @@ func (p *Pool) slotOn(ctx context.Context, s *session, sl Slots, try bool, pl *p
 	// (it leaves its line), where a second look could find it ended and
 	// skip the wait, and the call would be told a refusal, not ctx's end.
 	ended := stmt.CtxEnded(ctx)
-	if h := afterSlotTry.Load(); h != nil {
-		(*h)(sl.Class)
+	if h := seams.Get(); h != nil && h.AfterSlotTry != nil {
+		h.AfterSlotTry(sl.Class)
 	}
 	if o.Err == nil && ended {
 		// Answered as ctx ended: the call has nothing (a slot granted

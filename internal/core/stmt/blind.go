@@ -7,8 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/sqllock/sqllock/internal/core/seams"
 )
 
 // Bounding statements on a blind driver: one that does not give up a read
@@ -192,8 +193,8 @@ func (w *blindWorker) run(dc any) error {
 // when the caller left, discards its connection and goes idle.
 func (w *blindWorker) serve() {
 	err := OnDriverConn(w.conn, w.runFn)
-	if h := afterBlindStatement.Load(); h != nil {
-		(*h)(w.ctx, err, w.left)
+	if h := seams.Get(); h != nil && h.AfterBlindStatement != nil {
+		h.AfterBlindStatement(w.ctx, err, w.left)
 	}
 	w.mu.Lock()
 	if !w.gone {
@@ -211,11 +212,6 @@ func (w *blindWorker) serve() {
 	blind.Budget.Give()
 	idleBlindWorkers.put(w)
 }
-
-// afterBlindStatement, when set (by tests), runs after a blind driver's
-// statement returned and before its result is handed over: the moment its
-// caller may leave.
-var afterBlindStatement atomic.Pointer[func(ctx context.Context, err error, left func() bool)]
 
 // GetConn is db.Conn, except that a connection being set up for the
 // caller is not thrown away when ctx ends: the setup goes on (bounded by
@@ -331,14 +327,6 @@ func LeaveAtEnd[T any](ctx context.Context, grace time.Duration, work func(left 
 func DiscardConn(conn *sql.Conn) {
 	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 	_ = conn.Close()
-}
-
-// SetAfterBlindStatement makes f run after each statement on a blind
-// driver (lib/pq) returns, before its result is handed over (see
-// BoundedRaw); the returned func takes f away. For tests.
-func SetAfterBlindStatement(f func(ctx context.Context, err error, left func() bool)) (restore func()) {
-	afterBlindStatement.Store(&f)
-	return func() { afterBlindStatement.Store(nil) }
 }
 
 // monoEpoch is the origin of MonoNow.
