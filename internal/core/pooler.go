@@ -291,7 +291,7 @@ func (pg *poolerGuard) probe(ctx context.Context, conn *sql.Conn, id ident) bool
 	}
 	var first ident // other's first answer
 	began := time.Now()
-	for round := 0; round < probeRounds && (round < 2 || time.Since(began) < probeBudget); round++ {
+	for round := 0; round < probeRounds && (round < probeLeast || time.Since(began) < probeBudget); round++ {
 		if other != nil {
 			b, err := ask(other)
 			if err != nil {
@@ -322,10 +322,17 @@ func (pg *poolerGuard) probe(ctx context.Context, conn *sql.Conn, id ident) bool
 }
 
 // probeRounds is how many turns the probe's two connections take: at
-// least two, and more while they take less than probeBudget (a pooler
-// far away costs a round trip a turn).
+// least probeLeast, and more while they take less than probeBudget (a
+// pooler far away costs a round trip a turn). Each turn can miss a pooler
+// whose other clients took the server session released in between;
+// misses of the turns multiply. On a loaded machine, where each turn is
+// slow and the budget lets only the least run, two turns missed a pooler
+// with other clients' traffic once in 50 Lockers (lib/pq): a turn then
+// missed about one time in seven, and six turns miss about once in
+// 100,000 Lockers, for a dozen round trips once per Pool.
 const (
 	probeRounds = 8
+	probeLeast  = 6
 	probeBudget = 20 * time.Millisecond
 )
 
