@@ -64,7 +64,11 @@ func TestEveryMeasurementRuns(t *testing.T) {
 		t.Fatalf("handoffs %+v (goose's default polls every 5 s)", hs)
 	}
 	s, err := measureSession(e)
-	if err != nil || s.locks != 5000 || s.roundTrips != 1 || s.keepAliveChecks < 5 || s.keepAliveChecks > 12 {
+	// The keep-alive checks every 100 ms, each check a round trip for
+	// 5,000 locks: within the second measured, at least one, and never
+	// more than one per interval (a loaded machine makes each check
+	// slower, and fewer of them fit).
+	if err != nil || s.locks != 5000 || s.roundTrips != 1 || s.keepAliveChecks < 1 || s.keepAliveChecks > 12 {
 		t.Fatalf("session %+v, %v", s, err)
 	}
 	g, err := measureGuard(e, 3)
