@@ -15,7 +15,9 @@ import (
 	"github.com/sqllock/sqllock/pgtest"
 )
 
+// withAppName returns dsn (a URL) with its sessions named name.
 func withAppName(t *testing.T, dsn, name string) string {
+	t.Helper()
 	u, err := url.Parse(dsn)
 	if err != nil {
 		t.Fatal(err)

@@ -4,9 +4,12 @@
 package testkit
 
 import (
+	"cmp"
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"os"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -181,4 +184,48 @@ func Long(tb testing.TB) {
 	if Short() {
 		tb.Skip("long test: skipped under -short (CI runs it)")
 	}
+}
+
+// LineOrder returns the application_name of every session that holds a
+// ticket in k's line (see sqltext's tickets), in ticket order: the order
+// in which they arrived by the server's clock. A session that holds two
+// tickets is named twice.
+func LineOrder(tb testing.TB, db *sql.DB, k sqllock.Key) []string {
+	tb.Helper()
+	class := sqltext.TicketClass(sqlKey(k))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rows, err := db.QueryContext(ctx, `SELECT coalesce(a.application_name, ''),
+		((l.objid::int8 + 2147483648) & 4294967295) - 2147483648
+		FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+		AND l.classid::int8 = ($1::int8 & 4294967295) AND l.objid <> 0
+		AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())`, int64(class))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer rows.Close()
+	type ticket struct {
+		name string
+		id   int32
+	}
+	var ts []ticket
+	for rows.Next() {
+		var t ticket
+		if err := rows.Scan(&t.name, &t.id); err != nil {
+			tb.Fatal(err)
+		}
+		ts = append(ts, t)
+	}
+	if err := rows.Err(); err != nil {
+		tb.Fatal(err)
+	}
+	// Ticket ids wrap around: a is earlier than b when b-a is positive
+	// as a 32-bit number.
+	slices.SortFunc(ts, func(a, b ticket) int { return cmp.Compare(int32(uint32(a.id)-uint32(b.id)), 0) })
+	names := make([]string, len(ts))
+	for i, t := range ts {
+		names[i] = t.name
+	}
+	return names
 }
