@@ -15,10 +15,50 @@ import (
 	"github.com/sqllock/sqllock/pgtest"
 )
 
+// tickCall is one scheduler's TryDo of one tick, timed by this process's
+// clock: when it was due, when it began and returned, and, when it ran the
+// job, when the job began and when the lock was released (the Locker's
+// observer told so), after it was held for held.
+type tickCall struct {
+	tick, sched     int
+	due, start, end time.Time
+	ran             bool
+	job, released   time.Time
+	held            time.Duration
+}
+
+// releases is an Observer that keeps the time and the Held of each release
+// of key k, in order.
+type releases struct {
+	k    sqllock.Key
+	mu   sync.Mutex
+	at   []time.Time
+	held []time.Duration
+}
+
+func (r *releases) AcquireStart(context.Context, sqllock.Acquisition) func(*sqllock.Lock, error) {
+	return func(*sqllock.Lock, error) {}
+}
+
+func (r *releases) Event(_ context.Context, e sqllock.Event) {
+	if e.Kind == sqllock.EventReleased && e.Key == r.k {
+		r.mu.Lock()
+		r.at, r.held = append(r.at, time.Now()), append(r.held, e.Held)
+		r.mu.Unlock()
+	}
+}
+
+func (r *releases) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.at)
+}
+
 // runTicks runs schedulers that fire the same 10 ms job with TryDo every
 // period, each at its own offset, for ticks ticks, and returns how many
-// schedulers ran each tick.
-func runTicks(t *testing.T, drv, dsn string, offsets []time.Duration, period time.Duration, ticks int, opts ...sqllock.DoOption) []int {
+// schedulers ran each tick, and every call, timed (once each lock it
+// took was released).
+func runTicks(t *testing.T, drv, dsn string, offsets []time.Duration, period time.Duration, ticks int, opts ...sqllock.DoOption) ([]int, []tickCall) {
 	t.Helper()
 	k := sqllock.Hash("cron:every-tick")
 	runs := make([]int, ticks)
@@ -28,14 +68,17 @@ func runTicks(t *testing.T, drv, dsn string, offsets []time.Duration, period tim
 	// (a new connection, under a loaded suite hundreds of milliseconds) is
 	// not clock skew, and it made tick 0 run twice.
 	lockers := make([]*sqllock.Locker, len(offsets))
+	logs := make([]*releases, len(offsets))
 	for i := range lockers {
-		lockers[i] = sqllock.New(pgtest.Open(t, drv, dsn))
+		logs[i] = &releases{k: k}
+		lockers[i] = sqllock.New(pgtest.Open(t, drv, dsn), sqllock.WithObserver(logs[i]))
 		ok, err := lockers[i].TryDo(bg(), sqllock.Hash("cron:warm-up"), func(context.Context) error { return nil })
 		if err != nil || !ok {
 			t.Fatalf("warm-up TryDo = %v, %v", ok, err)
 		}
 	}
 	start := time.Now().Add(200 * time.Millisecond).Truncate(10 * time.Millisecond)
+	calls := make([][]tickCall, len(offsets))
 	var wg sync.WaitGroup
 	for i, off := range offsets {
 		l := lockers[i]
@@ -43,11 +86,15 @@ func runTicks(t *testing.T, drv, dsn string, offsets []time.Duration, period tim
 		go func() {
 			defer wg.Done()
 			for tick := 0; tick < ticks; tick++ {
-				time.Sleep(time.Until(start.Add(time.Duration(tick)*period + off)))
+				c := tickCall{tick: tick, sched: i, due: start.Add(time.Duration(tick)*period + off)}
+				time.Sleep(time.Until(c.due))
+				c.start = time.Now()
 				ran, err := l.TryDo(bg(), k, func(context.Context) error {
+					c.job = time.Now()
 					time.Sleep(10 * time.Millisecond)
 					return nil
 				}, opts...)
+				c.end, c.ran = time.Now(), ran
 				if err != nil {
 					t.Errorf("tick %d: TryDo: %v", tick, err)
 				}
@@ -56,11 +103,37 @@ func runTicks(t *testing.T, drv, dsn string, offsets []time.Duration, period tim
 					runs[tick]++
 					mu.Unlock()
 				}
+				calls[i] = append(calls[i], c)
 			}
 		}()
 	}
 	waitGroup(t, &wg, hangCeiling)
-	return runs
+	// Each run's release, in the order the scheduler ran them.
+	var all []tickCall
+	for i, cs := range calls {
+		n := 0
+		for _, c := range cs {
+			if c.ran {
+				n++
+			}
+		}
+		for deadline := time.Now().Add(hangCeiling); logs[i].count() < n; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("scheduler %d: %d of its %d runs released after %v", i, logs[i].count(), n, hangCeiling)
+			}
+		}
+		logs[i].mu.Lock()
+		r := 0
+		for _, c := range cs {
+			if c.ran {
+				c.released, c.held = logs[i].at[r], logs[i].held[r]
+				r++
+			}
+			all = append(all, c)
+		}
+		logs[i].mu.Unlock()
+	}
+	return runs, all
 }
 
 // TestHoldWindowOncePerTick: five schedulers whose clocks differ by up to
@@ -70,6 +143,16 @@ func runTicks(t *testing.T, drv, dsn string, offsets []time.Duration, period tim
 // one runs each tick. Scaled down (period 500 ms, skew 300 ms: 100 ms of
 // scheduling jitter tolerated each way), and at the settings
 // (period 1 s, skew 900 ms, 50 ms each way) outside -short.
+//
+// What the window promises is checked on every call, by the times this
+// process measured: each run held the lock at least the window, and each
+// try refused overlapped a run (from its call to its release). Exactly
+// one run is asked of each tick whose calls all began and returned within
+// the margin of when they were due, and began after the previous tick's
+// release: a loaded machine that delays a scheduler or a release by more
+// than the margin (CI, with other tests beside) makes a tick run twice,
+// or not at all, whatever the lock does; such ticks are reported, not
+// judged. At least half the ticks must be judged.
 func TestHoldWindowOncePerTick(t *testing.T) {
 	long(t) // a timing trial: clocks skewed by hundreds of milliseconds
 	t.Parallel()
@@ -93,7 +176,7 @@ func TestHoldWindowOncePerTick(t *testing.T) {
 				for i := range offsets {
 					offsets[i] = st.skew * time.Duration(i) / 4
 				}
-				plain := runTicks(t, drv, dsn, offsets, st.period, st.ticks)
+				plain, _ := runTicks(t, drv, dsn, offsets, st.period, st.ticks)
 				twice := 0
 				for _, n := range plain {
 					if n > 1 {
@@ -101,20 +184,78 @@ func TestHoldWindowOncePerTick(t *testing.T) {
 					}
 				}
 				window := st.period - st.margin
-				held := runTicks(t, drv, dsn, offsets, st.period, st.ticks, sqllock.WithHoldAtLeast(window))
+				held, calls := runTicks(t, drv, dsn, offsets, st.period, st.ticks, sqllock.WithHoldAtLeast(window))
 				t.Logf("%d ticks, skew %v: plain TryDo ran %v (ticks run more than once: %d); with a %v window: %v",
 					st.ticks, st.skew, plain, twice, window, held)
 				if twice == 0 {
 					t.Errorf("the baseline never ran a tick twice: the test does not exercise the flaw")
 				}
+				checkWindowCalls(t, calls, window)
+				judged := 0
 				for tick, n := range held {
+					if late := untimely(calls, tick, st.margin); late != nil {
+						t.Logf("tick %d (ran %d times) not judged: %s", tick, n, strings.Join(late, "; "))
+						continue
+					}
+					judged++
 					if n != 1 {
 						t.Errorf("tick %d ran %d times with a %v window, want exactly once", tick, n, window)
 					}
 				}
+				t.Logf("%d of %d ticks judged", judged, len(held))
+				if 2*judged < len(held) {
+					t.Errorf("%d of %d ticks judged: the machine delayed the others by more than the margin %v", judged, len(held), st.margin)
+				}
 			})
 		}
 	}
+}
+
+// checkWindowCalls checks what a hold window promises of every call: a run
+// held the lock at least window, and a try refused overlapped a run (from
+// its call to its release).
+func checkWindowCalls(t *testing.T, calls []tickCall, window time.Duration) {
+	t.Helper()
+	for _, c := range calls {
+		if c.ran {
+			if c.held < window {
+				t.Errorf("tick %d, scheduler %d: held the lock %v, less than the window %v", c.tick, c.sched, c.held, window)
+			}
+			continue
+		}
+		overlaps := false
+		for _, r := range calls {
+			overlaps = overlaps || (r.ran && r.start.Before(c.end) && c.start.Before(r.released))
+		}
+		if !overlaps {
+			t.Errorf("tick %d, scheduler %d: refused from %v to %v after it was due, while no run held the lock",
+				c.tick, c.sched, c.start.Sub(c.due), c.end.Sub(c.due))
+		}
+	}
+}
+
+// untimely says why tick's outcome is the machine's rather than the
+// lock's (nil when it is the lock's): a call of the tick began or returned
+// more than margin after it was due, or began before the previous tick's
+// run was released.
+func untimely(calls []tickCall, tick int, margin time.Duration) []string {
+	var late []string
+	for _, c := range calls {
+		if c.tick == tick && (c.start.Sub(c.due) > margin || c.end.Sub(c.due) > margin) {
+			late = append(late, fmt.Sprintf("scheduler %d called %v late and returned %v late",
+				c.sched, c.start.Sub(c.due).Round(time.Millisecond), c.end.Sub(c.due).Round(time.Millisecond)))
+		}
+		if c.tick != tick-1 || !c.ran {
+			continue
+		}
+		for _, d := range calls {
+			if d.tick == tick && d.start.Before(c.released) {
+				late = append(late, fmt.Sprintf("scheduler %d called %v before the previous tick's release (held %v)",
+					d.sched, c.released.Sub(d.start).Round(time.Millisecond), c.held.Round(time.Millisecond)))
+			}
+		}
+	}
+	return late
 }
 
 // TestUnlockAfter: the release waits for the window, in the background.
