@@ -255,21 +255,24 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold, p
 			s.leave()
 		}
 	}()
-	// A call that nothing ends early waits for its op's outcome whatever
-	// happens: the op is a spare one, and goes back below.
-	spare := ctx.Done() == nil
-	var o *op
-	if spare {
-		o = takeOp(opTry, k)
-	} else {
-		o = newOp(opTry, k)
-	}
+	// A call that nothing ends early, or that runs its op itself, waits
+	// for its op's outcome whatever happens: the op is a spare one, and
+	// goes back below.
+	o := takeOp(opTry, k)
 	if !try {
 		o.class = sqltext.TicketClass(k) // it will wait: it passes no one in line
 	}
-	if spare {
+	spare := true
+	switch {
+	case ctx.Done() == nil:
 		s.submit(o) // nothing ends the call early: run the queue here
-	} else {
+	case s.runSole(ctx, o): // nothing else rides on s: run here, under ctx
+	default:
+		putOp(o)
+		o, spare = newOp(opTry, k), false
+		if !try {
+			o.class = sqltext.TicketClass(k)
+		}
 		o.done = make(chan struct{})
 		s.submitAside(o)
 		select {

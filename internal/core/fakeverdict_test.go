@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sqllock/sqllock/internal/core/stmt"
 )
@@ -233,4 +234,62 @@ func TestFakeTryLeftBeforeSent(t *testing.T) {
 		t.Errorf("statements %v: the abandoned try was sent", c)
 	}
 	mustRelease(t, mustAcquire(t, bg, p, Request{Key: k(2), Try: true}))
+}
+
+// TestFakeTrySole: a try whose ctx has no deadline, on a shared session
+// that nothing else rides on, is run by its caller under ctx (runSole): a
+// cancel cuts its statement, the caller leaves at once with
+// ErrNotAcquired, and the session, which held nothing of anyone's, ends
+// with it. The same try with a deadline waits aside: its ctx's end leaves
+// the statement to the session's runner, which keeps the session and
+// undoes the late grant (as beside a lock held on the session:
+// TestFakeTryAbandoned).
+func TestFakeTrySole(t *testing.T) {
+	fs := newFakeServer()
+	// An unlock timeout far longer than the test: a statement run aside
+	// goes on until its answer.
+	p, _ := newFakePool(t, fs, Config{UnlockTimeout: time.Hour})
+	mustRelease(t, mustAcquire(t, bg, p, Request{Key: k(1), Try: true})) // the shared session, set up
+	ctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	h := mustAcquire(t, ctx, p, Request{Key: k(2), Try: true})
+	pid := h.PID()
+	mustRelease(t, h)
+	try := func(ctx context.Context, k Key) (*fakeRule, chan error) {
+		stall := fs.stallNext(fTry)
+		t.Cleanup(stall.release)
+		done := make(chan error, 1)
+		go func() {
+			_, err := p.Acquire(ctx, Request{Key: k, Try: true})
+			done <- err
+		}()
+		recv(t, stall.entered)
+		return stall, done
+	}
+	_, done := try(ctx, k(3))
+	cancel()
+	wantErr(t, "a sole try cancelled", recv(t, done), stmt.ErrNotAcquired, context.Canceled)
+	// Cut as the caller left.
+	if got := p.Stats(); got.Discarded != 1 || got.Held != 0 || got.Lost != 0 {
+		t.Errorf("Stats() as the caller left = %+v; want the one session discarded, nothing lost", got)
+	}
+	fs.await(t, "the cut session to end", func() bool { return !fs.alive(pid) })
+	if fs.holder(k(3)) != 0 {
+		t.Error("the cut try's key is held on the server")
+	}
+	// With a deadline: aside.
+	h = mustAcquire(t, bg, p, Request{Key: k(3), Try: true}) // a new shared session
+	pid = h.PID()
+	mustRelease(t, h)
+	dctx, dcancel := context.WithTimeout(bg, time.Hour)
+	stall, done := try(dctx, k(4))
+	dcancel()
+	wantErr(t, "a try with a deadline cancelled", recv(t, done), stmt.ErrNotAcquired, context.Canceled)
+	n := fs.count(fUnlock)
+	stall.release()
+	fs.await(t, "the late grant to be undone", func() bool { return fs.holder(k(4)) == 0 && fs.count(fUnlock) == n+1 })
+	if got := p.Stats(); got.Discarded != 1 || !fs.alive(pid) {
+		t.Errorf("Stats() = %+v, session alive %v; want the session kept", got, fs.alive(pid))
+	}
+	mustRelease(t, mustAcquire(t, bg, p, Request{Key: k(4), Try: true}))
 }

@@ -151,6 +151,10 @@ func (b *batcher) runTry(o *op) {
 	} else {
 		q, args = st.TrySQLTo(sc.args[:0], sqltext.Try, o.key, sc.markArg(s.mark))
 	}
+	ctx := o.cut // run by its caller (runSole)
+	if ctx == nil {
+		ctx = s.p.UnlockContext()
+	}
 	var err error
 	sc.got, sc.gotPid, sc.standby = sql.NullBool{}, 0, false
 	if plain {
@@ -158,10 +162,10 @@ func (b *batcher) runTry(o *op) {
 		// the key, only: the mark, compared in the statement, stands for
 		// the backend, which was judged standby or not as it was set up
 		// (a backend never becomes a standby).
-		err = s.queryRow(q, args, &sc.got, stmt.SkipRest)
+		err = s.queryRowCtx(ctx, q, args, &sc.got, stmt.SkipRest)
 		sc.gotPid = s.pid
 	} else {
-		err = s.queryRow(q, args, &sc.got, &sc.gotPid, &sc.standby)
+		err = s.queryRowCtx(ctx, q, args, &sc.got, &sc.gotPid, &sc.standby)
 	}
 	ok, pid, standby := sc.got, sc.gotPid, sc.standby
 	o.ok = ok.Bool

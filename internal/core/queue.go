@@ -57,6 +57,10 @@ type op struct {
 
 	after func() // run by the runner once the outcome is known (nil: none)
 
+	// cut is the context of an opTry's statement run by its own caller
+	// (runSole): the caller's. nil: the queue's (UnlockContext).
+	cut context.Context
+
 	// run is an opCheck's statements, on the session's connection.
 	run func(conn *sql.Conn) error
 }
@@ -111,6 +115,49 @@ func (b *batcher) submit(o *op) {
 	if o.done != nil {
 		<-o.done
 	}
+}
+
+// runSole runs o, a try whose caller's ctx its owner may cancel (it has
+// no deadline), here, under ctx, as submit does, when nothing but this
+// call rides on s: s is a shared session that holds nothing (no Hold, no
+// place), runs nothing, and has no other call in it. It reports false,
+// having done nothing, otherwise (or once ctx ended): the caller then
+// waits aside (submitAside). A cancel cuts the statement, which ends s:
+// it held nothing of anyone's, and the server frees what the try may
+// have taken as the session ends. A caller that waits aside pays a
+// hand-off to the session's runner goroutine and back; a ctx with a
+// deadline always does, for a deadline that ends a call is routine (a
+// Lock bounded by a timeout), and ending a session each time would cost
+// a connection each time.
+func (b *batcher) runSole(ctx context.Context, o *op) bool {
+	s := b.s
+	if ctx.Err() != nil {
+		return false
+	}
+	if _, ok := ctx.Deadline(); ok {
+		return false
+	}
+	s.mu.Lock()
+	if s.state != open || s.kind != kindShared || s.running || len(s.queue) > 0 ||
+		s.held.n > 0 || s.held.places > 0 || s.users() > 1 {
+		s.mu.Unlock()
+		return false
+	}
+	s.running = true
+	s.mu.Unlock()
+	o.cut = ctx
+	one := &s.scratch.one
+	one[0] = o
+	s.run(one[:])
+	one[0] = nil
+	s.mu.Lock()
+	if len(s.queue) > 0 && s.state != ended {
+		s.mu.Unlock()
+		s.runAside() // still running: the runner goroutine goes on
+		return true
+	}
+	s.stopRunningLocked()
+	return true
 }
 
 // submitAside queues o and, when no runner runs, has the session's
@@ -239,6 +286,14 @@ func (b *batcher) drain(caller bool) {
 			return
 		}
 	}
+	s.stopRunningLocked()
+}
+
+// stopRunningLocked ends a run of s's queue, which is empty or s ended
+// (s.mu held; released on return): the ops left are told why, and s may
+// linger.
+func (b *batcher) stopRunningLocked() {
+	s := b.s
 	rest := s.queue
 	s.queue = nil
 	s.running = false

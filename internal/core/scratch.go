@@ -28,6 +28,7 @@ type scratch struct {
 	tries, unlocks, alives []*op
 	batchKeys              []Key
 	batch                  stmt.BatchBufs // a batch statement's parts
+	one                    [1]*op         // runSole's batch
 }
 
 // markArg returns mark (the session's, which never changes) as an
