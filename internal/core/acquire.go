@@ -268,11 +268,10 @@ func (p *Pool) acquireShared(ctx context.Context, k Key, try bool, into *Hold, p
 		s.submit(o) // nothing ends the call early: run the queue here
 	case s.runSole(ctx, o): // nothing else rides on s: run here, under ctx
 	default:
-		putOp(o)
+		class := o.class
+		putOp(o) // never queued: it goes back; one a leaving caller may drop instead
 		o, spare = newOp(opTry, k), false
-		if !try {
-			o.class = sqltext.TicketClass(k)
-		}
+		o.class = class
 		o.done = make(chan struct{})
 		s.submitAside(o)
 		select {
