@@ -196,6 +196,10 @@ type fakeServer struct {
 	logged       chan struct{} // closed and made anew on each statement
 	conns        int
 	unknown      []string // statements it did not recognise
+	// connectGate, when set, holds every new connection after the first
+	// connectFree ones until it is closed (a server slow to accept).
+	connectGate chan struct{}
+	connectFree int
 }
 
 // newFakeServer returns a fake PostgreSQL 16 primary whose wait slices
@@ -624,9 +628,18 @@ func (fs *fakeServer) lockWait(ctx context.Context, b *fbackend, t ftag, shared 
 // fakeConnector makes the fake server's client connections.
 type fakeConnector struct{ fs *fakeServer }
 
-func (c fakeConnector) Connect(context.Context) (driver.Conn, error) {
+func (c fakeConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	fs := c.fs
 	fs.mu.Lock()
+	if gate := fs.connectGate; gate != nil && fs.conns >= fs.connectFree {
+		fs.mu.Unlock()
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		fs.mu.Lock()
+	}
 	defer fs.mu.Unlock()
 	b := fs.oneBackend
 	if b == nil || b.dead {

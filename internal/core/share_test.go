@@ -160,3 +160,68 @@ func TestFakeTriesWhileSharedCloses(t *testing.T) {
 		mustRelease(t, h)
 	}
 }
+
+// TestFakeSlowOpeningSpreads: many tries at once on a fresh Pool whose
+// first shared session opens at once and the others slowly (a loaded
+// server accepting connections) do not all pile on the first while the
+// others open: once it holds its share, the calls wait for the others
+// (before, the least busy session took a few more at a time, without
+// bound on its locks, as long as others were opening: 322 of 400 locks on
+// one of 16 sessions).
+func TestFakeSlowOpeningSpreads(t *testing.T) {
+	fs := newFakeServer()
+	db := fs.db(t)
+	h := &testHooks{}
+	p := NewPool(db, Config{UnlockTimeout: 10 * time.Second}, h)
+	t.Cleanup(func() {
+		p.Close()
+		fs.checkKnown(t)
+	})
+	const n = 400
+	holds := make([]*Hold, n)
+	holds[0] = mustAcquire(t, bg, p, Request{Key: k(100), Try: true}) // the first shared session
+	fs.mu.Lock()
+	fs.connectGate, fs.connectFree = make(chan struct{}), fs.conns
+	fs.mu.Unlock()
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	// The calls arrive one after another (a loaded machine starting its
+	// goroutines), while only the first session is open: each that found
+	// it with few calls in flight used to join it.
+	for i := 1; i < n; i++ {
+		wg.Go(func() {
+			h, err := p.Acquire(bg, Request{Key: k(int64(100 + i)), Try: true})
+			holds[i] = h
+			errs <- err
+		})
+		time.Sleep(200 * time.Microsecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	close(fs.connectGate)
+	waitAll(t, &wg)
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("Acquire() = %v", err)
+		}
+	}
+	fs.mu.Lock()
+	opened := fs.conns - fs.connectFree
+	fs.mu.Unlock()
+	if opened < 2 {
+		t.Fatalf("%d connections opened once the gate opened, want several (the other shared sessions)", opened)
+	}
+	per := map[int64]int{}
+	most := 0
+	for _, h := range holds {
+		per[h.PID()]++
+		most = max(most, per[h.PID()])
+	}
+	t.Logf("%d locks on %d shared sessions, at most %d on one", n, len(per), most)
+	if bound := sharedOverflow + sharedQueue; most > bound {
+		t.Errorf("%d of %d locks on one shared session while others opened, want at most %d", most, n, bound)
+	}
+	for _, h := range holds {
+		mustRelease(t, h)
+	}
+}
