@@ -65,7 +65,7 @@ const sharedQueue = 4
 // calls at a time (sharedQueue), while others are opening: past it, calls
 // wait for those. (Without it, calls arriving one by one while a loaded
 // server was slow to accept the others piled on the first: 322 of 400
-// locks on one of 16 sessions, all lost if it is.)
+// locks on one of 16 sessions, all lost if it ends.)
 const sharedOverflow = 2 * sharedSpread
 
 // sessionLinger is how long a shared session that holds nothing stays
@@ -169,8 +169,8 @@ var errNoShared = errors.New("sqllock: no shared session has room")
 // When none has, a new one opens while there are fewer than the limit,
 // else the least busy takes the call. A call that finds every one still
 // opening waits for one; so does a call that finds the least busy holding
-// sharedOverflow locks, or sharedQueue calls, while others open. The caller must call leave when its operation is
-// done.
+// sharedOverflow locks, or sharedQueue calls, while others open. The
+// caller must call leave when its operation is done.
 //
 // A call that finds one with room takes it without the sharing's lock,
 // from its snapshot of the shared sessions (pick, join): every shared lock
