@@ -315,7 +315,10 @@ func TestQueueLeaveOnCancel(t *testing.T) {
 // turn: while it waits, each local caller is granted the key at most once
 // (they queued before it, each with its place in line), so at most 64
 // local grants fall in its wait (16 more allowed: a grant is stamped a
-// moment after the server gave it).
+// moment after the server gave it). Its wait is counted from its arrival
+// in the key's line, by the server (its ticket seen in pg_locks): its call
+// reaches the line only once a session of its own is set up for the wait,
+// which on a loaded machine takes long enough for many local grants.
 func TestQueueRemoteWaiterServed(t *testing.T) {
 	t.Parallel()
 	srv := pgtest.Start(t)
@@ -347,15 +350,38 @@ func TestQueueRemoteWaiterServed(t *testing.T) {
 				}()
 			}
 			time.Sleep(300 * time.Millisecond)
+			observer := pgtest.Open(t, "pgx", dsn)
 			waits := []time.Duration{}
 			passed := []int{}
-			for range 5 {
+			for i := range 5 {
+				name := fmt.Sprintf("sqllock-remote-w%d", i)
 				cmd := exec.Command(os.Args[0], "-test.run=^$")
-				cmd.Env = append(os.Environ(), helperEnv+"=remote-waiter", "HELPER_DRIVER="+drv, "HELPER_DSN="+dsn, "HELPER_KEY=3804")
+				cmd.Env = append(os.Environ(), helperEnv+"=remote-waiter", "HELPER_DRIVER="+drv, "HELPER_DSN="+withAppName(t, dsn, name), "HELPER_KEY=3804")
 				var stdout, stderr bytes.Buffer
 				cmd.Stdout, cmd.Stderr = &stdout, &stderr
-				if err := runHelper(cmd, helperCeiling); err != nil {
-					t.Fatalf("the waiter process: %v: %s%s", err, stdout.Bytes(), stderr.Bytes())
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				exited := make(chan error, 1)
+				go func() { exited <- waitHelper(cmd, helperCeiling) }()
+				// When it joins the line, by this process's clock (a poll
+				// late by one query at most: fewer grants counted, never more).
+				var inLine time.Time
+				var werr error
+			poll:
+				for {
+					select {
+					case werr = <-exited:
+						break poll
+					default:
+					}
+					if inLine.IsZero() && slices.Contains(testkit.LineOrder(t, observer, k), name) {
+						inLine = time.Now()
+					}
+					time.Sleep(2 * time.Millisecond)
+				}
+				if werr != nil {
+					t.Fatalf("the waiter process: %v: %s%s", werr, stdout.Bytes(), stderr.Bytes())
 				}
 				out := stdout.Bytes()
 				// Its wait, and when it began (one clock: the machine's).
@@ -372,9 +398,12 @@ func TestQueueRemoteWaiterServed(t *testing.T) {
 				if len(fields) != 2 || err != nil {
 					t.Fatalf("the waiter process said %q", out)
 				}
-				waits = append(waits, d)
 				from := time.Unix(0, began)
 				to := from.Add(d)
+				if inLine.After(from) {
+					from = inLine // else granted before a poll saw it wait: counted from its call
+				}
+				waits = append(waits, to.Sub(from))
 				n := 0
 				grantsMu.Lock()
 				for _, g := range grants {
@@ -387,7 +416,7 @@ func TestQueueRemoteWaiterServed(t *testing.T) {
 			}
 			cancel()
 			waitGroup(t, &wg, hangCeiling)
-			t.Logf("%s: %d local cycles; a waiter in another process was granted after %v, with %v local grants in its wait", drv, cycles.Load(), waits, passed)
+			t.Logf("%s: %d local cycles; a waiter in another process was granted %v after it joined the line, with %v local grants in that wait", drv, cycles.Load(), waits, passed)
 			for i, n := range passed {
 				if n > 64+16 {
 					t.Errorf("a waiter in another process waited %v, while the local callers were granted the key %d times: want at most 64 (+16)", waits[i], n)

@@ -261,8 +261,8 @@ func TestTxPoolerHolderStopped(t *testing.T) {
 
 // TestTxPoolerArrivalOrder: five waiter processes, each with a Locker
 // WithTransactionPooler, arriving 600 ms apart on a key held by this
-// process through the bouncer, are served in the order they arrived (two
-// trials per driver), with a pool of 8: every waiter finds a server
+// process through the bouncer, are served in the order they arrived in
+// the key's line (their tickets, two trials per driver), with a pool of 8: every waiter finds a server
 // connection and joins the key's line in the server as it arrives. With
 // a pool of 4, the holder and three waiters take every server
 // connection, and the others wait in the bouncer's queue for one before
@@ -288,6 +288,13 @@ func TestTxPoolerArrivalOrder(t *testing.T) {
 			// The server connections the holder leaves (the traffic takes
 			// one at times).
 			testkit.WaitWaiters(t, p.observer, sqllock.Hash(key), min(5, p.pool-2))
+			if p.pool >= 6 {
+				// All wait in the line: the order of their tickets is the
+				// order they arrived, by the server's clock (a process's
+				// call reaches the bouncer a while after it says so, and
+				// on a loaded machine after a later process's).
+				tr.inLine(p.observer, sqllock.Hash(key))
+			}
 			time.Sleep(200 * time.Millisecond)
 			if err := lk.Unlock(bg()); err != nil {
 				t.Fatal(err)
