@@ -68,7 +68,8 @@ func (pl *place) tell(ticket int32) (keep bool) {
 // when shared) for a caller queued behind its queue's head, on one of the
 // Pool's shared sessions: nil when it has none to take (see above), or
 // none could be taken. Its statement waits for no lock: when ctx ends
-// before its answer, the place is given back once the answer comes.
+// before its answer, the place is given back once the answer comes, and
+// before takePlace returns when that is within stmt.AbandonGrace.
 func (qs *keyQueues) takePlace(ctx context.Context, p *Pool, class int32, shared bool) *place {
 	if p.cfg.TxPooler || p.cfg.Dedicated || p.sharedLimit() == 0 {
 		return nil
@@ -92,8 +93,14 @@ func (qs *keyQueues) takePlace(ctx context.Context, p *Pool, class int32, shared
 	select {
 	case <-o.done:
 	case <-ctx.Done():
-		// The answer settles it: a place taken goes back.
-		go func() { placeTaken(s, o).giveBack() }()
+		// The answer settles it: a place taken goes back, before the
+		// caller returns when the answer comes within stmt.AbandonGrace
+		// (as a try's grant does), else once it comes.
+		if doneWithin(o.done, stmt.AbandonGrace) {
+			placeTaken(s, o).giveBack()
+		} else {
+			go func() { placeTaken(s, o).giveBack() }()
+		}
 		return nil
 	}
 	return placeTaken(s, o)
