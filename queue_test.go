@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"slices"
@@ -381,7 +382,7 @@ func TestQueueRemoteWaiterServed(t *testing.T) {
 					time.Sleep(2 * time.Millisecond)
 				}
 				if werr != nil {
-					t.Fatalf("the waiter process: %v: %s%s", werr, stdout.Bytes(), stderr.Bytes())
+					t.Fatalf("the waiter process (its ticket seen in the line: %v): %v: %s%s", !inLine.IsZero(), werr, stdout.Bytes(), stderr.Bytes())
 				}
 				out := stdout.Bytes()
 				// Its wait, and when it began (one clock: the machine's).
@@ -436,7 +437,9 @@ func helperRemoteWaiter(db *sql.DB) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	l := sqllock.New(db)
+	// Its debug log goes to stderr, which the test shows when it fails:
+	// whether it waited with a ticket, and why not.
+	l := sqllock.New(db, sqllock.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	// Set up first (connection, server check, pooler probe), on another

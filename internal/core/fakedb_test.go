@@ -181,6 +181,10 @@ type fakeServer struct {
 	sliceMS  int64 // half the deadlock_timeout, in ms (WaitSliceSQL)
 	pid      int64 // the last backend pid given
 	tickets  int32 // the last ticket id given
+	// ticketClock, when set, gives tickets as the server does: the first
+	// free id of 64 from its reading (a place's floor, when later); unset,
+	// each ticket is the next of tickets.
+	ticketClock func() int32
 	txid     int64
 	backends map[int64]*fbackend
 	locks    map[ftag]*flock
@@ -1086,12 +1090,11 @@ func (fs *fakeServer) run(ctx context.Context, c *fakeConn, b *fbackend, st *fak
 		if !fs.tryLocked(b.pid, pairTag(class, 0), true) {
 			return rowsOf(row(int64(0))), nil
 		}
-		fs.tickets++
-		if !fs.tryLocked(b.pid, pairTag(class, fs.tickets), shared) {
+		id := fs.ticketLocked(b, class, shared, int32(argInt(args, 2)))
+		if id == 0 {
 			fs.unlockLocked(b.pid, pairTag(class, 0), true)
-			return rowsOf(row(int64(0))), nil
 		}
-		return rowsOf(row(int64(fs.tickets))), nil
+		return rowsOf(row(int64(id))), nil
 
 	case fPlaceBack:
 		class, id := int32(argInt(args, 0)), int32(argInt(args, 1))
@@ -1297,11 +1300,30 @@ func (fs *fakeServer) registerLocked(ctx context.Context, b *fbackend, st *fakeS
 	}); err != nil {
 		return nil, err
 	}
-	fs.tickets++
-	if !fs.tryLocked(b.pid, pairTag(class, fs.tickets), shared) {
-		return rowsOf(row(int64(0), b.pid, fs.standby, true)), nil
+	return rowsOf(row(int64(fs.ticketLocked(b, class, shared, 0)), b.pid, fs.standby, true)), nil
+}
+
+// ticketLocked takes a ticket of class for b (a reader's when shared),
+// from floor on when that is later than the ticket clock: its id, or 0
+// when none was free. The caller holds mu.
+func (fs *fakeServer) ticketLocked(b *fbackend, class int32, shared bool, floor int32) int32 {
+	if fs.ticketClock == nil {
+		fs.tickets++
+		if !fs.tryLocked(b.pid, pairTag(class, fs.tickets), shared) {
+			return 0
+		}
+		return fs.tickets
 	}
-	return rowsOf(row(int64(fs.tickets), b.pid, fs.standby, true)), nil
+	base := fs.ticketClock()
+	if floor != 0 && floor-base > 0 {
+		base = floor
+	}
+	for g := range int32(64) {
+		if id := base + g; id != 0 && fs.tryLocked(b.pid, pairTag(class, id), shared) {
+			return id
+		}
+	}
+	return 0
 }
 
 // ticketsLocked returns the tickets of class held: by b (mine), and the

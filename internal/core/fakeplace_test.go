@@ -133,3 +133,49 @@ func TestFakePlaceSessionLost(t *testing.T) {
 	}
 	fs.await(t, "no ticket left", func() bool { return len(fs.ticketHolders(class)) == 0 && fs.holder(k(1)) == 0 })
 }
+
+// TestFakePlacesFollowQueue: tickets come from the server's clock, and run
+// ahead of it when waiters come faster than one a millisecond; one given
+// back then leaves a free ticket earlier than tickets taken before it. A
+// caller queued behind the head takes a ticket after the head's all the
+// same, so that the head never waits in line for the ticket of a caller
+// queued behind it, which waits for the head: both are served, in queue
+// order.
+func TestFakePlacesFollowQueue(t *testing.T) {
+	fs := newFakeServer()
+	fs.ticketClock = func() int32 { return 100 } // the clock stands still: tickets run ahead of it
+	p, _ := newFakePool(t, fs, Config{})
+	p2, _ := newFakePool(t, fs, Config{}) // another process
+	ctx := testCtx(t)
+	class := sqltext.TicketClass(k(1))
+	other := fs.external()
+	fs.lockAs(other, k(1), false)
+	xctx, leave := context.WithCancel(ctx)
+	x := acquireAsync(xctx, p2, Request{Key: k(1)})
+	fs.await(t, "the other process's waiter in line", func() bool { return fs.ticketHolders(class)[100] != 0 })
+	a := acquireAsync(ctx, p, Request{Key: k(1)})
+	fs.await(t, "a in line", func() bool { return fs.ticketHolders(class)[101] != 0 })
+	leave() // ticket 100 is free again: earlier than a's
+	wantErr(t, "the waiter that left", recv(t, x).err, stmt.ErrNotAcquired, context.Canceled)
+	fs.await(t, "ticket 100 given back", func() bool { return fs.ticketHolders(class)[100] == 0 })
+	b := acquireAsync(ctx, p, Request{Key: k(1)})
+	fs.await(t, "b in line", func() bool { return len(fs.ticketHolders(class)) == 2 })
+	if tickets := fs.ticketHolders(class); tickets[100] != 0 {
+		t.Errorf("b took ticket 100, earlier than a's 101 (tickets %v): want one after a's", tickets)
+	}
+	// a looks at the line again (a new slice) before the key is free.
+	slices := fs.count(fSlice)
+	fs.await(t, "a's next slice", func() bool { return fs.count(fSlice) > slices })
+	fs.unlockAs(other, k(1), false)
+	for _, w := range []struct {
+		name string
+		ch   <-chan acquired
+	}{{"a", a}, {"b", b}} {
+		got := recv(t, w.ch)
+		if got.err != nil {
+			t.Fatalf("%s: %v", w.name, got.err)
+		}
+		mustRelease(t, got.h)
+	}
+	fs.await(t, "no ticket left", func() bool { return len(fs.ticketHolders(class)) == 0 })
+}

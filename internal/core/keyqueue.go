@@ -105,16 +105,21 @@ type qwaiter struct {
 	// then, and only after one, so that the tickets of a queue's callers
 	// follow the queue's order (a head never waits in line for the
 	// ticket of a caller queued behind it, which waits for the head).
-	placed    chan struct{}
-	ticketed  bool // written before placed is closed
+	placed   chan struct{}
+	ticketed bool // written before placed is closed
+	// ticket is its ticket, when ticketed (0: not one the caller behind
+	// must follow: the head's, once its acquisition is over); written
+	// before placed is closed. The caller behind takes its place after it
+	// (see sqltext's PlaceSQL).
+	ticket    int32
 	placeOnce sync.Once
 }
 
 // placedWith records that w has its ticket in line (ticketed), or will
 // have none; the first call counts.
-func (w *qwaiter) placedWith(ticketed bool) {
+func (w *qwaiter) placedWith(ticketed bool, ticket int32) {
 	w.placeOnce.Do(func() {
-		w.ticketed = ticketed
+		w.ticketed, w.ticket = ticketed, ticket
 		close(w.placed)
 	})
 }
@@ -213,7 +218,7 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 			q.remove(w)
 			sh.removeIfIdle(qs, qk, q)
 			sh.mu.Unlock()
-			w.placedWith(false)
+			w.placedWith(false, 0)
 			return nil, stmt.NotAcquired(what.String(), ctx.Err())
 		}
 		sh.mu.Unlock()
@@ -221,7 +226,7 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 		// below, as for a caller told first.
 	}
 	if w.state == qhanded {
-		w.placedWith(true) // out of line: the caller behind it takes its place
+		w.placedWith(true, 0) // out of line: the caller behind it takes its place
 		if err := ctx.Err(); err != nil {
 			// Handed the key as ctx ended: it goes back.
 			w.hold.Release()
@@ -230,7 +235,7 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 		return w.hold, nil
 	}
 	if err := ctx.Err(); err != nil {
-		w.placedWith(false)
+		w.placedWith(false, 0)
 		qs.headDone(p, qk, w, nil) // the next caller acquires instead
 		return nil, stmt.NotAcquired(what.String(), err)
 	}
@@ -242,22 +247,26 @@ func (qs *keyQueues) acquire(ctx context.Context, p *Pool, qk queueKey, r Reques
 // when w is made the head or handed the key first (the head then takes its
 // ticket as it registers), or ctx ends. It records the outcome in w.
 func (qs *keyQueues) placeBehind(ctx context.Context, p *Pool, qk queueKey, w, ahead *qwaiter) *place {
+	var floor int32 // the least ticket w may take (0: the clock's)
 	if ahead != nil {
 		select {
 		case <-ahead.placed:
 			if !ahead.ticketed {
-				w.placedWith(false)
+				w.placedWith(false, 0)
 				return nil
+			}
+			if ahead.ticket != 0 {
+				floor = ahead.ticket + 1
 			}
 		case <-w.ready:
 			return nil // the head: told as it registers (asHead)
 		case <-ctx.Done():
-			w.placedWith(false)
+			w.placedWith(false, 0)
 			return nil
 		}
 	}
-	pl := qs.takePlace(ctx, p, placeTicketClass(qk), w.r.Shared)
-	w.placedWith(pl != nil)
+	pl := qs.takePlace(ctx, p, placeTicketClass(qk), w.r.Shared, floor)
+	w.placedWith(pl != nil, pl.ticket())
 	return pl
 }
 
@@ -267,12 +276,12 @@ func (qs *keyQueues) placeBehind(ctx context.Context, p *Pool, qk queueKey, w, a
 func (qs *keyQueues) asHead(p *Pool, qk queueKey, w *qwaiter, pl *place, fromServer func(pl *place) (*Hold, error)) (*Hold, error) {
 	if pl == nil {
 		pl = &place{registered: func(ticket int32) bool {
-			w.placedWith(ticket != 0)
+			w.placedWith(ticket != 0, ticket)
 			return ticket == 0 || !qs.placedBefore(qk, ticket)
 		}}
 	}
 	h, err := fromServer(pl)
-	w.placedWith(true) // done as head: no ticket of its own is left in line
+	w.placedWith(true, 0) // done as head: no ticket of its own is left in line
 	qs.headDone(p, qk, w, h)
 	return h, err
 }

@@ -66,11 +66,12 @@ func (pl *place) tell(ticket int32) (keep bool) {
 
 // takePlace takes a place in the line of ticket class class (a reader's
 // when shared) for a caller queued behind its queue's head, on one of the
-// Pool's shared sessions: nil when it has none to take (see above), or
-// none could be taken. Its statement waits for no lock: when ctx ends
+// Pool's shared sessions, with a ticket no earlier than floor (0: the
+// server's clock; see sqltext's PlaceSQL): nil when it has none to take
+// (see above), or none could be taken. Its statement waits for no lock: when ctx ends
 // before its answer, the place is given back once the answer comes, and
 // before takePlace returns when that is within stmt.AbandonGrace.
-func (qs *keyQueues) takePlace(ctx context.Context, p *Pool, class int32, shared bool) *place {
+func (qs *keyQueues) takePlace(ctx context.Context, p *Pool, class int32, shared bool, floor int32) *place {
 	if p.cfg.TxPooler || p.cfg.Dedicated || p.sharedLimit() == 0 {
 		return nil
 	}
@@ -87,7 +88,7 @@ func (qs *keyQueues) takePlace(ctx context.Context, p *Pool, class int32, shared
 	s.held.places++ // before the statement: the session never looks idle with a ticket
 	s.mu.Unlock()
 	o := newOp(opPlace, Key{})
-	o.class, o.shared = class, shared
+	o.class, o.shared, o.v = class, shared, int64(floor)
 	o.done = make(chan struct{})
 	s.submitAside(o)
 	select {
@@ -160,7 +161,7 @@ func runPlace(s *session, o *op) {
 	var q string
 	var args []any
 	if o.ticket == 0 {
-		q, args = s.p.Mode.PlaceSQL(o.class, o.shared, s.pid)
+		q, args = s.p.Mode.PlaceSQL(o.class, o.shared, s.pid, int32(o.v))
 	} else {
 		q, args = s.p.Mode.PlaceBackSQL(o.class, o.ticket, o.shared, s.pid)
 	}

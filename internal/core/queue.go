@@ -52,7 +52,7 @@ type op struct {
 	wake chan struct{}
 
 	ok  bool  // opTry: granted; opUnlock: released; opTag: a row came
-	v   int64 // opTag's answer
+	v   int64 // opTag's answer; opPlace's: the ticket taken (sent: the least it may be)
 	err error // the statement failed (the session is then ended, but for a certain refusal)
 
 	after func() // run by the runner once the outcome is known (nil: none)

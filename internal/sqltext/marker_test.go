@@ -51,8 +51,8 @@ func TestEveryStatementMarked(t *testing.T) {
 		}
 		add("AliveSQL", first(m.AliveSQL(42)))
 		add("DoorbellSQL", first(m.DoorbellSQL(42, []int32{-9, -8}, []int32{0, 7})))
-		add("PlaceSQL", first(m.PlaceSQL(-9, false, 42)))
-		add("PlaceSQL", first(m.PlaceSQL(-9, true, 42)))
+		add("PlaceSQL", first(m.PlaceSQL(-9, false, 42, 0)))
+		add("PlaceSQL", first(m.PlaceSQL(-9, true, 42, 7)))
 		add("PlaceBackSQL", first(m.PlaceBackSQL(-9, 7, false, 42)))
 		add("PlaceBackSQL", first(m.PlaceBackSQL(-9, 7, true, 42)))
 		for b := range Batch(BatchKinds) {

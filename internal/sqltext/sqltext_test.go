@@ -193,7 +193,7 @@ func TestLineStatementsParams(t *testing.T) {
 			"PoliteTrySQL":          func() stmt { q, a := s.PoliteTrySQL(Try, k, -7, "m"); return stmt{q, a} },
 			"PoliteTrySQL plain":    func() stmt { q, a := Plain(mode).PoliteTrySQL(Try, pair, -7, "m"); return stmt{q, a} },
 			"DoorbellSQL":           func() stmt { q, a := mode.DoorbellSQL(42, []int32{-7, -8}, []int32{0, 9}); return stmt{q, a} },
-			"PlaceSQL":              func() stmt { q, a := mode.PlaceSQL(-7, true, 42); return stmt{q, a} },
+			"PlaceSQL":              func() stmt { q, a := mode.PlaceSQL(-7, true, 42, 9); return stmt{q, a} },
 			"PlaceBackSQL":          func() stmt { q, a := mode.PlaceBackSQL(-7, 9, true, 42); return stmt{q, a} },
 			"TerminateHolderSQL":    func() stmt { return stmt{TerminateHolderSQL, DiscardHolderArgs(42, k)} },
 			"SemaphorePoliteTry":    func() stmt { return stmt{s.SemaphorePoliteTrySQL(-3, 4, -7), []any{"m"}} },

@@ -415,21 +415,29 @@ func earlier(c, t string) string {
 // the doorbell and takes the first free ticket from the server's clock
 // on, as RegisterSQL does, without waiting (a doorbell held exclusively
 // is a stranger's, or, for a moment, a holder's: the waiter then has no
-// place). Its single row is the ticket (0: none was taken, the doorbell
+// place); from floor on instead (0: none), when floor is later than the
+// clock. The Pool's floor is the ticket of the caller queued just ahead
+// plus one, so that its callers' tickets follow its queue's order: when
+// waiters come faster than one a millisecond, the line's tickets run
+// ahead of the clock, and one given back leaves a free ticket there,
+// earlier than tickets taken before it; a caller queued behind the head
+// that took it would be the head's predecessor, while it waits for the
+// head. Its single row is the ticket (0: none was taken, the doorbell
 // given back; -1: the doorbell could not be given back); no row on
 // another backend. The waiter, once the head, slices with that ticket
 // (SliceSQL), which its own session never holds; the place is given back
 // with PlaceBackSQL.
-func (m Mode) PlaceSQL(class int32, shared bool, pid int64) (string, []any) {
+func (m Mode) PlaceSQL(class int32, shared bool, pid int64, floor int32) (string, []any) {
 	c := "$1::int4"
+	const now = "floor(extract(epoch FROM clock_timestamp()) * 1000)::int8"
 	var b strings.Builder
 	b.WriteString(markLine + "SELECT CASE WHEN t.id IS NOT NULL THEN t.id::int8 WHEN NOT d.bell THEN 0")
 	b.WriteString(" WHEN " + unlockFn(true, c+", 0") + " THEN 0 ELSE -1 END")
 	b.WriteString(" FROM (SELECT " + lockFn(Try|Shared, c+", 0") + " AS bell WHERE pg_backend_pid() = $2::int4 OFFSET 0) AS d")
-	b.WriteString(" LEFT JOIN LATERAL (SELECT " + signed32("floor(extract(epoch FROM clock_timestamp()) * 1000)::int8") + " AS base WHERE d.bell OFFSET 0) AS b ON true")
+	b.WriteString(" LEFT JOIN LATERAL (SELECT CASE WHEN $3::int4 <> 0 AND " + signed32("$3::int8 - "+now) + " > 0 THEN $3::int8 ELSE " + signed32(now) + " END AS base WHERE d.bell OFFSET 0) AS b ON true")
 	b.WriteString(" LEFT JOIN LATERAL (SELECT c.i::int4 AS id FROM (SELECT " + signed32("b.base + g") + " AS i FROM generate_series(0, 63) AS g OFFSET 0) AS c")
 	b.WriteString(" WHERE c.i <> 0 AND " + lockFn(Try|SharedKind(shared), c+", c.i::int4") + " LIMIT 1) AS t ON true")
-	return m.params(b.String(), int64(class), pid)
+	return m.params(b.String(), int64(class), pid, int64(floor))
 }
 
 // PlaceBackSQL returns the statement with which a place in the line of
