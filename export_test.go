@@ -58,6 +58,14 @@ func SharedOf(lk *Lock) bool { return lk != nil && lk.h.Shared() }
 // its keys gone.
 func LoseSession(s *Session, cause error) { core.Probe{}.Lose(s.o, cause) }
 
+// SetHandoffRun makes l hand keys from one of its callers to the next
+// for d after the server's last grant.
+func SetHandoffRun(l *Locker, d time.Duration) { l.pool.Probe().SetHandoffRun(d) }
+
+// NextCleared reports whether l's next caller queued for k may be handed
+// the key, as far as the line goes (a check of the line cleared it).
+func NextCleared(l *Locker, k Key) bool { return l.pool.Probe().NextCleared(k.sqlKey()) }
+
 // HandOffs returns how many keys l handed from one of its callers to the
 // next without a statement.
 func HandOffs(l *Locker) int64 { return l.pool.Probe().HandOffs() }

@@ -174,21 +174,21 @@ func (r *fakeRule) release() { r.released.Do(func() { close(r.stall) }) }
 
 // fakeServer is the fake PostgreSQL server.
 type fakeServer struct {
-	mu       sync.Mutex
-	started  int64 // server start, µs since the epoch
-	version  string
-	standby  bool
-	sliceMS  int64 // half the deadlock_timeout, in ms (WaitSliceSQL)
-	pid      int64 // the last backend pid given
-	tickets  int32 // the last ticket id given
+	mu      sync.Mutex
+	started int64 // server start, µs since the epoch
+	version string
+	standby bool
+	sliceMS int64 // half the deadlock_timeout, in ms (WaitSliceSQL)
+	pid     int64 // the last backend pid given
+	tickets int32 // the last ticket id given
 	// ticketClock, when set, gives tickets as the server does: the first
 	// free id of 64 from its reading (a place's floor, when later); unset,
 	// each ticket is the next of tickets.
 	ticketClock func() int32
-	txid     int64
-	backends map[int64]*fbackend
-	locks    map[ftag]*flock
-	changed  chan struct{} // closed and made anew when a lock is freed or a backend ends
+	txid        int64
+	backends    map[int64]*fbackend
+	locks       map[ftag]*flock
+	changed     chan struct{} // closed and made anew when a lock is freed or a backend ends
 	// oneBackend, when set, is the backend of every new connection (a
 	// transaction pooler that gives every client the same server session).
 	oneBackend *fbackend

@@ -62,6 +62,17 @@ type keyQueues struct {
 	// queued for or held by a queue's caller, and the lock calls that
 	// only ask (a try, the release of a try's lock) skip the shards.
 	live atomic.Int64
+	// run is how long hand-offs go on (handoffRun; a test may lengthen
+	// it: see Probe.SetHandoffRun), in nanoseconds; 0: handoffRun.
+	run atomic.Int64
+}
+
+// handoffRun returns how long the Pool's hand-offs go on.
+func (qs *keyQueues) handoffRun() time.Duration {
+	if d := qs.run.Load(); d > 0 {
+		return time.Duration(d)
+	}
+	return handoffRun
 }
 
 type queueShard struct {
@@ -384,7 +395,7 @@ func (qs *keyQueues) handOff(p *Pool, h *Hold) bool {
 		return false
 	}
 	w := q.waiters[0]
-	if w.r.Shared || w.r.Named != "" || !q.cleared(w) || time.Since(q.grantedAt) >= handoffRun {
+	if w.r.Shared || w.r.Named != "" || !q.cleared(w) || time.Since(q.grantedAt) >= qs.handoffRun() {
 		sh.mu.Unlock()
 		return false
 	}

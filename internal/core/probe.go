@@ -1,6 +1,9 @@
 package core
 
-import "database/sql"
+import (
+	"database/sql"
+	"time"
+)
 
 // The core's test seams, in one place: what a test may read of a Pool,
 // its Holds and Owneds, or make them do, that no caller of the core may
@@ -34,6 +37,25 @@ func (pr Probe) MixedBatches() int64 { return pr.p.share.mixed.Load() }
 // BudgetCount returns how many connections the Pool counts in its budget
 // (see stmt.Budget).
 func (pr Probe) BudgetCount() int { return pr.p.Budget.Count() }
+
+// SetHandoffRun makes the Pool hand keys from one of its callers to the
+// next for d after the server's last grant (handoffRun), so that a test
+// of a hand-off does not depend on how fast a loaded machine answers the
+// check of the line.
+func (pr Probe) SetHandoffRun(d time.Duration) { pr.p.queue.run.Store(int64(d)) }
+
+// NextCleared reports whether the next caller queued for k may be handed
+// the key, as far as the line goes: a check of the line found no one of
+// another process before it (see keyQueue.cleared).
+func (pr Probe) NextCleared(k Key) bool {
+	qs := &pr.p.queue
+	qk := queueKey{k: k}
+	sh := qs.shard(qk)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	q := sh.m[qk]
+	return q != nil && len(q.waiters) > 0 && q.cleared(q.waiters[0])
+}
 
 // SkipPoolerProbe turns the transaction pooler probe off, so that a Pool
 // behind a pooler takes locks before it sees one (for tests of what it
