@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/core/seams"
 	"github.com/sqllock/sqllock/internal/core/stmt"
 
 	"github.com/sqllock/sqllock/internal/sqltext"
@@ -453,6 +454,7 @@ func (e *Election) poll(ctx context.Context, seen chan<- Leader) {
 			return
 		}
 		t.Reset(observeEvery)
+		sent := time.Now()
 		q, args := mode.ObserveArgs(int64(c), int64(o), sub, digest, first || unnamed > 0 || time.Since(read) >= observeRecheck)
 		qctx, cancel := context.WithTimeout(ctx, time.Second)
 		type answer struct {
@@ -467,16 +469,22 @@ func (e *Election) poll(ctx context.Context, seen chan<- Leader) {
 			return a, err
 		}, nil)
 		cancel()
-		if err != nil || !a.read {
+		if err != nil {
+			continue
+		}
+		if !a.read {
+			e.asked(sent, false, 0)
 			continue
 		}
 		ld, named := a.holder.leader()
 		if !named && unnamed < leaderRetries {
+			e.asked(sent, false, 0)
 			unnamed++ // ask again at once
 			t.Reset(time.Millisecond)
 			continue
 		}
 		digest, read, unnamed = a.digest, time.Now(), 0
+		e.asked(sent, true, ld.PID)
 		if first || !ld.same(last) {
 			select {
 			case seen <- ld:
@@ -485,6 +493,13 @@ func (e *Election) poll(ctx context.Context, seen chan<- Leader) {
 			}
 			last, first = ld, false
 		}
+	}
+}
+
+// asked runs the test hook of an answered ask (see seams.Hooks).
+func (e *Election) asked(sent time.Time, read bool, holder int) {
+	if h := seams.Get(); h != nil && h.ObserveAsked != nil {
+		h.ObserveAsked(e.key.String(), sent, read, int64(holder))
 	}
 }
 

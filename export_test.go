@@ -38,6 +38,7 @@ const (
 	MaxUnlockTimeout     = maxUnlockTimeout
 	MaxHoldWindow        = maxHoldWindow
 	MinServerVersion     = core.MinServerVersion
+	LeaderRetries        = leaderRetries
 )
 
 // Queued returns how many of l's callers are in k's queue, its head among
@@ -57,6 +58,12 @@ func SharedOf(lk *Lock) bool { return lk != nil && lk.h.Shared() }
 // LoseSession reports s lost, as the keep-alive does when it finds one of
 // its keys gone.
 func LoseSession(s *Session, cause error) { core.Probe{}.Lose(s.o, cause) }
+
+// SetObserveAsked makes f run after each of an election observer's asks
+// is answered (see seams.Hooks); the returned func takes f away.
+func SetObserveAsked(f func(key string, sent time.Time, read bool, holder int64)) (restore func()) {
+	return seams.Set(seams.Hooks{ObserveAsked: f})
+}
 
 // SetHandoffRun makes l hand keys from one of its callers to the next
 // for d after the server's last grant.

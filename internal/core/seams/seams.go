@@ -7,7 +7,9 @@ package seams
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Hooks are the core's test hooks; a nil one does not run.
@@ -23,15 +25,54 @@ type Hooks struct {
 	// MonitorFoundNone runs as a keep-alive loop finds nothing to watch,
 	// before it stops.
 	MonitorFoundNone func()
+	// ObserveAsked runs after each of an election observer's asks on key
+	// (its text) is answered: sent is when it was sent; read says whether
+	// the answer counts as a reading of the key's holder, and holder is
+	// then its backend pid (0: none).
+	ObserveAsked func(key string, sent time.Time, read bool, holder int64)
 }
 
-var hooks atomic.Pointer[Hooks]
+var (
+	hooks atomic.Pointer[Hooks]
+	mu    sync.Mutex // serializes Set and its restores
+)
 
-// Set makes h the hooks, and returns the func that sets back the ones it
-// replaced.
+// Set makes the hooks h sets (its non-nil ones) the hooks, beside those
+// set before, and returns the func that sets back, of those, the ones it
+// replaced: tests that run in parallel set hooks of their own.
 func Set(h Hooks) (restore func()) {
-	old := hooks.Swap(&h)
-	return func() { hooks.Store(old) }
+	mu.Lock()
+	defer mu.Unlock()
+	var cur Hooks
+	if p := hooks.Load(); p != nil {
+		cur = *p
+	}
+	old := cur
+	merge(&cur, h, h)
+	hooks.Store(&cur)
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		c := *hooks.Load()
+		merge(&c, old, h)
+		hooks.Store(&c)
+	}
+}
+
+// merge sets in dst the hooks of from that which sets.
+func merge(dst *Hooks, from, which Hooks) {
+	if which.AfterBlindStatement != nil {
+		dst.AfterBlindStatement = from.AfterBlindStatement
+	}
+	if which.AfterSlotTry != nil {
+		dst.AfterSlotTry = from.AfterSlotTry
+	}
+	if which.MonitorFoundNone != nil {
+		dst.MonitorFoundNone = from.MonitorFoundNone
+	}
+	if which.ObserveAsked != nil {
+		dst.ObserveAsked = from.ObserveAsked
+	}
 }
 
 // Get returns the hooks set (nil: none).
