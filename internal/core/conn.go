@@ -56,10 +56,23 @@ func (c *connHandle) closeConn() {
 		}
 		s.conn.Close()
 	case s.tuned:
-		s.p.closeSession(s.conn, s.pid)
+		s.p.closeSession(s.conn, s.pid, s.spareConn())
 	default:
-		s.conn.Close()
+		s.p.giveConn(s.conn, s.spareConn())
 	}
+}
+
+// spareConn reports whether s's connection, once it holds nothing and
+// carries none of the session's settings, may be kept as a spare for the
+// Pool's next session (see giveConn): a dedicated session's that only
+// waited, which impatient callers (short deadlines) take and end many
+// times a second. (One that held a lock goes back to the pool: whoever
+// knew it as the lock's finds it closed.) The caller holds connMu.
+func (c *connHandle) spareConn() bool {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.kind == kindDedicated && !s.held.ever
 }
 
 // closeConnBy ends conn with end (close it, reset it, discard it) once no
@@ -196,12 +209,28 @@ type connections struct {
 // closeSession sets conn's settings back (on backend pid only) and gives it
 // back to the pool; when that is not confirmed on backend pid, it discards
 // the connection instead.
-func (cs *connections) closeSession(conn *sql.Conn, pid int64) {
+func (cs *connections) closeSession(conn *sql.Conn, pid int64, spare bool) {
 	p := cs.p
 	q, args := p.sql().SetBackSQL(pid)
 	if err := stmt.QueryRow(p.UnlockContext(), p.Abandoned, conn, q, args, stmt.Skip); err != nil {
 		p.discard(conn, "session settings not reset")
 		return
 	}
-	conn.Close()
+	cs.giveConn(conn, spare)
+}
+
+// giveConn gives back conn, a session's connection that holds nothing and
+// carries none of its settings: when spare is set, kept as a spare (see
+// stmt.Budget.Done) for the Pool's next session while there is room for
+// one, so that the next one does not take the pool's idle connection
+// from under the application, nor leave it one fewer when the pool has
+// no idle room for the one given back; else to the pool.
+func (cs *connections) giveConn(conn *sql.Conn, spare bool) {
+	p := cs.p
+	if !spare || p.Closed() {
+		conn.Close()
+		return
+	}
+	p.Budget.Add()
+	p.Budget.Done(conn, true)
 }

@@ -323,6 +323,7 @@ type holdList struct {
 	head   *Hold
 	n      int
 	places int
+	ever   bool // a Hold was linked in once
 }
 
 // add links h in, and reports whether it was not linked yet.
@@ -330,7 +331,7 @@ func (l *holdList) add(h *Hold) bool {
 	if h.linked {
 		return false
 	}
-	h.linked, h.prev, h.next = true, nil, l.head
+	h.linked, h.prev, h.next, l.ever = true, nil, l.head, true
 	if l.head != nil {
 		l.head.prev = h
 	}

@@ -37,8 +37,9 @@ import (
 // pool could take the application's idle connection from under it, or
 // close one for which the pool has no idle room; the application would
 // then set up a connection of its own, which a loaded server makes slow.
-// (A session's connection goes back to the pool as the session ends:
-// whoever knew it as the session's finds it closed.) Spares are
+// So is a waiting session's, once its wait ended, not granted (the
+// core's giveConn); a session's that held a lock goes back to the pool as
+// the session ends: whoever knew it as the lock's finds it closed. Spares are
 // few (spareLimit: none in a pool of fewer than 4), and none is kept
 // while the pool is at its limit, where someone may wait for it: they go
 // back within sparePeriod once it is.
