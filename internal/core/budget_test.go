@@ -168,3 +168,43 @@ func TestBudgetCountsAbandoned(t *testing.T) {
 	close(answer)
 	waitFor(t, "the abandoned statement's connection was closed and uncounted", func() bool { return b.Count() == 0 && !blind.Has(conn) })
 }
+
+// TestBudgetKeepWithinLimit: a connection the budget does not count (a
+// waiting session's, once its wait ended) is kept as a spare only while
+// the budget has room for one more within its limit: never past it.
+func TestBudgetKeepWithinLimit(t *testing.T) {
+	db := stubPool(t, 8) // a limit of 2, and 2 spares
+	b := &stmt.Budget{DB: db}
+	conn := func() *sql.Conn {
+		t.Helper()
+		c, err := db.Conn(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	for range 2 {
+		if err := b.Take(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := conn()
+	if b.Keep(c) {
+		t.Fatalf("Keep with the budget's 2 counted = true (%d counted), want false", b.Count())
+	}
+	c.Close()
+	b.Give()
+	c = conn()
+	if !b.Keep(c) || b.Count() != 2 || b.Spares() != 1 {
+		t.Fatalf("Keep with 1 of 2 counted: %d counted, %d spares; want it kept: 2, 1", b.Count(), b.Spares())
+	}
+	if got := b.TakeSpare(); got != c {
+		t.Fatalf("TakeSpare = %p, want the kept connection %p", got, c)
+	}
+	c.Close()
+	b.Give()
+	b.Give()
+	if n := b.Count(); n != 0 {
+		t.Fatalf("%d counted at the end, want 0", n)
+	}
+}

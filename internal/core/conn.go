@@ -221,16 +221,13 @@ func (cs *connections) closeSession(conn *sql.Conn, pid int64, spare bool) {
 
 // giveConn gives back conn, a session's connection that holds nothing and
 // carries none of its settings: when spare is set, kept as a spare (see
-// stmt.Budget.Done) for the Pool's next session while there is room for
+// stmt.Budget.Keep) for the Pool's next session while there is room for
 // one, so that the next one does not take the pool's idle connection
 // from under the application, nor leave it one fewer when the pool has
 // no idle room for the one given back; else to the pool.
 func (cs *connections) giveConn(conn *sql.Conn, spare bool) {
 	p := cs.p
-	if !spare || p.Closed() {
+	if !spare || p.Closed() || !p.Budget.Keep(conn) {
 		conn.Close()
-		return
 	}
-	p.Budget.Add()
-	p.Budget.Done(conn, true)
 }

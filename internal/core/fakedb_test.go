@@ -1347,7 +1347,7 @@ func (fs *fakeServer) ticketsLocked(b *fbackend, class, me int32, reader bool) (
 		for pid, n := range l.excl {
 			if pid != b.pid && n > 0 {
 				others++
-				if reg[pid] > 0 && id < me && id > pred {
+				if reg[pid] > 0 && id-me < 0 && (pred == 0 || id-pred > 0) { // (tickets wrap around)
 					pred = id
 				}
 			}
@@ -1355,7 +1355,7 @@ func (fs *fakeServer) ticketsLocked(b *fbackend, class, me int32, reader bool) (
 		for pid, n := range l.shared {
 			if pid != b.pid && n > 0 {
 				others++
-				if reg[pid] > 0 && !reader && id < me && id > pred {
+				if reg[pid] > 0 && !reader && id-me < 0 && (pred == 0 || id-pred > 0) {
 					pred = id
 				}
 			}
@@ -1398,7 +1398,7 @@ func (fs *fakeServer) earlierLocked(class, t int32) bool {
 		return false
 	}
 	for tag, l := range fs.locks {
-		if tag.sub != 2 || tag.c != uint32(class) || tag.o == 0 || int32(tag.o) >= t {
+		if tag.sub != 2 || tag.c != uint32(class) || tag.o == 0 || int32(tag.o)-t >= 0 {
 			continue
 		}
 		for pid, n := range l.excl {

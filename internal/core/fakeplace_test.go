@@ -2,6 +2,8 @@ package core
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -140,10 +142,22 @@ func TestFakePlaceSessionLost(t *testing.T) {
 // caller queued behind the head takes a ticket after the head's all the
 // same, so that the head never waits in line for the ticket of a caller
 // queued behind it, which waits for the head: both are served, in queue
-// order.
+// order. Tickets are the clock modulo 2^32 as a signed int4: negative for
+// half of the time, and wrapping around from the largest to the
+// smallest; the line works alike, and no session is discarded for it.
 func TestFakePlacesFollowQueue(t *testing.T) {
+	for _, clock := range []int32{100, -100_000, math.MaxInt32 - 1} {
+		t.Run(fmt.Sprint(clock), func(t *testing.T) {
+			placesFollowQueue(t, clock)
+		})
+	}
+}
+
+// placesFollowQueue is TestFakePlacesFollowQueue with the clock standing
+// still at clock.
+func placesFollowQueue(t *testing.T, clock int32) {
 	fs := newFakeServer()
-	fs.ticketClock = func() int32 { return 100 } // the clock stands still: tickets run ahead of it
+	fs.ticketClock = func() int32 { return clock } // the clock stands still: tickets run ahead of it
 	p, _ := newFakePool(t, fs, Config{})
 	p2, _ := newFakePool(t, fs, Config{}) // another process
 	ctx := testCtx(t)
@@ -152,16 +166,18 @@ func TestFakePlacesFollowQueue(t *testing.T) {
 	fs.lockAs(other, k(1), false)
 	xctx, leave := context.WithCancel(ctx)
 	x := acquireAsync(xctx, p2, Request{Key: k(1)})
-	fs.await(t, "the other process's waiter in line", func() bool { return fs.ticketHolders(class)[100] != 0 })
+	fs.await(t, "the other process's waiter in line", func() bool { return fs.ticketHolders(class)[clock] != 0 })
 	a := acquireAsync(ctx, p, Request{Key: k(1)})
-	fs.await(t, "a in line", func() bool { return fs.ticketHolders(class)[101] != 0 })
-	leave() // ticket 100 is free again: earlier than a's
+	fs.await(t, "a in line", func() bool { return fs.ticketHolders(class)[clock+1] != 0 })
+	leave() // the clock's ticket is free again: earlier than a's
 	wantErr(t, "the waiter that left", recv(t, x).err, stmt.ErrNotAcquired, context.Canceled)
-	fs.await(t, "ticket 100 given back", func() bool { return fs.ticketHolders(class)[100] == 0 })
-	b := acquireAsync(ctx, p, Request{Key: k(1)})
-	fs.await(t, "b in line", func() bool { return len(fs.ticketHolders(class)) == 2 })
-	if tickets := fs.ticketHolders(class); tickets[100] != 0 {
-		t.Errorf("b took ticket 100, earlier than a's 101 (tickets %v): want one after a's", tickets)
+	fs.await(t, "the clock's ticket given back", func() bool { return fs.ticketHolders(class)[clock] == 0 })
+	c := acquireAsync(ctx, p, Request{Key: k(1)}) // queued behind a, with a place
+	fs.await(t, "c in line", func() bool { return len(fs.ticketHolders(class)) == 2 })
+	b := acquireAsync(ctx, p, Request{Key: k(1)}) // behind c
+	fs.await(t, "b in line", func() bool { return len(fs.ticketHolders(class)) == 3 })
+	if tickets := fs.ticketHolders(class); tickets[clock] != 0 || tickets[clock+2] == 0 || tickets[clock+3] == 0 {
+		t.Errorf("tickets %v: want a's %d, then c's %d and b's %d, after a's", tickets, clock+1, clock+2, clock+3)
 	}
 	// a looks at the line again (a new slice) before the key is free.
 	slices := fs.count(fSlice)
@@ -170,7 +186,7 @@ func TestFakePlacesFollowQueue(t *testing.T) {
 	for _, w := range []struct {
 		name string
 		ch   <-chan acquired
-	}{{"a", a}, {"b", b}} {
+	}{{"a", a}, {"c", c}, {"b", b}} {
 		got := recv(t, w.ch)
 		if got.err != nil {
 			t.Fatalf("%s: %v", w.name, got.err)
@@ -178,4 +194,10 @@ func TestFakePlacesFollowQueue(t *testing.T) {
 		mustRelease(t, got.h)
 	}
 	fs.await(t, "no ticket left", func() bool { return len(fs.ticketHolders(class)) == 0 })
+	if n := p.Stats().Discarded; n != 0 {
+		t.Errorf("%d sessions discarded, want none", n)
+	}
+	if n, back := fs.count(fPlace), fs.count(fPlaceBack); n != 2 || back != n {
+		t.Errorf("%d places taken, %d given back; want c's and b's, each given back", n, back)
+	}
 }

@@ -267,7 +267,10 @@ func (qs *keyQueues) placeBehind(ctx context.Context, p *Pool, qk queueKey, w, a
 				return nil
 			}
 			if ahead.ticket != 0 {
-				floor = ahead.ticket + 1
+				floor = ahead.ticket + 1 // (tickets wrap around)
+				if floor == 0 {
+					floor = 1 // 0 is no ticket, and no floor
+				}
 			}
 		case <-w.ready:
 			return nil // the head: told as it registers (asHead)

@@ -111,7 +111,7 @@ func (qs *keyQueues) takePlace(ctx context.Context, p *Pool, class int32, shared
 // took (nil: none; s no longer counts it).
 func placeTaken(s *session, o *op) *place {
 	<-o.done
-	if o.err == nil && o.v > 0 {
+	if o.err == nil && o.v != 0 { // (a ticket may be negative: see sqltext's PlaceKeptBell)
 		return &place{s: s, class: o.class, id: int32(o.v), shared: o.shared}
 	}
 	placeGone(s)
@@ -171,7 +171,7 @@ func runPlace(s *session, o *op) {
 	case errors.Is(err, sql.ErrNoRows):
 		err = stmt.SessionChanged(s.pid, 0) // another backend answered: it ran nothing
 	case err != nil:
-	case o.ticket == 0 && v < 0:
+	case o.ticket == 0 && v == sqltext.PlaceKeptBell:
 		err = fmt.Errorf("sqllock: a place in line (ticket class %d): its doorbell was not given back", o.class)
 	case o.ticket != 0 && v != 2:
 		// A certain answer: the place was not held (both, or one, of its

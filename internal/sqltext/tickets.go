@@ -423,8 +423,8 @@ func earlier(c, t string) string {
 // earlier than tickets taken before it; a caller queued behind the head
 // that took it would be the head's predecessor, while it waits for the
 // head. Its single row is the ticket (0: none was taken, the doorbell
-// given back; -1: the doorbell could not be given back); no row on
-// another backend. The waiter, once the head, slices with that ticket
+// given back; PlaceKeptBell: the doorbell could not be given back); no
+// row on another backend. The waiter, once the head, slices with that ticket
 // (SliceSQL), which its own session never holds; the place is given back
 // with PlaceBackSQL.
 func (m Mode) PlaceSQL(class int32, shared bool, pid int64, floor int32) (string, []any) {
@@ -432,13 +432,19 @@ func (m Mode) PlaceSQL(class int32, shared bool, pid int64, floor int32) (string
 	const now = "floor(extract(epoch FROM clock_timestamp()) * 1000)::int8"
 	var b strings.Builder
 	b.WriteString(markLine + "SELECT CASE WHEN t.id IS NOT NULL THEN t.id::int8 WHEN NOT d.bell THEN 0")
-	b.WriteString(" WHEN " + unlockFn(true, c+", 0") + " THEN 0 ELSE -1 END")
+	b.WriteString(" WHEN " + unlockFn(true, c+", 0") + " THEN 0 ELSE " + strconv.FormatInt(PlaceKeptBell, 10) + " END")
 	b.WriteString(" FROM (SELECT " + lockFn(Try|Shared, c+", 0") + " AS bell WHERE pg_backend_pid() = $2::int4 OFFSET 0) AS d")
 	b.WriteString(" LEFT JOIN LATERAL (SELECT CASE WHEN $3::int4 <> 0 AND " + signed32("$3::int8 - "+now) + " > 0 THEN $3::int8 ELSE " + signed32(now) + " END AS base WHERE d.bell OFFSET 0) AS b ON true")
 	b.WriteString(" LEFT JOIN LATERAL (SELECT c.i::int4 AS id FROM (SELECT " + signed32("b.base + g") + " AS i FROM generate_series(0, 63) AS g OFFSET 0) AS c")
 	b.WriteString(" WHERE c.i <> 0 AND " + lockFn(Try|SharedKind(shared), c+", c.i::int4") + " LIMIT 1) AS t ON true")
 	return m.params(b.String(), int64(class), pid, int64(floor))
 }
+
+// PlaceKeptBell is PlaceSQL's answer when it took no ticket and could not
+// give its doorbell back: outside the int4 range of tickets, which are
+// negative half the time (the clock in milliseconds, modulo 2^32, read
+// as a signed int4: from 2^31 on, for 24.8 days of every 49.7).
+const PlaceKeptBell = -1 << 32
 
 // PlaceBackSQL returns the statement with which a place in the line of
 // ticket class class, its ticket id (a reader's when shared), held on

@@ -245,6 +245,26 @@ func (b *Budget) Done(conn *sql.Conn, healthy bool) {
 	}
 }
 
+// Keep keeps conn, a connection the budget does not count (a waiting
+// session's, once it ended holding nothing: see the core's giveConn), as
+// a spare, counted, when the budget has room for one more within its
+// limit, and for a spare (see keepLocked); it reports whether it did
+// (if not, its caller gives conn back to the pool).
+func (b *Budget) Keep(conn *sql.Conn) bool {
+	if b == nil {
+		return false
+	}
+	st := b.DB.Stats()
+	limit := BudgetLimit(st)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.n >= limit || !b.keepLocked(conn, st) {
+		return false
+	}
+	b.n++
+	return true
+}
+
 // keepLocked keeps conn as a spare, and reports whether it did: not when
 // the budget keeps spareLimit already, nor when a take waits for room (it
 // takes conn from the pool), nor when the pool (statistics st, conn in
