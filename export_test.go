@@ -21,6 +21,10 @@ func SetAfterBlindStatement(f func(ctx context.Context, err error, left func() b
 // flight; -1 when the session is not leased.
 func LeaseBusy(lk *Lock) int32 { return core.Probe{}.LeaseBusy(lk.h) }
 
+// OnConn runs fn on the connection of lk's session between the session's
+// own statements (the keep-alive's, a token's), never beside one.
+func OnConn(lk *Lock, fn func(conn *sql.Conn) error) error { return core.Probe{}.OnConn(lk.h, fn) }
+
 // ConnOf is the connection that holds lk when it has a session of its own
 // (nil on a shared session): for tests that look at that session.
 func ConnOf(lk *Lock) *sql.Conn { return core.Probe{}.Conn(lk.h) }

@@ -361,7 +361,11 @@ func (c *haClient) campaign(ctx context.Context, value string) {
 					err = fmt.Errorf("probe of the term's connection: %v", r)
 				}
 			}()
-			return sqllock.ConnOf(ld).QueryRowContext(qctx, "SELECT pg_is_in_recovery(), inet_server_port()").Scan(&inRecovery, &port)
+			// Between the session's own statements (its keep-alive's): two
+			// at once on one connection fail ("conn busy").
+			return sqllock.OnConn(ld, func(conn *sql.Conn) error {
+				return conn.QueryRowContext(qctx, "SELECT pg_is_in_recovery(), inet_server_port()").Scan(&inRecovery, &port)
+			})
 		}()
 		cancel()
 		c.mu.Lock()

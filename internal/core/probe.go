@@ -90,6 +90,12 @@ func (Probe) Conn(h *Hold) *sql.Conn {
 	return nil
 }
 
+// OnConn runs fn on the connection of h's session between the session's
+// own statements, never beside one (two statements at once on one
+// connection fail: pgx's "conn busy"), and returns fn's error, or why the
+// session could not run it (it ended).
+func (Probe) OnConn(h *Hold, fn func(conn *sql.Conn) error) error { return h.s.withConn(fn) }
+
 // Lose loses o with cause, as the keep-alive does when it finds one of
 // its keys gone.
 func (Probe) Lose(o *Owned, cause error) { o.lose(cause) }
