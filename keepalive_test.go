@@ -225,16 +225,17 @@ func TestKeepAliveBusyPoolIsNotLoss(t *testing.T) {
 			if st := l.Stats(); st.Lost != 0 || st.KeepAliveSkipped == 0 {
 				t.Fatalf("Stats() = %+v, want Lost 0 and KeepAliveSkipped > 0", st)
 			}
-			// The skipped checks never took the only connection from the
-			// caller: the next lock comes at once.
+			// The skipped checks never kept the only connection from the
+			// caller: the next lock comes (a connection kept would keep
+			// it waiting for good; 10 s, for a loaded machine).
 			start := time.Now()
-			lk, err = l.TryLock(bg(), sqllock.Int64(202))
+			ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+			lk, err = l.TryLock(ctx, sqllock.Int64(202))
+			cancel()
 			if err != nil {
-				t.Fatal(err)
+				t.Fatalf("TryLock after Unlock on a pool of one = %v after %v", err, time.Since(start))
 			}
-			if d := time.Since(start); d > 500*time.Millisecond {
-				t.Fatalf("TryLock after Unlock took %v on a pool of one", d)
-			}
+			t.Logf("TryLock after Unlock on a pool of one: %v", time.Since(start))
 			lk.Unlock(bg())
 		})
 	})

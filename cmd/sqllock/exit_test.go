@@ -236,7 +236,8 @@ func TestExitStatuses(t *testing.T) {
 }
 
 // assertInterrupted starts sqllock with args, calls ready, sends SIGTERM,
-// and wants exit 128+15 within a second.
+// and wants exit 128+15 well before what it waits for could end (the lock
+// stays held; the connect timeout is 15 s): 10 s, for a loaded machine.
 func assertInterrupted(t *testing.T, dsn string, args []string, ready func()) {
 	t.Helper()
 	cmd := sqllockCmd(dsn, args...)
@@ -251,7 +252,7 @@ func assertInterrupted(t *testing.T, dsn string, args []string, ready func()) {
 	err := cmd.Wait()
 	code := cmd.ProcessState.ExitCode()
 	t.Logf("exit %d %v after SIGTERM: %s", code, time.Since(start), strings.TrimSpace(errb.String()))
-	if code != 128+int(syscall.SIGTERM) || time.Since(start) > time.Second {
+	if code != 128+int(syscall.SIGTERM) || time.Since(start) > 10*time.Second {
 		t.Fatalf("exit %d (%v) after %v, want %d at once; stderr %q", code, err, time.Since(start), 128+int(syscall.SIGTERM), errb.String())
 	}
 }

@@ -35,44 +35,89 @@ type Hooks struct {
 var (
 	hooks atomic.Pointer[Hooks]
 	mu    sync.Mutex // serializes Set and its restores
+	sets  []*Hooks   // what each Set still in force set, in order
 )
 
-// Set makes the hooks h sets (its non-nil ones) the hooks, beside those
-// set before, and returns the func that sets back, of those, the ones it
-// replaced: tests that run in parallel set hooks of their own.
+// Set adds the hooks h sets (its non-nil ones) to those set before, and
+// returns the func that takes them away again: tests that run in parallel
+// may set the same hook, and each of their funcs runs, in the order they
+// were set, until its own test restores.
 func Set(h Hooks) (restore func()) {
 	mu.Lock()
 	defer mu.Unlock()
-	var cur Hooks
-	if p := hooks.Load(); p != nil {
-		cur = *p
-	}
-	old := cur
-	merge(&cur, h, h)
-	hooks.Store(&cur)
+	mine := &h
+	sets = append(sets, mine)
+	hooks.Store(compose(sets))
+	var once sync.Once
 	return func() {
-		mu.Lock()
-		defer mu.Unlock()
-		c := *hooks.Load()
-		merge(&c, old, h)
-		hooks.Store(&c)
+		once.Do(func() {
+			mu.Lock()
+			defer mu.Unlock()
+			for i, s := range sets {
+				if s == mine {
+					sets = append(sets[:i:i], sets[i+1:]...)
+					break
+				}
+			}
+			hooks.Store(compose(sets))
+		})
 	}
 }
 
-// merge sets in dst the hooks of from that which sets.
-func merge(dst *Hooks, from, which Hooks) {
-	if which.AfterBlindStatement != nil {
-		dst.AfterBlindStatement = from.AfterBlindStatement
+// compose returns the hooks that run every hook of sets in order (nil:
+// none is set).
+func compose(sets []*Hooks) *Hooks {
+	if len(sets) == 0 {
+		return nil
 	}
-	if which.AfterSlotTry != nil {
-		dst.AfterSlotTry = from.AfterSlotTry
+	var blind []func(context.Context, error, func() bool)
+	var slot []func(int32)
+	var none []func()
+	var asked []func(string, time.Time, bool, int64)
+	for _, h := range sets {
+		if h.AfterBlindStatement != nil {
+			blind = append(blind, h.AfterBlindStatement)
+		}
+		if h.AfterSlotTry != nil {
+			slot = append(slot, h.AfterSlotTry)
+		}
+		if h.MonitorFoundNone != nil {
+			none = append(none, h.MonitorFoundNone)
+		}
+		if h.ObserveAsked != nil {
+			asked = append(asked, h.ObserveAsked)
+		}
 	}
-	if which.MonitorFoundNone != nil {
-		dst.MonitorFoundNone = from.MonitorFoundNone
+	var c Hooks
+	if len(blind) > 0 {
+		c.AfterBlindStatement = func(ctx context.Context, err error, left func() bool) {
+			for _, f := range blind {
+				f(ctx, err, left)
+			}
+		}
 	}
-	if which.ObserveAsked != nil {
-		dst.ObserveAsked = from.ObserveAsked
+	if len(slot) > 0 {
+		c.AfterSlotTry = func(class int32) {
+			for _, f := range slot {
+				f(class)
+			}
+		}
 	}
+	if len(none) > 0 {
+		c.MonitorFoundNone = func() {
+			for _, f := range none {
+				f()
+			}
+		}
+	}
+	if len(asked) > 0 {
+		c.ObserveAsked = func(key string, sent time.Time, read bool, holder int64) {
+			for _, f := range asked {
+				f(key, sent, read, holder)
+			}
+		}
+	}
+	return &c
 }
 
 // Get returns the hooks set (nil: none).
