@@ -214,18 +214,9 @@ func TestObserveKilledLeader(t *testing.T) {
 			if ld.PID != 0 {
 				t.Fatalf("after the leader %v was killed, Observe reported %v; want no leader", leader, ld)
 			}
-			// The reading that reported it is the last one answered before
-			// the report was received; one sent after the session was gone
-			// must be the first ask sent since (the candidates' digest
-			// changed as it went).
-			since := asksSince(asks(k), gone)
-			r := -1
-			for j, a := range since {
-				if a.read && !a.answered.After(recv) {
-					r = j
-				}
-			}
-			if r > sqllock.LeaderRetries {
+			// One sent after the session was gone must be the first ask
+			// sent since (the candidates' digest changed as it went).
+			if r := reportedBy(asks(k), gone, recv); r > sqllock.LeaderRetries {
 				t.Fatalf("the killed leader %v reported gone by the ask %d sent since its session was gone, want by the first", leader, r+1)
 			}
 			t.Logf("killed leader %v: session gone after %v, reported gone after %v", leader,
@@ -405,6 +396,19 @@ func observeAsks(t *testing.T) (asks func(k sqllock.Key) []observeAsk) {
 		defer mu.Unlock()
 		return slices.Clone(m[k.String()])
 	}
+}
+
+// reportedBy returns the index, among the asks of as sent at or after
+// since, of the reading that made a report received at recv: the last
+// reading answered by then (-1: one sent before since).
+func reportedBy(as []observeAsk, since, recv time.Time) int {
+	r := -1
+	for j, a := range asksSince(as, since) {
+		if a.read && !a.answered.After(recv) {
+			r = j
+		}
+	}
+	return r
 }
 
 // asksSince returns the asks of as sent at or after since.

@@ -84,19 +84,10 @@ func TestElectionProclaim(t *testing.T) {
 			if got.PID != term.PID() {
 				t.Fatalf("Observe reported %v, want backend %d", got, term.PID())
 			}
-			// The reading that reported it is the last one answered
-			// before the report was received. One sent before Proclaim
-			// returned may have: it is not counted. One sent after must
-			// be the first ask sent since: the candidates' digest
-			// changed with the name.
-			since := asksSince(asks(k), done)
-			r := -1
-			for j, a := range since {
-				if a.read && !a.answered.After(recv) {
-					r = j
-				}
-			}
-			if r > sqllock.LeaderRetries {
+			// A reading sent before Proclaim returned may have reported
+			// it; one sent after must be the first ask sent since: the
+			// candidates' digest changed with the name.
+			if r := reportedBy(asks(k), done, recv); r > sqllock.LeaderRetries {
 				t.Errorf("Proclaim(%q): reported by the ask %d sent since it returned, want by the first", value, r+1)
 			}
 		}
